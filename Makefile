@@ -1,0 +1,20 @@
+# The README's two commands: `make run` and `make test`.
+.PHONY: run test setup models lint bench
+
+setup:
+	scripts/setup-python.sh
+
+# Inspect the example models (the daemon replaces this once it lands).
+run: setup
+	cargo build --release
+	for m in examples/models/*.onnx; do ./target/release/trtcache inspect "$$m"; done
+
+test: setup
+	eval "$$(scripts/ort-env.sh)" && cargo test --workspace --all-targets
+
+lint:
+	cargo fmt --all --check
+	cargo clippy --all-targets -- -D warnings
+
+models:
+	cargo run --release --example make_models -- examples/models

@@ -1,0 +1,143 @@
+//! `trtcache inspect MODEL [--json]`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Args;
+use serde::Serialize;
+
+use super::output::{human_bytes, table, Style};
+use crate::onnx::facts::{facts, Facts, OpsetBounds};
+use crate::onnx::Model;
+
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// The ONNX model file.
+    pub model: PathBuf,
+    /// Print one JSON object instead of the human report.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct Report {
+    #[serde(flatten)]
+    facts: Facts,
+}
+
+/// Opset bounds of the bundled tables: TensorRT 10.15's ONNX parser and ONNX Runtime 1.31.
+pub fn opset_bounds() -> Vec<OpsetBounds> {
+    vec![
+        OpsetBounds {
+            who: "TensorRT 10.15".into(),
+            min: 9,
+            max: 24,
+        },
+        OpsetBounds {
+            who: "ONNX Runtime 1.31".into(),
+            min: 7,
+            max: 25,
+        },
+    ]
+}
+
+pub fn run(a: InspectArgs) -> anyhow::Result<ExitCode> {
+    let model = Model::load(&a.model).map_err(anyhow::Error::new)?;
+    let report = Report {
+        facts: facts(&model, &opset_bounds()),
+    };
+    if a.json {
+        let s = serde_json::to_string_pretty(&report).context("serialising the report")?;
+        println!("{s}");
+    } else {
+        print!("{}", render(&report, Style::stdout()));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn shape_str(s: &Option<Vec<crate::onnx::facts::Dim>>) -> String {
+    match s {
+        None => "(no shape)".into(),
+        Some(d) => format!(
+            "[{}]",
+            d.iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+fn render(r: &Report, st: Style) -> String {
+    let f = &r.facts;
+    let m = &f.model;
+    let mut out = String::new();
+    let opsets = m
+        .opset_imports
+        .iter()
+        .map(|(d, v)| format!("{}={v}", if d.is_empty() { "ai.onnx" } else { d }))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let producer = format!("{} {}", m.producer_name, m.producer_version);
+    let ext = if m.external_data_files.is_empty() {
+        String::new()
+    } else {
+        format!(", external data: {}", m.external_data_files.join(", "))
+    };
+    out += &table(
+        "",
+        &[
+            vec![
+                st.heading("model"),
+                format!("{} ({})", m.path, human_bytes(m.file_bytes)),
+            ],
+            vec![
+                st.heading("ir"),
+                format!("{}   opsets {opsets}", m.ir_version),
+            ],
+            vec![st.heading("producer"), producer.trim().to_string()],
+            vec![
+                st.heading("nodes"),
+                format!(
+                    "{} ({} with subgraphs and functions)",
+                    m.node_count, m.node_count_total
+                ),
+            ],
+            vec![
+                st.heading("weights"),
+                format!(
+                    "{} initializers, {}{ext}",
+                    m.initializer_count,
+                    human_bytes(m.initializer_bytes)
+                ),
+            ],
+        ],
+    );
+    for (title, vals) in [("inputs", &f.inputs), ("outputs", &f.outputs)] {
+        out += &format!("\n{}\n", st.heading(title));
+        let rows: Vec<Vec<String>> = vals
+            .iter()
+            .map(|v| vec![v.name.clone(), v.dtype.clone(), shape_str(&v.shape)])
+            .collect();
+        out += &table("  ", &rows);
+    }
+    out += &format!("\n{}\n", st.heading("operators"));
+    let mut ops: Vec<(&String, &usize)> = f.op_histogram.iter().collect();
+    ops.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    let rows: Vec<Vec<String>> = ops
+        .iter()
+        .map(|(k, v)| vec![k.to_string(), v.to_string()])
+        .collect();
+    out += &table("  ", &rows);
+    if !f.warnings.is_empty() {
+        out += &format!("\n{}\n", st.heading("warnings"));
+        let rows: Vec<Vec<String>> = f
+            .warnings
+            .iter()
+            .map(|w| vec![st.warn(w.code), w.message.clone()])
+            .collect();
+        out += &table("  ", &rows);
+    }
+    out
+}

@@ -1,0 +1,10 @@
+//! trtcache: a TensorRT engine-build and caching daemon.
+//!
+//! One module per stage of the data flow (see `docs/architecture.md`):
+//! [`onnx`] loads models zero-copy; `analysis` decides what TensorRT, CUDA and CPU take;
+//! `key` derives content keys; `build` runs backends; `cache` stores artifacts; `daemon`
+//! serves them. [`cli`] is the command-line surface over all of it.
+
+pub mod cli;
+pub mod fixtures;
+pub mod onnx;

@@ -1,0 +1,261 @@
+//! Index-based view of a graph: nodes in a `Vec`, tensors mapped to their producer and
+//! consumers, initializers and value infos by name, and the bodies of If/Loop/Scan (and any
+//! other graph attribute) as nested views. Model-local functions are looked up by
+//! `(domain, name)` through [`Functions`].
+
+use std::collections::{HashMap, HashSet};
+
+use super::proto::{FunctionProto, GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto};
+
+/// Index of a node in [`Graph::nodes`].
+pub type NodeId = usize;
+
+/// Where a tensor is produced: node and output slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Outlet {
+    pub node: NodeId,
+    pub slot: usize,
+}
+
+/// A graph attribute of a node (If branches, Loop/Scan bodies).
+#[derive(Debug)]
+pub struct Body<'a> {
+    /// The node that owns the body.
+    pub node: NodeId,
+    /// The attribute name (`then_branch`, `else_branch`, `body`, …).
+    pub attr: &'a str,
+    pub graph: Graph<'a>,
+}
+
+/// Index-based view over one `GraphProto`.
+#[derive(Debug)]
+pub struct Graph<'a> {
+    pub proto: &'a GraphProto,
+    /// Nodes in file order (ONNX requires topological order).
+    pub nodes: Vec<&'a NodeProto>,
+    /// Stable display names: the node's name, or `{op_type}_{index}` when it has none.
+    pub names: Vec<String>,
+    pub producer: HashMap<&'a str, Outlet>,
+    pub consumers: HashMap<&'a str, Vec<NodeId>>,
+    pub initializers: HashMap<&'a str, &'a TensorProto>,
+    /// Graph inputs that are not initializers.
+    pub inputs: Vec<&'a ValueInfoProto>,
+    pub outputs: Vec<&'a ValueInfoProto>,
+    /// Type information by tensor name: inputs, outputs and `value_info`.
+    pub value_info: HashMap<&'a str, &'a ValueInfoProto>,
+    /// Nested bodies, in node order.
+    pub bodies: Vec<Body<'a>>,
+    /// Names this graph (with its bodies) reads but does not define: outer-scope captures.
+    pub captures: HashSet<&'a str>,
+}
+
+impl<'a> Graph<'a> {
+    /// Builds the view of `g` and, recursively, of every graph attribute.
+    pub fn new(g: &'a GraphProto) -> Self {
+        let initializers: HashMap<&str, &TensorProto> = g
+            .initializer
+            .iter()
+            .map(|t| (t.name.as_str(), t))
+            .chain(
+                g.sparse_initializer
+                    .iter()
+                    .filter_map(|s| s.values.as_ref().map(|v| (v.name.as_str(), v))),
+            )
+            .collect();
+        let inputs: Vec<&ValueInfoProto> = g
+            .input
+            .iter()
+            .filter(|v| !initializers.contains_key(v.name.as_str()))
+            .collect();
+        let mut value_info: HashMap<&str, &ValueInfoProto> = HashMap::new();
+        for v in g.value_info.iter().chain(&g.input).chain(&g.output) {
+            value_info.insert(v.name.as_str(), v);
+        }
+        let nodes: Vec<&NodeProto> = g.node.iter().collect();
+        let names = stable_names(&nodes);
+        let mut producer = HashMap::new();
+        let mut consumers: HashMap<&str, Vec<NodeId>> = HashMap::new();
+        let mut bodies = Vec::new();
+        for (id, n) in nodes.iter().enumerate() {
+            for (slot, o) in n.output.iter().enumerate() {
+                if !o.is_empty() {
+                    producer.insert(o.as_str(), Outlet { node: id, slot });
+                }
+            }
+            for i in &n.input {
+                if !i.is_empty() {
+                    let c = consumers.entry(i.as_str()).or_default();
+                    if c.last() != Some(&id) {
+                        c.push(id);
+                    }
+                }
+            }
+            for a in &n.attribute {
+                for sub in a.g.iter().map(|b| &**b).chain(&a.graphs) {
+                    bodies.push(Body {
+                        node: id,
+                        attr: a.name.as_str(),
+                        graph: Graph::new(sub),
+                    });
+                }
+            }
+        }
+        // A body's captures are implicit inputs of its node.
+        for b in &bodies {
+            for &c in &b.graph.captures {
+                let v = consumers.entry(c).or_default();
+                if !v.contains(&b.node) {
+                    v.push(b.node);
+                }
+            }
+        }
+        let mut graph = Self {
+            proto: g,
+            nodes,
+            names,
+            producer,
+            consumers,
+            initializers,
+            inputs,
+            outputs: g.output.iter().collect(),
+            value_info,
+            bodies,
+            captures: HashSet::new(),
+        };
+        graph.captures = graph.compute_captures();
+        graph
+    }
+
+    fn compute_captures(&self) -> HashSet<&'a str> {
+        let defined = |n: &str| {
+            self.producer.contains_key(n)
+                || self.initializers.contains_key(n)
+                || self.proto.input.iter().any(|i| i.name == n)
+        };
+        let mut out = HashSet::new();
+        for n in &self.nodes {
+            for i in &n.input {
+                if !i.is_empty() && !defined(i) {
+                    out.insert(i.as_str());
+                }
+            }
+        }
+        for b in &self.bodies {
+            for &c in &b.graph.captures {
+                if !defined(c) {
+                    out.insert(c);
+                }
+            }
+        }
+        for o in &self.proto.output {
+            if !defined(&o.name) {
+                out.insert(o.name.as_str());
+            }
+        }
+        out
+    }
+
+    /// Inputs a node reads, explicit and captured by its bodies, without duplicates.
+    pub fn node_reads(&self, id: NodeId) -> Vec<&'a str> {
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        for i in &self.nodes[id].input {
+            if !i.is_empty() && seen.insert(i.as_str()) {
+                out.push(i.as_str());
+            }
+        }
+        for b in self.bodies.iter().filter(|b| b.node == id) {
+            let mut caps: Vec<&str> = b.graph.captures.iter().copied().collect();
+            caps.sort_unstable();
+            for c in caps {
+                if seen.insert(c) {
+                    out.push(c);
+                }
+            }
+        }
+        out
+    }
+
+    /// Bodies owned by node `id`.
+    pub fn bodies_of(&self, id: NodeId) -> impl Iterator<Item = &Body<'a>> {
+        self.bodies.iter().filter(move |b| b.node == id)
+    }
+
+    /// Number of nodes here and in every nested body.
+    pub fn node_count_total(&self) -> usize {
+        self.nodes.len()
+            + self
+                .bodies
+                .iter()
+                .map(|b| b.graph.node_count_total())
+                .sum::<usize>()
+    }
+}
+
+fn stable_names(nodes: &[&NodeProto]) -> Vec<String> {
+    let taken: HashSet<&str> = nodes
+        .iter()
+        .map(|n| n.name.as_str())
+        .filter(|n| !n.is_empty())
+        .collect();
+    nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            if !n.name.is_empty() {
+                return n.name.clone();
+            }
+            let mut name = format!("{}_{i}", n.op_type);
+            while taken.contains(name.as_str()) {
+                name.push('_');
+            }
+            name
+        })
+        .collect()
+}
+
+/// Model-local functions by `(domain, name)`.
+#[derive(Debug, Default)]
+pub struct Functions<'a> {
+    by_id: HashMap<(&'a str, &'a str), &'a FunctionProto>,
+}
+
+impl<'a> Functions<'a> {
+    pub fn new(model: &'a ModelProto) -> Self {
+        Self {
+            by_id: model
+                .functions
+                .iter()
+                .map(|f| ((f.domain.as_str(), f.name.as_str()), f))
+                .collect(),
+        }
+    }
+
+    /// The function a node calls, if its `(domain, op_type)` names one.
+    pub fn called_by(&self, node: &NodeProto) -> Option<&'a FunctionProto> {
+        self.by_id
+            .get(&(node.domain.as_str(), node.op_type.as_str()))
+            .copied()
+    }
+
+    /// Nodes in every function body, nested bodies included.
+    pub fn node_count_total(&self) -> usize {
+        fn count(nodes: &[NodeProto]) -> usize {
+            nodes.len()
+                + nodes
+                    .iter()
+                    .flat_map(|n| &n.attribute)
+                    .map(|a| {
+                        a.g.iter()
+                            .map(|g| Graph::new(g).node_count_total())
+                            .sum::<usize>()
+                            + a.graphs
+                                .iter()
+                                .map(|g| Graph::new(g).node_count_total())
+                                .sum::<usize>()
+                    })
+                    .sum::<usize>()
+        }
+        self.by_id.values().map(|f| count(&f.node)).sum()
+    }
+}
