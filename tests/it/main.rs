@@ -1,0 +1,6 @@
+//! Integration tests: one binary, one module per stage. Each module works in temp dirs with
+//! real files, the real `trtcache` binary and, where it needs them, the project's Python
+//! environment (`scripts/setup-python.sh`) as the reference implementation.
+
+mod onnx_load;
+mod support;

@@ -1,0 +1,1 @@
+//! Loader and `inspect` tests.
