@@ -6,5 +6,8 @@
 //! serves them. [`cli`] is the command-line surface over all of it.
 
 pub mod cli;
+pub mod device;
 pub mod fixtures;
+pub mod key;
 pub mod onnx;
+pub mod plan;

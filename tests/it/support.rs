@@ -41,7 +41,10 @@ pub fn ort_dylib() -> PathBuf {
         ])
         .output()
         .expect("running python");
-    assert!(out.status.success(), "onnxruntime missing: run scripts/setup-python.sh");
+    assert!(
+        out.status.success(),
+        "onnxruntime missing: run scripts/setup-python.sh"
+    );
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
