@@ -4,6 +4,8 @@
 mod inspect;
 pub mod output;
 
+pub use inspect::opset_bounds;
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};

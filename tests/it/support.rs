@@ -48,6 +48,13 @@ pub fn ort_dylib() -> PathBuf {
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
+/// A `trtcache` command with colour off, to add arguments to.
+pub fn cmd() -> Command {
+    let mut c = Command::new(bin());
+    c.env("NO_COLOR", "1");
+    c
+}
+
 /// Runs `trtcache ARGS` and returns its output.
 pub fn trtcache<I, S>(args: I) -> Output
 where
