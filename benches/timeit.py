@@ -3,7 +3,7 @@
     python benches/timeit.py --runs 7 NAME='command' NAME2='command' ...
 
 Each round runs every command once, in turn, so machine noise hits all of them alike.
-Prints a Markdown table: name, median ms, min ms, max ms, ratio to the first command.
+Prints a Markdown table: name, median ms, min ms, max ms, time relative to the first command.
 """
 import argparse
 import statistics
@@ -30,12 +30,12 @@ def main():
             if r >= a.warmup:
                 times[name].append(dt)
     base = statistics.median(times[cmds[0][0]])
-    print(f"| command | median ms | min ms | max ms | vs {cmds[0][0]} |")
+    print(f"| command | median ms | min ms | max ms | time vs {cmds[0][0]} |")
     print("|---|---:|---:|---:|---:|")
     for name, _ in cmds:
         t = times[name]
         m = statistics.median(t)
-        print(f"| {name} | {m:.1f} | {min(t):.1f} | {max(t):.1f} | {base / m:.1f}x |")
+        print(f"| {name} | {m:.1f} | {min(t):.1f} | {max(t):.1f} | {m / base:.2f}x |")
 
 
 if __name__ == "__main__":

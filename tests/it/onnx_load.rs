@@ -19,7 +19,10 @@ fn every_fixture_passes_the_onnx_checker() {
         "import sys, onnx\nfor p in sys.argv[1:]:\n    onnx.checker.check_model(onnx.load(p), full_check=True)\n    print('ok', p)",
         &paths.iter().map(|p| p.as_path()).collect::<Vec<_>>(),
     );
-    assert_eq!(out.lines().filter(|l| l.starts_with("ok ")).count(), paths.len());
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("ok ")).count(),
+        paths.len()
+    );
 }
 
 #[test]
@@ -31,10 +34,18 @@ fn onnx_backend_corpus_matches_python_onnx() {
         .arg(dir.path())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let expected: Vec<Value> =
         serde_json::from_slice(&std::fs::read(dir.path().join("expected.json")).unwrap()).unwrap();
-    assert!(expected.len() > 1000, "only {} corpus models", expected.len());
+    assert!(
+        expected.len() > 1000,
+        "only {} corpus models",
+        expected.len()
+    );
     let bounds = trtcache::cli::opset_bounds();
     let mut failures = Vec::new();
     for e in &expected {
@@ -49,7 +60,11 @@ fn onnx_backend_corpus_matches_python_onnx() {
         let got = serde_json::to_value(facts(&model, &bounds)).unwrap();
         let checks = [
             ("ir_version", &got["model"]["ir_version"], &e["ir_version"]),
-            ("opset_imports", &got["model"]["opset_imports"], &e["opset_imports"]),
+            (
+                "opset_imports",
+                &got["model"]["opset_imports"],
+                &e["opset_imports"],
+            ),
             ("node_count", &got["model"]["node_count"], &e["node_count"]),
             ("inputs", &got["inputs"], &e["inputs"]),
             ("outputs", &got["outputs"], &e["outputs"]),
@@ -73,7 +88,11 @@ fn onnx_backend_corpus_matches_python_onnx() {
 fn inspect_json_has_the_documented_fields() {
     let dir = tempfile::tempdir().unwrap();
     let paths = support::write_fixtures(dir.path());
-    let out = cmd().args(["inspect", "--json"]).arg(&paths[0]).output().unwrap();
+    let out = cmd()
+        .args(["inspect", "--json"])
+        .arg(&paths[0])
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let v = json(&out);
     let m = &v["model"];
@@ -104,11 +123,19 @@ fn inspect_json_has_the_documented_fields() {
     assert_eq!(v["warnings"], serde_json::json!([]));
 
     // Subgraph nodes count in the total only; custom domains print as domain::Op.
-    let out = cmd().args(["inspect", "--json"]).arg(&paths[2]).output().unwrap();
+    let out = cmd()
+        .args(["inspect", "--json"])
+        .arg(&paths[2])
+        .output()
+        .unwrap();
     let v = json(&out);
     assert_eq!(v["model"]["node_count"], 2);
     assert_eq!(v["model"]["node_count_total"], 2 + 1 + 1 + 2);
-    let out = cmd().args(["inspect", "--json"]).arg(&paths[3]).output().unwrap();
+    let out = cmd()
+        .args(["inspect", "--json"])
+        .arg(&paths[3])
+        .output()
+        .unwrap();
     let v = json(&out);
     assert_eq!(v["op_histogram"]["com.example::Scale"], 1);
     let codes: Vec<&str> = v["warnings"]
@@ -125,7 +152,11 @@ fn warning_codes(model: &trtcache::onnx::proto::ModelProto) -> Vec<String> {
     let p = dir.path().join("m.onnx");
     write(model, &p).unwrap();
     let out = cmd().args(["inspect", "--json"]).arg(&p).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     json(&out)["warnings"]
         .as_array()
         .unwrap()
@@ -174,9 +205,20 @@ fn assert_clean_failure(path: &Path, expect: &str) {
     let out = cmd().arg("inspect").arg(path).output().unwrap();
     let code = out.status.code().expect("exited, not killed");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(code != 0 && code != 101, "exit {code} for {}: {err}", path.display());
-    assert_eq!(err.trim_end().lines().count(), 1, "one line expected: {err}");
-    assert!(err.contains(&path.display().to_string()), "path missing: {err}");
+    assert!(
+        code != 0 && code != 101,
+        "exit {code} for {}: {err}",
+        path.display()
+    );
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "one line expected: {err}"
+    );
+    assert!(
+        err.contains(&path.display().to_string()),
+        "path missing: {err}"
+    );
     assert!(err.contains(expect), "expected `{expect}` in: {err}");
     assert!(!err.contains("panicked"), "{err}");
 }
@@ -194,7 +236,9 @@ fn bad_input_gives_one_clear_line() {
     std::fs::write(d.join("trunc.onnx"), &bytes[..bytes.len() / 2]).unwrap();
     assert_clean_failure(&d.join("trunc.onnx"), "not a valid ONNX model");
 
-    let noise: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let noise: Vec<u8> = (0..4096u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
     std::fs::write(d.join("noise.onnx"), noise).unwrap();
     assert_clean_failure(&d.join("noise.onnx"), "ONNX");
 
@@ -232,7 +276,10 @@ fn bad_input_gives_one_clear_line() {
     };
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("Permission denied") && err.contains("secret.onnx"), "{err}");
+    assert!(
+        err.contains("Permission denied") && err.contains("secret.onnx"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -249,7 +296,10 @@ fn external_data_resolves_inside_the_model_folder_only() {
     // Missing file: names tensor and path.
     std::fs::rename(d.join("weights.bin"), d.join("moved.bin")).unwrap();
     let err = Model::load(&p).unwrap_err().to_string();
-    assert!(err.contains("tensor `") && err.contains("weights.bin"), "{err}");
+    assert!(
+        err.contains("tensor `") && err.contains("weights.bin"),
+        "{err}"
+    );
 
     // Truncated data file: the range check names the tensor.
     let data = std::fs::read(d.join("moved.bin")).unwrap();
@@ -306,6 +356,10 @@ fn weights_are_never_copied() {
     for t in inits {
         let ptr = t.raw_data.as_ptr() as usize;
         assert_eq!(t.raw_data.len(), 256 * 256 * 4);
-        assert!(ptr >= base && ptr + t.raw_data.len() <= end, "{} was copied", t.name);
+        assert!(
+            ptr >= base && ptr + t.raw_data.len() <= end,
+            "{} was copied",
+            t.name
+        );
     }
 }
