@@ -8,7 +8,7 @@
 //! without devices or an unreadable cpuinfo become a reason string in the report.
 
 mod cpu;
-mod gpu;
+pub mod gpu;
 
 use serde::{Deserialize, Serialize};
 

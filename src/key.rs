@@ -26,6 +26,12 @@ pub enum KeyError {
         #[source]
         source: std::io::Error,
     },
+    #[error("unknown backend `{0}`; known: ort-cpu, ort-cuda, ort-tensorrt")]
+    UnknownBackend(String),
+    #[error("backend {backend}: {why}")]
+    Library { backend: String, why: String },
+    #[error("backend {backend} builds for an NVIDIA GPU, and none is usable: {why}")]
+    NoGpu { backend: String, why: String },
 }
 
 /// A cache key: SHA-256 of the canonical encoding of [`KeyParts`].
@@ -151,6 +157,16 @@ impl KeyParts {
         CacheKey(Sha256::digest(self.canonical()).into())
     }
 }
+
+pub mod digest;
+pub mod memo;
+mod parts;
+pub mod versions;
+
+pub use parts::{
+    backend_id, key_parts, model_digest, model_digest_with, opsets_of, plain_model_digest,
+    sku_for_backend, DigestOptions, DigestReport, BACKENDS,
+};
 
 #[cfg(test)]
 mod tests {

@@ -163,17 +163,14 @@ pub enum PlanError {
         value: i64,
         fixed: i64,
     },
-    #[error("profile `{profile}`: dynamic dimension `{param}` is {a_value} at `{a_input}` axis {a_axis} but {b_value} at `{b_input}` axis {b_axis} ({which}); inputs sharing a named dimension must agree")]
+    #[error("profile `{profile}`: dynamic dimension `{param}` is {a} but {b} ({which}); inputs sharing a named dimension must agree")]
     SymbolMismatch {
         profile: String,
         param: String,
         which: Bound,
-        a_input: String,
-        a_axis: usize,
-        a_value: i64,
-        b_input: String,
-        b_axis: usize,
-        b_value: i64,
+        /// e.g. "16 at `ids` axis 1".
+        a: String,
+        b: String,
     },
     #[error("profile `{profile}`: dynamic input `{input}` (axes {}) has no shape while other inputs do; add `{input}:...` to the min/opt/max shapes", axes.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(", "))]
     DynamicInputWithoutShape {

@@ -2,7 +2,9 @@
 //! errors get their context here (`anyhow`), naming the path, model or key involved.
 
 mod inspect;
+pub mod key;
 pub mod output;
+mod sku;
 
 use std::process::ExitCode;
 
@@ -23,6 +25,10 @@ pub struct Cli {
 pub enum Command {
     /// Show a model's inputs, outputs, operators, warnings and what TensorRT can take.
     Inspect(inspect::InspectArgs),
+    /// Print a model's cache key and every part hashed into it.
+    Key(Box<key::KeyArgs>),
+    /// Show the GPUs, the CPU and the device SKU cache keys are made for.
+    Sku(sku::SkuArgs),
 }
 
 /// Installs the tracing subscriber (stderr). ort reports provider fallbacks only through
@@ -47,5 +53,7 @@ pub fn init_tracing(verbose: u8) {
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Inspect(a) => inspect::run(a),
+        Command::Key(a) => key::run(*a),
+        Command::Sku(a) => sku::run(a),
     }
 }

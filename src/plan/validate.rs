@@ -189,12 +189,8 @@ pub fn validate_profile(
                                     profile: pname(),
                                     param: param.clone(),
                                     which,
-                                    a_input: a_input.clone(),
-                                    a_axis: *a_axis,
-                                    a_value: *a_value,
-                                    b_input: name.clone(),
-                                    b_axis: axis,
-                                    b_value: v,
+                                    a: format!("{a_value} at `{a_input}` axis {a_axis}"),
+                                    b: format!("{v} at `{name}` axis {axis}"),
                                 })
                             }
                             Some(_) => {}
