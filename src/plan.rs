@@ -111,8 +111,12 @@ pub enum PlanError {
         path: PathBuf,
         available: Vec<String>,
     },
-    #[error("profile `{profile}`: --{flag} is given without --opt-shapes; give opt alone (min = max = opt) or all three")]
-    IncompleteFlags { profile: String, flag: String },
+    #[error("profile `{profile}`: --{given} is given without --{missing}; give --opt-shapes alone (min = max = opt) or all three")]
+    IncompleteFlags {
+        profile: String,
+        given: String,
+        missing: String,
+    },
     #[error("profile `{profile}`: input `{input}` is not an input of the model (inputs: {})", known.join(", "))]
     UnknownInput {
         profile: String,
@@ -224,17 +228,24 @@ impl ProfileArgs {
         let min = parse("min-shapes", &self.min_shapes)?;
         let opt = parse("opt-shapes", &self.opt_shapes)?;
         let max = parse("max-shapes", &self.max_shapes)?;
+        let incomplete = |given: &str, missing: &str| PlanError::IncompleteFlags {
+            profile: name.into(),
+            given: given.into(),
+            missing: missing.into(),
+        };
         let Some(opt) = opt else {
-            let flag = if min.is_some() {
+            let given = if min.is_some() {
                 "min-shapes"
             } else {
                 "max-shapes"
             };
-            return Err(PlanError::IncompleteFlags {
-                profile: name.into(),
-                flag: flag.into(),
-            });
+            return Err(incomplete(given, "opt-shapes"));
         };
+        match (&min, &max) {
+            (Some(_), None) => return Err(incomplete("min-shapes", "max-shapes")),
+            (None, Some(_)) => return Err(incomplete("max-shapes", "min-shapes")),
+            _ => {}
+        }
         Ok(Some(ShapeProfile {
             name: name.into(),
             min: min.unwrap_or_else(|| opt.clone()),

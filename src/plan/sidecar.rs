@@ -240,6 +240,13 @@ impl Sidecar {
                     "[profiles.{name}] has no `opt`; give opt alone (min = max = opt) or min, opt and max"
                 )));
             };
+            if min.is_some() != max.is_some() {
+                return Err(bad(format!(
+                    "[profiles.{name}] has `{}` without `{}`; give opt alone (min = max = opt) or min, opt and max",
+                    if min.is_some() { "min" } else { "max" },
+                    if min.is_some() { "max" } else { "min" },
+                )));
+            }
             profiles.insert(
                 name.clone(),
                 ShapeProfile {
@@ -367,6 +374,10 @@ int_range = [0, 5]
             .unwrap_err()
             .to_string();
         assert!(e.contains("[profiles.a] has no `opt`"), "{e}");
+        let e = Sidecar::parse(p, "[profiles.a]\nmin = \"x:1\"\nopt = \"x:1\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("has `min` without `max`"), "{e}");
         let e = Sidecar::parse(p, "[golden]\nint_range = [2, 2]")
             .unwrap_err()
             .to_string();

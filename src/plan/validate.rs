@@ -146,7 +146,8 @@ pub fn validate_profile(
             continue;
         };
         let (min, max) = (&profile.min[name], &profile.max[name]);
-        for (which, shape) in [(Bound::Min, min), (Bound::Opt, opt), (Bound::Max, max)] {
+        // opt first: with opt alone, min and max are copies of it.
+        for (which, shape) in [(Bound::Opt, opt), (Bound::Min, min), (Bound::Max, max)] {
             let rank_err = |expected| PlanError::WrongRank {
                 profile: pname(),
                 input: name.clone(),
