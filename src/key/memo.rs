@@ -26,6 +26,9 @@ use super::KeyError;
 /// Environment variable overriding the racy margin, in milliseconds.
 pub const RACY_ENV: &str = "TRTCACHE_DIGEST_RACY_MS";
 
+/// A hit refreshes an entry's LRU stamp (and so rewrites the memo) at most once an hour.
+const LRU_REFRESH_NS: i128 = 3600 * 1_000_000_000;
+
 /// Default racy margin.
 pub const DEFAULT_RACY: Duration = Duration::from_millis(100);
 
@@ -142,8 +145,13 @@ impl DigestMemo {
         if e.id != *id {
             return None;
         }
-        e.used_ns = now_ns();
-        self.dirty = true;
+        // A hit rewrites the file only to refresh a stale LRU stamp, so the common case
+        // (an unchanged model) is read-only.
+        let now = now_ns();
+        if now - e.used_ns > LRU_REFRESH_NS {
+            e.used_ns = now;
+            self.dirty = true;
+        }
         Some(e.digest.clone())
     }
 
