@@ -24,50 +24,46 @@ trap 'rm -rf "$CACHE"' EXIT
 SIZE=$(stat -c %s "$M")
 cat "$M" > /dev/null   # page cache warm for every contender
 
-now() { date +%s%N; }
-declare -A T
-add() { T[$1]="${T[$1]:-} $2"; }
 # Remember once (memo written after a cold hash; the racy margin is waited out first).
 sleep 0.2
 $BIN key "$M" --cache-dir "$CACHE" --json > /dev/null
-for ((r = 0; r < RUNS; r++)); do
-  s=$(now); sha256sum "$M" > /dev/null; add sha256sum $(( $(now) - s ))
-  s=$(now); openssl dgst -sha256 "$M" > /dev/null; add openssl $(( $(now) - s ))
-  s=$(now); out=$($BIN key "$M" --no-memo --json); add key_cold $(( $(now) - s ))
-  add key_cold_digest "$(python3 -c 'import json,sys; print(int(json.load(sys.stdin)["digest"]["seconds"]*1e9))' <<< "$out")"
-  s=$(now); out=$($BIN key "$M" --no-memo --threads 1 --json); add key_cold_1t $(( $(now) - s ))
-  add key_cold_1t_digest "$(python3 -c 'import json,sys; print(int(json.load(sys.stdin)["digest"]["seconds"]*1e9))' <<< "$out")"
-  s=$(now); out=$($BIN key "$M" --cache-dir "$CACHE" --json); add key_memo $(( $(now) - s ))
-  add key_memo_digest "$(python3 -c 'import json,sys; d=json.load(sys.stdin)["digest"]; assert d["memo_hits"]==d["files"], d; print(int(d["seconds"]*1e9))' <<< "$out")"
-done
-
-{
-  for k in "${!T[@]}"; do echo "$k ${T[$k]}"; done
-} | python3 -c '
-import sys, statistics
-size = int(sys.argv[1]); runs = {}
-for line in sys.stdin:
-    k, *v = line.split(); runs[k] = [int(x) / 1e9 for x in v]
-med = {k: statistics.median(v) for k, v in runs.items()}
-base = med["openssl"]
-rows = [
-  ("sha256sum FILE", "sha256sum"),
-  ("openssl dgst -sha256 FILE", "openssl"),
-  ("trtcache key FILE --no-memo (2 threads), end to end", "key_cold"),
-  ("  digest part of it", "key_cold_digest"),
-  ("trtcache key FILE --no-memo --threads 1, end to end", "key_cold_1t"),
-  ("  digest part of it", "key_cold_1t_digest"),
-  ("trtcache key FILE (digest remembered), end to end", "key_memo"),
-  ("  digest part of it (memo lookup)", "key_memo_digest"),
+# Wall time and CPU time (user+sys of the child) per command; the digest part from --json.
+python3 - "$M" "$BIN" "$CACHE" "$RUNS" "$SIZE" <<'PY'
+import json, resource, statistics, subprocess, sys, time
+m, binary, cache, runs, size = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+cmds = [
+    ("sha256sum FILE", "sha256sum", ["sha256sum", m]),
+    ("openssl dgst -sha256 FILE", "openssl", ["openssl", "dgst", "-sha256", m]),
+    ("trtcache key FILE --no-memo (all cores)", "key_cold", [binary, "key", m, "--no-memo", "--json"]),
+    ("trtcache key FILE --no-memo --threads 1", "key_1t", [binary, "key", m, "--no-memo", "--threads", "1", "--json"]),
+    ("trtcache key FILE (digest remembered)", "key_memo", [binary, "key", m, "--cache-dir", cache, "--json"]),
 ]
-n = len(runs["openssl"]); print(f"file: {size} bytes, {n} runs each, medians\n")
-print("| command | median | min..max | MB/s | openssl time / this |")
-print("|---|---:|---:|---:|---:|")
-for name, k in rows:
-    v = runs[k]; m = med[k]
-    mbs = f"{size / m / 1e6:.0f}" if "memo" not in k else "-"
-    print(f"| {name} | {m*1e3:.3f} ms | {min(v)*1e3:.3f}..{max(v)*1e3:.3f} | {mbs} | {base / m:.2f}x |")
-' "$SIZE"
+wall, cpu, dig = {}, {}, {}
+for _ in range(runs):
+    for name, k, argv in cmds:
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        out = subprocess.run(argv, check=True, capture_output=True).stdout
+        t = time.perf_counter() - t0
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        wall.setdefault(k, []).append(t)
+        cpu.setdefault(k, []).append((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime))
+        if k.startswith("key"):
+            d = json.loads(out)["digest"]
+            if k == "key_memo":
+                assert d["memo_hits"] == d["files"], d
+            dig.setdefault(k, []).append(d["seconds"])
+med = lambda v: statistics.median(v)
+base_w, base_c = med(wall["openssl"]), med(cpu["openssl"])
+print(f"file: {size} bytes; {runs} interleaved rounds; medians (min..max)\n")
+print("| command | wall | digest part (from --json) | CPU user+sys | MB/s (wall) | openssl wall / this |")
+print("|---|---:|---:|---:|---:|---:|")
+for name, k, _ in cmds:
+    w = wall[k]
+    d = f"{med(dig[k])*1e3:.3f} ms ({min(dig[k])*1e3:.3f}..{max(dig[k])*1e3:.3f})" if k in dig else "-"
+    mbs = "-" if k == "key_memo" else f"{size / med(w) / 1e6:.0f}"
+    print(f"| `{name}` | {med(w)*1e3:.1f} ms ({min(w)*1e3:.1f}..{max(w)*1e3:.1f}) | {d} | {med(cpu[k])*1e3:.0f} ms | {mbs} | {base_w / med(w):.2f}x |")
+PY
 echo
-echo "machine: $(nproc) cores, $(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | xargs), sha_ni: $(grep -c sha_ni /proc/cpuinfo) of $(nproc) cpus; load average: $(cut -d" " -f1-3 /proc/loadavg)"
+echo "machine: $(nproc) cores, $(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | xargs), sha_ni: $(grep -c sha_ni /proc/cpuinfo) of $(nproc) cpus; load average after: $(cut -d" " -f1-3 /proc/loadavg)"
 echo "versions: $(sha256sum --version | head -1), $(openssl version)"
