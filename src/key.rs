@@ -112,6 +112,8 @@ pub struct ExternalDigest {
 }
 
 /// Content digest of a model: the graph file and its external-data files (sorted by location).
+/// The `sha256` fields hold the tree digest of [`digest`] (SHA-256 over 4 MiB chunk hashes),
+/// not `sha256sum`'s value; [`plain_model_digest`] gives that.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelDigest {
     pub sha256: String,

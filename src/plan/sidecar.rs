@@ -214,6 +214,14 @@ impl Sidecar {
                 f.golden.int_range
             )));
         }
+        for b in &f.backends {
+            if !crate::key::BACKENDS.contains(&b.as_str()) {
+                return Err(bad(format!(
+                    "backends: unknown backend `{b}` (known: {})",
+                    crate::key::BACKENDS.join(", ")
+                )));
+            }
+        }
         let mut golden = f.golden;
         let dir = path.parent().unwrap_or(Path::new(""));
         golden.npz = golden
@@ -378,6 +386,10 @@ int_range = [0, 5]
             .unwrap_err()
             .to_string();
         assert!(e.contains("has `min` without `max`"), "{e}");
+        let e = Sidecar::parse(p, "backends = [\"ort-gpu\"]")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown backend `ort-gpu`"), "{e}");
         let e = Sidecar::parse(p, "[golden]\nint_range = [2, 2]")
             .unwrap_err()
             .to_string();

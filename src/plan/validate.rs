@@ -412,6 +412,46 @@ mod tests {
     }
 
     #[test]
+    fn inputs_of_fixture_models() {
+        use crate::fixtures::models;
+        use prost::Message;
+        let load = |m: crate::onnx::proto::ModelProto| {
+            Model::from_bytes("m.onnx", m.encode_to_vec().into()).unwrap()
+        };
+        let enc = ModelInputs::of(&load(models::tiny_encoder(false)));
+        // Initializers are not inputs.
+        assert_eq!(enc.0.len(), 1);
+        assert_eq!(enc.0[0].dynamic_axes(), [0, 1]);
+        assert_eq!(enc.0[0].dtype.as_deref(), Some("float32"));
+        assert_eq!(concrete_shapes(&enc, None).unwrap()["x"], [1, 1, 64]);
+        let st = ModelInputs::of(&load(models::tiny_encoder(true)));
+        assert!(!st.0[0].is_dynamic());
+        let p = prof("x:1x16x64", "x:1x16x64", "x:1x16x64");
+        assert_eq!(validate_profile(&st, &p).unwrap(), None);
+        let il = ModelInputs::of(&load(models::if_loop()));
+        let c = concrete_shapes(&il, None).unwrap();
+        assert_eq!(c["cond"], Vec::<i64>::new());
+        assert_eq!(c["x"], [1]);
+    }
+
+    #[test]
+    fn unknown_rank_needs_a_profile_shape() {
+        let inputs = ModelInputs(vec![InputSig {
+            name: "t".into(),
+            dtype: Some("float32".into()),
+            shape: None,
+        }]);
+        let e = concrete_shapes(&inputs, None).unwrap_err().to_string();
+        assert!(e.contains("input `t` has no known rank"), "{e}");
+        let p = prof("t:1x2", "t:2x2", "t:4x2");
+        let v = validate_profile(&inputs, &p).unwrap().unwrap();
+        assert_eq!(concrete_shapes(&inputs, Some(&v)).unwrap()["t"], [2, 2]);
+        // Unknown rank: the three shapes must at least agree with each other.
+        let e = validate_profile(&inputs, &prof("t:1", "t:2x2", "t:4x2")).unwrap_err();
+        assert!(e.to_string().contains("min shape [1] has rank 1"), "{e}");
+    }
+
+    #[test]
     fn static_inputs_are_dropped_from_the_canonical_profile() {
         let inputs = ModelInputs(vec![sig("x", &[Dim::Fixed(1), Dim::Fixed(4)])]);
         let p = prof("x:1x4", "x:1x4", "x:1x4");
