@@ -105,6 +105,12 @@ pub fn model_digest_with(
             report.memo_hits += s.digest.is_some() as usize;
         }
     }
+    // What to hash for each file not found in the memo.
+    enum Source {
+        Graph,
+        Empty,
+        Map(usize),
+    }
     let mut maps = Vec::new();
     let mut todo = Vec::new();
     for (i, s) in slots.iter().enumerate() {
@@ -112,7 +118,7 @@ pub fn model_digest_with(
             continue;
         }
         if i == 0 {
-            todo.push((i, None));
+            todo.push((i, Source::Graph));
             continue;
         }
         let io = |source| KeyError::Io {
@@ -121,21 +127,21 @@ pub fn model_digest_with(
         };
         let file = std::fs::File::open(s.path).map_err(io)?;
         if file.metadata().map_err(io)?.len() == 0 {
-            todo.push((i, Some(usize::MAX)));
+            todo.push((i, Source::Empty));
             continue;
         }
         // SAFETY: read-only map; a file truncated while mapped would fault (models are
         // written elsewhere and renamed into place, see docs/keys.md).
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
         maps.push(map);
-        todo.push((i, Some(maps.len() - 1)));
+        todo.push((i, Source::Map(maps.len() - 1)));
     }
     let slices: Vec<&[u8]> = todo
         .iter()
-        .map(|(_, m)| match m {
-            None => &model.bytes[..],
-            Some(usize::MAX) => &[][..],
-            Some(j) => &maps[*j][..],
+        .map(|(_, src)| match src {
+            Source::Graph => &model.bytes[..],
+            Source::Empty => &[][..],
+            Source::Map(j) => &maps[*j][..],
         })
         .collect();
     report.hashed_bytes = slices.iter().map(|s| s.len() as u64).sum();
