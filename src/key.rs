@@ -2,6 +2,10 @@
 //! artifact depends on ([`KeyParts`]): the model's content digest (graph bytes plus every
 //! external-data file), opset imports, the shape profile, the device SKU, the backend with its
 //! library versions, the precision and every build option. Never a path, file name or mtime.
+//!
+//! [`digest`] hashes files (a parallel SHA-256 tree), [`memo`] remembers digests by file
+//! identity, [`versions`] finds library versions without loading them, and `parts` assembles
+//! [`KeyParts`] from a loaded model, a plan, the device SKU and a backend. See docs/keys.md.
 
 use std::collections::BTreeMap;
 use std::fmt;
