@@ -1,8 +1,8 @@
 //! Stage 3: the build plan's parts that users choose: shape profiles (min/opt/max per dynamic
 //! input, from a `MODEL.trtcache.toml` sidecar or trtexec-style flags) and precision.
 //!
-//! Data enters as command-line flags ([`ProfileArgs`]) and the sidecar file ([`sidecar`]);
-//! [`resolve`] checks the chosen profile against the model's inputs ([`validate`]) and
+//! Data enters as command-line flags ([`ProfileArgs`]) and the sidecar file (`sidecar.rs`);
+//! [`resolve`] checks the chosen profile against the model's inputs (`validate.rs`) and
 //! returns a [`Plan`] (canonical profile, precision, backends, tolerance, golden settings)
 //! for the key and build stages. Every error is a [`PlanError`] naming profile, input, axis.
 
