@@ -170,8 +170,8 @@ mod parts;
 pub mod versions;
 
 pub use parts::{
-    backend_id, key_parts, model_digest, model_digest_with, opsets_of, plain_model_digest,
-    sku_for_backend, DigestOptions, DigestReport, BACKENDS,
+    backend_id, detect_sku, key_parts, model_digest, model_digest_with, opsets_of,
+    plain_model_digest, sku_for_backend, DigestOptions, DigestReport, BACKENDS,
 };
 
 #[cfg(test)]

@@ -10,10 +10,9 @@ use clap::Args;
 use serde::Serialize;
 
 use super::output::{human_bytes, table, Style};
-use crate::device::detect;
 use crate::key::{
-    backend_id, digest::default_threads, key_parts, model_digest_with, plain_model_digest,
-    sku_for_backend, CacheKey, DigestOptions, DigestReport, KeyParts, ModelDigest, BACKENDS,
+    backend_id, detect_sku, digest::default_threads, key_parts, model_digest_with,
+    plain_model_digest, CacheKey, DigestOptions, DigestReport, KeyParts, ModelDigest, BACKENDS,
 };
 use crate::onnx::Model;
 use crate::plan::{resolve, ModelInputs, Precision, ProfileArgs};
@@ -116,7 +115,7 @@ pub fn run(a: KeyArgs) -> anyhow::Result<ExitCode> {
     let threads = a.threads.unwrap_or_else(default_threads).max(1);
     let (digest, report) = model_digest_with(&model, &DigestOptions { threads, memo })
         .with_context(|| format!("{}: digest", a.model.display()))?;
-    let sku = sku_for_backend(&detect(), &a.backend)?;
+    let sku = detect_sku(&a.backend)?;
     let backend = backend_id(&a.backend, None)?;
     let profile_name = plan.profile.as_ref().map(|p| p.name.clone());
     let parts = key_parts(

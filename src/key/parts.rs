@@ -284,6 +284,15 @@ pub fn backend_id(name: &str, ort_library: Option<&Path>) -> Result<BackendId, K
     })
 }
 
+/// The SKU `backend` builds for, detecting only what it needs: `ort-cpu` reads cpuinfo and
+/// never initialises the CUDA driver (cuInit can take a second on a GPU host).
+pub fn detect_sku(backend: &str) -> Result<Sku, KeyError> {
+    if backend == "ort-cpu" {
+        return Ok(crate::device::cpu_info().sku());
+    }
+    sku_for_backend(&crate::device::detect(), backend)
+}
+
 /// The SKU `backend` builds for: the CPU's for `ort-cpu` (even on a GPU host), the selected
 /// GPU's otherwise (an error naming why there is none).
 pub fn sku_for_backend(report: &DeviceReport, backend: &str) -> Result<Sku, KeyError> {
