@@ -11,8 +11,8 @@ use serde::Serialize;
 
 use super::output::{human_bytes, table, Style};
 use crate::key::{
-    backend_id, detect_sku, digest::default_threads, key_parts, model_digest_with,
-    plain_model_digest, CacheKey, DigestOptions, DigestReport, KeyParts, ModelDigest, BACKENDS,
+    digest::default_threads, key_for_plan, plain_model_digest, CacheKey, DigestOptions,
+    DigestReport, KeyParts, ModelDigest, BACKENDS,
 };
 use crate::onnx::Model;
 use crate::plan::{resolve, ModelInputs, Precision, ProfileArgs};
@@ -113,20 +113,16 @@ pub fn run(a: KeyArgs) -> anyhow::Result<ExitCode> {
             .map(|d| d.join("digests.json"))
     };
     let threads = a.threads.unwrap_or_else(default_threads).max(1);
-    let (digest, report) = model_digest_with(&model, &DigestOptions { threads, memo })
-        .with_context(|| format!("{}: digest", a.model.display()))?;
-    let sku = detect_sku(&a.backend)?;
-    let backend = backend_id(&a.backend, None)?;
     let profile_name = plan.profile.as_ref().map(|p| p.name.clone());
-    let parts = key_parts(
+    let (parts, report) = key_for_plan(
         &model,
-        digest,
-        plan.profile.as_ref(),
-        sku,
-        backend,
-        plan.precision,
+        &plan,
+        &a.backend,
+        None,
         options,
-    );
+        &DigestOptions { threads, memo },
+    )
+    .with_context(|| format!("{}: key", a.model.display()))?;
     let plain_sha256 = if a.sha256 {
         Some(
             plain_model_digest(&model, threads)

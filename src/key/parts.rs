@@ -304,3 +304,31 @@ pub fn sku_for_backend(report: &DeviceReport, backend: &str) -> Result<Sku, KeyE
         why,
     })
 }
+
+/// Everything [`key_parts`] needs in one call, for the build and daemon stages: digests the
+/// model (memo per `digest`), detects the SKU for `backend`, finds its library versions
+/// (`ort_library`: the config's explicit ONNX Runtime path) and assembles the parts.
+pub fn key_for_plan(
+    model: &Model,
+    plan: &crate::plan::Plan,
+    backend: &str,
+    ort_library: Option<&Path>,
+    options: BTreeMap<String, String>,
+    digest: &DigestOptions,
+) -> Result<(KeyParts, DigestReport), KeyError> {
+    let sku = detect_sku(backend)?;
+    let backend = backend_id(backend, ort_library)?;
+    let (d, report) = model_digest_with(model, digest)?;
+    Ok((
+        key_parts(
+            model,
+            d,
+            plan.profile.as_ref(),
+            sku,
+            backend,
+            plan.precision,
+            options,
+        ),
+        report,
+    ))
+}
