@@ -28,9 +28,9 @@ pub struct KeyArgs {
     pub model: PathBuf,
     #[command(flatten)]
     pub profile: ProfileArgs,
-    /// Backend the artifact is built with.
-    #[arg(long, default_value = "ort-cpu", value_parser = clap::builder::PossibleValuesParser::new(BACKENDS))]
-    pub backend: String,
+    /// Backend the artifact is built with (default: the sidecar's first, else ort-cpu).
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(BACKENDS))]
+    pub backend: Option<String>,
     /// Precision (overrides the sidecar's; default fp32).
     #[arg(long, value_parser = parse_precision)]
     pub precision: Option<Precision>,
@@ -114,10 +114,15 @@ pub fn run(a: KeyArgs) -> anyhow::Result<ExitCode> {
     };
     let threads = a.threads.unwrap_or_else(default_threads).max(1);
     let profile_name = plan.profile.as_ref().map(|p| p.name.clone());
+    let backend = a
+        .backend
+        .clone()
+        .or_else(|| plan.backends.first().cloned())
+        .unwrap_or_else(|| "ort-cpu".to_string());
     let (parts, report) = key_for_plan(
         &model,
         &plan,
-        &a.backend,
+        &backend,
         None,
         options,
         &DigestOptions { threads, memo },

@@ -267,6 +267,7 @@ max = "x:8x128x64"
     );
     assert_eq!(flags, same);
     assert_ne!(key(&p, &["--no-sidecar"]), same);
+    assert_eq!(v["parts"]["backend"]["name"], "ort-cpu");
 
     let e = err(&["key", m, "--profile", "bad"]);
     assert!(
@@ -374,6 +375,19 @@ fn digest_memo_hits_and_misses() {
     let fresh = key(&p, &[]);
     assert_eq!(memo_run(&p, &cache)["key"].as_str().unwrap(), fresh);
 
+    // An unwritable memo is reported, and the key is still right.
+    let blocker = d.path().join("a-file");
+    std::fs::write(&blocker, b"x").unwrap();
+    let v = memo_run(&p, &blocker.join("sub"));
+    assert_eq!(v["key"].as_str().unwrap(), fresh);
+    assert!(
+        v["digest"]["memo_error"]
+            .as_str()
+            .unwrap()
+            .contains("a-file"),
+        "{v}"
+    );
+
     // --no-memo neither reads nor writes it.
     let other = d.path().join("nocache");
     let v = ok_json(
@@ -463,6 +477,26 @@ fn sku_without_gpu_is_the_cpu_and_says_why() {
             e.contains("ort-tensorrt builds for an NVIDIA GPU") && e.contains(why),
             "{e}"
         );
+        // The sidecar's first backend is the default; --backend overrides it.
+        std::fs::write(
+            model.path().join("m.trtcache.toml"),
+            "backends = [\"ort-tensorrt\", \"ort-cpu\"]\n",
+        )
+        .unwrap();
+        let e = err(&["key", p.to_str().unwrap()]);
+        assert!(e.contains("ort-tensorrt builds for an NVIDIA GPU"), "{e}");
+        let v = ok_json(
+            &[
+                "key",
+                p.to_str().unwrap(),
+                "--backend",
+                "ort-cpu",
+                "--json",
+                "--no-memo",
+            ],
+            &[],
+        );
+        assert_eq!(v["parts"]["backend"]["name"], "ort-cpu");
     } else {
         assert_eq!(v["sku"]["kind"], "gpu");
         assert!(v["sku"]["compute_capability"].is_string());
