@@ -12,11 +12,14 @@ use trtcache::onnx::proto::ModelProto;
 
 use crate::support::{bin, json, ort_dylib};
 
-/// Runs `trtcache ARGS` with ONNX Runtime found through ORT_DYLIB_PATH (or `ort` when given).
+/// Runs `trtcache ARGS` with ONNX Runtime found through ORT_DYLIB_PATH; `env` overrides.
+/// A default cache folder of its own per run keeps the user's ~/.cache out of the tests.
 fn run(args: &[&str], env: &[(&str, &Path)]) -> Output {
+    let cache = tempfile::tempdir().unwrap();
     let mut c = Command::new(bin());
     c.args(args)
         .env("NO_COLOR", "1")
+        .env("TRTCACHE_CACHE_DIR", cache.path())
         .env("ORT_DYLIB_PATH", ort_dylib());
     for (k, v) in env {
         c.env(k, v);
