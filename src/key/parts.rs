@@ -61,7 +61,9 @@ pub fn model_digest(model: &Model) -> Result<ModelDigest, KeyError> {
 struct FileSlot<'a> {
     path: &'a Path,
     location: Option<&'a str>,
-    id: FileId,
+    /// `None` when the memo must not be used for this file.
+    id: Option<FileId>,
+    bytes: u64,
     digest: Option<String>,
 }
 
@@ -76,20 +78,24 @@ pub fn model_digest_with(
     let mut slots = vec![FileSlot {
         path: &model.path,
         location: None,
-        id: FileId::of(&model.path)?,
+        // The graph bytes hashed are the mapped ones the model was decoded from. A model
+        // built from bytes (no such file), or a file that no longer has their size (replaced
+        // since loading), bypasses the memo.
+        id: FileId::of(&model.path)
+            .ok()
+            .filter(|id| id.size == model.bytes.len() as u64),
+        bytes: model.bytes.len() as u64,
         digest: None,
     }];
     for f in &model.external_files {
         slots.push(FileSlot {
             path: &f.path,
             location: Some(&f.location),
-            id: FileId::of(&f.path)?,
+            id: Some(FileId::of(&f.path)?),
+            bytes: 0,
             digest: None,
         });
     }
-    // The graph bytes hashed are the mapped ones the model was decoded from; if the file on
-    // disk no longer has their size, it was replaced since loading and the memo is skipped.
-    let graph_replaced = slots[0].id.size != model.bytes.len() as u64;
     let mut report = DigestReport {
         files: slots.len(),
         threads: opts.threads.max(1),
@@ -97,11 +103,8 @@ pub fn model_digest_with(
         ..Default::default()
     };
     if let Some(m) = memo.as_mut() {
-        for (i, s) in slots.iter_mut().enumerate() {
-            if i == 0 && graph_replaced {
-                continue;
-            }
-            s.digest = m.lookup(&s.id);
+        for s in slots.iter_mut() {
+            s.digest = s.id.as_ref().and_then(|id| m.lookup(id));
             report.memo_hits += s.digest.is_some() as usize;
         }
     }
@@ -150,9 +153,10 @@ pub fn model_digest_with(
         let s = &mut slots[*i];
         let h = hex(&d);
         if let Some(m) = memo.as_mut() {
-            let unchanged = FileId::of(s.path).is_ok_and(|now| now == s.id);
-            if unchanged && !(*i == 0 && graph_replaced) {
-                m.insert(s.id, h.clone(), started);
+            if let Some(id) = s.id {
+                if FileId::of(s.path).is_ok_and(|now| now == id) {
+                    m.insert(id, h.clone(), started);
+                }
             }
         }
         s.digest = Some(h);
@@ -168,7 +172,7 @@ pub fn model_digest_with(
         external.push(ExternalDigest {
             location: s.location.unwrap_or_default().to_string(),
             sha256: s.digest.clone().unwrap_or_default(),
-            bytes: s.id.size,
+            bytes: s.id.map_or(s.bytes, |id| id.size),
         });
     }
     report.seconds = t0.elapsed().as_secs_f64();
@@ -331,4 +335,70 @@ pub fn key_for_plan(
         ),
         report,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{models, write};
+    use prost::Message;
+
+    #[test]
+    fn model_from_bytes_digests_like_the_file_and_skips_the_memo() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("m.onnx");
+        let proto = models::tiny_encoder(false);
+        write(&proto, &p).unwrap();
+        let from_file = model_digest(&Model::load(&p).unwrap()).unwrap();
+        let mem =
+            Model::from_bytes(d.path().join("absent.onnx"), proto.encode_to_vec().into()).unwrap();
+        let opts = DigestOptions {
+            threads: 2,
+            memo: Some(d.path().join("digests.json")),
+        };
+        let (from_mem, report) = model_digest_with(&mem, &opts).unwrap();
+        assert_eq!(from_mem, from_file);
+        assert_eq!(report.memo_hits, 0);
+        assert!(!d.path().join("digests.json").exists());
+    }
+
+    #[test]
+    fn parts_clear_the_profile_name_and_normalise_opsets() {
+        let mut proto = models::custom_domain();
+        proto
+            .opset_import
+            .push(crate::onnx::proto::OperatorSetIdProto {
+                domain: "ai.onnx".into(),
+                version: 18,
+            });
+        let m = Model::from_bytes("m.onnx", proto.encode_to_vec().into()).unwrap();
+        let ops = opsets_of(&m);
+        assert_eq!(ops.get(""), Some(&18));
+        assert_eq!(ops.get("com.example"), Some(&1));
+        let digest = model_digest(&m).unwrap();
+        let prof = |name: &str| ShapeProfile {
+            name: name.into(),
+            opt: [("x".to_string(), vec![2, 8])].into(),
+            ..Default::default()
+        };
+        let parts = |p: &ShapeProfile| {
+            key_parts(
+                &m,
+                digest.clone(),
+                Some(p),
+                Sku::default(),
+                BackendId {
+                    name: "ort-cpu".into(),
+                    versions: BTreeMap::new(),
+                },
+                Precision::Fp32,
+                BTreeMap::new(),
+            )
+        };
+        assert_eq!(parts(&prof("a")).key(), parts(&prof("b")).key());
+        assert_eq!(parts(&prof("a")).profile.unwrap().name, "");
+        let mut other = prof("a");
+        other.opt.insert("x".into(), vec![4, 8]);
+        assert_ne!(parts(&prof("a")).key(), parts(&other).key());
+    }
 }
