@@ -77,6 +77,8 @@ struct Report {
     profile_name: Option<String>,
     sidecar: Option<PathBuf>,
     digest: DigestReport,
+    /// How `parts.model.*.sha256` were computed (see docs/keys.md).
+    digest_scheme: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     plain_sha256: Option<ModelDigest>,
 }
@@ -142,6 +144,7 @@ pub fn run(a: KeyArgs) -> anyhow::Result<ExitCode> {
         profile_name,
         sidecar: plan.sidecar,
         digest: report,
+        digest_scheme: crate::key::digest::TREE_SCHEME,
         plain_sha256,
     };
     if a.json {
