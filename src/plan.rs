@@ -34,7 +34,7 @@ mod validate;
 use std::path::{Path, PathBuf};
 
 pub use sidecar::{
-    load_sidecar, sidecar_candidates, GoldenSettings, ProfileSpec, ShapeSet, Sidecar, Tolerance,
+    load_sidecar, sidecar_candidates, GoldenSettings, ProfileSpec, Sidecar, Tolerance,
 };
 pub use validate::{concrete_shapes, parse_shapes, validate_profile, InputSig, ModelInputs};
 

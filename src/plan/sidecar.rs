@@ -33,21 +33,37 @@ use serde::{Deserialize, Serialize};
 
 use super::{parse_shapes, PlanError, Precision, ShapeProfile};
 
-/// Shapes per input, as a TOML table (`{ ids = [1, 128] }`) or a trtexec string.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(untagged)]
-pub enum ShapeSet {
-    Table(BTreeMap<String, Vec<i64>>),
-    Spec(String),
-}
-
-/// One `[profiles.NAME]` table.
+/// One `[profiles.NAME]` table: each of min/opt/max is a TOML table of integer arrays
+/// (`{ ids = [1, 128] }`) or a trtexec string (`"ids:1x128"`).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProfileSpec {
-    pub min: Option<ShapeSet>,
-    pub opt: Option<ShapeSet>,
-    pub max: Option<ShapeSet>,
+    pub min: Option<toml::Value>,
+    pub opt: Option<toml::Value>,
+    pub max: Option<toml::Value>,
+}
+
+/// Shapes of one bound from its TOML value; `Err` says what is wrong.
+fn shape_set(flag: &str, v: &toml::Value) -> Result<BTreeMap<String, Vec<i64>>, String> {
+    match v {
+        toml::Value::String(s) => parse_shapes(flag, s).map_err(|e| e.to_string()),
+        toml::Value::Table(t) => t
+            .iter()
+            .map(|(name, dims)| {
+                let bad = || format!("{flag}: `{name}` must be an array of integers, e.g. {name} = [1, 128]");
+                let arr = dims.as_array().ok_or_else(bad)?;
+                let dims = arr
+                    .iter()
+                    .map(|d| d.as_integer().ok_or_else(bad))
+                    .collect::<Result<Vec<i64>, String>>()?;
+                Ok((name.clone(), dims))
+            })
+            .collect(),
+        other => Err(format!(
+            "{flag}: expected a table like {{ x = [1, 128] }} or a string like \"x:1x128\", found a {}",
+            other.type_str()
+        )),
+    }
 }
 
 /// Allowed error of a validated output: an element passes when
@@ -229,14 +245,11 @@ impl Sidecar {
             .map(|p| if p.is_absolute() { p } else { dir.join(p) });
         let mut profiles = BTreeMap::new();
         for (name, spec) in f.profiles {
-            let set = |which: &str, s: &Option<ShapeSet>| -> Result<_, PlanError> {
-                match s {
-                    None => Ok(None),
-                    Some(ShapeSet::Table(t)) => Ok(Some(t.clone())),
-                    Some(ShapeSet::Spec(s)) => parse_shapes(&format!("profiles.{name}.{which}"), s)
-                        .map(Some)
-                        .map_err(|e| bad(e.to_string())),
-                }
+            let set = |which: &str, v: &Option<toml::Value>| -> Result<_, PlanError> {
+                v.as_ref()
+                    .map(|v| shape_set(&format!("profiles.{name}.{which}"), v))
+                    .transpose()
+                    .map_err(bad)
             };
             let (min, opt, max) = (
                 set("min", &spec.min)?,
@@ -386,6 +399,17 @@ int_range = [0, 5]
             .unwrap_err()
             .to_string();
         assert!(e.contains("has `min` without `max`"), "{e}");
+        let e = Sidecar::parse(p, "[profiles.a]\nopt = { x = [1.5] }")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("profiles.a.opt: `x` must be an array of integers"),
+            "{e}"
+        );
+        let e = Sidecar::parse(p, "[profiles.a]\nopt = 3")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("profiles.a.opt: expected a table"), "{e}");
         let e = Sidecar::parse(p, "backends = [\"ort-gpu\"]")
             .unwrap_err()
             .to_string();
