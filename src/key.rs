@@ -2,6 +2,10 @@
 //! artifact depends on ([`KeyParts`]): the model's content digest (graph bytes plus every
 //! external-data file), opset imports, the shape profile, the device SKU, the backend with its
 //! library versions, the precision and every build option. Never a path, file name or mtime.
+//!
+//! [`digest`] hashes files (a parallel SHA-256 tree), [`memo`] remembers digests by file
+//! identity, [`versions`] finds library versions without loading them, and `parts` assembles
+//! [`KeyParts`] from a loaded model, a plan, the device SKU and a backend. See docs/keys.md.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -26,6 +30,12 @@ pub enum KeyError {
         #[source]
         source: std::io::Error,
     },
+    #[error("unknown backend `{0}`; known: ort-cpu, ort-cuda, ort-tensorrt")]
+    UnknownBackend(String),
+    #[error("backend {backend}: {why}")]
+    Library { backend: String, why: String },
+    #[error("backend {backend} builds for an NVIDIA GPU, and none is usable: {why}")]
+    NoGpu { backend: String, why: String },
 }
 
 /// A cache key: SHA-256 of the canonical encoding of [`KeyParts`].
@@ -106,6 +116,8 @@ pub struct ExternalDigest {
 }
 
 /// Content digest of a model: the graph file and its external-data files (sorted by location).
+/// The `sha256` fields hold the tree digest of [`digest`] (SHA-256 over 4 MiB chunk hashes),
+/// not `sha256sum`'s value; [`plain_model_digest`] gives that.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelDigest {
     pub sha256: String,
@@ -151,6 +163,16 @@ impl KeyParts {
         CacheKey(Sha256::digest(self.canonical()).into())
     }
 }
+
+pub mod digest;
+pub mod memo;
+mod parts;
+pub mod versions;
+
+pub use parts::{
+    backend_id, detect_sku, key_for_plan, key_parts, model_digest, model_digest_with, opsets_of,
+    plain_model_digest, sku_for_backend, DigestOptions, DigestReport, BACKENDS,
+};
 
 #[cfg(test)]
 mod tests {

@@ -1,5 +1,10 @@
 //! Stage 3: the build plan's parts that users choose: shape profiles (min/opt/max per dynamic
 //! input, from a `MODEL.trtcache.toml` sidecar or trtexec-style flags) and precision.
+//!
+//! Data enters as command-line flags ([`ProfileArgs`]) and the sidecar file (`sidecar.rs`);
+//! [`resolve`] checks the chosen profile against the model's inputs (`validate.rs`) and
+//! returns a [`Plan`] (canonical profile, precision, backends, tolerance, golden settings)
+//! for the key and build stages. Every error is a [`PlanError`] naming profile, input, axis.
 
 use std::collections::BTreeMap;
 
@@ -21,4 +26,305 @@ pub struct ShapeProfile {
     pub min: BTreeMap<String, Vec<i64>>,
     pub opt: BTreeMap<String, Vec<i64>>,
     pub max: BTreeMap<String, Vec<i64>>,
+}
+
+mod sidecar;
+mod validate;
+
+use std::path::{Path, PathBuf};
+
+pub use sidecar::{
+    load_sidecar, sidecar_candidates, GoldenSettings, ProfileSpec, Sidecar, Tolerance,
+};
+pub use validate::{concrete_shapes, parse_shapes, validate_profile, InputSig, ModelInputs};
+
+impl Precision {
+    /// `fp32` or `fp16`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Fp16 => "fp16",
+        }
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = PlanError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "fp32" | "float32" => Ok(Precision::Fp32),
+            "fp16" | "float16" => Ok(Precision::Fp16),
+            _ => Err(PlanError::BadPrecision(s.to_string())),
+        }
+    }
+}
+
+/// Which of a profile's three shape sets an error is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bound {
+    Min,
+    Opt,
+    Max,
+}
+
+impl std::fmt::Display for Bound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Bound::Min => "min",
+            Bound::Opt => "opt",
+            Bound::Max => "max",
+        })
+    }
+}
+
+/// Errors of profile parsing, sidecar loading and validation; each names the profile, input
+/// and axis involved.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("`{0}` is not a precision (fp32 or fp16)")]
+    BadPrecision(String),
+    #[error("--{flag} `{spec}`: {why} (expected trtexec syntax `name:1x3x224x224,other:1x128`)")]
+    BadSpec {
+        flag: String,
+        spec: String,
+        why: String,
+    },
+    #[error("{path}: cannot read the sidecar: {source}")]
+    SidecarRead {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: invalid sidecar: {message}")]
+    SidecarParse { path: PathBuf, message: String },
+    #[error("{a} and {b} both exist; keep one sidecar per model")]
+    AmbiguousSidecar { a: PathBuf, b: PathBuf },
+    #[error("profile `{name}` is not defined{}; available: {}", where_.as_ref().map(|p| format!(" in {}", p.display())).unwrap_or_default(), if available.is_empty() { "(none)".to_string() } else { available.join(", ") })]
+    NoSuchProfile {
+        name: String,
+        where_: Option<PathBuf>,
+        available: Vec<String>,
+    },
+    #[error("{path} defines several profiles ({}) and no `default_profile`; choose one with --profile", available.join(", "))]
+    NoDefaultProfile {
+        path: PathBuf,
+        available: Vec<String>,
+    },
+    #[error("profile `{profile}`: --{given} is given without --{missing}; give --opt-shapes alone (min = max = opt) or all three")]
+    IncompleteFlags {
+        profile: String,
+        given: String,
+        missing: String,
+    },
+    #[error("profile `{profile}`: input `{input}` is not an input of the model (inputs: {})", known.join(", "))]
+    UnknownInput {
+        profile: String,
+        input: String,
+        known: Vec<String>,
+    },
+    #[error("profile `{profile}`: input `{input}` has {which} shape {shape:?} but no {missing} shape; give min, opt and max for every input (or opt alone)")]
+    MissingBound {
+        profile: String,
+        input: String,
+        which: Bound,
+        shape: Vec<i64>,
+        missing: Bound,
+    },
+    #[error("profile `{profile}`: input `{input}` {which} shape {shape:?} has rank {got}, the model's input has rank {expected}")]
+    WrongRank {
+        profile: String,
+        input: String,
+        which: Bound,
+        shape: Vec<i64>,
+        got: usize,
+        expected: usize,
+    },
+    #[error("profile `{profile}`: input `{input}` axis {axis}: {which} is {value}; dimensions must be >= 0")]
+    NegativeDim {
+        profile: String,
+        input: String,
+        axis: usize,
+        which: Bound,
+        value: i64,
+    },
+    #[error("profile `{profile}`: input `{input}` axis {axis}: {lo_name} {lo} > {hi_name} {hi}; need min <= opt <= max")]
+    Order {
+        profile: String,
+        input: String,
+        axis: usize,
+        lo_name: Bound,
+        lo: i64,
+        hi_name: Bound,
+        hi: i64,
+    },
+    #[error("profile `{profile}`: input `{input}` axis {axis} is fixed to {fixed} in the model, but {which} gives {value}")]
+    FixedDimContradicted {
+        profile: String,
+        input: String,
+        axis: usize,
+        which: Bound,
+        value: i64,
+        fixed: i64,
+    },
+    #[error("profile `{profile}`: dynamic dimension `{param}` is {a} but {b} ({which}); inputs sharing a named dimension must agree")]
+    SymbolMismatch {
+        profile: String,
+        param: String,
+        which: Bound,
+        /// e.g. "16 at `ids` axis 1".
+        a: String,
+        b: String,
+    },
+    #[error("profile `{profile}`: dynamic input `{input}` (axes {}) has no shape while other inputs do; add `{input}:...` to the min/opt/max shapes", axes.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(", "))]
+    DynamicInputWithoutShape {
+        profile: String,
+        input: String,
+        axes: Vec<usize>,
+    },
+    #[error("input `{input}` has no known rank in the model and no shape in the profile; give it with --opt-shapes {input}:...")]
+    UnknownRank { input: String },
+}
+
+/// Shape-profile flags shared by every command that keys or builds a model; flatten it into
+/// a command's args with `#[command(flatten)]`.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct ProfileArgs {
+    /// Named profile from the model's sidecar (`MODEL.trtcache.toml`).
+    #[arg(long, value_name = "NAME")]
+    pub profile: Option<String>,
+    /// Minimum shapes, trtexec syntax: `ids:1x1,mask:1x1`. Needs --opt-shapes and
+    /// --max-shapes; overrides the sidecar.
+    #[arg(long = "min-shapes", value_name = "SPEC")]
+    pub min_shapes: Option<String>,
+    /// Optimal shapes, trtexec syntax; alone it means min = opt = max.
+    #[arg(long = "opt-shapes", value_name = "SPEC")]
+    pub opt_shapes: Option<String>,
+    /// Maximum shapes, trtexec syntax.
+    #[arg(long = "max-shapes", value_name = "SPEC")]
+    pub max_shapes: Option<String>,
+    /// Sidecar file to use instead of the one next to the model.
+    #[arg(long, value_name = "FILE")]
+    pub sidecar: Option<PathBuf>,
+    /// Ignore any sidecar next to the model.
+    #[arg(long, conflicts_with = "sidecar")]
+    pub no_sidecar: bool,
+}
+
+impl ProfileArgs {
+    /// Whether any shape flag was given.
+    pub fn has_shape_flags(&self) -> bool {
+        self.min_shapes.is_some() || self.opt_shapes.is_some() || self.max_shapes.is_some()
+    }
+
+    /// The profile the flags describe (unvalidated), named `name`; `None` without flags.
+    pub fn flag_profile(&self, name: &str) -> Result<Option<ShapeProfile>, PlanError> {
+        if !self.has_shape_flags() {
+            return Ok(None);
+        }
+        let parse = |flag: &str, v: &Option<String>| {
+            v.as_deref().map(|s| parse_shapes(flag, s)).transpose()
+        };
+        let min = parse("min-shapes", &self.min_shapes)?;
+        let opt = parse("opt-shapes", &self.opt_shapes)?;
+        let max = parse("max-shapes", &self.max_shapes)?;
+        let incomplete = |given: &str, missing: &str| PlanError::IncompleteFlags {
+            profile: name.into(),
+            given: given.into(),
+            missing: missing.into(),
+        };
+        let Some(opt) = opt else {
+            let given = if min.is_some() {
+                "min-shapes"
+            } else {
+                "max-shapes"
+            };
+            return Err(incomplete(given, "opt-shapes"));
+        };
+        match (&min, &max) {
+            (Some(_), None) => return Err(incomplete("min-shapes", "max-shapes")),
+            (None, Some(_)) => return Err(incomplete("max-shapes", "min-shapes")),
+            _ => {}
+        }
+        Ok(Some(ShapeProfile {
+            name: name.into(),
+            min: min.unwrap_or_else(|| opt.clone()),
+            max: max.unwrap_or_else(|| opt.clone()),
+            opt,
+        }))
+    }
+}
+
+/// Everything the plan stage decides for one build: the validated profile (`None` for a
+/// model without dynamic inputs), precision, backends, tolerances, golden inputs.
+#[derive(Clone, Debug, Serialize)]
+pub struct Plan {
+    pub profile: Option<ShapeProfile>,
+    pub precision: Precision,
+    /// Backends the sidecar lists (empty: the command's default).
+    pub backends: Vec<String>,
+    /// Tolerance for `precision`.
+    pub tolerance: Tolerance,
+    pub golden: GoldenSettings,
+    /// The sidecar used, if any.
+    pub sidecar: Option<PathBuf>,
+}
+
+/// Resolves the plan for `model` from the sidecar (next to `model_path`, or `args.sidecar`)
+/// and the flags: flags override the sidecar's profile, `precision` (a command's
+/// `--precision`) overrides the sidecar's. The profile is validated against the model.
+pub fn resolve(
+    model_path: &Path,
+    inputs: &ModelInputs,
+    args: &ProfileArgs,
+    precision: Option<Precision>,
+) -> Result<Plan, PlanError> {
+    let sidecar = match (&args.sidecar, args.no_sidecar) {
+        (_, true) => None,
+        (Some(p), false) => Some(Sidecar::load(p)?),
+        (None, false) => load_sidecar(model_path)?,
+    };
+    let profile = if let Some(p) = args.flag_profile(args.profile.as_deref().unwrap_or("flags"))? {
+        Some(p)
+    } else if let Some(sc) = &sidecar {
+        sc.profile(args.profile.as_deref())?
+    } else if let Some(name) = &args.profile {
+        return Err(PlanError::NoSuchProfile {
+            name: name.clone(),
+            where_: None,
+            available: Vec::new(),
+        });
+    } else {
+        None
+    };
+    let profile = match profile {
+        Some(p) => validate_profile(inputs, &p)?,
+        None => validate_profile(inputs, &ShapeProfile::default())?,
+    };
+    let precision = precision
+        .or(sidecar.as_ref().and_then(|s| s.precision))
+        .unwrap_or_default();
+    let tolerance = sidecar
+        .as_ref()
+        .map(|s| s.tolerance(precision))
+        .unwrap_or_else(|| Tolerance::default_for(precision));
+    Ok(Plan {
+        profile,
+        precision,
+        backends: sidecar
+            .as_ref()
+            .map(|s| s.backends.clone())
+            .unwrap_or_default(),
+        tolerance,
+        golden: sidecar
+            .as_ref()
+            .map(|s| s.golden.clone())
+            .unwrap_or_default(),
+        sidecar: sidecar.map(|s| s.path),
+    })
 }

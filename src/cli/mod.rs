@@ -2,7 +2,9 @@
 //! errors get their context here (`anyhow`), naming the path, model or key involved.
 
 mod inspect;
+pub mod key;
 pub mod output;
+mod sku;
 
 pub use inspect::opset_bounds;
 
@@ -25,6 +27,21 @@ pub struct Cli {
 pub enum Command {
     /// Show a model's inputs, outputs, operators, warnings and what TensorRT can take.
     Inspect(inspect::InspectArgs),
+    /// Print a model's cache key and every part hashed into it.
+    ///
+    /// The key is SHA-256 over: the model's content digest (graph file plus every
+    /// external-data file; never its path, name or mtime), opsets, the shape profile, the
+    /// device SKU, the backend with its library versions, the precision and build options.
+    /// Digests are remembered in CACHE_DIR/digests.json by (device, inode, size, mtime,
+    /// ctime), so an unchanged model is not hashed again. See docs/keys.md.
+    Key(Box<key::KeyArgs>),
+    /// Show the GPUs, the CPU and the device SKU cache keys are made for.
+    ///
+    /// GPUs come from the CUDA driver when libcuda is present (name, compute capability,
+    /// SMs, memory, driver, UUID); the GPU keys use is TRTCACHE_DEVICE (default 0). Without
+    /// a driver or GPU the CPU SKU is used (model and the ISA flags that change kernels), and
+    /// the report says why no GPU was found.
+    Sku(sku::SkuArgs),
 }
 
 /// Installs the tracing subscriber (stderr). ort reports provider fallbacks only through
@@ -49,5 +66,7 @@ pub fn init_tracing(verbose: u8) {
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Inspect(a) => inspect::run(a),
+        Command::Key(a) => key::run(*a),
+        Command::Sku(a) => sku::run(a),
     }
 }

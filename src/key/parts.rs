@@ -1,0 +1,404 @@
+//! Assembling [`KeyParts`]: the model digest (with the memo), opsets, the canonical profile,
+//! the SKU a backend builds for, and the backend's identity with its library versions.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::digest::{default_threads, plain_sha256, tree_digests};
+use super::memo::{now_ns, DigestMemo, FileId};
+use super::versions::{find_onnxruntime_version, tensorrt_version};
+use super::{hex, BackendId, ExternalDigest, KeyError, KeyParts, ModelDigest, KEY_FORMAT};
+use crate::device::{gpu, DeviceReport, Sku};
+use crate::onnx::Model;
+use crate::plan::{Precision, ShapeProfile};
+
+/// Backend names a key can be made for.
+pub const BACKENDS: &[&str] = &["ort-cpu", "ort-cuda", "ort-tensorrt"];
+
+/// How to digest a model.
+#[derive(Clone, Debug)]
+pub struct DigestOptions {
+    /// Hashing threads (default: available parallelism).
+    pub threads: usize,
+    /// The digest memo file (e.g. `CACHE_DIR/digests.json`); `None` hashes every time.
+    pub memo: Option<PathBuf>,
+}
+
+impl Default for DigestOptions {
+    fn default() -> Self {
+        Self {
+            threads: default_threads(),
+            memo: None,
+        }
+    }
+}
+
+/// What digesting cost.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct DigestReport {
+    /// Graph file plus external-data files.
+    pub files: usize,
+    /// Files whose digest came from the memo.
+    pub memo_hits: usize,
+    /// Bytes actually hashed.
+    pub hashed_bytes: u64,
+    pub threads: usize,
+    pub seconds: f64,
+    pub memo: Option<PathBuf>,
+    /// The memo could not be written (the digest is still right).
+    pub memo_error: Option<String>,
+}
+
+/// The model's content digest (tree scheme, see [`super::digest`]), hashing on every core,
+/// without a memo.
+pub fn model_digest(model: &Model) -> Result<ModelDigest, KeyError> {
+    model_digest_with(model, &DigestOptions::default()).map(|(d, _)| d)
+}
+
+struct FileSlot<'a> {
+    path: &'a Path,
+    location: Option<&'a str>,
+    /// `None` when the memo must not be used for this file.
+    id: Option<FileId>,
+    bytes: u64,
+    digest: Option<String>,
+}
+
+/// [`model_digest`] with options: files whose identity is in the memo are not read.
+pub fn model_digest_with(
+    model: &Model,
+    opts: &DigestOptions,
+) -> Result<(ModelDigest, DigestReport), KeyError> {
+    let t0 = Instant::now();
+    let started = now_ns();
+    let mut memo = opts.memo.as_deref().map(DigestMemo::open);
+    let mut slots = vec![FileSlot {
+        path: &model.path,
+        location: None,
+        // The graph bytes hashed are the mapped ones the model was decoded from. A model
+        // built from bytes (no such file), or a file that no longer has their size (replaced
+        // since loading), bypasses the memo.
+        id: FileId::of(&model.path)
+            .ok()
+            .filter(|id| id.size == model.bytes.len() as u64),
+        bytes: model.bytes.len() as u64,
+        digest: None,
+    }];
+    for f in &model.external_files {
+        slots.push(FileSlot {
+            path: &f.path,
+            location: Some(&f.location),
+            id: Some(FileId::of(&f.path)?),
+            bytes: 0,
+            digest: None,
+        });
+    }
+    let mut report = DigestReport {
+        files: slots.len(),
+        threads: opts.threads.max(1),
+        memo: opts.memo.clone(),
+        ..Default::default()
+    };
+    if let Some(m) = memo.as_mut() {
+        for s in slots.iter_mut() {
+            s.digest = s.id.as_ref().and_then(|id| m.lookup(id));
+            report.memo_hits += s.digest.is_some() as usize;
+        }
+    }
+    // What to hash for each file not found in the memo.
+    enum Source {
+        Graph,
+        Empty,
+        Map(usize),
+    }
+    let mut maps = Vec::new();
+    let mut todo = Vec::new();
+    for (i, s) in slots.iter().enumerate() {
+        if s.digest.is_some() {
+            continue;
+        }
+        if i == 0 {
+            todo.push((i, Source::Graph));
+            continue;
+        }
+        let io = |source| KeyError::Io {
+            path: s.path.to_path_buf(),
+            source,
+        };
+        let file = std::fs::File::open(s.path).map_err(io)?;
+        if file.metadata().map_err(io)?.len() == 0 {
+            todo.push((i, Source::Empty));
+            continue;
+        }
+        // SAFETY: read-only map; a file truncated while mapped would fault (models are
+        // written elsewhere and renamed into place, see docs/keys.md).
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        maps.push(map);
+        todo.push((i, Source::Map(maps.len() - 1)));
+    }
+    let slices: Vec<&[u8]> = todo
+        .iter()
+        .map(|(_, src)| match src {
+            Source::Graph => &model.bytes[..],
+            Source::Empty => &[][..],
+            Source::Map(j) => &maps[*j][..],
+        })
+        .collect();
+    report.hashed_bytes = slices.iter().map(|s| s.len() as u64).sum();
+    let digests = tree_digests(&slices, report.threads);
+    for ((i, _), d) in todo.iter().zip(digests) {
+        let s = &mut slots[*i];
+        let h = hex(&d);
+        if let Some(m) = memo.as_mut() {
+            if let Some(id) = s.id {
+                if FileId::of(s.path).is_ok_and(|now| now == id) {
+                    m.insert(id, h.clone(), started);
+                }
+            }
+        }
+        s.digest = Some(h);
+    }
+    if let Some(m) = memo.as_mut() {
+        if let Err(e) = m.save() {
+            tracing::warn!(error = %e, "digest memo not saved");
+            report.memo_error = Some(e.to_string());
+        }
+    }
+    let mut external = Vec::new();
+    for s in &slots[1..] {
+        external.push(ExternalDigest {
+            location: s.location.unwrap_or_default().to_string(),
+            sha256: s.digest.clone().unwrap_or_default(),
+            bytes: s.id.map_or(s.bytes, |id| id.size),
+        });
+    }
+    report.seconds = t0.elapsed().as_secs_f64();
+    Ok((
+        ModelDigest {
+            sha256: slots[0].digest.clone().unwrap_or_default(),
+            bytes: model.bytes.len() as u64,
+            external,
+        },
+        report,
+    ))
+}
+
+/// Plain SHA-256 of the graph file and each external-data file (what `sha256sum` prints),
+/// for display; keys use the tree digest.
+pub fn plain_model_digest(model: &Model, threads: usize) -> Result<ModelDigest, KeyError> {
+    let mut maps = Vec::new();
+    for f in &model.external_files {
+        let io = |source| KeyError::Io {
+            path: f.path.clone(),
+            source,
+        };
+        let file = std::fs::File::open(&f.path).map_err(io)?;
+        maps.push(if file.metadata().map_err(io)?.len() == 0 {
+            None
+        } else {
+            // SAFETY: as in model_digest_with.
+            Some(unsafe { memmap2::Mmap::map(&file) }.map_err(io)?)
+        });
+    }
+    let mut slices: Vec<&[u8]> = vec![&model.bytes[..]];
+    slices.extend(maps.iter().map(|m| m.as_deref().unwrap_or(&[])));
+    let d = plain_sha256(&slices, threads);
+    Ok(ModelDigest {
+        sha256: hex(&d[0]),
+        bytes: model.bytes.len() as u64,
+        external: model
+            .external_files
+            .iter()
+            .zip(&d[1..])
+            .map(|(f, h)| ExternalDigest {
+                location: f.location.clone(),
+                sha256: hex(h),
+                bytes: f.size,
+            })
+            .collect(),
+    })
+}
+
+/// Opset imports by domain (`ai.onnx` written as `""`), the highest version per domain.
+pub fn opsets_of(model: &Model) -> BTreeMap<String, i64> {
+    let mut out = BTreeMap::new();
+    for o in &model.proto.opset_import {
+        let d = if o.domain == "ai.onnx" { "" } else { &o.domain };
+        let v = out.entry(d.to_string()).or_insert(o.version);
+        *v = (*v).max(o.version);
+    }
+    out
+}
+
+/// The parts of a key. The profile's name is cleared: it is a label, and two names for the
+/// same shapes build the same artifact.
+pub fn key_parts(
+    model: &Model,
+    digest: ModelDigest,
+    profile: Option<&ShapeProfile>,
+    sku: Sku,
+    backend: BackendId,
+    precision: Precision,
+    options: BTreeMap<String, String>,
+) -> KeyParts {
+    KeyParts {
+        format: KEY_FORMAT,
+        model: digest,
+        opsets: opsets_of(model),
+        profile: profile.map(|p| ShapeProfile {
+            name: String::new(),
+            ..p.clone()
+        }),
+        sku,
+        backend,
+        precision,
+        options,
+    }
+}
+
+/// A backend's identity: its name and the versions of the libraries it builds with
+/// (`onnxruntime` always; `cuda_driver` for GPU backends; `tensorrt` when libnvinfer is on
+/// the library path). `ort_library` is the config's explicit ONNX Runtime path, if any.
+pub fn backend_id(name: &str, ort_library: Option<&Path>) -> Result<BackendId, KeyError> {
+    if !BACKENDS.contains(&name) {
+        return Err(KeyError::UnknownBackend(name.into()));
+    }
+    let mut versions = BTreeMap::new();
+    let ort = find_onnxruntime_version(ort_library).map_err(|why| KeyError::Library {
+        backend: name.into(),
+        why,
+    })?;
+    versions.insert("onnxruntime".to_string(), ort.version);
+    if name != "ort-cpu" {
+        if let Some(v) = gpu::driver_version() {
+            versions.insert("cuda_driver".to_string(), v);
+        }
+    }
+    if name == "ort-tensorrt" {
+        if let Some(t) = tensorrt_version() {
+            versions.insert("tensorrt".to_string(), t.version);
+        }
+    }
+    Ok(BackendId {
+        name: name.into(),
+        versions,
+    })
+}
+
+/// The SKU `backend` builds for, detecting only what it needs: `ort-cpu` reads cpuinfo and
+/// never initialises the CUDA driver (cuInit can take a second on a GPU host).
+pub fn detect_sku(backend: &str) -> Result<Sku, KeyError> {
+    if backend == "ort-cpu" {
+        return Ok(crate::device::cpu_info().sku());
+    }
+    sku_for_backend(&crate::device::detect(), backend)
+}
+
+/// The SKU `backend` builds for: the CPU's for `ort-cpu` (even on a GPU host), the selected
+/// GPU's otherwise (an error naming why there is none).
+pub fn sku_for_backend(report: &DeviceReport, backend: &str) -> Result<Sku, KeyError> {
+    if backend == "ort-cpu" {
+        return Ok(report.cpu_sku());
+    }
+    report.gpu_sku().map_err(|why| KeyError::NoGpu {
+        backend: backend.into(),
+        why,
+    })
+}
+
+/// Everything [`key_parts`] needs in one call, for the build and daemon stages: digests the
+/// model (memo per `digest`), detects the SKU for `backend`, finds its library versions
+/// (`ort_library`: the config's explicit ONNX Runtime path) and assembles the parts.
+pub fn key_for_plan(
+    model: &Model,
+    plan: &crate::plan::Plan,
+    backend: &str,
+    ort_library: Option<&Path>,
+    options: BTreeMap<String, String>,
+    digest: &DigestOptions,
+) -> Result<(KeyParts, DigestReport), KeyError> {
+    let sku = detect_sku(backend)?;
+    let backend = backend_id(backend, ort_library)?;
+    let (d, report) = model_digest_with(model, digest)?;
+    Ok((
+        key_parts(
+            model,
+            d,
+            plan.profile.as_ref(),
+            sku,
+            backend,
+            plan.precision,
+            options,
+        ),
+        report,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{models, write};
+    use prost::Message;
+
+    #[test]
+    fn model_from_bytes_digests_like_the_file_and_skips_the_memo() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("m.onnx");
+        let proto = models::tiny_encoder(false);
+        write(&proto, &p).unwrap();
+        let from_file = model_digest(&Model::load(&p).unwrap()).unwrap();
+        let mem =
+            Model::from_bytes(d.path().join("absent.onnx"), proto.encode_to_vec().into()).unwrap();
+        let opts = DigestOptions {
+            threads: 2,
+            memo: Some(d.path().join("digests.json")),
+        };
+        let (from_mem, report) = model_digest_with(&mem, &opts).unwrap();
+        assert_eq!(from_mem, from_file);
+        assert_eq!(report.memo_hits, 0);
+        assert!(!d.path().join("digests.json").exists());
+    }
+
+    #[test]
+    fn parts_clear_the_profile_name_and_normalise_opsets() {
+        let mut proto = models::custom_domain();
+        proto
+            .opset_import
+            .push(crate::onnx::proto::OperatorSetIdProto {
+                domain: "ai.onnx".into(),
+                version: 18,
+            });
+        let m = Model::from_bytes("m.onnx", proto.encode_to_vec().into()).unwrap();
+        let ops = opsets_of(&m);
+        assert_eq!(ops.get(""), Some(&18));
+        assert_eq!(ops.get("com.example"), Some(&1));
+        let digest = model_digest(&m).unwrap();
+        let prof = |name: &str| ShapeProfile {
+            name: name.into(),
+            opt: [("x".to_string(), vec![2, 8])].into(),
+            ..Default::default()
+        };
+        let parts = |p: &ShapeProfile| {
+            key_parts(
+                &m,
+                digest.clone(),
+                Some(p),
+                Sku::default(),
+                BackendId {
+                    name: "ort-cpu".into(),
+                    versions: BTreeMap::new(),
+                },
+                Precision::Fp32,
+                BTreeMap::new(),
+            )
+        };
+        assert_eq!(parts(&prof("a")).key(), parts(&prof("b")).key());
+        assert_eq!(parts(&prof("a")).profile.unwrap().name, "");
+        let mut other = prof("a");
+        other.opt.insert("x".into(), vec![4, 8]);
+        assert_ne!(parts(&prof("a")).key(), parts(&other).key());
+    }
+}
