@@ -135,18 +135,18 @@ impl Model {
 }
 
 fn map_file(path: &Path, opts: &LoadOptions) -> Result<Bytes, OnnxError> {
-    let meta = std::fs::metadata(path).map_err(|source| OnnxError::Open {
+    let meta = std::fs::metadata(path).map_err(|err| OnnxError::Open {
         path: path.to_path_buf(),
-        source,
+        err,
     })?;
     if meta.is_dir() {
         return Err(OnnxError::IsDirectory {
             path: path.to_path_buf(),
         });
     }
-    let file = File::open(path).map_err(|source| OnnxError::Open {
+    let file = File::open(path).map_err(|err| OnnxError::Open {
         path: path.to_path_buf(),
-        source,
+        err,
     })?;
     let size = meta.len();
     if size == 0 {
@@ -163,9 +163,9 @@ fn map_file(path: &Path, opts: &LoadOptions) -> Result<Bytes, OnnxError> {
     }
     // SAFETY: the map is read-only. A file truncated by another process while mapped would
     // fault on access; models are written elsewhere and renamed into place (see docs).
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| OnnxError::Open {
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|err| OnnxError::Open {
         path: path.to_path_buf(),
-        source,
+        err,
     })?;
     Ok(Bytes::from_owner(map))
 }

@@ -22,12 +22,9 @@ use std::path::PathBuf;
 /// Why a model could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum OnnxError {
-    #[error("{path}: cannot open: {source}")]
-    Open {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The OS error is part of the message (not a `source`), so `{:#}` prints it once.
+    #[error("{path}: cannot open: {err}")]
+    Open { path: PathBuf, err: std::io::Error },
     #[error("{path}: is a directory, not an ONNX model file")]
     IsDirectory { path: PathBuf },
     #[error("{path}: empty file (0 bytes), not an ONNX model")]
