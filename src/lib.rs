@@ -11,3 +11,5 @@ pub mod fixtures;
 pub mod key;
 pub mod onnx;
 pub mod plan;
+pub mod build;
+pub mod cache;

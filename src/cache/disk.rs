@@ -1,0 +1,582 @@
+//! The local store: a sled index (`trt_engine_cache`: key → [`Record`] JSON; `model_digests`:
+//! file identity → digest) plus content-addressed artifact directories under `blobs/`.
+//!
+//! Layout of a cache dir: `lock` (owner pid, flock), `db/` (sled), `blobs/<digest>/<files>`,
+//! `tmp/` (staging and commits in progress), `quarantine/` (what `verify` moved aside).
+//! Writes go to `tmp/`, are fsynced, renamed into `blobs/`, then indexed, so a crash leaves at
+//! worst leftovers that the next [`SledStore::open`] removes: temp files, records whose blob
+//! is gone, blobs no record names.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use super::lock::DirLock;
+use super::record::{Artifact, ArtifactFile, Record, Status, StoredArtifact, RECORD_FORMAT};
+use super::{now_secs, GcReport, Lookup, Served, Store, StoreError, VerifyReport};
+use crate::key::{hex, CacheKey, ModelDigest};
+
+const RECORDS_TREE: &str = "trt_engine_cache";
+const DIGESTS_TREE: &str = "model_digests";
+
+/// Store settings.
+#[derive(Clone, Debug, Default)]
+pub struct StoreOptions {
+    /// Evict least-recently-used artifacts after each put to stay under this many bytes.
+    pub max_bytes: Option<u64>,
+}
+
+/// What [`SledStore::open`] cleaned up.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct OpenReport {
+    /// Staging/commit leftovers removed from `tmp/`.
+    pub temp_removed: usize,
+    /// Records dropped because their artifact files were missing.
+    pub records_dropped: Vec<String>,
+    /// Blob directories no record named, deleted.
+    pub orphans_removed: Vec<String>,
+}
+
+/// The sled-backed store; one per cache directory and process (see [`DirLock`]).
+#[derive(Debug)]
+pub struct SledStore {
+    root: PathBuf,
+    db: sled::Db,
+    records: sled::Tree,
+    digests: sled::Tree,
+    opts: StoreOptions,
+    report: OpenReport,
+    _lock: DirLock,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// SHA-256 (hex) and size of a file.
+pub fn hash_file(path: &Path) -> std::io::Result<(String, u64)> {
+    let mut f = File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut n = 0u64;
+    loop {
+        let r = f.read(&mut buf)?;
+        if r == 0 {
+            break;
+        }
+        h.update(&buf[..r]);
+        n += r as u64;
+    }
+    Ok((hex(&h.finalize()), n))
+}
+
+fn fsync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir))
+}
+
+fn plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name.contains('/')
+        && !name.contains('\0')
+}
+
+impl SledStore {
+    /// Opens (creating) the store at `root`: takes the directory lock, opens sled, then
+    /// reconciles the index with the files on disk.
+    pub fn open(root: &Path, opts: StoreOptions) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(root).map_err(io(root))?;
+        let lock = DirLock::acquire(root)?;
+        for sub in ["blobs", "tmp", "quarantine"] {
+            let p = root.join(sub);
+            std::fs::create_dir_all(&p).map_err(io(&p))?;
+        }
+        let dbp = root.join("db");
+        let db_err = |e: sled::Error| StoreError::Db {
+            path: dbp.clone(),
+            message: e.to_string(),
+        };
+        let db = sled::open(&dbp).map_err(db_err)?;
+        let records = db.open_tree(RECORDS_TREE).map_err(db_err)?;
+        let digests = db.open_tree(DIGESTS_TREE).map_err(db_err)?;
+        let mut store = Self {
+            root: root.to_path_buf(),
+            db,
+            records,
+            digests,
+            opts,
+            report: OpenReport::default(),
+            _lock: lock,
+        };
+        store.report = store.reconcile()?;
+        Ok(store)
+    }
+
+    /// The cache directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// What the last open cleaned up.
+    pub fn open_report(&self) -> &OpenReport {
+        &self.report
+    }
+
+    fn db_err(&self, e: sled::Error) -> StoreError {
+        StoreError::Db {
+            path: self.root.join("db"),
+            message: e.to_string(),
+        }
+    }
+
+    fn blob_dir(&self, digest: &str) -> PathBuf {
+        self.root.join("blobs").join(digest)
+    }
+
+    fn all_records(&self) -> Result<Vec<Record>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.records.iter() {
+            let (k, v) = item.map_err(|e| self.db_err(e))?;
+            match serde_json::from_slice::<Record>(&v) {
+                Ok(r) => out.push(r),
+                Err(e) => tracing::warn!(key = %hex(&k), error = %e, "unreadable cache record skipped"),
+            }
+        }
+        Ok(out)
+    }
+
+    fn write_record(&self, r: &Record) -> Result<(), StoreError> {
+        let v = serde_json::to_vec(r).map_err(|e| StoreError::BadRecord {
+            key: r.key.hex(),
+            message: e.to_string(),
+        })?;
+        self.records
+            .insert(r.key.0, v)
+            .map_err(|e| self.db_err(e))?;
+        self.records.flush().map_err(|e| self.db_err(e))?;
+        Ok(())
+    }
+
+    fn read_record(&self, key: &CacheKey) -> Result<Option<Record>, StoreError> {
+        match self.records.get(key.0).map_err(|e| self.db_err(e))? {
+            None => Ok(None),
+            Some(v) => serde_json::from_slice(&v)
+                .map(Some)
+                .map_err(|e| StoreError::BadRecord {
+                    key: key.hex(),
+                    message: e.to_string(),
+                }),
+        }
+    }
+
+    /// The cheap checks before serving: every file exists as a plain file of the recorded
+    /// size.
+    fn cheap_check(&self, a: &StoredArtifact) -> Result<Served, String> {
+        let dir = self.blob_dir(&a.digest);
+        let mut files = Vec::new();
+        for f in &a.files {
+            let p = dir.join(&f.name);
+            match std::fs::symlink_metadata(&p) {
+                Ok(m) if m.is_file() && m.len() == f.bytes => files.push(p),
+                Ok(m) if m.is_file() => {
+                    return Err(format!(
+                        "{}: {} bytes, recorded {}",
+                        p.display(),
+                        m.len(),
+                        f.bytes
+                    ))
+                }
+                Ok(_) => return Err(format!("{}: not a plain file", p.display())),
+                Err(e) => return Err(format!("{}: {e}", p.display())),
+            }
+        }
+        Ok(Served {
+            entry: dir.join(&a.entry),
+            dir,
+            files,
+        })
+    }
+
+    /// Looks a key up; `count` records a hit (hits, last used).
+    fn find(&self, key: &CacheKey, count: bool) -> Result<Lookup, StoreError> {
+        let Some(mut r) = self.read_record(key)? else {
+            return Ok(Lookup::Miss);
+        };
+        if r.format > RECORD_FORMAT {
+            let why = format!("record format {} is newer than this trtcache ({RECORD_FORMAT})", r.format);
+            return Ok(Lookup::Unservable { record: r, why });
+        }
+        let why = match (&r.status, &r.artifact) {
+            (Status::Failed { reason }, _) => format!("build failed: {reason}"),
+            (Status::Quarantined { reason }, _) => format!("quarantined: {reason}"),
+            (Status::Ready, None) => "no artifact recorded".into(),
+            (Status::Ready, Some(a)) => match self.cheap_check(a) {
+                Ok(served) => {
+                    if count {
+                        r.hits += 1;
+                        r.last_used = now_secs();
+                        self.write_record(&r)?;
+                    }
+                    return Ok(Lookup::Hit { record: r, served });
+                }
+                Err(why) => format!("artifact incomplete: {why}"),
+            },
+        };
+        Ok(Lookup::Unservable { record: r, why })
+    }
+
+    fn reconcile(&self) -> Result<OpenReport, StoreError> {
+        let mut rep = OpenReport::default();
+        let tmp = self.root.join("tmp");
+        for e in std::fs::read_dir(&tmp).map_err(io(&tmp))? {
+            let p = e.map_err(io(&tmp))?.path();
+            let r = if p.is_dir() {
+                std::fs::remove_dir_all(&p)
+            } else {
+                std::fs::remove_file(&p)
+            };
+            r.map_err(io(&p))?;
+            rep.temp_removed += 1;
+        }
+        let mut named = BTreeSet::new();
+        for r in self.all_records()? {
+            if let (Status::Ready, Some(a)) = (&r.status, &r.artifact) {
+                if let Err(why) = self.cheap_check(a) {
+                    tracing::warn!(key = %r.key, %why, "dropping cache record: artifact files missing");
+                    self.records.remove(r.key.0).map_err(|e| self.db_err(e))?;
+                    rep.records_dropped.push(r.key.hex());
+                    continue;
+                }
+            }
+            if let Some(a) = &r.artifact {
+                named.insert(a.digest.clone());
+            }
+        }
+        let blobs = self.root.join("blobs");
+        for e in std::fs::read_dir(&blobs).map_err(io(&blobs))? {
+            let e = e.map_err(io(&blobs))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !named.contains(&name) {
+                let p = e.path();
+                let r = if p.is_dir() {
+                    std::fs::remove_dir_all(&p)
+                } else {
+                    std::fs::remove_file(&p)
+                };
+                r.map_err(io(&p))?;
+                tracing::info!(blob = %name, "removed orphan blob");
+                rep.orphans_removed.push(name);
+            }
+        }
+        self.records.flush().map_err(|e| self.db_err(e))?;
+        Ok(rep)
+    }
+
+    /// Copies (hard-links where possible) the artifact into `blobs/<digest>/` as one unit.
+    fn commit_blob(&self, art: &Artifact) -> Result<StoredArtifact, StoreError> {
+        if !art.files.iter().any(|f| f == &art.entry) {
+            return Err(StoreError::BadArtifact {
+                name: art.entry.clone(),
+            });
+        }
+        let mut files = Vec::new();
+        for name in &art.files {
+            if !plain_name(name) {
+                return Err(StoreError::BadArtifact { name: name.clone() });
+            }
+            let p = art.dir.join(name);
+            let (sha256, bytes) = hash_file(&p).map_err(io(&p))?;
+            files.push(ArtifactFile {
+                name: name.clone(),
+                sha256,
+                bytes,
+            });
+        }
+        files.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut h = Sha256::new();
+        for f in &files {
+            h.update(format!("{}\0{}\0{}\n", f.name, f.sha256, f.bytes).as_bytes());
+        }
+        let digest = hex(&h.finalize());
+        let bytes = files.iter().map(|f| f.bytes).sum();
+        let stored = StoredArtifact {
+            digest: digest.clone(),
+            entry: art.entry.clone(),
+            files,
+            bytes,
+        };
+        let dest = self.blob_dir(&digest);
+        if dest.is_dir() && self.cheap_check(&stored).is_ok() {
+            return Ok(stored); // identical artifact already stored (dedup)
+        }
+        let tmp_root = self.root.join("tmp");
+        let staging = tempfile::Builder::new()
+            .prefix("commit-")
+            .tempdir_in(&tmp_root)
+            .map_err(io(&tmp_root))?;
+        for f in &stored.files {
+            let src = art.dir.join(&f.name);
+            let dst = staging.path().join(&f.name);
+            if std::fs::hard_link(&src, &dst).is_err() {
+                std::fs::copy(&src, &dst).map_err(io(&dst))?;
+            }
+            File::open(&dst)
+                .and_then(|h| h.sync_all())
+                .map_err(io(&dst))?;
+        }
+        fsync_dir(staging.path())?;
+        if dest.exists() {
+            // A partial or damaged directory of the same digest: replace it.
+            std::fs::remove_dir_all(&dest).map_err(io(&dest))?;
+        }
+        let staged = staging.keep();
+        if let Err(e) = std::fs::rename(&staged, &dest) {
+            let _ = std::fs::remove_dir_all(&staged);
+            if !(dest.is_dir() && self.cheap_check(&stored).is_ok()) {
+                return Err(io(&dest)(e));
+            }
+        }
+        fsync_dir(&self.root.join("blobs"))?;
+        Ok(stored)
+    }
+
+    fn digest_in_use(&self, digest: &str, except: &CacheKey) -> Result<bool, StoreError> {
+        Ok(self.all_records()?.iter().any(|r| {
+            &r.key != except && r.artifact.as_ref().is_some_and(|a| a.digest == digest)
+        }))
+    }
+
+    fn remove_blob_if_unused(&self, digest: &str, except: &CacheKey) -> Result<(), StoreError> {
+        if !self.digest_in_use(digest, except)? {
+            let d = self.blob_dir(digest);
+            if d.exists() {
+                std::fs::remove_dir_all(&d).map_err(io(&d))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Total bytes of distinct stored artifacts of servable records.
+    fn stored_bytes(records: &[Record]) -> u64 {
+        let mut seen = BTreeMap::new();
+        for r in records {
+            if let (Status::Ready, Some(a)) = (&r.status, &r.artifact) {
+                seen.insert(a.digest.clone(), a.bytes);
+            }
+        }
+        seen.values().sum()
+    }
+
+    fn quarantine(&self, digest: &str) -> Result<(), StoreError> {
+        let src = self.blob_dir(digest);
+        if src.exists() {
+            let dst = self
+                .root
+                .join("quarantine")
+                .join(format!("{digest}-{}", now_secs()));
+            std::fs::rename(&src, &dst).map_err(io(&src))?;
+        }
+        Ok(())
+    }
+}
+
+impl Store for SledStore {
+    fn staging_dir(&self) -> Result<tempfile::TempDir, StoreError> {
+        let tmp = self.root.join("tmp");
+        tempfile::Builder::new()
+            .prefix("build-")
+            .tempdir_in(&tmp)
+            .map_err(io(&tmp))
+    }
+
+    fn get(&self, key: &CacheKey) -> Result<Option<Record>, StoreError> {
+        self.read_record(key)
+    }
+
+    fn lookup(&self, key: &CacheKey) -> Result<Lookup, StoreError> {
+        self.find(key, true)
+    }
+
+    fn peek(&self, key: &CacheKey) -> Result<Lookup, StoreError> {
+        self.find(key, false)
+    }
+
+    fn put(&self, mut record: Record, artifact: Option<&Artifact>) -> Result<Record, StoreError> {
+        let previous = self.read_record(&record.key)?;
+        record.artifact = match artifact {
+            Some(a) => Some(self.commit_blob(a)?),
+            None => None,
+        };
+        record.format = RECORD_FORMAT;
+        self.write_record(&record)?;
+        if let Some(old) = previous.and_then(|p| p.artifact) {
+            if record.artifact.as_ref().map(|a| &a.digest) != Some(&old.digest) {
+                self.remove_blob_if_unused(&old.digest, &record.key)?;
+            }
+        }
+        if let Some(max) = self.opts.max_bytes {
+            let rep = self.gc(max, false)?;
+            if rep.evicted.contains(&record.key.hex()) {
+                tracing::warn!(key = %record.key, max, "the new artifact alone exceeds the cache size limit");
+            }
+        }
+        Ok(record)
+    }
+
+    fn list(&self) -> Result<Vec<Record>, StoreError> {
+        let mut all = self.all_records()?;
+        all.sort_by(|a, b| b.last_used.cmp(&a.last_used).then(a.key.cmp(&b.key)));
+        Ok(all)
+    }
+
+    fn remove(&self, key: &CacheKey) -> Result<bool, StoreError> {
+        let Some(r) = self.read_record(key)? else {
+            return Ok(false);
+        };
+        self.records.remove(key.0).map_err(|e| self.db_err(e))?;
+        self.records.flush().map_err(|e| self.db_err(e))?;
+        if let Some(a) = r.artifact {
+            self.remove_blob_if_unused(&a.digest, key)?;
+        }
+        Ok(true)
+    }
+
+    fn verify(&self) -> Result<VerifyReport, StoreError> {
+        let mut rep = VerifyReport::default();
+        let records = self.all_records()?;
+        let mut bad: BTreeMap<String, String> = BTreeMap::new();
+        let mut good: BTreeSet<String> = BTreeSet::new();
+        for r in &records {
+            let (Status::Ready, Some(a)) = (&r.status, &r.artifact) else {
+                continue;
+            };
+            if good.contains(&a.digest) || bad.contains_key(&a.digest) {
+                continue;
+            }
+            let dir = self.blob_dir(&a.digest);
+            let mut why = None;
+            for f in &a.files {
+                let p = dir.join(&f.name);
+                match hash_file(&p) {
+                    Ok((sha, n)) if sha == f.sha256 && n == f.bytes => {}
+                    Ok((sha, n)) => {
+                        why = Some(format!(
+                            "{}: sha256 {sha} ({n} B), recorded {} ({} B)",
+                            f.name, f.sha256, f.bytes
+                        ));
+                        break;
+                    }
+                    Err(e) => {
+                        why = Some(format!("{}: {e}", f.name));
+                        break;
+                    }
+                }
+            }
+            match why {
+                None => {
+                    good.insert(a.digest.clone());
+                }
+                Some(w) => {
+                    bad.insert(a.digest.clone(), w);
+                }
+            }
+        }
+        for r in records {
+            let (Status::Ready, Some(a)) = (&r.status, &r.artifact) else {
+                continue;
+            };
+            rep.checked += 1;
+            if let Some(why) = bad.get(&a.digest) {
+                tracing::warn!(key = %r.key, %why, "artifact corrupt: quarantined");
+                let mut q = r.clone();
+                q.status = Status::Quarantined { reason: why.clone() };
+                self.write_record(&q)?;
+                rep.quarantined.push((r.key.hex(), why.clone()));
+            } else {
+                rep.ok += 1;
+            }
+        }
+        for digest in bad.keys() {
+            self.quarantine(digest)?;
+        }
+        Ok(rep)
+    }
+
+    fn gc(&self, max_bytes: u64, dry_run: bool) -> Result<GcReport, StoreError> {
+        let mut records = self.all_records()?;
+        let before = Self::stored_bytes(&records);
+        let mut rep = GcReport {
+            dry_run,
+            max_bytes,
+            bytes_before: before,
+            bytes_after: before,
+            evicted: Vec::new(),
+        };
+        // Quarantined entries hold nothing servable: always collected.
+        for r in records.iter().filter(|r| matches!(r.status, Status::Quarantined { .. })) {
+            rep.evicted.push(r.key.hex());
+        }
+        records.retain(|r| !matches!(r.status, Status::Quarantined { .. }));
+        records.sort_by(|a, b| a.last_used.cmp(&b.last_used).then(a.created.cmp(&b.created)));
+        let mut remaining = records.clone();
+        for r in &records {
+            if Self::stored_bytes(&remaining) <= max_bytes {
+                break;
+            }
+            if r.artifact.is_none() {
+                continue;
+            }
+            rep.evicted.push(r.key.hex());
+            remaining.retain(|x| x.key != r.key);
+        }
+        rep.bytes_after = Self::stored_bytes(&remaining);
+        if !dry_run {
+            for k in &rep.evicted {
+                if let Ok(key) = CacheKey::parse(k) {
+                    self.remove(&key)?;
+                }
+            }
+            let q = self.root.join("quarantine");
+            if rep.evicted.iter().any(|_| true) {
+                if let Ok(rd) = std::fs::read_dir(&q) {
+                    for e in rd.flatten() {
+                        let _ = std::fs::remove_dir_all(e.path());
+                    }
+                }
+            }
+        }
+        Ok(rep)
+    }
+
+    fn digest_get(&self, id: &[u8]) -> Result<Option<ModelDigest>, StoreError> {
+        Ok(self
+            .digests
+            .get(id)
+            .map_err(|e| self.db_err(e))?
+            .and_then(|v| serde_json::from_slice(&v).ok()))
+    }
+
+    fn digest_put(&self, id: &[u8], digest: &ModelDigest) -> Result<(), StoreError> {
+        let v = serde_json::to_vec(digest).map_err(|e| StoreError::BadRecord {
+            key: hex(id),
+            message: e.to_string(),
+        })?;
+        self.digests.insert(id, v).map_err(|e| self.db_err(e))?;
+        Ok(())
+    }
+}
+
+impl Drop for SledStore {
+    fn drop(&mut self) {
+        let _ = self.db.flush();
+    }
+}
