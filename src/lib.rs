@@ -5,11 +5,11 @@
 //! `key` derives content keys; `build` runs backends; `cache` stores artifacts; `daemon`
 //! serves them. [`cli`] is the command-line surface over all of it.
 
+pub mod build;
+pub mod cache;
 pub mod cli;
 pub mod device;
 pub mod fixtures;
 pub mod key;
 pub mod onnx;
 pub mod plan;
-pub mod build;
-pub mod cache;

@@ -177,7 +177,8 @@ impl Backend for OrtCuda {
 
     fn open(&self, rt: &Runtime, entry: &Path, opts: &BuildOptions) -> Result<Session, BuildError> {
         self.check(rt)?;
-        let b = Session::builder(&rt.env).map_err(|e| BuildError::ort("open artifact", entry, e))?;
+        let b =
+            Session::builder(&rt.env).map_err(|e| BuildError::ort("open artifact", entry, e))?;
         register("CUDA", b, vec![cuda_ep(opts)], entry, CUDA_FIX)?
             .with_optimization_level(GraphOptimizationLevel::Disable)
             .map_err(|e| BuildError::ort("open artifact", entry, e))?
@@ -252,7 +253,8 @@ impl Backend for OrtTensorRt {
 
     fn open(&self, rt: &Runtime, entry: &Path, opts: &BuildOptions) -> Result<Session, BuildError> {
         self.check(rt)?;
-        let b = Session::builder(&rt.env).map_err(|e| BuildError::ort("open artifact", entry, e))?;
+        let b =
+            Session::builder(&rt.env).map_err(|e| BuildError::ort("open artifact", entry, e))?;
         let eps = vec![trt_ep(opts, None, None, None), cuda_ep(opts)];
         register("TensorRT", b, eps, entry, TRT_FIX)?
             .commit_from_file(entry)

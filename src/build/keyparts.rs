@@ -22,7 +22,13 @@ fn identity(path: &Path, id: &mut Vec<u8>) -> Result<(), BuildError> {
         path: path.to_path_buf(),
         source,
     })?;
-    for v in [m.dev(), m.ino(), m.size(), m.mtime() as u64, m.mtime_nsec() as u64] {
+    for v in [
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime() as u64,
+        m.mtime_nsec() as u64,
+    ] {
         id.extend_from_slice(&v.to_le_bytes());
     }
     Ok(())
@@ -77,9 +83,23 @@ pub fn opsets(model: &Model) -> BTreeMap<String, i64> {
 
 /// The ISA flags that change CPU kernels.
 const ISA: &[&str] = &[
-    "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
-    "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "sse4_2", "neon",
-    "asimd", "sve",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "sse4_2",
+    "neon",
+    "asimd",
+    "sve",
 ];
 
 /// The CPU SKU from `/proc/cpuinfo` (vendor + model name, kernel-relevant ISA flags).
@@ -91,9 +111,15 @@ pub fn sku() -> Sku {
             .and_then(|l| l.split_once(':'))
             .map(|(_, v)| v.trim().to_string())
     };
-    let vendor = field("vendor_id").or_else(|| field("CPU implementer")).unwrap_or_default();
-    let model = field("model name").or_else(|| field("CPU part")).unwrap_or_default();
-    let flags = field("flags").or_else(|| field("Features")).unwrap_or_default();
+    let vendor = field("vendor_id")
+        .or_else(|| field("CPU implementer"))
+        .unwrap_or_default();
+    let model = field("model name")
+        .or_else(|| field("CPU part"))
+        .unwrap_or_default();
+    let flags = field("flags")
+        .or_else(|| field("Features"))
+        .unwrap_or_default();
     let mut isa: Vec<String> = flags
         .split_whitespace()
         .filter(|f| ISA.contains(f))

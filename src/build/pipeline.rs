@@ -135,7 +135,11 @@ impl Builder {
     }
 
     /// Returns the cached artifact for the request, or builds, validates and stores it.
-    pub fn build(&self, req: &BuildRequest, progress: Progress) -> Result<BuildOutcome, BuildError> {
+    pub fn build(
+        &self,
+        req: &BuildRequest,
+        progress: Progress,
+    ) -> Result<BuildOutcome, BuildError> {
         progress("hashing model");
         let parts = self.key_parts(req)?;
         let key = parts.key();
@@ -182,7 +186,12 @@ impl Builder {
         };
         {
             let mut done = flight.done.lock().unwrap_or_else(|p| p.into_inner());
-            *done = Some(result.as_ref().map(|o| o.clone()).map_err(|e| format!("{e:#}")));
+            *done = Some(
+                result
+                    .as_ref()
+                    .map(|o| o.clone())
+                    .map_err(|e| format!("{e:#}")),
+            );
             flight.cv.notify_all();
         }
         self.flights
@@ -202,7 +211,9 @@ impl Builder {
                 unservable: None,
             }),
             // A failed validation is an answer too: do not rebuild it unless forced.
-            Lookup::Unservable { record, why } if matches!(record.status, Status::Failed { .. }) => {
+            Lookup::Unservable { record, why }
+                if matches!(record.status, Status::Failed { .. }) =>
+            {
                 Some(BuildOutcome {
                     key,
                     source: Source::Cached,
@@ -272,7 +283,12 @@ impl Builder {
                 .outputs
                 .iter()
                 .filter(|o| !o.passed)
-                .map(|o| format!("{} max abs {:.3e} max rel {:.3e}", o.name, o.max_abs, o.max_rel))
+                .map(|o| {
+                    format!(
+                        "{} max abs {:.3e} max rel {:.3e}",
+                        o.name, o.max_abs, o.max_rel
+                    )
+                })
                 .collect::<Vec<_>>()
                 .join(", ");
             record.status = Status::Failed {
@@ -287,7 +303,10 @@ impl Builder {
         let (served, unservable) = match self.store.peek(&key)? {
             Lookup::Hit { served, .. } => (Some(served), None),
             Lookup::Unservable { why, .. } => (None, Some(why)),
-            Lookup::Miss => (None, Some("evicted right after the build (cache size limit)".into())),
+            Lookup::Miss => (
+                None,
+                Some("evicted right after the build (cache size limit)".into()),
+            ),
         };
         Ok(BuildOutcome {
             key,

@@ -97,7 +97,10 @@ pub fn find(configured: Option<&Path>) -> Result<PathBuf, RuntimeError> {
         if p.is_file() {
             return Ok(p.to_path_buf());
         }
-        looked.push(format!("config ort_library = {} (no such file)", p.display()));
+        looked.push(format!(
+            "config ort_library = {} (no such file)",
+            p.display()
+        ));
     } else {
         looked.push("config ort_library (not set)".into());
     }
@@ -209,7 +212,8 @@ fn from_python(python: &Path) -> Result<PathBuf, String> {
         return Err("no onnxruntime package".into());
     }
     let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    newest_lib(&dir.join("capi")).ok_or_else(|| format!("no libonnxruntime.so.* in {}/capi", dir.display()))
+    newest_lib(&dir.join("capi"))
+        .ok_or_else(|| format!("no libonnxruntime.so.* in {}/capi", dir.display()))
 }
 
 /// Reads the library's version (`OrtGetApiBase()->GetVersionString()`) without touching

@@ -159,12 +159,11 @@ pub fn make_inputs(
             ))
             .map_err(err)?
             .into_dyn(),
-            TensorElementType::Int64 => Tensor::from_array((
-                shp,
-                (0..n).map(|_| rng.int(lo, hi)).collect::<Vec<_>>(),
-            ))
-            .map_err(err)?
-            .into_dyn(),
+            TensorElementType::Int64 => {
+                Tensor::from_array((shp, (0..n).map(|_| rng.int(lo, hi)).collect::<Vec<_>>()))
+                    .map_err(err)?
+                    .into_dyn()
+            }
             TensorElementType::Int32 => Tensor::from_array((
                 shp,
                 (0..n).map(|_| rng.int(lo, hi) as i32).collect::<Vec<_>>(),
@@ -183,16 +182,17 @@ pub fn make_inputs(
             ))
             .map_err(err)?
             .into_dyn(),
-            TensorElementType::Bool => Tensor::from_array((
-                shp,
-                (0..n).map(|_| rng.next() & 1 == 1).collect::<Vec<_>>(),
-            ))
-            .map_err(err)?
-            .into_dyn(),
+            TensorElementType::Bool => {
+                Tensor::from_array((shp, (0..n).map(|_| rng.next() & 1 == 1).collect::<Vec<_>>()))
+                    .map_err(err)?
+                    .into_dyn()
+            }
             other => {
                 return Err(bad(
                     model,
-                    format!("input `{name}`: element type {other:?} is not supported by validation yet"),
+                    format!(
+                        "input `{name}`: element type {other:?} is not supported by validation yet"
+                    ),
                 ))
             }
         };
@@ -228,7 +228,9 @@ fn to_f64(v: &DynValue, name: &str, path: &Path) -> Result<(Vec<i64>, Vec<f64>),
         other => {
             return Err(bad(
                 path,
-                format!("output `{name}`: element type {other:?} is not supported by validation yet"),
+                format!(
+                    "output `{name}`: element type {other:?} is not supported by validation yet"
+                ),
             ))
         }
     })
@@ -241,7 +243,11 @@ fn run(
     path: &Path,
 ) -> Result<Flat, BuildError> {
     let feed: Vec<(&str, &DynValue)> = inputs.iter().map(|(n, v)| (n.as_str(), v)).collect();
-    let names: Vec<String> = session.outputs().iter().map(|o| o.name().to_string()).collect();
+    let names: Vec<String> = session
+        .outputs()
+        .iter()
+        .map(|o| o.name().to_string())
+        .collect();
     let out = session
         .run(feed)
         .map_err(|e| BuildError::ort("run", path, e))?;
@@ -281,7 +287,9 @@ pub fn compare(name: &str, reference: &[f64], got: &[f64], tol: Tolerance) -> Ou
         let rel = if r != 0.0 { d / r.abs() } else { f64::INFINITY };
         let d = if d.is_nan() { f64::INFINITY } else { d };
         e.max_abs = e.max_abs.max(d);
-        e.max_rel = e.max_rel.max(if rel.is_nan() { f64::INFINITY } else { rel });
+        e.max_rel = e
+            .max_rel
+            .max(if rel.is_nan() { f64::INFINITY } else { rel });
         if !(d <= tol.abs || d <= tol.rel * r.abs()) {
             e.mismatched += 1;
         }

@@ -77,17 +77,11 @@ pub fn hash_file(path: &Path) -> std::io::Result<(String, u64)> {
 }
 
 fn fsync_dir(dir: &Path) -> Result<(), StoreError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(dir))
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
 }
 
 fn plain_name(name: &str) -> bool {
-    !name.is_empty()
-        && name != "."
-        && name != ".."
-        && !name.contains('/')
-        && !name.contains('\0')
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
 }
 
 impl SledStore {
@@ -148,7 +142,9 @@ impl SledStore {
             let (k, v) = item.map_err(|e| self.db_err(e))?;
             match serde_json::from_slice::<Record>(&v) {
                 Ok(r) => out.push(r),
-                Err(e) => tracing::warn!(key = %hex(&k), error = %e, "unreadable cache record skipped"),
+                Err(e) => {
+                    tracing::warn!(key = %hex(&k), error = %e, "unreadable cache record skipped")
+                }
             }
         }
         Ok(out)
@@ -212,7 +208,10 @@ impl SledStore {
             return Ok(Lookup::Miss);
         };
         if r.format > RECORD_FORMAT {
-            let why = format!("record format {} is newer than this trtcache ({RECORD_FORMAT})", r.format);
+            let why = format!(
+                "record format {} is newer than this trtcache ({RECORD_FORMAT})",
+                r.format
+            );
             return Ok(Lookup::Unservable { record: r, why });
         }
         let why = match (&r.status, &r.artifact) {
@@ -350,9 +349,10 @@ impl SledStore {
     }
 
     fn digest_in_use(&self, digest: &str, except: &CacheKey) -> Result<bool, StoreError> {
-        Ok(self.all_records()?.iter().any(|r| {
-            &r.key != except && r.artifact.as_ref().is_some_and(|a| a.digest == digest)
-        }))
+        Ok(self
+            .all_records()?
+            .iter()
+            .any(|r| &r.key != except && r.artifact.as_ref().is_some_and(|a| a.digest == digest)))
     }
 
     fn remove_blob_if_unused(&self, digest: &str, except: &CacheKey) -> Result<(), StoreError> {
@@ -498,7 +498,9 @@ impl Store for SledStore {
             if let Some(why) = bad.get(&a.digest) {
                 tracing::warn!(key = %r.key, %why, "artifact corrupt: quarantined");
                 let mut q = r.clone();
-                q.status = Status::Quarantined { reason: why.clone() };
+                q.status = Status::Quarantined {
+                    reason: why.clone(),
+                };
                 self.write_record(&q)?;
                 rep.quarantined.push((r.key.hex(), why.clone()));
             } else {
@@ -522,11 +524,18 @@ impl Store for SledStore {
             evicted: Vec::new(),
         };
         // Quarantined entries hold nothing servable: always collected.
-        for r in records.iter().filter(|r| matches!(r.status, Status::Quarantined { .. })) {
+        for r in records
+            .iter()
+            .filter(|r| matches!(r.status, Status::Quarantined { .. }))
+        {
             rep.evicted.push(r.key.hex());
         }
         records.retain(|r| !matches!(r.status, Status::Quarantined { .. }));
-        records.sort_by(|a, b| a.last_used.cmp(&b.last_used).then(a.created.cmp(&b.created)));
+        records.sort_by(|a, b| {
+            a.last_used
+                .cmp(&b.last_used)
+                .then(a.created.cmp(&b.created))
+        });
         let mut remaining = records.clone();
         for r in &records {
             if Self::stored_bytes(&remaining) <= max_bytes {

@@ -1,6 +1,8 @@
 //! The command-line surface: clap definitions and one function per subcommand. Library
 //! errors get their context here (`anyhow`), naming the path, model or key involved.
 
+mod build;
+mod cache;
 mod inspect;
 pub mod output;
 
@@ -23,6 +25,16 @@ pub struct Cli {
 pub enum Command {
     /// Show a model's inputs, outputs, operators, warnings and what TensorRT can take.
     Inspect(inspect::InspectArgs),
+    /// Build (or find in the cache) a validated artifact for a model and backend.
+    Build(build::BuildArgs),
+    /// List cache entries: key, state, backend, size, hits, last use, model.
+    Ls(cache::LsArgs),
+    /// Remove one cache entry (and its files when no other entry shares them).
+    Rm(cache::RmArgs),
+    /// Evict least-recently-used entries to a size limit; drop quarantined ones.
+    Gc(cache::GcArgs),
+    /// Re-hash every stored artifact; quarantine the ones whose files changed.
+    Verify(cache::VerifyArgs),
 }
 
 /// Installs the tracing subscriber (stderr). ort reports provider fallbacks only through
@@ -47,5 +59,10 @@ pub fn init_tracing(verbose: u8) {
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Inspect(a) => inspect::run(a),
+        Command::Build(a) => build::run(a),
+        Command::Ls(a) => cache::ls(a),
+        Command::Rm(a) => cache::rm(a),
+        Command::Gc(a) => cache::gc(a),
+        Command::Verify(a) => cache::verify(a),
     }
 }
