@@ -26,7 +26,7 @@ pub enum Command {
     /// Show a model's inputs, outputs, operators, warnings and what TensorRT can take.
     Inspect(inspect::InspectArgs),
     /// Build (or find in the cache) a validated artifact for a model and backend.
-    Build(build::BuildArgs),
+    Build(Box<build::BuildArgs>),
     /// List cache entries: key, state, backend, size, hits, last use, model.
     Ls(cache::LsArgs),
     /// Remove one cache entry (and its files when no other entry shares them).
@@ -59,7 +59,7 @@ pub fn init_tracing(verbose: u8) {
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Inspect(a) => inspect::run(a),
-        Command::Build(a) => build::run(a),
+        Command::Build(a) => build::run(*a),
         Command::Ls(a) => cache::ls(a),
         Command::Rm(a) => cache::rm(a),
         Command::Gc(a) => cache::gc(a),
