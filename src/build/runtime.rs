@@ -6,7 +6,8 @@
 //! loaded through `ort::init_from`, never through ort's implicit `ORT_DYLIB_PATH` path, which
 //! panics when the library is missing.
 //!
-//! Search order: the configured path, `ORT_DYLIB_PATH`, then an `onnxruntime` Python package:
+//! Search order: the configured path, `ORT_DYLIB_PATH` (either, when set, is authoritative:
+//! a wrong one is an error), then an `onnxruntime` Python package:
 //! the checkout's `.venv`, `$VIRTUAL_ENV`, then whatever `python3` imports
 //! (`onnxruntime/capi/libonnxruntime.so.*`).
 //!
@@ -92,18 +93,20 @@ pub fn loaded() -> Option<&'static Runtime> {
 
 /// Finds the library without loading it, in the documented order.
 pub fn find(configured: Option<&Path>) -> Result<PathBuf, RuntimeError> {
-    let mut looked = Vec::new();
+    // An explicit setting is authoritative: a wrong one is an error, not a reason to load
+    // some other library silently.
     if let Some(p) = configured {
         if p.is_file() {
             return Ok(p.to_path_buf());
         }
-        looked.push(format!(
-            "config ort_library = {} (no such file)",
-            p.display()
-        ));
-    } else {
-        looked.push("config ort_library (not set)".into());
+        return Err(RuntimeError::NotFound {
+            looked: vec![format!(
+                "config ort_library = {} (no such file)",
+                p.display()
+            )],
+        });
     }
+    let mut looked = vec!["config ort_library (not set)".to_string()];
     match std::env::var_os("ORT_DYLIB_PATH") {
         Some(v) if !v.is_empty() => {
             let p = PathBuf::from(v);
@@ -111,6 +114,7 @@ pub fn find(configured: Option<&Path>) -> Result<PathBuf, RuntimeError> {
                 return Ok(p);
             }
             looked.push(format!("ORT_DYLIB_PATH = {} (no such file)", p.display()));
+            return Err(RuntimeError::NotFound { looked });
         }
         _ => looked.push("ORT_DYLIB_PATH (not set)".into()),
     }
@@ -266,11 +270,11 @@ mod tests {
 
     #[test]
     fn missing_configured_library_is_listed() {
-        let err = find(Some(Path::new("/nonexistent/libonnxruntime.so"))).err();
-        // With ORT_DYLIB_PATH or a venv present the search succeeds further down the list;
-        // either way the configured path was rejected.
-        if let Some(RuntimeError::NotFound { looked }) = err {
-            assert!(looked[0].contains("/nonexistent/libonnxruntime.so"));
+        match find(Some(Path::new("/nonexistent/libonnxruntime.so"))) {
+            Err(RuntimeError::NotFound { looked }) => {
+                assert!(looked[0].contains("/nonexistent/libonnxruntime.so"))
+            }
+            other => panic!("expected NotFound, got {other:?}"),
         }
     }
 
