@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ort::session::builder::GraphOptimizationLevel;
-use trtcache::build::{cpu, runtime, BuildRequest, Builder};
+use trtcache::build::{cpu, runtime, BuildRequest, Builder, OptLevel};
 use trtcache::cache::{SledStore, StoreOptions};
 use trtcache::fixtures::{bert, models, write, write_external};
 
@@ -46,6 +46,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let runs: usize = get("--runs").and_then(|s| s.parse().ok()).unwrap_or(7);
     let threads: usize = get("--threads").and_then(|s| s.parse().ok()).unwrap_or(0);
     let with_base = args.iter().any(|a| a == "--base");
+    let levels: Vec<OptLevel> = get("--opt-level")
+        .unwrap_or_else(|| "extended,all".into())
+        .split(',')
+        .map(|s| OptLevel::parse(s).ok_or_else(|| format!("--opt-level: `{s}`")))
+        .collect::<Result<_, _>>()?;
     let keep = get("--dir").map(PathBuf::from);
     let tmp = tempfile::tempdir()?;
     let dir = keep.unwrap_or_else(|| tmp.path().to_path_buf());
@@ -91,53 +96,57 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             threads.to_string()
         }
     );
-    println!("| model | raw model, optimization All (ms) | cached artifact, optimizations off (ms) | speed-up | build (ms) | validation |");
-    println!("|---|---|---|---|---|---|");
+    println!("| model | artifact opt level | raw model, optimization All (ms) | cached artifact, optimizations off (ms) | speed-up | build (ms) | validation |");
+    println!("|---|---|---|---|---|---|---|");
     for (name, path) in &cases {
-        let mut req = BuildRequest::new(path, "ort-cpu");
-        req.options.threads = threads;
-        let quiet = |_: &str| {};
-        let out = builder.build(&req, &quiet)?;
-        let served = out
-            .served
-            .ok_or_else(|| format!("{name}: not servable: {:?}", out.unservable))?;
-        let entry: &Path = &served.entry;
-        let opts = req.options.clone();
-        let backend = trtcache::build::backend("ort-cpu")?;
-        // Warm the page cache and ORT's lazy init once for both.
-        drop(cpu::open_raw(
-            rt,
-            path,
-            GraphOptimizationLevel::All,
-            threads,
-        )?);
-        drop(backend.open(rt, entry, &opts)?);
-        let mut raw = Vec::new();
-        let mut cached = Vec::new();
-        for _ in 0..runs {
-            raw.push(time_ms(&mut || {
-                drop(
-                    cpu::open_raw(rt, path, GraphOptimizationLevel::All, threads)
-                        .expect("raw session"),
-                )
-            }));
-            cached.push(time_ms(&mut || {
-                drop(backend.open(rt, entry, &opts).expect("cached session"))
-            }));
+        for level in &levels {
+            let mut req = BuildRequest::new(path, "ort-cpu");
+            req.options.threads = threads;
+            req.options.opt_level = *level;
+            let quiet = |_: &str| {};
+            let out = builder.build(&req, &quiet)?;
+            let served = out
+                .served
+                .ok_or_else(|| format!("{name}: not servable: {:?}", out.unservable))?;
+            let entry: &Path = &served.entry;
+            let opts = req.options.clone();
+            let backend = trtcache::build::backend("ort-cpu")?;
+            // Warm the page cache and ORT's lazy init once for both.
+            drop(cpu::open_raw(
+                rt,
+                path,
+                GraphOptimizationLevel::All,
+                threads,
+            )?);
+            drop(backend.open(rt, entry, &opts)?);
+            let mut raw = Vec::new();
+            let mut cached = Vec::new();
+            for _ in 0..runs {
+                raw.push(time_ms(&mut || {
+                    drop(
+                        cpu::open_raw(rt, path, GraphOptimizationLevel::All, threads)
+                            .expect("raw session"),
+                    )
+                }));
+                cached.push(time_ms(&mut || {
+                    drop(backend.open(rt, entry, &opts).expect("cached session"))
+                }));
+            }
+            let (r, c) = (median(raw), median(cached));
+            let v = out.record.validation.as_ref();
+            println!(
+                "| {name} | {} | {r:.1} | {c:.1} | {:.1}x | {} | {} |",
+                level.name(),
+                r / c,
+                out.record.build_ms,
+                v.map(|v| format!(
+                    "{} (max abs {:.1e})",
+                    if v.passed { "passed" } else { "FAILED" },
+                    v.outputs.iter().map(|o| o.max_abs).fold(0.0, f64::max)
+                ))
+                .unwrap_or_default()
+            );
         }
-        let (r, c) = (median(raw), median(cached));
-        let v = out.record.validation.as_ref();
-        println!(
-            "| {name} | {r:.1} | {c:.1} | {:.1}x | {} | {} |",
-            r / c,
-            out.record.build_ms,
-            v.map(|v| format!(
-                "{} (max abs {:.1e})",
-                if v.passed { "passed" } else { "FAILED" },
-                v.outputs.iter().map(|o| o.max_abs).fold(0.0, f64::max)
-            ))
-            .unwrap_or_default()
-        );
     }
     Ok(())
 }
