@@ -152,7 +152,7 @@ impl Backend for OrtCuda {
         let b = Session::builder(&rt.env).map_err(|e| BuildError::ort(stage, model, e))?;
         let b = register("CUDA", b, vec![cuda_ep(opts)], model, CUDA_FIX)?;
         let session = b
-            .with_optimization_level(opts.opt_level.ort())
+            .with_optimization_level(opts.opt_level.for_cuda().ort())
             .map_err(|e| BuildError::ort(stage, model, e))?
             .with_optimized_model_path(&entry)
             .map_err(|e| BuildError::ort(stage, model, e))?

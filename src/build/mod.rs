@@ -77,9 +77,12 @@ pub enum OptLevel {
     /// Level 1: constant folding, redundant-node removal.
     Basic,
     /// Level 2 (ORT_ENABLE_EXTENDED): fusions; portable across machines with the same ISA.
-    #[default]
     Extended,
-    /// Level 3 / All: adds layout transforms (NCHWc) tied to this exact machine.
+    /// Level 3 / All: adds layout transforms (NCHWc) tied to this machine's vector ISA.
+    /// The default for `ort-cpu`: the key holds the CPU SKU (model + ISA flags) and the ONNX
+    /// Runtime version, so an artifact is only ever served where ORT's "same environment"
+    /// condition holds.
+    #[default]
     All,
 }
 
@@ -98,6 +101,15 @@ impl OptLevel {
             "extended" | "2" => Some(OptLevel::Extended),
             "all" | "3" | "99" => Some(OptLevel::All),
             _ => None,
+        }
+    }
+
+    /// `ort-cuda` stays at or below Extended: ONNX Runtime's layout transforms at All are CPU
+    /// ones and its docs advise Extended for offline models of non-CPU providers.
+    pub fn for_cuda(self) -> Self {
+        match self {
+            OptLevel::All => OptLevel::Extended,
+            l => l,
         }
     }
 
@@ -135,7 +147,7 @@ impl Default for BuildOptions {
         Self {
             precision: Precision::Fp32,
             profile: None,
-            opt_level: OptLevel::Extended,
+            opt_level: OptLevel::All,
             prepack: true,
             trt_builder_level: 3,
             device_id: 0,
@@ -154,7 +166,7 @@ impl BuildOptions {
                 m.insert("prepack".into(), self.prepack.to_string());
             }
             "ort-cuda" => {
-                m.insert("opt_level".into(), self.opt_level.name().into());
+                m.insert("opt_level".into(), self.opt_level.for_cuda().name().into());
                 m.insert("device_id".into(), self.device_id.to_string());
             }
             "ort-tensorrt" => {

@@ -36,8 +36,10 @@ pub struct BuildArgs {
     /// Numeric precision: fp32 or fp16 (fp16 applies to TensorRT).
     #[arg(long, default_value = "fp32", value_parser = parse_precision)]
     pub precision: Precision,
-    /// ort-cpu/ort-cuda graph optimization level: basic, extended (portable), all.
-    #[arg(long, default_value = "extended", value_parser = parse_opt_level)]
+    /// ort-cpu graph optimization level: basic, extended (portable across machines with the
+    /// same ISA), all (adds layout transforms for this CPU; the key pins the SKU). ort-cuda
+    /// uses at most extended.
+    #[arg(long, default_value = "all", value_parser = parse_opt_level)]
     pub opt_level: OptLevel,
     /// Do not save prepacked constant initializers with the ort-cpu artifact.
     #[arg(long)]
