@@ -178,26 +178,26 @@ impl Builder {
                 None => unreachable!("loop exits only when set"),
             };
         }
+        // Waiters must be released even if this build panics.
+        let mut guard = FlightGuard {
+            builder: self,
+            key,
+            flight: &flight,
+            result: None,
+        };
         // A build may have finished between our lookup and taking the lead.
         let result = match (req.force, self.cached(key)) {
             (false, Ok(Some(o))) => Ok(o),
             (_, Err(e)) => Err(e),
             _ => self.build_now(req, parts, key, progress),
         };
-        {
-            let mut done = flight.done.lock().unwrap_or_else(|p| p.into_inner());
-            *done = Some(
-                result
-                    .as_ref()
-                    .map(|o| o.clone())
-                    .map_err(|e| format!("{e:#}")),
-            );
-            flight.cv.notify_all();
-        }
-        self.flights
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&key);
+        guard.result = Some(
+            result
+                .as_ref()
+                .map(|o| o.clone())
+                .map_err(|e| format!("{e:#}")),
+        );
+        drop(guard);
         result
     }
 
@@ -315,6 +315,33 @@ impl Builder {
             served,
             unservable,
         })
+    }
+}
+
+/// Publishes the leader's result (or a panic) to the waiters and ends the flight.
+struct FlightGuard<'a> {
+    builder: &'a Builder,
+    key: CacheKey,
+    flight: &'a Flight,
+    result: Option<FlightResult>,
+}
+
+impl Drop for FlightGuard<'_> {
+    fn drop(&mut self) {
+        let result = self
+            .result
+            .take()
+            .unwrap_or_else(|| Err("the build panicked".into()));
+        {
+            let mut done = self.flight.done.lock().unwrap_or_else(|p| p.into_inner());
+            *done = Some(result);
+            self.flight.cv.notify_all();
+        }
+        self.builder
+            .flights
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.key);
     }
 }
 

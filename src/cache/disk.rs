@@ -524,12 +524,12 @@ impl Store for SledStore {
             evicted: Vec::new(),
         };
         // Quarantined entries hold nothing servable: always collected.
-        for r in records
+        let quarantined: Vec<String> = records
             .iter()
             .filter(|r| matches!(r.status, Status::Quarantined { .. }))
-        {
-            rep.evicted.push(r.key.hex());
-        }
+            .map(|r| r.key.hex())
+            .collect();
+        rep.evicted.extend(quarantined.iter().cloned());
         records.retain(|r| !matches!(r.status, Status::Quarantined { .. }));
         records.sort_by(|a, b| {
             a.last_used
@@ -554,12 +554,11 @@ impl Store for SledStore {
                     self.remove(&key)?;
                 }
             }
-            let q = self.root.join("quarantine");
-            if rep.evicted.iter().any(|_| true) {
-                if let Ok(rd) = std::fs::read_dir(&q) {
-                    for e in rd.flatten() {
-                        let _ = std::fs::remove_dir_all(e.path());
-                    }
+            if !quarantined.is_empty() {
+                let q = self.root.join("quarantine");
+                for e in std::fs::read_dir(&q).map_err(io(&q))?.flatten() {
+                    let p = e.path();
+                    std::fs::remove_dir_all(&p).map_err(io(&p))?;
                 }
             }
         }
