@@ -150,7 +150,18 @@ impl SledStore {
         Ok(out)
     }
 
+    /// Writes a record and flushes sled (a new artifact or a status change must survive a
+    /// crash).
     fn write_record(&self, r: &Record) -> Result<(), StoreError> {
+        self.write_record_lazy(r)?;
+        self.records.flush().map_err(|e| self.db_err(e))?;
+        Ok(())
+    }
+
+    /// Writes a record without waiting for the disk: hit counters and last-use times are
+    /// statistics, and a flush costs ~10 ms on the serving path (sled flushes on its own
+    /// every 500 ms and when the store closes).
+    fn write_record_lazy(&self, r: &Record) -> Result<(), StoreError> {
         let v = serde_json::to_vec(r).map_err(|e| StoreError::BadRecord {
             key: r.key.hex(),
             message: e.to_string(),
@@ -158,7 +169,6 @@ impl SledStore {
         self.records
             .insert(r.key.0, v)
             .map_err(|e| self.db_err(e))?;
-        self.records.flush().map_err(|e| self.db_err(e))?;
         Ok(())
     }
 
@@ -223,7 +233,7 @@ impl SledStore {
                     if count {
                         r.hits += 1;
                         r.last_used = now_secs();
-                        self.write_record(&r)?;
+                        self.write_record_lazy(&r)?;
                     }
                     return Ok(Lookup::Hit { record: r, served });
                 }
@@ -586,5 +596,186 @@ impl Store for SledStore {
 impl Drop for SledStore {
     fn drop(&mut self) {
         let _ = self.db.flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::{BackendId, KeyParts, KEY_FORMAT};
+
+    fn record(n: u8, last_used: u64) -> Record {
+        let parts = KeyParts {
+            format: KEY_FORMAT,
+            model: ModelDigest {
+                sha256: hex(&[n; 32]),
+                bytes: 1,
+                external: vec![],
+            },
+            opsets: Default::default(),
+            profile: None,
+            sku: Default::default(),
+            backend: BackendId {
+                name: "ort-cpu".into(),
+                versions: Default::default(),
+            },
+            precision: Default::default(),
+            options: Default::default(),
+        };
+        Record {
+            format: RECORD_FORMAT,
+            key: parts.key(),
+            parts,
+            status: Status::Ready,
+            artifact: None,
+            backend: "ort-cpu".into(),
+            providers: None,
+            model_path: format!("m{n}.onnx"),
+            build_ms: 1,
+            validation: None,
+            created: last_used,
+            last_used,
+            hits: 0,
+        }
+    }
+
+    fn artifact(dir: &Path, content: &[u8]) -> Artifact {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("model.onnx"), content).unwrap();
+        std::fs::write(dir.join("model.onnx.data"), [content, content].concat()).unwrap();
+        Artifact {
+            dir: dir.to_path_buf(),
+            entry: "model.onnx".into(),
+            files: vec!["model.onnx".into(), "model.onnx.data".into()],
+        }
+    }
+
+    fn blobs(root: &Path) -> usize {
+        std::fs::read_dir(root.join("blobs")).unwrap().count()
+    }
+
+    #[test]
+    fn identical_artifacts_share_a_blob_until_the_last_record_goes() {
+        let d = tempfile::tempdir().unwrap();
+        let s = SledStore::open(&d.path().join("c"), StoreOptions::default()).unwrap();
+        let a = artifact(&d.path().join("a"), b"same bytes");
+        let (r1, r2) = (record(1, 10), record(2, 10));
+        let s1 = s.put(r1.clone(), Some(&a)).unwrap();
+        let s2 = s.put(r2.clone(), Some(&a)).unwrap();
+        assert_eq!(s1.artifact, s2.artifact);
+        assert_eq!(blobs(s.root()), 1);
+        match s.lookup(&r1.key).unwrap() {
+            Lookup::Hit { record, served } => {
+                assert_eq!(record.hits, 1);
+                assert_eq!(served.files.len(), 2);
+                assert_eq!(std::fs::read(&served.entry).unwrap(), b"same bytes");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(s.remove(&r1.key).unwrap());
+        assert_eq!(blobs(s.root()), 1, "still named by the second record");
+        assert!(s.remove(&r2.key).unwrap());
+        assert_eq!(blobs(s.root()), 0);
+        assert!(!s.remove(&r2.key).unwrap());
+        assert!(matches!(s.lookup(&r2.key).unwrap(), Lookup::Miss));
+    }
+
+    #[test]
+    fn failed_quarantined_and_newer_records_are_never_served() {
+        let d = tempfile::tempdir().unwrap();
+        let s = SledStore::open(&d.path().join("c"), StoreOptions::default()).unwrap();
+        let mut failed = record(1, 1);
+        failed.status = Status::Failed {
+            reason: "over tolerance".into(),
+        };
+        s.put(failed.clone(), None).unwrap();
+        assert!(matches!(
+            s.lookup(&failed.key).unwrap(),
+            Lookup::Unservable { .. }
+        ));
+        let a = artifact(&d.path().join("a"), b"x");
+        let good = s.put(record(2, 1), Some(&a)).unwrap();
+        // A record from a newer trtcache is left alone.
+        let mut newer = good.clone();
+        newer.format = RECORD_FORMAT + 1;
+        s.write_record(&newer).unwrap();
+        assert!(matches!(
+            s.lookup(&good.key).unwrap(),
+            Lookup::Unservable { .. }
+        ));
+        s.write_record(&good).unwrap();
+        // Corrupt one byte: verify quarantines, lookup refuses.
+        let data = s
+            .blob_dir(&good.artifact.as_ref().unwrap().digest)
+            .join("model.onnx.data");
+        std::fs::write(&data, b"y").unwrap();
+        std::fs::write(&data, b"yy").unwrap();
+        let rep = s.verify().unwrap();
+        assert_eq!(rep.quarantined.len(), 1);
+        assert!(matches!(
+            s.lookup(&good.key).unwrap(),
+            Lookup::Unservable { .. }
+        ));
+        // gc always collects quarantined entries and their files.
+        let gc = s.gc(u64::MAX, false).unwrap();
+        assert_eq!(gc.evicted, vec![good.key.hex()]);
+        assert_eq!(
+            std::fs::read_dir(s.root().join("quarantine"))
+                .unwrap()
+                .count(),
+            0
+        );
+    }
+
+    #[test]
+    fn gc_evicts_least_recently_used_first() {
+        let d = tempfile::tempdir().unwrap();
+        let s = SledStore::open(&d.path().join("c"), StoreOptions::default()).unwrap();
+        let mut recs = Vec::new();
+        for n in 0..3u8 {
+            let a = artifact(&d.path().join(format!("a{n}")), &[n; 100]);
+            recs.push(s.put(record(n, 100 - n as u64), Some(&a)).unwrap());
+        }
+        let one = recs[0].bytes();
+        let dry = s.gc(one, true).unwrap();
+        // Oldest use first: record 2 (last_used 98), then record 1 (99).
+        assert_eq!(dry.evicted, vec![recs[2].key.hex(), recs[1].key.hex()]);
+        assert_eq!(s.list().unwrap().len(), 3, "dry run deletes nothing");
+        let rep = s.gc(one, false).unwrap();
+        assert_eq!(rep.bytes_after, one);
+        let left: Vec<_> = s.list().unwrap().into_iter().map(|r| r.key).collect();
+        assert_eq!(left, vec![recs[0].key]);
+        assert_eq!(blobs(s.root()), 1);
+    }
+
+    #[test]
+    fn size_limit_applies_on_put() {
+        let d = tempfile::tempdir().unwrap();
+        let a0 = artifact(&d.path().join("a0"), &[0; 100]);
+        let a1 = artifact(&d.path().join("a1"), &[1; 100]);
+        let s = SledStore::open(
+            &d.path().join("c"),
+            StoreOptions {
+                max_bytes: Some(300),
+            },
+        )
+        .unwrap();
+        let r0 = s.put(record(0, 1), Some(&a0)).unwrap();
+        let r1 = s.put(record(1, 2), Some(&a1)).unwrap();
+        let keys: Vec<_> = s.list().unwrap().into_iter().map(|r| r.key).collect();
+        assert_eq!(keys, vec![r1.key]);
+        assert!(s.get(&r0.key).unwrap().is_none());
+    }
+
+    #[test]
+    fn artifact_names_must_be_plain() {
+        let d = tempfile::tempdir().unwrap();
+        let s = SledStore::open(&d.path().join("c"), StoreOptions::default()).unwrap();
+        let mut a = artifact(&d.path().join("a"), b"x");
+        a.files.push("../escape".into());
+        assert!(matches!(
+            s.put(record(1, 1), Some(&a)),
+            Err(StoreError::BadArtifact { .. })
+        ));
     }
 }
