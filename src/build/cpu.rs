@@ -64,7 +64,15 @@ impl Backend for OrtCpu {
     ) -> Result<Artifact, BuildError> {
         let entry = out.join(ENTRY);
         let stage = "optimize (ort-cpu)";
-        let mut b = base_builder(rt, model, opts.threads)?
+        let mut b = base_builder(rt, model, opts.threads)?;
+        if opts.opt_level == super::OptLevel::All && !tracing::enabled!(tracing::Level::DEBUG) {
+            // ORT warns that a level-All model is specific to this environment; the key pins
+            // the SKU and the ORT version, so the warning is expected, not actionable.
+            b = b
+                .with_log_level(ort::logging::LogLevel::Error)
+                .map_err(|e| BuildError::ort(stage, model, e))?;
+        }
+        let mut b = b
             .with_optimization_level(opts.opt_level.ort())
             .map_err(|e| BuildError::ort(stage, model, e))?
             .with_optimized_model_path(&entry)

@@ -8,6 +8,7 @@
 //! are registered with `error_on_failure`, never ort's silent CPU fallback.
 
 pub mod cpu;
+pub mod golden;
 pub mod gpu;
 pub mod keyparts;
 pub mod pipeline;

@@ -11,7 +11,7 @@
 //! `int_range` (default [0, 2), safe for ids, masks and indices), bools fair coins.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use ort::session::Session;
 use ort::value::{DynValue, Tensor, TensorElementType, ValueType};
@@ -51,6 +51,8 @@ pub struct ValidationConfig {
     pub int_range: (i64, i64),
     /// Overrides the precision's default tolerance.
     pub tolerance: Option<Tolerance>,
+    /// Golden inputs (`.npz`, one array per input name) instead of random ones.
+    pub golden: Option<PathBuf>,
 }
 
 impl Default for ValidationConfig {
@@ -59,6 +61,7 @@ impl Default for ValidationConfig {
             seed: 0x7472_7463,
             int_range: (0, 2),
             tolerance: None,
+            golden: None,
         }
     }
 }
@@ -81,6 +84,9 @@ pub struct Validation {
     pub passed: bool,
     pub tolerance: Tolerance,
     pub seed: u64,
+    /// The golden `.npz` the inputs came from, when one was given.
+    #[serde(default)]
+    pub golden: Option<String>,
     /// Input name → the concrete shape used.
     pub shapes: BTreeMap<String, Vec<i64>>,
     pub outputs: Vec<OutputError>,
@@ -134,11 +140,27 @@ pub fn make_inputs(
     let mut rng = Rng(cfg.seed);
     let mut values = Vec::new();
     let mut shapes = BTreeMap::new();
+    let golden = match &cfg.golden {
+        Some(p) => Some((p, super::golden::read_npz(p)?)),
+        None => None,
+    };
     for input in session.inputs() {
         let name = input.name().to_string();
         let ValueType::Tensor { ty, shape, .. } = input.dtype() else {
             return Err(bad(model, format!("input `{name}` is not a tensor")));
         };
+        if let Some((gpath, arrays)) = &golden {
+            let a = arrays.get(&name).ok_or_else(|| {
+                bad(
+                    gpath,
+                    format!("has no array named `{name}` (the model's input)"),
+                )
+            })?;
+            let v = golden_value(a, *ty).map_err(|w| bad(gpath, format!("`{name}`: {w}")))?;
+            shapes.insert(name.clone(), a.shape.clone());
+            values.push((name, v));
+            continue;
+        }
         let dims = concrete_shape(&name, shape, profile);
         let n: usize = dims.iter().map(|&d| d.max(0) as usize).product();
         let (lo, hi) = cfg.int_range;
@@ -200,6 +222,48 @@ pub fn make_inputs(
         values.push((name, v));
     }
     Ok((values, shapes))
+}
+
+/// A tensor from a golden array; its dtype must be the input's.
+fn golden_value(a: &super::golden::GoldenArray, ty: TensorElementType) -> Result<DynValue, String> {
+    use super::golden::GoldenData as G;
+    let shape = a.shape.clone();
+    let e = |e: ort::Error| e.to_string();
+    Ok(match (&a.data, ty) {
+        (G::F32(d), TensorElementType::Float32) => Tensor::from_array((shape, d.clone()))
+            .map_err(e)?
+            .into_dyn(),
+        (G::F64(d), TensorElementType::Float64) => Tensor::from_array((shape, d.clone()))
+            .map_err(e)?
+            .into_dyn(),
+        (G::I64(d), TensorElementType::Int64) => Tensor::from_array((shape, d.clone()))
+            .map_err(e)?
+            .into_dyn(),
+        (G::I32(d), TensorElementType::Int32) => Tensor::from_array((shape, d.clone()))
+            .map_err(e)?
+            .into_dyn(),
+        (G::I8(d), TensorElementType::Int8) => Tensor::from_array((shape, d.clone()))
+            .map_err(e)?
+            .into_dyn(),
+        (G::U8(d), TensorElementType::Uint8) => Tensor::from_array((shape, d.clone()))
+            .map_err(e)?
+            .into_dyn(),
+        (G::Bool(d), TensorElementType::Bool) => Tensor::from_array((shape, d.clone()))
+            .map_err(e)?
+            .into_dyn(),
+        (d, t) => {
+            let have = match d {
+                G::F32(_) => "float32",
+                G::F64(_) => "float64",
+                G::I64(_) => "int64",
+                G::I32(_) => "int32",
+                G::I8(_) => "int8",
+                G::U8(_) => "uint8",
+                G::Bool(_) => "bool",
+            };
+            return Err(format!("array is {have}, the model input is {t:?}"));
+        }
+    })
 }
 
 /// Flattens an output tensor to f64 with its shape.
@@ -342,6 +406,7 @@ pub fn validate(
         passed: outputs.iter().all(|o| o.passed),
         tolerance: tol,
         seed: cfg.seed,
+        golden: cfg.golden.as_ref().map(|p| p.display().to_string()),
         shapes,
         outputs,
     })

@@ -59,6 +59,10 @@ pub struct BuildArgs {
     /// Validation: seed of the random inputs.
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Validation: golden inputs from a NumPy `.npz` (np.savez; one array per input name)
+    /// instead of seeded random tensors.
+    #[arg(long, value_name = "FILE.npz")]
+    pub golden: Option<PathBuf>,
     /// Validation: integer inputs are drawn from [LO, HI), e.g. `0:2`.
     #[arg(long, value_name = "LO:HI", default_value = "0:2")]
     pub int_range: String,
@@ -229,6 +233,7 @@ pub fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
             seed: a.seed.unwrap_or(defaults.seed),
             int_range,
             tolerance,
+            golden: a.golden.clone(),
         },
         force: a.force,
     };
@@ -305,11 +310,14 @@ fn render(o: &BuildOutcome, ort: Option<&str>, dir: &std::path::Path, st: Style)
         } else {
             st.bad("FAILED")
         };
+        let inputs = match &v.golden {
+            Some(g) => format!("golden {g}"),
+            None => format!("seed {}", v.seed),
+        };
         out.push_str(&format!(
-            "validation {verdict} (abs tol {:e}, rel tol {:e}, seed {}, shapes {})\n",
+            "validation {verdict} (abs tol {:e}, rel tol {:e}, {inputs}, shapes {})\n",
             v.tolerance.abs,
             v.tolerance.rel,
-            v.seed,
             v.shapes
                 .iter()
                 .map(|(n, d)| format!(

@@ -511,3 +511,51 @@ fn zero_tolerance_catches_optimizer_rounding_on_the_cli() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(ok["state"], "ready");
 }
+
+#[test]
+fn golden_npz_inputs_drive_validation() {
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("m.onnx");
+    write(&models::tiny_encoder(false), &m).unwrap();
+    let g = d.path().join("golden.npz");
+    let gz = d.path().join("golden_z.npz");
+    let gi = d.path().join("golden_int.npz");
+    run_python(
+        "import sys, numpy as np\nx = np.random.default_rng(1).standard_normal((3, 5, 64)).astype(np.float32)\nnp.savez(sys.argv[1], x=x)\nnp.savez_compressed(sys.argv[2], x=x)\nnp.savez(sys.argv[3], x=np.ones((1, 2, 64), dtype=np.int64))",
+        &[&g, &gz, &gi],
+    );
+    let (v, out) = build_json(
+        &m,
+        &d.path().join("cache"),
+        &["--golden", g.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let val = &v["record"]["validation"];
+    assert_eq!(val["shapes"]["x"], serde_json::json!([3, 5, 64]));
+    assert_eq!(val["golden"], g.to_str().unwrap());
+    assert_eq!(val["outputs"][0]["elements"], 3 * 5 * 64);
+    let run = |cache: &str, golden: &Path| {
+        trtcache([
+            "build",
+            m.to_str().unwrap(),
+            "--cache-dir",
+            d.path().join(cache).to_str().unwrap(),
+            "--golden",
+            golden.to_str().unwrap(),
+        ])
+    };
+    let out = run("cache2", &gz);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("np.savez_compressed"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run("cache3", &gi);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("array is int64, the model input is Float32"),
+        "{}",
+        stderr(&out)
+    );
+}
