@@ -270,6 +270,17 @@ impl SledStore {
                 named.insert(a.digest.clone());
             }
         }
+        // Records this version cannot parse (a newer trtcache's) still own their blobs.
+        for item in self.records.iter() {
+            let (_, v) = item.map_err(|e| self.db_err(e))?;
+            if serde_json::from_slice::<Record>(&v).is_err() {
+                if let Ok(j) = serde_json::from_slice::<serde_json::Value>(&v) {
+                    if let Some(d) = j.pointer("/artifact/digest").and_then(|d| d.as_str()) {
+                        named.insert(d.to_string());
+                    }
+                }
+            }
+        }
         let blobs = self.root.join("blobs");
         for e in std::fs::read_dir(&blobs).map_err(io(&blobs))? {
             let e = e.map_err(io(&blobs))?;
@@ -777,5 +788,29 @@ mod tests {
             s.put(record(1, 1), Some(&a)),
             Err(StoreError::BadArtifact { .. })
         ));
+    }
+
+    #[test]
+    fn records_from_a_newer_version_keep_their_blobs_at_open() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("c");
+        let a = artifact(&d.path().join("a"), b"x");
+        let stored = {
+            let s = SledStore::open(&root, StoreOptions::default()).unwrap();
+            let r = s.put(record(1, 1), Some(&a)).unwrap();
+            // Rewrite it as a future version would: a field changes type.
+            let mut j = serde_json::to_value(&r).unwrap();
+            j["hits"] = serde_json::json!({"total": 3});
+            s.records
+                .insert(r.key.0, serde_json::to_vec(&j).unwrap())
+                .unwrap();
+            r
+        };
+        let s = SledStore::open(&root, StoreOptions::default()).unwrap();
+        assert!(s.open_report().orphans_removed.is_empty());
+        assert!(s
+            .blob_dir(&stored.artifact.unwrap().digest)
+            .join("model.onnx")
+            .is_file());
     }
 }
