@@ -559,3 +559,68 @@ fn golden_npz_inputs_drive_validation() {
         stderr(&out)
     );
 }
+
+#[test]
+fn a_build_killed_midway_leaves_nothing_servable_and_is_cleaned_up() {
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("bert.onnx");
+    write(&bert::bert(bert::BertConfig::small()), &m).unwrap();
+    let cache = d.path().join("cache");
+    let mut child = std::process::Command::new(crate::support::bin())
+        .args([
+            "build",
+            m.to_str().unwrap(),
+            "--cache-dir",
+            cache.to_str().unwrap(),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill it as soon as it has started writing its staging directory.
+    let tmp = cache.join("tmp");
+    let started = std::time::Instant::now();
+    let mut seen = false;
+    while started.elapsed() < std::time::Duration::from_secs(60) {
+        if std::fs::read_dir(&tmp)
+            .map(|r| r.count() > 0)
+            .unwrap_or(false)
+        {
+            seen = true;
+            break;
+        }
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    child.kill().ok();
+    child.wait().unwrap();
+    assert!(seen, "the build never staged anything");
+    let out = trtcache(["ls", "--cache-dir", cache.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read_dir(&tmp).unwrap().count(),
+        0,
+        "temp leftovers remain"
+    );
+    // Whatever survived is consistent: every blob is named by a ready record.
+    let ls = json(&out);
+    let named: Vec<String> = ls
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["artifact"]["digest"].as_str().map(String::from))
+        .collect();
+    for e in std::fs::read_dir(cache.join("blobs")).unwrap() {
+        let name = e.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(
+            named.contains(&name),
+            "orphan blob {name} survived the open"
+        );
+    }
+    // And the build completes now.
+    let (v, out) = build_json(&m, &cache, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(v["servable"], true);
+}
