@@ -62,6 +62,7 @@ pub struct RmArgs {
     pub key: String,
     #[command(flatten)]
     pub cache: CacheArgs,
+    /// Print one JSON object instead of the human report.
     #[arg(long)]
     pub json: bool,
 }
@@ -77,6 +78,7 @@ pub struct GcArgs {
     pub dry_run: bool,
     #[command(flatten)]
     pub cache: CacheArgs,
+    /// Print one JSON object instead of the human report.
     #[arg(long)]
     pub json: bool,
 }
@@ -85,6 +87,7 @@ pub struct GcArgs {
 pub struct VerifyArgs {
     #[command(flatten)]
     pub cache: CacheArgs,
+    /// Print one JSON object instead of the human report.
     #[arg(long)]
     pub json: bool,
 }
