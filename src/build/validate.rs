@@ -326,6 +326,11 @@ fn run(
     Ok(res)
 }
 
+/// Stands for an unbounded error (NaN against a number, zero reference, shape mismatch).
+/// JSON has no infinity (serde_json writes `null`, which would not read back into the
+/// record), so the largest finite value is used.
+pub const UNBOUNDED: f64 = f64::MAX;
+
 /// Compares two flattened outputs.
 pub fn compare(name: &str, reference: &[f64], got: &[f64], tol: Tolerance) -> OutputError {
     let mut e = OutputError {
@@ -338,8 +343,8 @@ pub fn compare(name: &str, reference: &[f64], got: &[f64], tol: Tolerance) -> Ou
     };
     if reference.len() != got.len() {
         e.mismatched = reference.len().max(got.len());
-        e.max_abs = f64::INFINITY;
-        e.max_rel = f64::INFINITY;
+        e.max_abs = UNBOUNDED;
+        e.max_rel = UNBOUNDED;
         e.passed = false;
         return e;
     }
@@ -347,13 +352,17 @@ pub fn compare(name: &str, reference: &[f64], got: &[f64], tol: Tolerance) -> Ou
         if r.is_nan() && g.is_nan() || r == g {
             continue;
         }
+        if !r.is_finite() || !g.is_finite() {
+            // NaN or infinity on one side only (or infinities of opposite sign).
+            e.max_abs = UNBOUNDED;
+            e.max_rel = UNBOUNDED;
+            e.mismatched += 1;
+            continue;
+        }
         let d = (r - g).abs();
-        let rel = if r != 0.0 { d / r.abs() } else { f64::INFINITY };
-        let d = if d.is_nan() { f64::INFINITY } else { d };
+        let rel = if r != 0.0 { d / r.abs() } else { UNBOUNDED };
         e.max_abs = e.max_abs.max(d);
-        e.max_rel = e
-            .max_rel
-            .max(if rel.is_nan() { f64::INFINITY } else { rel });
+        e.max_rel = e.max_rel.max(rel);
         if !(d <= tol.abs || d <= tol.rel * r.abs()) {
             e.mismatched += 1;
         }
@@ -393,8 +402,8 @@ pub fn validate(
             Some(_) | None => OutputError {
                 name: name.clone(),
                 elements: data.len(),
-                max_abs: f64::INFINITY,
-                max_rel: f64::INFINITY,
+                max_abs: UNBOUNDED,
+                max_rel: UNBOUNDED,
                 mismatched: data.len(),
                 passed: false,
             },
@@ -434,6 +443,30 @@ mod tests {
         assert!(e.passed);
         let e = compare("y", &[1.0], &[f64::NAN], tol);
         assert!(!e.passed);
+        let e = compare("y", &[f64::INFINITY], &[1.0], tol);
+        assert!(!e.passed);
+        let e = compare("y", &[f64::INFINITY], &[f64::INFINITY], tol);
+        assert!(e.passed);
+    }
+
+    #[test]
+    fn unbounded_errors_survive_a_json_round_trip() {
+        let tol = Tolerance::for_precision(Precision::Fp32);
+        // Zero reference, NaN and infinity against numbers.
+        let e = compare("y", &[0.0, 1.0, 2.0], &[0.5, f64::NAN, f64::INFINITY], tol);
+        assert_eq!(e.mismatched, 3);
+        assert_eq!(e.max_rel, UNBOUNDED);
+        assert_eq!(e.max_abs, UNBOUNDED);
+        let v = Validation {
+            passed: false,
+            tolerance: tol,
+            seed: 1,
+            golden: None,
+            shapes: BTreeMap::new(),
+            outputs: vec![e, compare("z", &[1.0], &[1.0, 2.0], tol)],
+        };
+        let back: Validation = serde_json::from_slice(&serde_json::to_vec(&v).unwrap()).unwrap();
+        assert_eq!(back, v);
     }
 
     #[test]
