@@ -206,6 +206,13 @@ pub fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let precision = a.precision;
+    for (flag, v) in [("--atol", a.atol), ("--rtol", a.rtol)] {
+        if let Some(v) = v {
+            if !v.is_finite() || v < 0.0 {
+                bail!("{flag}: {v} is not a finite, non-negative tolerance");
+            }
+        }
+    }
     let tolerance = match (a.atol, a.rtol) {
         (None, None) => None,
         (abs, rel) => {
