@@ -5,6 +5,8 @@
 //! `key` derives content keys; `build` runs backends; `cache` stores artifacts; `daemon`
 //! serves them. [`cli`] is the command-line surface over all of it.
 
+pub mod build;
+pub mod cache;
 pub mod cli;
 pub mod device;
 pub mod fixtures;

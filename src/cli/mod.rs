@@ -1,6 +1,8 @@
 //! The command-line surface: clap definitions and one function per subcommand. Library
 //! errors get their context here (`anyhow`), naming the path, model or key involved.
 
+mod build;
+mod cache;
 mod inspect;
 pub mod key;
 pub mod output;
@@ -42,6 +44,16 @@ pub enum Command {
     /// a driver or GPU the CPU SKU is used (model and the ISA flags that change kernels), and
     /// the report says why no GPU was found.
     Sku(sku::SkuArgs),
+    /// Build (or find in the cache) a validated artifact for a model and backend.
+    Build(Box<build::BuildArgs>),
+    /// List cache entries: key, state, backend, size, hits, last use, model.
+    Ls(cache::LsArgs),
+    /// Remove one cache entry (and its files when no other entry shares them).
+    Rm(cache::RmArgs),
+    /// Evict least-recently-used entries to a size limit; drop quarantined ones.
+    Gc(cache::GcArgs),
+    /// Re-hash every stored artifact; quarantine the ones whose files changed.
+    Verify(cache::VerifyArgs),
 }
 
 /// Installs the tracing subscriber (stderr). ort reports provider fallbacks only through
@@ -68,5 +80,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Inspect(a) => inspect::run(a),
         Command::Key(a) => key::run(*a),
         Command::Sku(a) => sku::run(a),
+        Command::Build(a) => build::run(*a),
+        Command::Ls(a) => cache::ls(a),
+        Command::Rm(a) => cache::rm(a),
+        Command::Gc(a) => cache::gc(a),
+        Command::Verify(a) => cache::verify(a),
     }
 }

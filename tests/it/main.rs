@@ -3,5 +3,6 @@
 //! environment (`scripts/setup-python.sh`) as the reference implementation.
 
 mod keys;
+mod build;
 mod onnx_load;
 mod support;

@@ -1,0 +1,222 @@
+//! Stage 5: building artifacts. A [`Backend`] turns a model file into an [`Artifact`] (one or
+//! more files in a staging directory) and opens sessions on artifacts the way they will be
+//! served; [`validate`] compares an artifact against the original model; [`pipeline`] ties
+//! key, store, build and validation together with single-flight per key.
+//!
+//! Enters: a model path, a backend name and [`BuildOptions`]. Leaves: a validated record in
+//! the store, or a typed [`BuildError`]. ONNX Runtime comes from [`runtime`]; GPU providers
+//! are registered with `error_on_failure`, never ort's silent CPU fallback.
+
+pub mod cpu;
+pub mod golden;
+pub mod gpu;
+pub mod keyparts;
+pub mod pipeline;
+pub mod runtime;
+pub mod validate;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use ort::session::Session;
+
+pub use crate::cache::Artifact;
+use crate::key::BackendId;
+use crate::plan::{Precision, ShapeProfile};
+pub use pipeline::{BuildOutcome, BuildRequest, Builder, Source};
+pub use runtime::{Runtime, RuntimeError};
+
+/// Errors of building, opening and validating artifacts.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error("unknown backend `{0}` (known: ort-cpu, ort-cuda, ort-tensorrt)")]
+    UnknownBackend(String),
+    #[error("{provider} execution provider is not available: {message}\nfix: {fix}")]
+    ProviderMissing {
+        provider: &'static str,
+        message: String,
+        fix: &'static str,
+    },
+    #[error("{}: {stage}: {message}", path.display())]
+    Ort {
+        stage: &'static str,
+        path: PathBuf,
+        message: String,
+    },
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {message}", path.display())]
+    Model { path: PathBuf, message: String },
+    #[error("validation: {0}")]
+    Validation(String),
+    #[error(transparent)]
+    Store(#[from] crate::cache::StoreError),
+    #[error("another build of key {key} failed: {message}")]
+    Joined { key: String, message: String },
+}
+
+impl BuildError {
+    pub(crate) fn ort(stage: &'static str, path: &Path, e: impl std::fmt::Display) -> Self {
+        BuildError::Ort {
+            stage,
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// ONNX Runtime graph optimization level used by the `ort-cpu` offline optimization.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptLevel {
+    /// Level 1: constant folding, redundant-node removal.
+    Basic,
+    /// Level 2 (ORT_ENABLE_EXTENDED): fusions; portable across machines with the same ISA.
+    Extended,
+    /// Level 3 / All: adds layout transforms (NCHWc) tied to this machine's vector ISA.
+    /// The default for `ort-cpu`: the key holds the CPU SKU (model + ISA flags) and the ONNX
+    /// Runtime version, so an artifact is only ever served where ORT's "same environment"
+    /// condition holds.
+    #[default]
+    All,
+}
+
+impl OptLevel {
+    pub fn name(self) -> &'static str {
+        match self {
+            OptLevel::Basic => "basic",
+            OptLevel::Extended => "extended",
+            OptLevel::All => "all",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "basic" | "1" => Some(OptLevel::Basic),
+            "extended" | "2" => Some(OptLevel::Extended),
+            "all" | "3" | "99" => Some(OptLevel::All),
+            _ => None,
+        }
+    }
+
+    /// `ort-cuda` stays at or below Extended: ONNX Runtime's layout transforms at All are CPU
+    /// ones and its docs advise Extended for offline models of non-CPU providers.
+    pub fn for_cuda(self) -> Self {
+        match self {
+            OptLevel::All => OptLevel::Extended,
+            l => l,
+        }
+    }
+
+    pub fn ort(self) -> ort::session::builder::GraphOptimizationLevel {
+        use ort::session::builder::GraphOptimizationLevel as G;
+        match self {
+            OptLevel::Basic => G::Level1,
+            OptLevel::Extended => G::Level2,
+            OptLevel::All => G::All,
+        }
+    }
+}
+
+/// Every option that changes an artifact (all of them go into the key), plus runtime-only
+/// knobs that do not (threads).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BuildOptions {
+    pub precision: Precision,
+    pub profile: Option<ShapeProfile>,
+    /// `ort-cpu`/`ort-cuda` offline optimization level.
+    pub opt_level: OptLevel,
+    /// Save prepacked constant initializers next to the optimized model (`ort-cpu`).
+    pub prepack: bool,
+    /// TensorRT builder optimization level, 0–5 (TensorRT's default is 3).
+    pub trt_builder_level: u8,
+    /// GPU ordinal for the GPU backends.
+    pub device_id: i32,
+    /// ONNX Runtime intra-op threads for builds and validation (0 = ORT's default); not part
+    /// of the key.
+    pub threads: usize,
+}
+
+impl Default for BuildOptions {
+    fn default() -> Self {
+        Self {
+            precision: Precision::Fp32,
+            profile: None,
+            opt_level: OptLevel::All,
+            prepack: true,
+            trt_builder_level: 3,
+            device_id: 0,
+            threads: 0,
+        }
+    }
+}
+
+impl BuildOptions {
+    /// The options that go into the key for `backend`, as canonical strings.
+    pub fn key_options(&self, backend: &str) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        match backend {
+            "ort-cpu" => {
+                m.insert("opt_level".into(), self.opt_level.name().into());
+                m.insert("prepack".into(), self.prepack.to_string());
+            }
+            "ort-cuda" => {
+                m.insert("opt_level".into(), self.opt_level.for_cuda().name().into());
+                m.insert("device_id".into(), self.device_id.to_string());
+            }
+            "ort-tensorrt" => {
+                m.insert(
+                    "trt_builder_optimization_level".into(),
+                    self.trt_builder_level.to_string(),
+                );
+                m.insert("device_id".into(), self.device_id.to_string());
+                m.insert("trt_ep_context_embed_mode".into(), "1".into());
+            }
+            _ => {}
+        }
+        m
+    }
+}
+
+/// A way of building and serving artifacts.
+pub trait Backend: Send + Sync {
+    /// `ort-cpu`, `ort-cuda`, `ort-tensorrt`.
+    fn name(&self) -> &'static str;
+    /// The backend and the library versions that go into the key.
+    fn id(&self, rt: &Runtime) -> BackendId;
+    /// Fails with the precise reason when the backend cannot run on this machine.
+    fn check(&self, rt: &Runtime) -> Result<(), BuildError>;
+    /// Builds the artifact for `model` into `out` (an empty staging directory).
+    fn build(
+        &self,
+        rt: &Runtime,
+        model: &Path,
+        opts: &BuildOptions,
+        out: &Path,
+    ) -> Result<Artifact, BuildError>;
+    /// Opens a session on an artifact's graph file the way consumers will.
+    fn open(&self, rt: &Runtime, entry: &Path, opts: &BuildOptions) -> Result<Session, BuildError>;
+}
+
+/// The backend called `name`.
+pub fn backend(name: &str) -> Result<Box<dyn Backend>, BuildError> {
+    match name {
+        "ort-cpu" => Ok(Box::new(cpu::OrtCpu)),
+        "ort-cuda" => Ok(Box::new(gpu::OrtCuda)),
+        "ort-tensorrt" => Ok(Box::new(gpu::OrtTensorRt)),
+        other => Err(BuildError::UnknownBackend(other.into())),
+    }
+}
+
+/// The backends this build knows.
+pub const BACKENDS: &[&str] = &["ort-cpu", "ort-cuda", "ort-tensorrt"];
+
+fn versions(rt: &Runtime) -> BTreeMap<String, String> {
+    BTreeMap::from([("onnxruntime".to_string(), rt.version.clone())])
+}

@@ -1,0 +1,353 @@
+//! The build pipeline: key → store lookup → build → validate → store, with single-flight per
+//! key (two callers asking for the same key in one process build it once; the second waits
+//! and gets the first one's result).
+//!
+//! Enters: a [`BuildRequest`]. Leaves: a [`BuildOutcome`] with the stored record and, when it
+//! is servable, the artifact's paths. Progress goes to a caller-supplied callback.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+use super::validate::{validate, ValidationConfig};
+use super::{backend, keyparts, runtime, Artifact, BuildError, BuildOptions};
+use crate::cache::{now_secs, Lookup, Record, Served, Status, Store, RECORD_FORMAT};
+use crate::key::{CacheKey, KeyParts, KEY_FORMAT};
+use crate::onnx::Model;
+
+/// What to build.
+#[derive(Clone, Debug)]
+pub struct BuildRequest {
+    pub model: PathBuf,
+    pub backend: String,
+    pub options: BuildOptions,
+    pub validation: ValidationConfig,
+    /// Rebuild even when a record exists (a failed one, or to refresh).
+    pub force: bool,
+}
+
+impl BuildRequest {
+    pub fn new(model: impl Into<PathBuf>, backend: &str) -> Self {
+        Self {
+            model: model.into(),
+            backend: backend.into(),
+            options: BuildOptions::default(),
+            validation: ValidationConfig::default(),
+            force: false,
+        }
+    }
+}
+
+/// Where the outcome came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// Built by this call.
+    Built,
+    /// Found in the store.
+    Cached,
+    /// Built by a concurrent call for the same key in this process.
+    Joined,
+}
+
+/// The result of [`Builder::build`].
+#[derive(Clone, Debug)]
+pub struct BuildOutcome {
+    pub key: CacheKey,
+    pub source: Source,
+    pub record: Record,
+    /// Set when the record is servable.
+    pub served: Option<Served>,
+    /// Why it is not servable, when it is not.
+    pub unservable: Option<String>,
+}
+
+/// Called between steps with a short description (for progress output).
+pub type Progress<'a> = &'a (dyn Fn(&str) + Sync);
+
+/// A hook run on the staged artifact before validation (tests use it to prove that a wrong
+/// artifact is caught).
+pub type ArtifactHook = Arc<dyn Fn(&Artifact) + Send + Sync>;
+
+type FlightResult = Result<BuildOutcome, String>;
+
+#[derive(Default)]
+struct Flight {
+    done: Mutex<Option<FlightResult>>,
+    cv: Condvar,
+}
+
+/// Builds artifacts into a store.
+pub struct Builder {
+    store: Arc<dyn Store>,
+    ort_library: Option<PathBuf>,
+    flights: Mutex<HashMap<CacheKey, Arc<Flight>>>,
+    hook: Option<ArtifactHook>,
+}
+
+impl std::fmt::Debug for Builder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Builder")
+            .field("ort_library", &self.ort_library)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Builder {
+    pub fn new(store: Arc<dyn Store>, ort_library: Option<PathBuf>) -> Self {
+        Self {
+            store,
+            ort_library,
+            flights: Mutex::new(HashMap::new()),
+            hook: None,
+        }
+    }
+
+    /// Runs `hook` on every staged artifact before it is validated.
+    pub fn with_artifact_hook(mut self, hook: ArtifactHook) -> Self {
+        self.hook = Some(hook);
+        self
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The key parts of a request (loads ONNX Runtime for the backend's versions).
+    pub fn key_parts(&self, req: &BuildRequest) -> Result<KeyParts, BuildError> {
+        let rt = runtime::load(self.ort_library.as_deref())?;
+        let backend = backend(&req.backend)?;
+        let model = Model::load(&req.model).map_err(|e| BuildError::Model {
+            path: req.model.clone(),
+            message: e.to_string(),
+        })?;
+        Ok(KeyParts {
+            format: KEY_FORMAT,
+            model: keyparts::model_digest(&model, self.store.as_ref())?,
+            opsets: keyparts::opsets(&model),
+            profile: req.options.profile.clone(),
+            sku: keyparts::sku(),
+            backend: backend.id(rt),
+            precision: req.options.precision,
+            options: req.options.key_options(&req.backend),
+        })
+    }
+
+    /// Returns the cached artifact for the request, or builds, validates and stores it.
+    pub fn build(
+        &self,
+        req: &BuildRequest,
+        progress: Progress,
+    ) -> Result<BuildOutcome, BuildError> {
+        progress("hashing model");
+        let parts = self.key_parts(req)?;
+        let key = parts.key();
+        if !req.force {
+            if let Some(o) = self.cached(key)? {
+                return Ok(o);
+            }
+        }
+        // Single flight: the first caller for a key builds; the others wait for its result.
+        let (flight, leader) = {
+            let mut map = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+            match map.get(&key) {
+                Some(f) => (f.clone(), false),
+                None => {
+                    let f = Arc::new(Flight::default());
+                    map.insert(key, f.clone());
+                    (f, true)
+                }
+            }
+        };
+        if !leader {
+            progress("waiting for a concurrent build of the same key");
+            let mut done = flight.done.lock().unwrap_or_else(|p| p.into_inner());
+            while done.is_none() {
+                done = flight.cv.wait(done).unwrap_or_else(|p| p.into_inner());
+            }
+            return match done.as_ref() {
+                Some(Ok(o)) => Ok(BuildOutcome {
+                    source: Source::Joined,
+                    ..o.clone()
+                }),
+                Some(Err(m)) => Err(BuildError::Joined {
+                    key: key.hex(),
+                    message: m.clone(),
+                }),
+                None => unreachable!("loop exits only when set"),
+            };
+        }
+        // Waiters must be released even if this build panics.
+        let mut guard = FlightGuard {
+            builder: self,
+            key,
+            flight: &flight,
+            result: None,
+        };
+        // A build may have finished between our lookup and taking the lead.
+        let result = match (req.force, self.cached(key)) {
+            (false, Ok(Some(o))) => Ok(o),
+            (_, Err(e)) => Err(e),
+            _ => self.build_now(req, parts, key, progress),
+        };
+        guard.result = Some(
+            result
+                .as_ref()
+                .map(|o| o.clone())
+                .map_err(|e| format!("{e:#}")),
+        );
+        drop(guard);
+        result
+    }
+
+    fn cached(&self, key: CacheKey) -> Result<Option<BuildOutcome>, BuildError> {
+        Ok(match self.store.lookup(&key)? {
+            Lookup::Hit { record, served } => Some(BuildOutcome {
+                key,
+                source: Source::Cached,
+                record,
+                served: Some(served),
+                unservable: None,
+            }),
+            // A failed validation is an answer too: do not rebuild it unless forced.
+            Lookup::Unservable { record, why }
+                if matches!(record.status, Status::Failed { .. }) =>
+            {
+                Some(BuildOutcome {
+                    key,
+                    source: Source::Cached,
+                    record,
+                    served: None,
+                    unservable: Some(why),
+                })
+            }
+            Lookup::Unservable { .. } | Lookup::Miss => None,
+        })
+    }
+
+    #[tracing::instrument(skip_all, fields(model = %req.model.display(), backend = %req.backend, key = %key))]
+    fn build_now(
+        &self,
+        req: &BuildRequest,
+        parts: crate::key::KeyParts,
+        key: CacheKey,
+        progress: Progress,
+    ) -> Result<BuildOutcome, BuildError> {
+        let rt = runtime::load(self.ort_library.as_deref())?;
+        let backend = backend(&req.backend)?;
+        backend.check(rt)?;
+        let staging = self.store.staging_dir()?;
+        let started = Instant::now();
+        progress(&format!("building with {}", backend.name()));
+        let artifact = backend.build(rt, &req.model, &req.options, staging.path())?;
+        if let Some(hook) = &self.hook {
+            hook(&artifact);
+        }
+        let build_ms = started.elapsed().as_millis() as u64;
+        progress("validating against the original model (ORT CPU, optimizations off)");
+        let entry = artifact.dir.join(&artifact.entry);
+        let validation = {
+            let mut session = backend.open(rt, &entry, &req.options)?;
+            validate(
+                rt,
+                &req.model,
+                &mut session,
+                req.options.profile.as_ref(),
+                req.options.precision,
+                &req.validation,
+                req.options.threads,
+            )?
+        };
+        let now = now_secs();
+        let mut record = Record {
+            format: RECORD_FORMAT,
+            key,
+            parts,
+            status: Status::Ready,
+            artifact: None,
+            backend: backend.name().into(),
+            providers: None,
+            model_path: display_path(&req.model),
+            build_ms,
+            validation: Some(validation.clone()),
+            created: now,
+            last_used: now,
+            hits: 0,
+        };
+        progress("storing");
+        let stored = if validation.passed {
+            self.store.put(record, Some(&artifact))?
+        } else {
+            let worst = validation
+                .outputs
+                .iter()
+                .filter(|o| !o.passed)
+                .map(|o| {
+                    format!(
+                        "{} max abs {:.3e} max rel {:.3e}",
+                        o.name, o.max_abs, o.max_rel
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            record.status = Status::Failed {
+                reason: format!(
+                    "validation over tolerance (abs {:e}, rel {:e}): {worst}",
+                    validation.tolerance.abs, validation.tolerance.rel
+                ),
+            };
+            self.store.put(record, None)?
+        };
+        drop(staging);
+        let (served, unservable) = match self.store.peek(&key)? {
+            Lookup::Hit { served, .. } => (Some(served), None),
+            Lookup::Unservable { why, .. } => (None, Some(why)),
+            Lookup::Miss => (
+                None,
+                Some("evicted right after the build (cache size limit)".into()),
+            ),
+        };
+        Ok(BuildOutcome {
+            key,
+            source: Source::Built,
+            record: stored,
+            served,
+            unservable,
+        })
+    }
+}
+
+/// Publishes the leader's result (or a panic) to the waiters and ends the flight.
+struct FlightGuard<'a> {
+    builder: &'a Builder,
+    key: CacheKey,
+    flight: &'a Flight,
+    result: Option<FlightResult>,
+}
+
+impl Drop for FlightGuard<'_> {
+    fn drop(&mut self) {
+        let result = self
+            .result
+            .take()
+            .unwrap_or_else(|| Err("the build panicked".into()));
+        {
+            let mut done = self.flight.done.lock().unwrap_or_else(|p| p.into_inner());
+            *done = Some(result);
+            self.flight.cv.notify_all();
+        }
+        self.builder
+            .flights
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.key);
+    }
+}
+
+fn display_path(p: &Path) -> String {
+    std::fs::canonicalize(p)
+        .unwrap_or_else(|_| p.to_path_buf())
+        .display()
+        .to_string()
+}

@@ -1,0 +1,310 @@
+//! Finding and loading ONNX Runtime at run time (ort `load-dynamic`), once per process.
+//!
+//! Enters: an optional configured library path (`ort_library`). Leaves: a process-wide
+//! [`Runtime`] (the ort `Environment`, the library path and its version) or one
+//! [`RuntimeError`] that lists every place looked at and how to fix it. The library is always
+//! loaded through `ort::init_from`, never through ort's implicit `ORT_DYLIB_PATH` path, which
+//! panics when the library is missing.
+//!
+//! Search order: the configured path, `ORT_DYLIB_PATH` (either, when set, is authoritative:
+//! a wrong one is an error), then an `onnxruntime` Python package:
+//! the checkout's `.venv`, `$VIRTUAL_ENV`, then whatever `python3` imports
+//! (`onnxruntime/capi/libonnxruntime.so.*`).
+//!
+//! Supported range: ONNX Runtime >= 1.20 (ort is compiled with `api-20`); tested with 1.31.1.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+/// Oldest ONNX Runtime minor version (1.x) this build can drive; matches ort's `api-20`.
+pub const MIN_MINOR: u32 = 20;
+
+/// Why ONNX Runtime could not be loaded.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("ONNX Runtime not found; looked for libonnxruntime in:\n{}\nfix: `pip install onnxruntime` (>= 1.{MIN_MINOR}) in the project's .venv (scripts/setup-python.sh), or set ORT_DYLIB_PATH / the `ort_library` setting to libonnxruntime.so", .looked.iter().map(|l| format!("  - {l}")).collect::<Vec<_>>().join("\n"))]
+    NotFound { looked: Vec<String> },
+    #[error("{path}: cannot load ONNX Runtime: {why}\nfix: point ORT_DYLIB_PATH / `ort_library` at a working libonnxruntime.so (>= 1.{MIN_MINOR})")]
+    Load { path: PathBuf, why: String },
+    #[error("{path}: ONNX Runtime {version} is too old: trtcache needs >= 1.{MIN_MINOR}\nfix: `pip install -U onnxruntime` (or onnxruntime-gpu) and point ORT_DYLIB_PATH / `ort_library` at the new libonnxruntime.so")]
+    TooOld { path: PathBuf, version: String },
+    #[error("ONNX Runtime environment: {0}")]
+    Environment(String),
+}
+
+/// The loaded ONNX Runtime: one per process.
+pub struct Runtime {
+    /// The ort environment every session is built from.
+    pub env: ort::environment::Environment,
+    /// The library that was loaded.
+    pub path: PathBuf,
+    /// Its version, e.g. `1.31.1`.
+    pub version: String,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("path", &self.path)
+            .field("version", &self.version)
+            .finish()
+    }
+}
+
+static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+static INIT: Mutex<()> = Mutex::new(());
+
+/// Loads ONNX Runtime (first call) or returns the already loaded one. `configured` is the
+/// `ort_library` setting; later calls ignore it (one library per process).
+pub fn load(configured: Option<&Path>) -> Result<&'static Runtime, RuntimeError> {
+    if let Some(rt) = RUNTIME.get() {
+        return Ok(rt);
+    }
+    let _guard = INIT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(rt) = RUNTIME.get() {
+        return Ok(rt);
+    }
+    let path = find(configured)?;
+    let version = probe_version(&path)?;
+    let minor = version
+        .split('.')
+        .nth(1)
+        .and_then(|m| m.parse::<u32>().ok())
+        .unwrap_or(0);
+    if !version.starts_with("1.") || minor < MIN_MINOR {
+        return Err(RuntimeError::TooOld { path, version });
+    }
+    let builder = ort::init_from(&path).map_err(|e| RuntimeError::Load {
+        path: path.clone(),
+        why: e.to_string(),
+    })?;
+    let env = builder
+        .with_name("trtcache")
+        .build()
+        .map_err(|e| RuntimeError::Environment(e.to_string()))?;
+    // ort registers its tracing logger at VERBOSE, so ONNX Runtime formats every verbose
+    // message (several per node per optimizer pass) only for tracing to drop it; on a
+    // 20,000-node graph that costs a third of session creation. Ask ORT only for what the
+    // installed subscriber will show (warnings and errors carry provider fallbacks).
+    use ort::logging::LogLevel;
+    env.set_log_level(if tracing::enabled!(tracing::Level::TRACE) {
+        LogLevel::Verbose
+    } else if tracing::enabled!(tracing::Level::DEBUG) {
+        LogLevel::Info
+    } else {
+        LogLevel::Warning
+    });
+    tracing::info!(path = %path.display(), %version, "loaded ONNX Runtime");
+    Ok(RUNTIME.get_or_init(|| Runtime { env, path, version }))
+}
+
+/// Returns the runtime if it is loaded already.
+pub fn loaded() -> Option<&'static Runtime> {
+    RUNTIME.get()
+}
+
+/// Finds the library without loading it, in the documented order.
+pub fn find(configured: Option<&Path>) -> Result<PathBuf, RuntimeError> {
+    // An explicit setting is authoritative: a wrong one is an error, not a reason to load
+    // some other library silently.
+    if let Some(p) = configured {
+        if p.is_file() {
+            return Ok(p.to_path_buf());
+        }
+        return Err(RuntimeError::NotFound {
+            looked: vec![format!(
+                "config ort_library = {} (no such file)",
+                p.display()
+            )],
+        });
+    }
+    let mut looked = vec!["config ort_library (not set)".to_string()];
+    match std::env::var_os("ORT_DYLIB_PATH") {
+        Some(v) if !v.is_empty() => {
+            let p = PathBuf::from(v);
+            if p.is_file() {
+                return Ok(p);
+            }
+            looked.push(format!("ORT_DYLIB_PATH = {} (no such file)", p.display()));
+            return Err(RuntimeError::NotFound { looked });
+        }
+        _ => looked.push("ORT_DYLIB_PATH (not set)".into()),
+    }
+    let mut venvs: Vec<PathBuf> = Vec::new();
+    for root in checkout_roots() {
+        venvs.push(root.join(".venv"));
+    }
+    if let Some(v) = std::env::var_os("VIRTUAL_ENV") {
+        venvs.push(PathBuf::from(v));
+    } else {
+        looked.push("$VIRTUAL_ENV (not set)".into());
+    }
+    for venv in venvs {
+        match in_venv(&venv) {
+            Some(p) => return Ok(p),
+            None => looked.push(format!(
+                "{}/lib/python3*/site-packages/onnxruntime/capi/ (no libonnxruntime.so.*)",
+                venv.display()
+            )),
+        }
+    }
+    let python = std::env::var_os("TRTCACHE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("python3"));
+    match from_python(&python) {
+        Ok(p) => return Ok(p),
+        Err(why) => looked.push(format!(
+            "`{} -c 'import onnxruntime'` ({why})",
+            python.display()
+        )),
+    }
+    Err(RuntimeError::NotFound { looked })
+}
+
+/// Repository checkouts above the working directory and above the executable.
+fn checkout_roots() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut starts = Vec::new();
+    if let Ok(cwd) = std::env::current_dir() {
+        starts.push(cwd);
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        starts.push(exe);
+    }
+    for s in starts {
+        for dir in s.ancestors() {
+            if dir.join("Cargo.toml").is_file() && !out.iter().any(|o: &PathBuf| o == dir) {
+                out.push(dir.to_path_buf());
+                break;
+            }
+        }
+    }
+    out
+}
+
+fn newest_lib(capi: &Path) -> Option<PathBuf> {
+    let mut libs: Vec<PathBuf> = std::fs::read_dir(capi)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libonnxruntime.so."))
+        })
+        .collect();
+    libs.sort();
+    libs.pop()
+}
+
+fn in_venv(venv: &Path) -> Option<PathBuf> {
+    let lib = venv.join("lib");
+    let mut pys: Vec<PathBuf> = std::fs::read_dir(&lib)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("python3"))
+        })
+        .collect();
+    pys.sort();
+    pys.into_iter()
+        .rev()
+        .find_map(|py| newest_lib(&py.join("site-packages/onnxruntime/capi")))
+}
+
+fn from_python(python: &Path) -> Result<PathBuf, String> {
+    let out = std::process::Command::new(python)
+        .args([
+            "-c",
+            "import onnxruntime, os; print(os.path.dirname(onnxruntime.__file__))",
+        ])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run: {e}"))?;
+    if !out.status.success() {
+        return Err("no onnxruntime package".into());
+    }
+    let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    newest_lib(&dir.join("capi"))
+        .ok_or_else(|| format!("no libonnxruntime.so.* in {}/capi", dir.display()))
+}
+
+/// Reads the library's version (`OrtGetApiBase()->GetVersionString()`) without touching
+/// ort's global state, so a too-old library gives our error instead of ort's.
+fn probe_version(path: &Path) -> Result<String, RuntimeError> {
+    use std::ffi::{CStr, CString};
+    use std::os::unix::ffi::OsStrExt;
+    let load_err = |why: String| RuntimeError::Load {
+        path: path.to_path_buf(),
+        why,
+    };
+    let cpath = CString::new(path.as_os_str().as_bytes()).map_err(|e| load_err(e.to_string()))?;
+    // SAFETY: dlopen/dlsym with valid C strings; the handle is kept open (ort loads the same
+    // library next and the process keeps it for its lifetime), the symbol is ORT's C entry
+    // point with the documented signature.
+    unsafe {
+        let handle = libc::dlopen(cpath.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+        if handle.is_null() {
+            let err = libc::dlerror();
+            let why = if err.is_null() {
+                "dlopen failed".to_string()
+            } else {
+                CStr::from_ptr(err).to_string_lossy().into_owned()
+            };
+            return Err(load_err(why));
+        }
+        let sym = libc::dlsym(handle, c"OrtGetApiBase".as_ptr());
+        if sym.is_null() {
+            return Err(load_err(
+                "does not export OrtGetApiBase: not an ONNX Runtime library".into(),
+            ));
+        }
+        let get_base: unsafe extern "C" fn() -> *const ort::sys::OrtApiBase =
+            std::mem::transmute(sym);
+        let base = get_base();
+        if base.is_null() {
+            return Err(load_err("OrtGetApiBase returned null".into()));
+        }
+        let v = ((*base).GetVersionString)();
+        if v.is_null() {
+            return Err(load_err("GetVersionString returned null".into()));
+        }
+        Ok(CStr::from_ptr(v).to_string_lossy().into_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_configured_library_is_listed() {
+        match find(Some(Path::new("/nonexistent/libonnxruntime.so"))) {
+            Err(RuntimeError::NotFound { looked }) => {
+                assert!(looked[0].contains("/nonexistent/libonnxruntime.so"))
+            }
+            other => panic!("expected NotFound, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn not_a_library_is_a_load_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("libonnxruntime.so.1.99.0");
+        std::fs::write(&p, b"not an ELF file").unwrap();
+        let e = probe_version(&p).unwrap_err();
+        assert!(matches!(e, RuntimeError::Load { .. }), "{e}");
+    }
+
+    #[test]
+    fn error_lists_fix() {
+        let e = RuntimeError::NotFound {
+            looked: vec!["ORT_DYLIB_PATH (not set)".into()],
+        };
+        let s = e.to_string();
+        assert!(s.contains("ORT_DYLIB_PATH (not set)") && s.contains("pip install onnxruntime"));
+    }
+}

@@ -1,0 +1,629 @@
+//! The local store: a sled index (`trt_engine_cache`: key → [`Record`] JSON; `model_digests`:
+//! file identity → digest) plus content-addressed artifact directories under `blobs/`.
+//!
+//! Layout of a cache dir: `lock` (owner pid, flock), `db/` (sled), `blobs/<digest>/<files>`,
+//! `tmp/` (staging and commits in progress), `quarantine/` (what `verify` moved aside).
+//! Writes go to `tmp/`, are fsynced, renamed into `blobs/`, then indexed, so a crash leaves at
+//! worst leftovers that the next [`SledStore::open`] removes: temp files, records whose blob
+//! is gone, blobs no record names ([`maintain`] holds reconcile, verify and gc).
+
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use super::lock::DirLock;
+use super::record::{Artifact, ArtifactFile, Record, Status, StoredArtifact, RECORD_FORMAT};
+use super::{now_secs, GcReport, Lookup, Served, Store, StoreError, VerifyReport};
+use crate::key::{hex, CacheKey, ModelDigest};
+
+mod maintain;
+
+const RECORDS_TREE: &str = "trt_engine_cache";
+const DIGESTS_TREE: &str = "model_digests";
+
+/// Store settings.
+#[derive(Clone, Debug, Default)]
+pub struct StoreOptions {
+    /// Evict least-recently-used artifacts after each put to stay under this many bytes.
+    pub max_bytes: Option<u64>,
+}
+
+/// What [`SledStore::open`] cleaned up.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct OpenReport {
+    /// Staging/commit leftovers removed from `tmp/`.
+    pub temp_removed: usize,
+    /// Records dropped because their artifact files were missing.
+    pub records_dropped: Vec<String>,
+    /// Blob directories no record named, deleted.
+    pub orphans_removed: Vec<String>,
+}
+
+/// The sled-backed store; one per cache directory and process (see [`DirLock`]).
+#[derive(Debug)]
+pub struct SledStore {
+    root: PathBuf,
+    db: sled::Db,
+    records: sled::Tree,
+    digests: sled::Tree,
+    opts: StoreOptions,
+    report: OpenReport,
+    _lock: DirLock,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// SHA-256 (hex) and size of a file.
+pub fn hash_file(path: &Path) -> std::io::Result<(String, u64)> {
+    let mut f = File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut n = 0u64;
+    loop {
+        let r = f.read(&mut buf)?;
+        if r == 0 {
+            break;
+        }
+        h.update(&buf[..r]);
+        n += r as u64;
+    }
+    Ok((hex(&h.finalize()), n))
+}
+
+fn fsync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
+}
+
+fn plain_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
+}
+
+impl SledStore {
+    /// Opens (creating) the store at `root`: takes the directory lock, opens sled, then
+    /// reconciles the index with the files on disk.
+    pub fn open(root: &Path, opts: StoreOptions) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(root).map_err(io(root))?;
+        let lock = DirLock::acquire(root)?;
+        for sub in ["blobs", "tmp", "quarantine"] {
+            let p = root.join(sub);
+            std::fs::create_dir_all(&p).map_err(io(&p))?;
+        }
+        let dbp = root.join("db");
+        let db_err = |e: sled::Error| StoreError::Db {
+            path: dbp.clone(),
+            message: e.to_string(),
+        };
+        let db = sled::open(&dbp).map_err(db_err)?;
+        let records = db.open_tree(RECORDS_TREE).map_err(db_err)?;
+        let digests = db.open_tree(DIGESTS_TREE).map_err(db_err)?;
+        let mut store = Self {
+            root: root.to_path_buf(),
+            db,
+            records,
+            digests,
+            opts,
+            report: OpenReport::default(),
+            _lock: lock,
+        };
+        store.report = store.reconcile()?;
+        Ok(store)
+    }
+
+    /// The cache directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// What the last open cleaned up.
+    pub fn open_report(&self) -> &OpenReport {
+        &self.report
+    }
+
+    fn db_err(&self, e: sled::Error) -> StoreError {
+        StoreError::Db {
+            path: self.root.join("db"),
+            message: e.to_string(),
+        }
+    }
+
+    fn blob_dir(&self, digest: &str) -> PathBuf {
+        self.root.join("blobs").join(digest)
+    }
+
+    fn all_records(&self) -> Result<Vec<Record>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.records.iter() {
+            let (k, v) = item.map_err(|e| self.db_err(e))?;
+            match serde_json::from_slice::<Record>(&v) {
+                Ok(r) => out.push(r),
+                Err(e) => {
+                    tracing::warn!(key = %hex(&k), error = %e, "unreadable cache record skipped")
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes a record and flushes sled (a new artifact or a status change must survive a
+    /// crash).
+    fn write_record(&self, r: &Record) -> Result<(), StoreError> {
+        self.write_record_lazy(r)?;
+        self.records.flush().map_err(|e| self.db_err(e))?;
+        Ok(())
+    }
+
+    /// Writes a record without waiting for the disk: hit counters and last-use times are
+    /// statistics, and a flush costs ~10 ms on the serving path (sled flushes on its own
+    /// every 500 ms and when the store closes).
+    fn write_record_lazy(&self, r: &Record) -> Result<(), StoreError> {
+        let v = serde_json::to_vec(r).map_err(|e| StoreError::BadRecord {
+            key: r.key.hex(),
+            message: e.to_string(),
+        })?;
+        self.records
+            .insert(r.key.0, v)
+            .map_err(|e| self.db_err(e))?;
+        Ok(())
+    }
+
+    fn read_record(&self, key: &CacheKey) -> Result<Option<Record>, StoreError> {
+        match self.records.get(key.0).map_err(|e| self.db_err(e))? {
+            None => Ok(None),
+            Some(v) => serde_json::from_slice(&v)
+                .map(Some)
+                .map_err(|e| StoreError::BadRecord {
+                    key: key.hex(),
+                    message: e.to_string(),
+                }),
+        }
+    }
+
+    /// The cheap checks before serving: every file exists as a plain file of the recorded
+    /// size.
+    fn cheap_check(&self, a: &StoredArtifact) -> Result<Served, String> {
+        let dir = self.blob_dir(&a.digest);
+        let mut files = Vec::new();
+        for f in &a.files {
+            let p = dir.join(&f.name);
+            match std::fs::symlink_metadata(&p) {
+                Ok(m) if m.is_file() && m.len() == f.bytes => files.push(p),
+                Ok(m) if m.is_file() => {
+                    return Err(format!(
+                        "{}: {} bytes, recorded {}",
+                        p.display(),
+                        m.len(),
+                        f.bytes
+                    ))
+                }
+                Ok(_) => return Err(format!("{}: not a plain file", p.display())),
+                Err(e) => return Err(format!("{}: {e}", p.display())),
+            }
+        }
+        Ok(Served {
+            entry: dir.join(&a.entry),
+            dir,
+            files,
+        })
+    }
+
+    /// Looks a key up; `count` records a hit (hits, last used).
+    fn find(&self, key: &CacheKey, count: bool) -> Result<Lookup, StoreError> {
+        let Some(mut r) = self.read_record(key)? else {
+            return Ok(Lookup::Miss);
+        };
+        if r.format > RECORD_FORMAT {
+            let why = format!(
+                "record format {} is newer than this trtcache ({RECORD_FORMAT})",
+                r.format
+            );
+            return Ok(Lookup::Unservable { record: r, why });
+        }
+        let why = match (&r.status, &r.artifact) {
+            (Status::Failed { reason }, _) => format!("build failed: {reason}"),
+            (Status::Quarantined { reason }, _) => format!("quarantined: {reason}"),
+            (Status::Ready, None) => "no artifact recorded".into(),
+            (Status::Ready, Some(a)) => match self.cheap_check(a) {
+                Ok(served) => {
+                    if count {
+                        r.hits += 1;
+                        r.last_used = now_secs();
+                        self.write_record_lazy(&r)?;
+                    }
+                    return Ok(Lookup::Hit { record: r, served });
+                }
+                Err(why) => format!("artifact incomplete: {why}"),
+            },
+        };
+        Ok(Lookup::Unservable { record: r, why })
+    }
+
+    /// Copies (hard-links where possible) the artifact into `blobs/<digest>/` as one unit.
+    fn commit_blob(&self, art: &Artifact) -> Result<StoredArtifact, StoreError> {
+        if !art.files.iter().any(|f| f == &art.entry) {
+            return Err(StoreError::BadArtifact {
+                name: art.entry.clone(),
+            });
+        }
+        let mut files = Vec::new();
+        for name in &art.files {
+            if !plain_name(name) {
+                return Err(StoreError::BadArtifact { name: name.clone() });
+            }
+            let p = art.dir.join(name);
+            let (sha256, bytes) = hash_file(&p).map_err(io(&p))?;
+            files.push(ArtifactFile {
+                name: name.clone(),
+                sha256,
+                bytes,
+            });
+        }
+        files.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut h = Sha256::new();
+        for f in &files {
+            h.update(format!("{}\0{}\0{}\n", f.name, f.sha256, f.bytes).as_bytes());
+        }
+        let digest = hex(&h.finalize());
+        let bytes = files.iter().map(|f| f.bytes).sum();
+        let stored = StoredArtifact {
+            digest: digest.clone(),
+            entry: art.entry.clone(),
+            files,
+            bytes,
+        };
+        let dest = self.blob_dir(&digest);
+        if dest.is_dir() && self.cheap_check(&stored).is_ok() {
+            return Ok(stored); // identical artifact already stored (dedup)
+        }
+        let tmp_root = self.root.join("tmp");
+        let staging = tempfile::Builder::new()
+            .prefix("commit-")
+            .tempdir_in(&tmp_root)
+            .map_err(io(&tmp_root))?;
+        for f in &stored.files {
+            let src = art.dir.join(&f.name);
+            let dst = staging.path().join(&f.name);
+            if std::fs::hard_link(&src, &dst).is_err() {
+                std::fs::copy(&src, &dst).map_err(io(&dst))?;
+            }
+            File::open(&dst)
+                .and_then(|h| h.sync_all())
+                .map_err(io(&dst))?;
+        }
+        fsync_dir(staging.path())?;
+        if dest.exists() {
+            // A partial or damaged directory of the same digest: replace it.
+            std::fs::remove_dir_all(&dest).map_err(io(&dest))?;
+        }
+        let staged = staging.keep();
+        if let Err(e) = std::fs::rename(&staged, &dest) {
+            let _ = std::fs::remove_dir_all(&staged);
+            if !(dest.is_dir() && self.cheap_check(&stored).is_ok()) {
+                return Err(io(&dest)(e));
+            }
+        }
+        fsync_dir(&self.root.join("blobs"))?;
+        Ok(stored)
+    }
+
+    fn digest_in_use(&self, digest: &str, except: &CacheKey) -> Result<bool, StoreError> {
+        Ok(self
+            .all_records()?
+            .iter()
+            .any(|r| &r.key != except && r.artifact.as_ref().is_some_and(|a| a.digest == digest)))
+    }
+
+    fn remove_blob_if_unused(&self, digest: &str, except: &CacheKey) -> Result<(), StoreError> {
+        if !self.digest_in_use(digest, except)? {
+            let d = self.blob_dir(digest);
+            if d.exists() {
+                std::fs::remove_dir_all(&d).map_err(io(&d))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Store for SledStore {
+    fn staging_dir(&self) -> Result<tempfile::TempDir, StoreError> {
+        let tmp = self.root.join("tmp");
+        tempfile::Builder::new()
+            .prefix("build-")
+            .tempdir_in(&tmp)
+            .map_err(io(&tmp))
+    }
+
+    fn get(&self, key: &CacheKey) -> Result<Option<Record>, StoreError> {
+        self.read_record(key)
+    }
+
+    fn lookup(&self, key: &CacheKey) -> Result<Lookup, StoreError> {
+        self.find(key, true)
+    }
+
+    fn peek(&self, key: &CacheKey) -> Result<Lookup, StoreError> {
+        self.find(key, false)
+    }
+
+    fn put(&self, mut record: Record, artifact: Option<&Artifact>) -> Result<Record, StoreError> {
+        let previous = self.read_record(&record.key)?;
+        record.artifact = match artifact {
+            Some(a) => Some(self.commit_blob(a)?),
+            None => None,
+        };
+        record.format = RECORD_FORMAT;
+        self.write_record(&record)?;
+        if let Some(old) = previous.and_then(|p| p.artifact) {
+            if record.artifact.as_ref().map(|a| &a.digest) != Some(&old.digest) {
+                self.remove_blob_if_unused(&old.digest, &record.key)?;
+            }
+        }
+        if let Some(max) = self.opts.max_bytes {
+            let rep = self.gc(max, false)?;
+            if rep.evicted.contains(&record.key.hex()) {
+                tracing::warn!(key = %record.key, max, "the new artifact alone exceeds the cache size limit");
+            }
+        }
+        Ok(record)
+    }
+
+    fn list(&self) -> Result<Vec<Record>, StoreError> {
+        let mut all = self.all_records()?;
+        all.sort_by(|a, b| b.last_used.cmp(&a.last_used).then(a.key.cmp(&b.key)));
+        Ok(all)
+    }
+
+    fn remove(&self, key: &CacheKey) -> Result<bool, StoreError> {
+        let Some(r) = self.read_record(key)? else {
+            return Ok(false);
+        };
+        self.records.remove(key.0).map_err(|e| self.db_err(e))?;
+        self.records.flush().map_err(|e| self.db_err(e))?;
+        if let Some(a) = r.artifact {
+            self.remove_blob_if_unused(&a.digest, key)?;
+        }
+        Ok(true)
+    }
+
+    fn verify(&self) -> Result<VerifyReport, StoreError> {
+        self.verify_all()
+    }
+
+    fn gc(&self, max_bytes: u64, dry_run: bool) -> Result<GcReport, StoreError> {
+        self.collect(max_bytes, dry_run)
+    }
+
+    fn digest_get(&self, id: &[u8]) -> Result<Option<ModelDigest>, StoreError> {
+        Ok(self
+            .digests
+            .get(id)
+            .map_err(|e| self.db_err(e))?
+            .and_then(|v| serde_json::from_slice(&v).ok()))
+    }
+
+    fn digest_put(&self, id: &[u8], digest: &ModelDigest) -> Result<(), StoreError> {
+        let v = serde_json::to_vec(digest).map_err(|e| StoreError::BadRecord {
+            key: hex(id),
+            message: e.to_string(),
+        })?;
+        self.digests.insert(id, v).map_err(|e| self.db_err(e))?;
+        Ok(())
+    }
+}
+
+impl Drop for SledStore {
+    fn drop(&mut self) {
+        let _ = self.db.flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::{BackendId, KeyParts, KEY_FORMAT};
+
+    fn record(n: u8, last_used: u64) -> Record {
+        let parts = KeyParts {
+            format: KEY_FORMAT,
+            model: ModelDigest {
+                sha256: hex(&[n; 32]),
+                bytes: 1,
+                external: vec![],
+            },
+            opsets: Default::default(),
+            profile: None,
+            sku: Default::default(),
+            backend: BackendId {
+                name: "ort-cpu".into(),
+                versions: Default::default(),
+            },
+            precision: Default::default(),
+            options: Default::default(),
+        };
+        Record {
+            format: RECORD_FORMAT,
+            key: parts.key(),
+            parts,
+            status: Status::Ready,
+            artifact: None,
+            backend: "ort-cpu".into(),
+            providers: None,
+            model_path: format!("m{n}.onnx"),
+            build_ms: 1,
+            validation: None,
+            created: last_used,
+            last_used,
+            hits: 0,
+        }
+    }
+
+    fn artifact(dir: &Path, content: &[u8]) -> Artifact {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("model.onnx"), content).unwrap();
+        std::fs::write(dir.join("model.onnx.data"), [content, content].concat()).unwrap();
+        Artifact {
+            dir: dir.to_path_buf(),
+            entry: "model.onnx".into(),
+            files: vec!["model.onnx".into(), "model.onnx.data".into()],
+        }
+    }
+
+    fn blobs(root: &Path) -> usize {
+        std::fs::read_dir(root.join("blobs")).unwrap().count()
+    }
+
+    #[test]
+    fn identical_artifacts_share_a_blob_until_the_last_record_goes() {
+        let d = tempfile::tempdir().unwrap();
+        let s = SledStore::open(&d.path().join("c"), StoreOptions::default()).unwrap();
+        let a = artifact(&d.path().join("a"), b"same bytes");
+        let (r1, r2) = (record(1, 10), record(2, 10));
+        let s1 = s.put(r1.clone(), Some(&a)).unwrap();
+        let s2 = s.put(r2.clone(), Some(&a)).unwrap();
+        assert_eq!(s1.artifact, s2.artifact);
+        assert_eq!(blobs(s.root()), 1);
+        match s.lookup(&r1.key).unwrap() {
+            Lookup::Hit { record, served } => {
+                assert_eq!(record.hits, 1);
+                assert_eq!(served.files.len(), 2);
+                assert_eq!(std::fs::read(&served.entry).unwrap(), b"same bytes");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(s.remove(&r1.key).unwrap());
+        assert_eq!(blobs(s.root()), 1, "still named by the second record");
+        assert!(s.remove(&r2.key).unwrap());
+        assert_eq!(blobs(s.root()), 0);
+        assert!(!s.remove(&r2.key).unwrap());
+        assert!(matches!(s.lookup(&r2.key).unwrap(), Lookup::Miss));
+    }
+
+    #[test]
+    fn failed_quarantined_and_newer_records_are_never_served() {
+        let d = tempfile::tempdir().unwrap();
+        let s = SledStore::open(&d.path().join("c"), StoreOptions::default()).unwrap();
+        let mut failed = record(1, 1);
+        failed.status = Status::Failed {
+            reason: "over tolerance".into(),
+        };
+        s.put(failed.clone(), None).unwrap();
+        assert!(matches!(
+            s.lookup(&failed.key).unwrap(),
+            Lookup::Unservable { .. }
+        ));
+        let a = artifact(&d.path().join("a"), b"x");
+        let good = s.put(record(2, 1), Some(&a)).unwrap();
+        // A record from a newer trtcache is left alone.
+        let mut newer = good.clone();
+        newer.format = RECORD_FORMAT + 1;
+        s.write_record(&newer).unwrap();
+        assert!(matches!(
+            s.lookup(&good.key).unwrap(),
+            Lookup::Unservable { .. }
+        ));
+        s.write_record(&good).unwrap();
+        // Corrupt one byte: verify quarantines, lookup refuses.
+        let data = s
+            .blob_dir(&good.artifact.as_ref().unwrap().digest)
+            .join("model.onnx.data");
+        std::fs::write(&data, b"y").unwrap();
+        std::fs::write(&data, b"yy").unwrap();
+        let rep = s.verify().unwrap();
+        assert_eq!(rep.quarantined.len(), 1);
+        assert!(matches!(
+            s.lookup(&good.key).unwrap(),
+            Lookup::Unservable { .. }
+        ));
+        // gc always collects quarantined entries and their files.
+        let gc = s.gc(u64::MAX, false).unwrap();
+        assert_eq!(gc.evicted, vec![good.key.hex()]);
+        assert_eq!(
+            std::fs::read_dir(s.root().join("quarantine"))
+                .unwrap()
+                .count(),
+            0
+        );
+    }
+
+    #[test]
+    fn gc_evicts_least_recently_used_first() {
+        let d = tempfile::tempdir().unwrap();
+        let s = SledStore::open(&d.path().join("c"), StoreOptions::default()).unwrap();
+        let mut recs = Vec::new();
+        for n in 0..3u8 {
+            let a = artifact(&d.path().join(format!("a{n}")), &[n; 100]);
+            recs.push(s.put(record(n, 100 - n as u64), Some(&a)).unwrap());
+        }
+        let one = recs[0].bytes();
+        let dry = s.gc(one, true).unwrap();
+        // Oldest use first: record 2 (last_used 98), then record 1 (99).
+        assert_eq!(dry.evicted, vec![recs[2].key.hex(), recs[1].key.hex()]);
+        assert_eq!(s.list().unwrap().len(), 3, "dry run deletes nothing");
+        let rep = s.gc(one, false).unwrap();
+        assert_eq!(rep.bytes_after, one);
+        let left: Vec<_> = s.list().unwrap().into_iter().map(|r| r.key).collect();
+        assert_eq!(left, vec![recs[0].key]);
+        assert_eq!(blobs(s.root()), 1);
+    }
+
+    #[test]
+    fn size_limit_applies_on_put() {
+        let d = tempfile::tempdir().unwrap();
+        let a0 = artifact(&d.path().join("a0"), &[0; 100]);
+        let a1 = artifact(&d.path().join("a1"), &[1; 100]);
+        let s = SledStore::open(
+            &d.path().join("c"),
+            StoreOptions {
+                max_bytes: Some(300),
+            },
+        )
+        .unwrap();
+        let r0 = s.put(record(0, 1), Some(&a0)).unwrap();
+        let r1 = s.put(record(1, 2), Some(&a1)).unwrap();
+        let keys: Vec<_> = s.list().unwrap().into_iter().map(|r| r.key).collect();
+        assert_eq!(keys, vec![r1.key]);
+        assert!(s.get(&r0.key).unwrap().is_none());
+    }
+
+    #[test]
+    fn artifact_names_must_be_plain() {
+        let d = tempfile::tempdir().unwrap();
+        let s = SledStore::open(&d.path().join("c"), StoreOptions::default()).unwrap();
+        let mut a = artifact(&d.path().join("a"), b"x");
+        a.files.push("../escape".into());
+        assert!(matches!(
+            s.put(record(1, 1), Some(&a)),
+            Err(StoreError::BadArtifact { .. })
+        ));
+    }
+
+    #[test]
+    fn records_from_a_newer_version_keep_their_blobs_at_open() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("c");
+        let a = artifact(&d.path().join("a"), b"x");
+        let stored = {
+            let s = SledStore::open(&root, StoreOptions::default()).unwrap();
+            let r = s.put(record(1, 1), Some(&a)).unwrap();
+            // Rewrite it as a future version would: a field changes type.
+            let mut j = serde_json::to_value(&r).unwrap();
+            j["hits"] = serde_json::json!({"total": 3});
+            s.records
+                .insert(r.key.0, serde_json::to_vec(&j).unwrap())
+                .unwrap();
+            r
+        };
+        let s = SledStore::open(&root, StoreOptions::default()).unwrap();
+        assert!(s.open_report().orphans_removed.is_empty());
+        assert!(s
+            .blob_dir(&stored.artifact.unwrap().digest)
+            .join("model.onnx")
+            .is_file());
+    }
+}

@@ -1,0 +1,179 @@
+//! Stage 7: the artifact store. A [`Store`] maps a [`CacheKey`] to a versioned [`Record`] and
+//! holds the artifact files it names; [`disk::SledStore`] is the local implementation (sled
+//! index + content-addressed blob directories), and a remote tier or an in-memory store can
+//! implement the same trait.
+//!
+//! Enters: records and staged artifact directories from `build`. Leaves: servable artifacts
+//! (paths checked to exist with the recorded sizes), listings, verify/gc reports. A failed,
+//! quarantined or incomplete entry is never returned as a hit.
+
+pub mod disk;
+pub mod lock;
+pub mod record;
+
+use std::path::{Path, PathBuf};
+
+pub use disk::{OpenReport, SledStore, StoreOptions};
+pub use record::{Artifact, ArtifactFile, Record, Status, StoredArtifact, RECORD_FORMAT};
+
+use crate::key::{CacheKey, ModelDigest};
+
+/// Errors of the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cache {} is in use by {}; stop it (or use another --cache-dir)", dir.display(), pid.map(|p| format!("pid {p}")).unwrap_or_else(|| "another process (pid unknown)".into()))]
+    InUse { dir: PathBuf, pid: Option<u32> },
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cache index {}: {message}", path.display())]
+    Db { path: PathBuf, message: String },
+    #[error("cache record {key}: {message}")]
+    BadRecord { key: String, message: String },
+    #[error("artifact file `{name}` is not a plain file name inside the artifact directory")]
+    BadArtifact { name: String },
+}
+
+/// What [`Store::lookup`] found for a key.
+#[derive(Debug)]
+pub enum Lookup {
+    /// Ready and passed the cheap checks (files exist, sizes match); hit counted.
+    Hit { record: Record, served: Served },
+    /// A record exists but must not be served (failed validation, quarantined, files gone).
+    Unservable { record: Record, why: String },
+    /// No record.
+    Miss,
+}
+
+/// A servable artifact on disk: open `entry`; the other files sit next to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Served {
+    pub dir: PathBuf,
+    pub entry: PathBuf,
+    pub files: Vec<PathBuf>,
+}
+
+/// Result of [`Store::verify`].
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct VerifyReport {
+    pub checked: usize,
+    pub ok: usize,
+    /// (key, why) of every record quarantined by this run.
+    pub quarantined: Vec<(String, String)>,
+}
+
+/// Result of [`Store::gc`].
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct GcReport {
+    pub dry_run: bool,
+    pub max_bytes: u64,
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+    /// Keys evicted (or that would be, with `dry_run`).
+    pub evicted: Vec<String>,
+}
+
+/// A key → record store with artifact files. Implementations must never return a failed or
+/// corrupt artifact from [`lookup`](Store::lookup).
+pub trait Store: Send + Sync {
+    /// A fresh directory for a build to write its artifact into, on the store's file system,
+    /// removed when dropped (or at the next open if the process dies).
+    fn staging_dir(&self) -> Result<tempfile::TempDir, StoreError>;
+    /// The record for `key`, whatever its status; no side effects.
+    fn get(&self, key: &CacheKey) -> Result<Option<Record>, StoreError>;
+    /// The servable artifact for `key` after the cheap checks; counts a hit.
+    fn lookup(&self, key: &CacheKey) -> Result<Lookup, StoreError>;
+    /// Like [`lookup`](Store::lookup) without counting a hit.
+    fn peek(&self, key: &CacheKey) -> Result<Lookup, StoreError>;
+    /// Stores `record` and, when given, the artifact's files (copied in as one unit,
+    /// fsynced, then indexed). Returns the record as stored.
+    fn put(&self, record: Record, artifact: Option<&Artifact>) -> Result<Record, StoreError>;
+    /// Every record, most recently used first.
+    fn list(&self) -> Result<Vec<Record>, StoreError>;
+    /// Removes a record and any blob no other record names. `false` if there was none.
+    fn remove(&self, key: &CacheKey) -> Result<bool, StoreError>;
+    /// Re-hashes every artifact; mismatches are quarantined and their records made
+    /// unservable.
+    fn verify(&self) -> Result<VerifyReport, StoreError>;
+    /// Evicts least-recently-used entries until the artifacts fit in `max_bytes`.
+    fn gc(&self, max_bytes: u64, dry_run: bool) -> Result<GcReport, StoreError>;
+    /// A remembered model digest by file identity (device, inode, size, mtime…).
+    fn digest_get(&self, id: &[u8]) -> Result<Option<ModelDigest>, StoreError>;
+    /// Remembers a model digest.
+    fn digest_put(&self, id: &[u8], digest: &ModelDigest) -> Result<(), StoreError>;
+}
+
+/// The default cache directory: the checkout's `cache/` when run from a checkout (a folder
+/// with `Cargo.toml` and `cache/` above the working directory or the binary), else
+/// `$XDG_CACHE_HOME/trtcache`, else `~/.cache/trtcache`.
+pub fn default_dir() -> PathBuf {
+    let mut starts = Vec::new();
+    if let Ok(cwd) = std::env::current_dir() {
+        starts.push(cwd);
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        starts.push(exe);
+    }
+    for s in &starts {
+        for dir in s.ancestors() {
+            if dir.join("Cargo.toml").is_file() && dir.join("cache").is_dir() {
+                return dir.join("cache");
+            }
+        }
+    }
+    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|x| !x.is_empty()) {
+        return PathBuf::from(x).join("trtcache");
+    }
+    if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        return Path::new(&h).join(".cache/trtcache");
+    }
+    PathBuf::from("/var/cache/trtcache")
+}
+
+/// Parses a size: `1048576`, `512K`, `200M`, `1.5G`, `2GiB`, `10 MB` (binary units).
+pub fn parse_size(s: &str) -> Option<u64> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num.parse().ok()?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return None,
+    };
+    if !v.is_finite() || v < 0.0 {
+        return None;
+    }
+    Some((v * mult as f64).round() as u64)
+}
+
+/// Seconds since the Unix epoch.
+pub fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1024"), Some(1024));
+        assert_eq!(parse_size("2K"), Some(2048));
+        assert_eq!(parse_size("1.5G"), Some(3 << 29));
+        assert_eq!(parse_size("10 MiB"), Some(10 << 20));
+        assert_eq!(parse_size("ten"), None);
+        assert_eq!(parse_size("5X"), None);
+    }
+}

@@ -1,0 +1,95 @@
+//! The versioned record stored per cache key, and the artifact unit the store copies in.
+//!
+//! Records are JSON in sled (readable by `trtcache ls --json` and by later versions); a
+//! record whose `format` is newer than [`RECORD_FORMAT`] is listed but never served.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::build::validate::Validation;
+use crate::key::{CacheKey, KeyParts};
+
+/// Version of the record encoding.
+pub const RECORD_FORMAT: u32 = 1;
+
+/// Whether an entry may be served.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Status {
+    /// Built and validated: servable.
+    Ready,
+    /// The build or its validation failed; kept so it is not rebuilt blindly.
+    Failed { reason: String },
+    /// `verify` found the files changed; moved aside.
+    Quarantined { reason: String },
+}
+
+/// One file of a stored artifact.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArtifactFile {
+    /// Plain file name inside the artifact directory.
+    pub name: String,
+    pub sha256: String,
+    pub bytes: u64,
+}
+
+/// Where a stored artifact lives: `blobs/<digest>/`, a content-addressed directory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredArtifact {
+    /// SHA-256 over the sorted (name, sha256, size) of its files.
+    pub digest: String,
+    /// The file to open (the graph); the others are its external data.
+    pub entry: String,
+    pub files: Vec<ArtifactFile>,
+    pub bytes: u64,
+}
+
+/// An artifact a backend produced, before it is stored: files in one directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Artifact {
+    pub dir: PathBuf,
+    /// File name of the graph to open.
+    pub entry: String,
+    /// Every file name, `entry` included.
+    pub files: Vec<String>,
+}
+
+/// Everything the cache knows about one key.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    pub format: u32,
+    pub key: CacheKey,
+    pub parts: KeyParts,
+    pub status: Status,
+    pub artifact: Option<StoredArtifact>,
+    /// `ort-cpu`, `ort-cuda`, `ort-tensorrt`.
+    pub backend: String,
+    /// Provider → number of nodes it runs, once the capability analysis reports it.
+    pub providers: Option<BTreeMap<String, usize>>,
+    /// Model file the build came from (informational, not part of the key).
+    pub model_path: String,
+    pub build_ms: u64,
+    pub validation: Option<Validation>,
+    /// Unix seconds.
+    pub created: u64,
+    pub last_used: u64,
+    pub hits: u64,
+}
+
+impl Record {
+    /// Bytes of the stored artifact (0 when none).
+    pub fn bytes(&self) -> u64 {
+        self.artifact.as_ref().map_or(0, |a| a.bytes)
+    }
+
+    /// A short word for the status.
+    pub fn state(&self) -> &'static str {
+        match self.status {
+            Status::Ready => "ready",
+            Status::Failed { .. } => "failed",
+            Status::Quarantined { .. } => "quarantined",
+        }
+    }
+}

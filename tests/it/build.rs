@@ -1,0 +1,626 @@
+//! Build and cache tests: real `ort-cpu` builds through the binary and the library, the
+//! served artifact checked against the original model with Python's ONNX Runtime, cache hits,
+//! verify/quarantine, cleanup of killed builds, single flight, failed validation, GPU
+//! backends failing precisely here, and the one-owner lock.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Barrier};
+
+use serde_json::Value;
+use trtcache::build::{runtime, BuildRequest, Builder, Source};
+use trtcache::cache::{Lookup, SledStore, Status, Store, StoreOptions};
+use trtcache::fixtures::{bert, models, write};
+
+use crate::support::{json, run_python, trtcache, write_fixtures};
+
+fn build_json(model: &Path, cache: &Path, extra: &[&str]) -> (Value, std::process::Output) {
+    let mut args: Vec<String> = vec![
+        "build".into(),
+        model.display().to_string(),
+        "--cache-dir".into(),
+        cache.display().to_string(),
+        "--json".into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let out = trtcache(&args);
+    (json(&out), out)
+}
+
+fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Runs the original and the artifact with Python's ONNX Runtime on the same random input
+/// and prints the max abs difference.
+const COMPARE: &str = r#"
+import sys, numpy as np, onnxruntime as ort
+orig, art, shape = sys.argv[1], sys.argv[2], [int(d) for d in sys.argv[3].split('x')]
+x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+o = ort.InferenceSession(orig, providers=['CPUExecutionProvider'])
+so = ort.SessionOptions(); so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+a = ort.InferenceSession(art, so, providers=['CPUExecutionProvider'])
+ya = o.run(None, {'x': x})[0]; yb = a.run(None, {'x': x})[0]
+assert ya.shape == yb.shape, (ya.shape, yb.shape)
+print(float(np.abs(ya - yb).max()))
+"#;
+
+#[test]
+fn cpu_artifacts_match_the_original_model_external_data_included() {
+    let d = tempfile::tempdir().unwrap();
+    let models = write_fixtures(d.path());
+    let cache = d.path().join("cache");
+    for m in models.iter().filter(|p| {
+        let s = p.display().to_string();
+        (s.contains("tiny_encoder") || s.contains("external")) && !s.contains("static")
+    }) {
+        let (v, out) = build_json(m, &cache, &["--opt-shapes", "x:2x8x64"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(v["servable"], true, "{v}");
+        let entry = PathBuf::from(v["artifact"]["entry"].as_str().unwrap());
+        let files = v["artifact"]["files"].as_array().unwrap();
+        for f in files {
+            assert!(Path::new(f.as_str().unwrap()).starts_with(entry.parent().unwrap()));
+        }
+        // The artifact is served from the cache dir, never from next to the model.
+        assert!(entry.starts_with(&cache), "{}", entry.display());
+        let diff: f64 = run_python(COMPARE, &[m, &entry, Path::new("2x8x64")])
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(diff <= 1e-4, "{}: max abs diff {diff}", m.display());
+        let val = &v["record"]["validation"];
+        assert_eq!(val["passed"], true);
+        assert_eq!(val["shapes"]["x"], serde_json::json!([2, 8, 64]));
+    }
+}
+
+#[test]
+fn external_data_artifact_is_one_unit_with_its_data_file() {
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("bert").join("model.onnx");
+    std::fs::create_dir_all(m.parent().unwrap()).unwrap();
+    trtcache::fixtures::write_external(
+        &bert::bert(bert::BertConfig::tiny()),
+        &m,
+        "model.onnx.data",
+        256,
+    )
+    .unwrap();
+    let (v, out) = build_json(&m, &d.path().join("cache"), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let files: Vec<String> = v["record"]["artifact"]["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(files, vec!["model.onnx", "model.onnx.data"]);
+    // Moving the original away proves the artifact does not point back at it.
+    std::fs::rename(m.parent().unwrap(), d.path().join("moved")).unwrap();
+    let entry = v["artifact"]["entry"].as_str().unwrap();
+    let script = r#"
+import sys, numpy as np, onnxruntime as ort
+so = ort.SessionOptions(); so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+s = ort.InferenceSession(sys.argv[1], so, providers=['CPUExecutionProvider'])
+ids = np.ones((1, 8), dtype=np.int64)
+print(s.run(None, {'input_ids': ids, 'attention_mask': ids})[0].shape)
+"#;
+    let shape = run_python(script, &[Path::new(entry)]);
+    assert_eq!(shape.trim(), "(1, 8, 64)");
+}
+
+#[test]
+fn bert_fixture_is_valid_onnx() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("bert.onnx");
+    write(&bert::bert(bert::BertConfig::tiny()), &p).unwrap();
+    let out = run_python(
+        "import sys, onnx; m = onnx.load(sys.argv[1]); onnx.checker.check_model(m, full_check=True); print(len(m.graph.node))",
+        &[&p],
+    );
+    assert!(out.trim().parse::<usize>().unwrap() > 50);
+}
+
+#[test]
+fn second_build_is_a_cache_hit() {
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("m.onnx");
+    write(&models::tiny_encoder(false), &m).unwrap();
+    let cache = d.path().join("cache");
+    let (first, out) = build_json(&m, &cache, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(first["source"], "built");
+    assert_eq!(first["cache_hit"], false);
+    let (second, out) = build_json(&m, &cache, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(second["source"], "cached");
+    assert_eq!(second["cache_hit"], true);
+    assert_eq!(second["key"], first["key"]);
+    assert_eq!(second["record"]["hits"], 1);
+    assert_eq!(second["artifact"], first["artifact"]);
+    // The human report says so too.
+    let human = trtcache([
+        "build",
+        m.to_str().unwrap(),
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ]);
+    assert!(String::from_utf8_lossy(&human.stdout).contains("cache hit"));
+    // A different build option is a different key.
+    let (other, _) = build_json(&m, &cache, &["--opt-level", "basic"]);
+    assert_ne!(other["key"], first["key"]);
+    assert_eq!(other["source"], "built");
+}
+
+#[test]
+fn corrupted_blob_is_quarantined_by_verify_and_never_served() {
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("m.onnx");
+    write(&models::tiny_encoder(false), &m).unwrap();
+    let cache = d.path().join("cache");
+    let (v, _) = build_json(&m, &cache, &[]);
+    let data = PathBuf::from(v["artifact"]["files"][1].as_str().unwrap());
+    // Same size, one byte flipped: the cheap checks cannot see it, verify must.
+    let mut bytes = std::fs::read(&data).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&data, &bytes).unwrap();
+    let out = trtcache(["verify", "--cache-dir", cache.to_str().unwrap(), "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let rep = json(&out);
+    assert_eq!(rep["quarantined"].as_array().unwrap().len(), 1, "{rep}");
+    assert_eq!(rep["quarantined"][0][0], v["key"]);
+    assert!(!data.exists(), "corrupt blob must be moved out of blobs/");
+    let ls = json(&trtcache([
+        "ls",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--json",
+    ]));
+    assert_eq!(ls[0]["status"]["state"], "quarantined");
+    // Not served: the next build rebuilds, and the new artifact is intact.
+    let (again, out) = build_json(&m, &cache, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(again["source"], "built");
+    let out = trtcache(["verify", "--cache-dir", cache.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["ok"], 1);
+}
+
+#[test]
+fn truncated_blob_is_never_served() {
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("m.onnx");
+    write(&models::tiny_encoder(false), &m).unwrap();
+    let cache = d.path().join("cache");
+    let (v, _) = build_json(&m, &cache, &[]);
+    let entry = PathBuf::from(v["artifact"]["entry"].as_str().unwrap());
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&entry)
+        .unwrap();
+    f.set_len(10).unwrap();
+    drop(f);
+    let (again, out) = build_json(&m, &cache, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        again["source"], "built",
+        "a truncated artifact must not be a hit"
+    );
+}
+
+#[test]
+fn leftovers_of_a_killed_build_are_cleaned_at_next_open() {
+    let d = tempfile::tempdir().unwrap();
+    let cache = d.path().join("cache");
+    let keep = d.path().join("keep.onnx");
+    write(&models::tiny_encoder(false), &keep).unwrap();
+    let lose = d.path().join("lose.onnx");
+    write(&models::tiny_encoder(true), &lose).unwrap();
+    let (kept, _) = build_json(&keep, &cache, &[]);
+    let (lost, _) = build_json(&lose, &cache, &[]);
+    // What a build killed at each step leaves behind: a staging dir with a half-written
+    // file, a commit dir not yet renamed, a blob renamed but never indexed, and an index
+    // entry whose blob directory vanished.
+    std::fs::create_dir_all(cache.join("tmp/build-killed")).unwrap();
+    std::fs::write(cache.join("tmp/build-killed/model.onnx"), b"half").unwrap();
+    std::fs::create_dir_all(cache.join("tmp/commit-killed")).unwrap();
+    std::fs::write(cache.join("tmp/stray.tmp"), b"x").unwrap();
+    let orphan = cache.join("blobs").join("ab".repeat(32));
+    std::fs::create_dir_all(&orphan).unwrap();
+    std::fs::write(orphan.join("model.onnx"), b"never indexed").unwrap();
+    let lost_entry = PathBuf::from(lost["artifact"]["entry"].as_str().unwrap());
+    std::fs::remove_dir_all(lost_entry.parent().unwrap()).unwrap();
+
+    let out = trtcache(["ls", "--cache-dir", cache.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("3 temp leftovers, 1 records without files, 1 orphan blobs"),
+        "{}",
+        stderr(&out)
+    );
+    let ls = json(&out);
+    let keys: Vec<&str> = ls
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, vec![kept["key"].as_str().unwrap()]);
+    assert_eq!(std::fs::read_dir(cache.join("tmp")).unwrap().count(), 0);
+    assert!(!orphan.exists());
+    // The surviving entry is still a hit.
+    let (again, _) = build_json(&keep, &cache, &[]);
+    assert_eq!(again["source"], "cached");
+}
+
+#[test]
+fn gpu_backends_fail_with_the_precise_reason() {
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("m.onnx");
+    write(&models::tiny_encoder(false), &m).unwrap();
+    for (backend, provider) in [("ort-tensorrt", "TensorRT"), ("ort-cuda", "CUDA")] {
+        let out = trtcache([
+            "build",
+            m.to_str().unwrap(),
+            "--backend",
+            backend,
+            "--cache-dir",
+            d.path().join("cache").to_str().unwrap(),
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{backend}");
+        let e = stderr(&out);
+        assert!(
+            e.contains(&format!(
+                "{provider} execution provider is not enabled in this build"
+            )),
+            "{e}"
+        );
+        assert!(e.contains("install onnxruntime-gpu"), "{e}");
+        if provider == "TensorRT" {
+            assert!(e.contains("TensorRT 10"), "{e}");
+        }
+    }
+    let out = trtcache(["build", m.to_str().unwrap(), "--backend", "ort-magic"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("unknown backend `ort-magic`"));
+}
+
+#[test]
+fn missing_onnx_runtime_is_one_clear_error() {
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("m.onnx");
+    write(&models::tiny_encoder(false), &m).unwrap();
+    let out = trtcache([
+        "build",
+        m.to_str().unwrap(),
+        "--cache-dir",
+        d.path().join("cache").to_str().unwrap(),
+        "--ort-library",
+        "/nonexistent/libonnxruntime.so.1.31.1",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let e = stderr(&out);
+    assert!(e.contains("ONNX Runtime not found"), "{e}");
+    assert!(e.contains("/nonexistent/libonnxruntime.so.1.31.1"), "{e}");
+    assert!(e.contains("pip install onnxruntime"), "{e}");
+    let fake = d.path().join("libonnxruntime.so.1.31.1");
+    std::fs::write(&fake, b"not a library").unwrap();
+    let out = trtcache([
+        "build",
+        m.to_str().unwrap(),
+        "--cache-dir",
+        d.path().join("cache").to_str().unwrap(),
+        "--ort-library",
+        fake.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("cannot load ONNX Runtime"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn second_owner_of_a_cache_dir_gets_in_use_by_pid() {
+    let d = tempfile::tempdir().unwrap();
+    let cache = d.path().join("cache");
+    let _held = SledStore::open(&cache, StoreOptions::default()).unwrap();
+    let out = trtcache(["ls", "--cache-dir", cache.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let e = stderr(&out);
+    assert!(
+        e.contains(&format!("is in use by pid {}", std::process::id())),
+        "{e}"
+    );
+}
+
+#[test]
+fn rm_and_gc_evict_least_recently_used() {
+    let d = tempfile::tempdir().unwrap();
+    let cache = d.path().join("cache");
+    let c = cache.to_str().unwrap();
+    let a = d.path().join("a.onnx");
+    write(&models::tiny_encoder(false), &a).unwrap();
+    let b = d.path().join("b.onnx");
+    write(&models::if_loop(), &b).unwrap();
+    let (va, _) = build_json(&a, &cache, &[]);
+    let (vb, _) = build_json(&b, &cache, &[]);
+    let dry = json(&trtcache([
+        "gc",
+        "--cache-dir",
+        c,
+        "--max-size",
+        "0",
+        "--dry-run",
+        "--json",
+    ]));
+    assert_eq!(dry["evicted"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        json(&trtcache(["ls", "--cache-dir", c, "--json"]))
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    // Use `a` again so `b` is the least recently used... then cap below a + b.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    build_json(&a, &cache, &[]);
+    let a_bytes = va["artifact"]["bytes"].as_u64().unwrap();
+    let gc = json(&trtcache([
+        "gc",
+        "--cache-dir",
+        c,
+        "--max-size",
+        &a_bytes.to_string(),
+        "--json",
+    ]));
+    assert_eq!(gc["evicted"], serde_json::json!([vb["key"]]), "{gc}");
+    let ls = json(&trtcache(["ls", "--cache-dir", c, "--json"]));
+    assert_eq!(ls.as_array().unwrap().len(), 1);
+    let key = va["key"].as_str().unwrap();
+    let out = trtcache(["rm", &key[..12], "--cache-dir", c, "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["removed"], key);
+    assert!(json(&trtcache(["ls", "--cache-dir", c, "--json"]))
+        .as_array()
+        .unwrap()
+        .is_empty());
+    assert_eq!(std::fs::read_dir(cache.join("blobs")).unwrap().count(), 0);
+    let out = trtcache(["rm", key, "--cache-dir", c]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+fn library_builder(cache: &Path) -> (Arc<SledStore>, Builder) {
+    runtime::load(Some(&crate::support::ort_dylib())).unwrap();
+    let store = Arc::new(SledStore::open(cache, StoreOptions::default()).unwrap());
+    let builder = Builder::new(store.clone(), Some(crate::support::ort_dylib()));
+    (store, builder)
+}
+
+#[test]
+fn two_builders_of_one_key_in_one_process_build_once() {
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("bert.onnx");
+    write(&bert::bert(bert::BertConfig::tiny()), &m).unwrap();
+    let (_store, builder) = library_builder(&d.path().join("cache"));
+    let builder = Arc::new(builder);
+    let barrier = Arc::new(Barrier::new(4));
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let (b, bar, m) = (builder.clone(), barrier.clone(), m.clone());
+            std::thread::spawn(move || {
+                bar.wait();
+                b.build(&BuildRequest::new(&m, "ort-cpu"), &|_| {}).unwrap()
+            })
+        })
+        .collect();
+    let outs: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let built = outs.iter().filter(|o| o.source == Source::Built).count();
+    assert_eq!(
+        built,
+        1,
+        "{:?}",
+        outs.iter().map(|o| o.source).collect::<Vec<_>>()
+    );
+    assert!(outs
+        .iter()
+        .all(|o| o.key == outs[0].key && o.served.is_some()));
+}
+
+#[test]
+fn an_artifact_that_fails_validation_is_recorded_failed_and_never_served() {
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("m.onnx");
+    write(&models::tiny_encoder(false), &m).unwrap();
+    let (store, builder) = library_builder(&d.path().join("cache"));
+    // The hook swaps the artifact's graph for the same model with other weights, as a
+    // broken optimizer or a bad engine would.
+    let builder = builder.with_artifact_hook(Arc::new(|art: &trtcache::cache::Artifact| {
+        let mut wrong = models::tiny_encoder(false);
+        let g = wrong.graph.as_mut().unwrap();
+        let bias = g
+            .initializer
+            .iter_mut()
+            .find(|t| t.name == "fc.bias")
+            .unwrap();
+        *bias = trtcache::fixtures::tensor_f32("fc.bias", &[64], &[0.5; 64]);
+        write(&wrong, &art.dir.join(&art.entry)).unwrap();
+    }));
+    let req = BuildRequest::new(&m, "ort-cpu");
+    let out = builder.build(&req, &|_| {}).unwrap();
+    assert_eq!(out.source, Source::Built);
+    assert!(out.served.is_none());
+    assert!(
+        matches!(out.record.status, Status::Failed { .. }),
+        "{:?}",
+        out.record.status
+    );
+    let v = out.record.validation.as_ref().unwrap();
+    assert!(!v.passed && v.outputs[0].max_abs > 0.1, "{v:?}");
+    assert!(
+        out.record.artifact.is_none(),
+        "a failed artifact is not stored"
+    );
+    match store.lookup(&out.key).unwrap() {
+        Lookup::Unservable { why, .. } => assert!(why.contains("validation"), "{why}"),
+        other => panic!("served a failed entry: {other:?}"),
+    }
+    // Asking again answers from the record instead of rebuilding blindly.
+    let again = builder.build(&req, &|_| {}).unwrap();
+    assert_eq!(again.source, Source::Cached);
+    assert!(again.served.is_none());
+}
+
+#[test]
+fn zero_tolerance_catches_optimizer_rounding_on_the_cli() {
+    // ORT's fusions (LayerNorm, Gelu, MatMul+Add) change float rounding: with zero tolerance
+    // the artifact is recorded as failed and the command exits 1.
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("bert.onnx");
+    write(&bert::bert(bert::BertConfig::tiny()), &m).unwrap();
+    let cache = d.path().join("cache");
+    let (v, out) = build_json(
+        &m,
+        &cache,
+        &[
+            "--atol",
+            "0",
+            "--rtol",
+            "0",
+            "--opt-shapes",
+            "input_ids:2x16,attention_mask:2x16",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(v["state"], "failed");
+    assert_eq!(v["servable"], false);
+    assert!(
+        v["record"]["validation"]["outputs"][0]["max_abs"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    // Default tolerances pass the same build.
+    let (ok, out) = build_json(
+        &m,
+        &d.path().join("cache2"),
+        &["--opt-shapes", "input_ids:2x16,attention_mask:2x16"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(ok["state"], "ready");
+}
+
+#[test]
+fn golden_npz_inputs_drive_validation() {
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("m.onnx");
+    write(&models::tiny_encoder(false), &m).unwrap();
+    let g = d.path().join("golden.npz");
+    let gz = d.path().join("golden_z.npz");
+    let gi = d.path().join("golden_int.npz");
+    run_python(
+        "import sys, numpy as np\nx = np.random.default_rng(1).standard_normal((3, 5, 64)).astype(np.float32)\nnp.savez(sys.argv[1], x=x)\nnp.savez_compressed(sys.argv[2], x=x)\nnp.savez(sys.argv[3], x=np.ones((1, 2, 64), dtype=np.int64))",
+        &[&g, &gz, &gi],
+    );
+    let (v, out) = build_json(
+        &m,
+        &d.path().join("cache"),
+        &["--golden", g.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let val = &v["record"]["validation"];
+    assert_eq!(val["shapes"]["x"], serde_json::json!([3, 5, 64]));
+    assert_eq!(val["golden"], g.to_str().unwrap());
+    assert_eq!(val["outputs"][0]["elements"], 3 * 5 * 64);
+    let run = |cache: &str, golden: &Path| {
+        trtcache([
+            "build",
+            m.to_str().unwrap(),
+            "--cache-dir",
+            d.path().join(cache).to_str().unwrap(),
+            "--golden",
+            golden.to_str().unwrap(),
+        ])
+    };
+    let out = run("cache2", &gz);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("np.savez_compressed"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run("cache3", &gi);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("array is int64, the model input is Float32"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_build_killed_midway_leaves_nothing_servable_and_is_cleaned_up() {
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("bert.onnx");
+    write(&bert::bert(bert::BertConfig::small()), &m).unwrap();
+    let cache = d.path().join("cache");
+    let mut child = std::process::Command::new(crate::support::bin())
+        .args([
+            "build",
+            m.to_str().unwrap(),
+            "--cache-dir",
+            cache.to_str().unwrap(),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill it as soon as it has started writing its staging directory.
+    let tmp = cache.join("tmp");
+    let started = std::time::Instant::now();
+    let mut seen = false;
+    while started.elapsed() < std::time::Duration::from_secs(60) {
+        if std::fs::read_dir(&tmp)
+            .map(|r| r.count() > 0)
+            .unwrap_or(false)
+        {
+            seen = true;
+            break;
+        }
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    child.kill().ok();
+    child.wait().unwrap();
+    assert!(seen, "the build never staged anything");
+    let out = trtcache(["ls", "--cache-dir", cache.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read_dir(&tmp).unwrap().count(),
+        0,
+        "temp leftovers remain"
+    );
+    // Whatever survived is consistent: every blob is named by a ready record.
+    let ls = json(&out);
+    let named: Vec<String> = ls
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["artifact"]["digest"].as_str().map(String::from))
+        .collect();
+    for e in std::fs::read_dir(cache.join("blobs")).unwrap() {
+        let name = e.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(
+            named.contains(&name),
+            "orphan blob {name} survived the open"
+        );
+    }
+    // And the build completes now.
+    let (v, out) = build_json(&m, &cache, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(v["servable"], true);
+}
