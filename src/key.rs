@@ -170,8 +170,9 @@ mod parts;
 pub mod versions;
 
 pub use parts::{
-    backend_id, detect_sku, key_for_plan, key_parts, model_digest, model_digest_with, opsets_of,
-    plain_model_digest, sku_for_backend, DigestOptions, DigestReport, BACKENDS,
+    backend_id, backend_id_with, detect_sku, key_for_plan, key_parts, model_digest,
+    model_digest_with, opsets_of, plain_model_digest, sku_for_backend, DigestOptions, DigestReport,
+    BACKENDS,
 };
 
 #[cfg(test)]

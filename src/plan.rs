@@ -328,3 +328,48 @@ pub fn resolve(
         sidecar: sidecar.map(|s| s.path),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(min: Option<&str>, opt: Option<&str>, max: Option<&str>) -> ProfileArgs {
+        ProfileArgs {
+            min_shapes: min.map(String::from),
+            opt_shapes: opt.map(String::from),
+            max_shapes: max.map(String::from),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn shape_flags() {
+        let p = flags(Some("x:1x1x64"), Some("x:2x16x64"), Some("x:8x128x64"))
+            .flag_profile("f")
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.opt["x"], vec![2, 16, 64]);
+        assert_eq!(p.max["x"], vec![8, 128, 64]);
+        // opt alone: min = opt = max.
+        let p = flags(None, Some("x:2x16x64,m:2x16"), None)
+            .flag_profile("f")
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.min, p.opt);
+        assert_eq!(p.max, p.opt);
+        assert!(flags(None, None, None).flag_profile("f").unwrap().is_none());
+        for (min, opt, max, want) in [
+            (Some("x:1x1"), None, None, "without --opt-shapes"),
+            (Some("x:1x1"), Some("x:2x2"), None, "without --max-shapes"),
+            (None, Some("x:2x2"), Some("x:4x4"), "without --min-shapes"),
+            (None, Some("x:2xAx3"), None, "--opt-shapes"),
+            (None, Some("x2x3"), None, "--opt-shapes"),
+        ] {
+            let e = flags(min, opt, max)
+                .flag_profile("f")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{min:?} {opt:?} {max:?}: {e}");
+        }
+    }
+}

@@ -12,8 +12,7 @@ use std::path::Path;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 
-use super::{versions, Artifact, Backend, BuildError, BuildOptions, Runtime};
-use crate::key::BackendId;
+use super::{Artifact, Backend, BuildError, BuildOptions, Runtime};
 
 /// File name of the optimized graph inside the artifact.
 pub const ENTRY: &str = "model.onnx";
@@ -41,13 +40,6 @@ fn base_builder(
 impl Backend for OrtCpu {
     fn name(&self) -> &'static str {
         "ort-cpu"
-    }
-
-    fn id(&self, rt: &Runtime) -> BackendId {
-        BackendId {
-            name: self.name().into(),
-            versions: versions(rt),
-        }
     }
 
     fn check(&self, _rt: &Runtime) -> Result<(), BuildError> {

@@ -17,8 +17,7 @@ use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
 use ort::session::Session;
 
 use super::cpu::{DATA, ENTRY};
-use super::{versions, Artifact, Backend, BuildError, BuildOptions, Runtime};
-use crate::key::BackendId;
+use super::{Artifact, Backend, BuildError, BuildOptions, Runtime};
 use crate::plan::{Precision, ShapeProfile};
 
 const CUDA_FIX: &str = "install onnxruntime-gpu (`pip install onnxruntime-gpu`) with the CUDA and cuDNN libraries it needs, then point ORT_DYLIB_PATH or `ort_library` at its capi/libonnxruntime.so.*";
@@ -128,13 +127,6 @@ impl Backend for OrtCuda {
         "ort-cuda"
     }
 
-    fn id(&self, rt: &Runtime) -> BackendId {
-        BackendId {
-            name: self.name().into(),
-            versions: versions(rt),
-        }
-    }
-
     fn check(&self, rt: &Runtime) -> Result<(), BuildError> {
         require("CUDA", ort::ep::CUDA::is_available(), rt, CUDA_FIX)
     }
@@ -195,14 +187,6 @@ pub struct OrtTensorRt;
 impl Backend for OrtTensorRt {
     fn name(&self) -> &'static str {
         "ort-tensorrt"
-    }
-
-    fn id(&self, rt: &Runtime) -> BackendId {
-        // The TensorRT library version joins the key once device detection reports it.
-        BackendId {
-            name: self.name().into(),
-            versions: versions(rt),
-        }
     }
 
     fn check(&self, rt: &Runtime) -> Result<(), BuildError> {

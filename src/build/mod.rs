@@ -10,7 +10,6 @@
 pub mod cpu;
 pub mod golden;
 pub mod gpu;
-pub mod keyparts;
 pub mod pipeline;
 pub mod runtime;
 pub mod validate;
@@ -21,7 +20,6 @@ use std::path::{Path, PathBuf};
 use ort::session::Session;
 
 pub use crate::cache::Artifact;
-use crate::key::BackendId;
 use crate::plan::{Precision, ShapeProfile};
 pub use pipeline::{BuildOutcome, BuildRequest, Builder, Source};
 pub use runtime::{Runtime, RuntimeError};
@@ -57,6 +55,8 @@ pub enum BuildError {
     Validation(String),
     #[error(transparent)]
     Store(#[from] crate::cache::StoreError),
+    #[error(transparent)]
+    Key(#[from] crate::key::KeyError),
     #[error("another build of key {key} failed: {message}")]
     Joined { key: String, message: String },
 }
@@ -138,6 +138,9 @@ pub struct BuildOptions {
     pub trt_builder_level: u8,
     /// GPU ordinal for the GPU backends.
     pub device_id: i32,
+    /// Further options a user keys artifacts by (`-o KEY=VALUE`), e.g. a label for a custom
+    /// build environment; they go into the key as given and do not change the build.
+    pub extra: BTreeMap<String, String>,
     /// ONNX Runtime intra-op threads for builds and validation (0 = ORT's default); not part
     /// of the key.
     pub threads: usize,
@@ -152,15 +155,28 @@ impl Default for BuildOptions {
             prepack: true,
             trt_builder_level: 3,
             device_id: 0,
+            extra: BTreeMap::new(),
             threads: 0,
         }
     }
 }
 
 impl BuildOptions {
-    /// The options that go into the key for `backend`, as canonical strings.
+    /// Option names [`BuildOptions::key_options`] sets itself (an `extra` entry may not
+    /// reuse them).
+    pub const BUILT_IN: &'static [&'static str] = &[
+        "opt_level",
+        "prepack",
+        "device_id",
+        "trt_builder_optimization_level",
+        "trt_ep_context_embed_mode",
+    ];
+
+    /// The options that go into the key for `backend`, as canonical strings: the single
+    /// source of a key's `options` for `trtcache key`, `trtcache build` and the daemon.
+    /// Precision and profile are key parts of their own.
     pub fn key_options(&self, backend: &str) -> BTreeMap<String, String> {
-        let mut m = BTreeMap::new();
+        let mut m = self.extra.clone();
         match backend {
             "ort-cpu" => {
                 m.insert("opt_level".into(), self.opt_level.name().into());
@@ -188,8 +204,6 @@ impl BuildOptions {
 pub trait Backend: Send + Sync {
     /// `ort-cpu`, `ort-cuda`, `ort-tensorrt`.
     fn name(&self) -> &'static str;
-    /// The backend and the library versions that go into the key.
-    fn id(&self, rt: &Runtime) -> BackendId;
     /// Fails with the precise reason when the backend cannot run on this machine.
     fn check(&self, rt: &Runtime) -> Result<(), BuildError>;
     /// Builds the artifact for `model` into `out` (an empty staging directory).
@@ -216,7 +230,3 @@ pub fn backend(name: &str) -> Result<Box<dyn Backend>, BuildError> {
 
 /// The backends this build knows.
 pub const BACKENDS: &[&str] = &["ort-cpu", "ort-cuda", "ort-tensorrt"];
-
-fn versions(rt: &Runtime) -> BTreeMap<String, String> {
-    BTreeMap::from([("onnxruntime".to_string(), rt.version.clone())])
-}

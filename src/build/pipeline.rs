@@ -11,9 +11,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 use super::validate::{validate, ValidationConfig};
-use super::{backend, keyparts, runtime, Artifact, BuildError, BuildOptions};
+use super::{backend, runtime, Artifact, BuildError, BuildOptions};
 use crate::cache::{now_secs, Lookup, Record, Served, Status, Store, RECORD_FORMAT};
-use crate::key::{CacheKey, KeyParts, KEY_FORMAT};
+use crate::key::{self, CacheKey, DigestOptions, KeyParts};
 use crate::onnx::Model;
 
 /// What to build.
@@ -82,6 +82,7 @@ struct Flight {
 pub struct Builder {
     store: Arc<dyn Store>,
     ort_library: Option<PathBuf>,
+    digest: DigestOptions,
     flights: Mutex<HashMap<CacheKey, Arc<Flight>>>,
     hook: Option<ArtifactHook>,
 }
@@ -99,6 +100,7 @@ impl Builder {
         Self {
             store,
             ort_library,
+            digest: DigestOptions::default(),
             flights: Mutex::new(HashMap::new()),
             hook: None,
         }
@@ -114,24 +116,42 @@ impl Builder {
         &self.store
     }
 
-    /// The key parts of a request (loads ONNX Runtime for the backend's versions).
+    /// Remembers model digests in `memo` (normally `CACHE_DIR/digests.json`, the file
+    /// `trtcache key` uses too), by file identity, so an unchanged model is not re-hashed.
+    pub fn with_digest_memo(mut self, memo: PathBuf) -> Self {
+        self.digest.memo = Some(memo);
+        self
+    }
+
+    /// The key parts of a request, assembled by the key module exactly as `trtcache key`
+    /// does: the tree-scheme model digest (memo per [`Builder::with_digest_memo`]), opsets,
+    /// the SKU the backend builds for, the backend with the LOADED ONNX Runtime's version,
+    /// precision, profile and [`BuildOptions::key_options`](super::BuildOptions::key_options).
     pub fn key_parts(&self, req: &BuildRequest) -> Result<KeyParts, BuildError> {
+        backend(&req.backend)?;
         let rt = runtime::load(self.ort_library.as_deref())?;
-        let backend = backend(&req.backend)?;
         let model = Model::load(&req.model).map_err(|e| BuildError::Model {
             path: req.model.clone(),
             message: e.to_string(),
         })?;
-        Ok(KeyParts {
-            format: KEY_FORMAT,
-            model: keyparts::model_digest(&model, self.store.as_ref())?,
-            opsets: keyparts::opsets(&model),
-            profile: req.options.profile.clone(),
-            sku: keyparts::sku(),
-            backend: backend.id(rt),
-            precision: req.options.precision,
-            options: req.options.key_options(&req.backend),
-        })
+        let sku = key::detect_sku(&req.backend)?;
+        let (digest, report) = key::model_digest_with(&model, &self.digest)?;
+        tracing::debug!(
+            files = report.files,
+            memo_hits = report.memo_hits,
+            hashed_bytes = report.hashed_bytes,
+            seconds = report.seconds,
+            "model digest"
+        );
+        Ok(key::key_parts(
+            &model,
+            digest,
+            req.options.profile.as_ref(),
+            sku,
+            key::backend_id_with(&req.backend, &rt.version),
+            req.options.precision,
+            req.options.key_options(&req.backend),
+        ))
     }
 
     /// Returns the cached artifact for the request, or builds, validates and stores it.
@@ -140,6 +160,9 @@ impl Builder {
         req: &BuildRequest,
         progress: Progress,
     ) -> Result<BuildOutcome, BuildError> {
+        // A backend that cannot run here fails with its precise reason before hashing.
+        let rt = runtime::load(self.ort_library.as_deref())?;
+        backend(&req.backend)?.check(rt)?;
         progress("hashing model");
         let parts = self.key_parts(req)?;
         let key = parts.key();

@@ -64,8 +64,8 @@ pub fn load(configured: Option<&Path>) -> Result<&'static Runtime, RuntimeError>
     if let Some(rt) = RUNTIME.get() {
         return Ok(rt);
     }
-    let path = find(configured)?;
-    let version = probe_version(&path)?;
+    // The same search and version as `trtcache key` (locate), so keys agree.
+    let (path, version) = locate(configured)?;
     let minor = version
         .split('.')
         .nth(1)
@@ -101,6 +101,19 @@ pub fn load(configured: Option<&Path>) -> Result<&'static Runtime, RuntimeError>
 /// Returns the runtime if it is loaded already.
 pub fn loaded() -> Option<&'static Runtime> {
     RUNTIME.get()
+}
+
+/// Finds the library and its version without initialising ort: the version comes from the
+/// file name (`libonnxruntime.so.1.31.1`, a symlink followed), else from the library's own
+/// `GetVersionString` (a `dlopen`, no ort state). `trtcache key` uses this, so its key names
+/// the library a build would load.
+pub fn locate(configured: Option<&Path>) -> Result<(PathBuf, String), RuntimeError> {
+    let path = find(configured)?;
+    let version = match crate::key::versions::onnxruntime_version_from_path(&path) {
+        Some(v) => v,
+        None => probe_version(&path)?,
+    };
+    Ok((path, version))
 }
 
 /// Finds the library without loading it, in the documented order.

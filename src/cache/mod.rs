@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 pub use disk::{OpenReport, SledStore, StoreOptions};
 pub use record::{Artifact, ArtifactFile, Record, Status, StoredArtifact, RECORD_FORMAT};
 
-use crate::key::{CacheKey, ModelDigest};
+use crate::key::CacheKey;
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
@@ -100,16 +100,23 @@ pub trait Store: Send + Sync {
     fn verify(&self) -> Result<VerifyReport, StoreError>;
     /// Evicts least-recently-used entries until the artifacts fit in `max_bytes`.
     fn gc(&self, max_bytes: u64, dry_run: bool) -> Result<GcReport, StoreError>;
-    /// A remembered model digest by file identity (device, inode, size, mtime…).
-    fn digest_get(&self, id: &[u8]) -> Result<Option<ModelDigest>, StoreError>;
-    /// Remembers a model digest.
-    fn digest_put(&self, id: &[u8], digest: &ModelDigest) -> Result<(), StoreError>;
 }
 
-/// The default cache directory: the checkout's `cache/` when run from a checkout (a folder
-/// with `Cargo.toml` and `cache/` above the working directory or the binary), else
-/// `$XDG_CACHE_HOME/trtcache`, else `~/.cache/trtcache`.
+/// The digest memo's file in a cache directory: model digests by file identity, shared by
+/// `trtcache key` (which never takes the cache's lock) and builds (see `key::memo`).
+pub const DIGEST_MEMO: &str = "digests.json";
+
+/// Environment variable naming the cache directory.
+pub const CACHE_DIR_ENV: &str = "TRTCACHE_CACHE_DIR";
+
+/// The cache directory when `--cache-dir` is not given, for every command: then
+/// `TRTCACHE_CACHE_DIR`, then the checkout's `cache/` when run from a checkout (a folder with
+/// `Cargo.toml` and `cache/` above the working directory or the binary), then
+/// `$XDG_CACHE_HOME/trtcache`, then `~/.cache/trtcache`.
 pub fn default_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os(CACHE_DIR_ENV).filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
     let mut starts = Vec::new();
     if let Ok(cwd) = std::env::current_dir() {
         starts.push(cwd);

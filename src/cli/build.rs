@@ -15,27 +15,19 @@ use super::cache::{open_store, CacheArgs};
 use super::output::{human_bytes, table, Style};
 use crate::build::validate::{Tolerance, ValidationConfig};
 use crate::build::{runtime, BuildOptions, BuildOutcome, BuildRequest, Builder, OptLevel, Source};
-use crate::plan::{Precision, ShapeProfile};
+use crate::cache::DIGEST_MEMO;
+use crate::onnx::Model;
+use crate::plan::{resolve, ModelInputs, Plan, Precision, ProfileArgs};
 
-#[derive(Debug, Args)]
-pub struct BuildArgs {
-    /// The ONNX model file (external data next to it is part of the model).
-    pub model: PathBuf,
-    /// Backend: ort-cpu (offline-optimized model for this CPU), ort-cuda, ort-tensorrt.
-    #[arg(long, default_value = "ort-cpu")]
-    pub backend: String,
-    /// Minimum shapes, trtexec syntax: `ids:1x1,mask:1x1`.
-    #[arg(long, value_name = "SPEC")]
-    pub min_shapes: Option<String>,
-    /// Optimal shapes (validation runs at these): `ids:1x128,mask:1x128`.
-    #[arg(long, value_name = "SPEC")]
-    pub opt_shapes: Option<String>,
-    /// Maximum shapes: `ids:8x512,mask:8x512`.
-    #[arg(long, value_name = "SPEC")]
-    pub max_shapes: Option<String>,
-    /// Numeric precision: fp32 or fp16 (fp16 applies to TensorRT).
-    #[arg(long, default_value = "fp32", value_parser = parse_precision)]
-    pub precision: Precision,
+/// The build options that change an artifact, shared by `trtcache key` and `trtcache build`
+/// so both compute the same key; [`BuildOptionArgs::options`] maps them to [`BuildOptions`],
+/// whose `key_options` is the single source of a key's options.
+#[derive(Clone, Debug, Args)]
+pub struct BuildOptionArgs {
+    /// Numeric precision: fp32 or fp16 (fp16 applies to TensorRT). Overrides the sidecar's;
+    /// default fp32.
+    #[arg(long, value_parser = parse_precision)]
+    pub precision: Option<Precision>,
     /// ort-cpu graph optimization level: basic, extended (portable across machines with the
     /// same ISA), all (adds layout transforms for this CPU; the key pins the SKU). ort-cuda
     /// uses at most extended.
@@ -50,22 +42,91 @@ pub struct BuildArgs {
     /// GPU ordinal for the GPU backends.
     #[arg(long, default_value_t = 0)]
     pub device: i32,
-    /// Validation: absolute tolerance (default by precision: fp32 1e-4, fp16 1e-2).
+    /// A further option to key the artifact by, KEY=VALUE (repeatable), e.g. a label for a
+    /// custom build environment; it goes into the key and does not change the build.
+    #[arg(long = "option", short = 'o', value_name = "KEY=VALUE")]
+    pub options: Vec<String>,
+}
+
+impl BuildOptionArgs {
+    /// The build options for a resolved plan (its profile and precision; `--precision` was
+    /// already applied by [`crate::plan::resolve`]).
+    pub fn options(&self, plan: &Plan, threads: usize) -> anyhow::Result<BuildOptions> {
+        Ok(BuildOptions {
+            precision: plan.precision,
+            profile: plan.profile.clone(),
+            opt_level: self.opt_level,
+            prepack: !self.no_prepack,
+            trt_builder_level: self.trt_opt_level,
+            device_id: self.device,
+            extra: parse_extra(&self.options)?,
+            threads,
+        })
+    }
+}
+
+fn parse_extra(opts: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for o in opts {
+        let Some((k, v)) = o.split_once('=') else {
+            bail!("--option `{o}` is not KEY=VALUE");
+        };
+        let k = k.trim();
+        if k.is_empty() {
+            bail!("--option `{o}` has an empty key");
+        }
+        if BuildOptions::BUILT_IN.contains(&k) {
+            bail!("--option `{k}` is set by its own flag (see --help)");
+        }
+        if out.insert(k.to_string(), v.trim().to_string()).is_some() {
+            bail!("--option `{k}` is given twice");
+        }
+    }
+    Ok(out)
+}
+
+/// The backend a command uses: `--backend`, else the sidecar's first, else ort-cpu.
+pub fn choose_backend(flag: Option<&str>, plan: &Plan) -> String {
+    flag.map(str::to_string)
+        .or_else(|| plan.backends.first().cloned())
+        .unwrap_or_else(|| "ort-cpu".to_string())
+}
+
+/// Build MODEL into the cache (or find it there): the key, a cache lookup, the build,
+/// validation against the original model and the stored record. The shape profile, precision,
+/// backends, tolerances and golden inputs come from the model's sidecar
+/// (`MODEL.trtcache.toml`) unless flags override them.
+#[derive(Debug, Args)]
+pub struct BuildArgs {
+    /// The ONNX model file (external data next to it is part of the model).
+    pub model: PathBuf,
+    /// Backend: ort-cpu (offline-optimized model for this CPU), ort-cuda, ort-tensorrt
+    /// (default: the sidecar's first, else ort-cpu).
+    #[arg(long)]
+    pub backend: Option<String>,
+    #[command(flatten)]
+    pub profile: ProfileArgs,
+    #[command(flatten)]
+    pub build: BuildOptionArgs,
+    /// Validation: absolute tolerance (default: the sidecar's, else by precision: fp32 1e-4,
+    /// fp16 1e-2).
     #[arg(long)]
     pub atol: Option<f64>,
-    /// Validation: relative tolerance (default by precision: fp32 1e-3, fp16 1e-2).
+    /// Validation: relative tolerance (default: the sidecar's, else by precision: fp32 1e-3,
+    /// fp16 1e-2).
     #[arg(long)]
     pub rtol: Option<f64>,
-    /// Validation: seed of the random inputs.
+    /// Validation: seed of the random inputs (default: the sidecar's `golden.seed`).
     #[arg(long)]
     pub seed: Option<u64>,
     /// Validation: golden inputs from a NumPy `.npz` (np.savez; one array per input name)
-    /// instead of seeded random tensors.
+    /// instead of seeded random tensors (default: the sidecar's `golden.npz`).
     #[arg(long, value_name = "FILE.npz")]
     pub golden: Option<PathBuf>,
-    /// Validation: integer inputs are drawn from [LO, HI), e.g. `0:2`.
-    #[arg(long, value_name = "LO:HI", default_value = "0:2")]
-    pub int_range: String,
+    /// Validation: integer inputs are drawn from [LO, HI), e.g. `0:2` (default: the
+    /// sidecar's `golden.int_range`, else 0:2).
+    #[arg(long, value_name = "LO:HI")]
+    pub int_range: Option<String>,
     /// ONNX Runtime intra-op threads for building and validating (0 = ORT's default).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -85,80 +146,12 @@ pub struct BuildArgs {
     pub json: bool,
 }
 
-fn parse_precision(s: &str) -> Result<Precision, String> {
-    match s {
-        "fp32" => Ok(Precision::Fp32),
-        "fp16" => Ok(Precision::Fp16),
-        _ => Err(format!("`{s}`: expected fp32 or fp16")),
-    }
+pub fn parse_precision(s: &str) -> Result<Precision, String> {
+    s.parse().map_err(|e: crate::plan::PlanError| e.to_string())
 }
 
 fn parse_opt_level(s: &str) -> Result<OptLevel, String> {
     OptLevel::parse(s).ok_or_else(|| format!("`{s}`: expected basic, extended or all"))
-}
-
-/// Parses `name:1x3x224,other:1x16` into name → dims.
-pub fn parse_shapes(flag: &str, s: &str) -> anyhow::Result<BTreeMap<String, Vec<i64>>> {
-    let mut out = BTreeMap::new();
-    for part in s.split(',').filter(|p| !p.trim().is_empty()) {
-        let Some((name, dims)) = part.rsplit_once(':') else {
-            bail!("{flag}: `{part}` is not NAME:DxDxD");
-        };
-        let dims: Result<Vec<i64>, _> = dims.split('x').map(|d| d.trim().parse::<i64>()).collect();
-        match dims {
-            Ok(d) if !d.is_empty() && d.iter().all(|&v| v >= 0) => {
-                if out.insert(name.trim().to_string(), d).is_some() {
-                    bail!("{flag}: input `{name}` given twice");
-                }
-            }
-            _ => bail!("{flag}: `{part}`: dims must be non-negative integers separated by `x`"),
-        }
-    }
-    Ok(out)
-}
-
-/// The profile from the three flags (opt alone means min = opt = max).
-pub fn profile_from_flags(
-    min: Option<&str>,
-    opt: Option<&str>,
-    max: Option<&str>,
-) -> anyhow::Result<Option<ShapeProfile>> {
-    if min.is_none() && opt.is_none() && max.is_none() {
-        return Ok(None);
-    }
-    let Some(opt) = opt else {
-        bail!("--opt-shapes is required when --min-shapes or --max-shapes is given");
-    };
-    let opt = parse_shapes("--opt-shapes", opt)?;
-    let min = min.map_or(Ok(opt.clone()), |s| parse_shapes("--min-shapes", s))?;
-    let max = max.map_or(Ok(opt.clone()), |s| parse_shapes("--max-shapes", s))?;
-    for (name, o) in &opt {
-        let (Some(lo), Some(hi)) = (min.get(name), max.get(name)) else {
-            bail!("input `{name}`: --opt-shapes names it but --min-shapes/--max-shapes do not");
-        };
-        if lo.len() != o.len() || hi.len() != o.len() {
-            bail!("input `{name}`: min/opt/max shapes have different ranks");
-        }
-        for i in 0..o.len() {
-            if !(lo[i] <= o[i] && o[i] <= hi[i]) {
-                bail!(
-                    "input `{name}` dim {i}: need min <= opt <= max, got {} / {} / {}",
-                    lo[i],
-                    o[i],
-                    hi[i]
-                );
-            }
-        }
-    }
-    if min.len() != opt.len() || max.len() != opt.len() {
-        bail!("--min-shapes, --opt-shapes and --max-shapes must name the same inputs");
-    }
-    Ok(Some(ShapeProfile {
-        name: "default".into(),
-        min,
-        opt,
-        max,
-    }))
 }
 
 #[derive(Serialize)]
@@ -183,18 +176,29 @@ struct ArtifactReport {
 }
 
 pub fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
-    let profile = profile_from_flags(
-        a.min_shapes.as_deref(),
-        a.opt_shapes.as_deref(),
-        a.max_shapes.as_deref(),
-    )?;
-    let Some((lo, hi)) = a.int_range.split_once(':') else {
-        bail!("--int-range: `{}` is not LO:HI", a.int_range);
+    // The plan first: a profile that contradicts the model fails here, before any build.
+    let model = Model::load(&a.model).map_err(anyhow::Error::new)?;
+    let plan = resolve(
+        &a.model,
+        &ModelInputs::of(&model),
+        &a.profile,
+        a.build.precision,
+    )
+    .with_context(|| format!("{}: shape profile", a.model.display()))?;
+    drop(model);
+    let backend = choose_backend(a.backend.as_deref(), &plan);
+    let int_range = match &a.int_range {
+        None => (plan.golden.int_range[0], plan.golden.int_range[1]),
+        Some(r) => {
+            let Some((lo, hi)) = r.split_once(':') else {
+                bail!("--int-range: `{r}` is not LO:HI");
+            };
+            (
+                lo.trim().parse::<i64>().context("--int-range LO")?,
+                hi.trim().parse::<i64>().context("--int-range HI")?,
+            )
+        }
     };
-    let int_range = (
-        lo.trim().parse::<i64>().context("--int-range LO")?,
-        hi.trim().parse::<i64>().context("--int-range HI")?,
-    );
     if int_range.0 >= int_range.1 {
         bail!("--int-range: LO must be below HI");
     }
@@ -205,7 +209,6 @@ pub fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         ),
         None => None,
     };
-    let precision = a.precision;
     for (flag, v) in [("--atol", a.atol), ("--rtol", a.rtol)] {
         if let Some(v) = v {
             if !v.is_finite() || v < 0.0 {
@@ -213,44 +216,31 @@ pub fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let tolerance = match (a.atol, a.rtol) {
-        (None, None) => None,
-        (abs, rel) => {
-            let d = Tolerance::for_precision(precision);
-            Some(Tolerance {
-                abs: abs.unwrap_or(d.abs),
-                rel: rel.unwrap_or(d.rel),
-            })
-        }
+    // The sidecar's tolerance for the precision (or the precision's default), then flags.
+    let tolerance = Tolerance {
+        abs: a.atol.unwrap_or(plan.tolerance.atol),
+        rel: a.rtol.unwrap_or(plan.tolerance.rtol),
     };
-    let defaults = ValidationConfig::default();
     let req = BuildRequest {
         model: a.model.clone(),
-        backend: a.backend.clone(),
-        options: BuildOptions {
-            precision,
-            profile,
-            opt_level: a.opt_level,
-            prepack: !a.no_prepack,
-            trt_builder_level: a.trt_opt_level,
-            device_id: a.device,
-            threads: a.threads,
-        },
+        backend: backend.clone(),
+        options: a.build.options(&plan, a.threads)?,
         validation: ValidationConfig {
-            seed: a.seed.unwrap_or(defaults.seed),
+            seed: a.seed.unwrap_or(plan.golden.seed),
             int_range,
-            tolerance,
-            golden: a.golden.clone(),
+            tolerance: Some(tolerance),
+            golden: a.golden.clone().or_else(|| plan.golden.npz.clone()),
         },
         force: a.force,
     };
-    crate::build::backend(&a.backend).map_err(anyhow::Error::new)?;
+    crate::build::backend(&backend).map_err(anyhow::Error::new)?;
     let (store, dir) = open_store(&a.cache, max_bytes)?;
-    let builder = Builder::new(Arc::new(store), a.ort_library.clone());
+    let builder = Builder::new(Arc::new(store), a.ort_library.clone())
+        .with_digest_memo(dir.join(DIGEST_MEMO));
     let progress = |step: &str| eprintln!("trtcache: {step}");
     let outcome = builder
         .build(&req, &progress)
-        .with_context(|| format!("building {} with {}", a.model.display(), a.backend))?;
+        .with_context(|| format!("building {} with {backend}", a.model.display()))?;
     let rt_version = runtime::loaded().map(|r| r.version.clone());
     if a.json {
         let r = report(&outcome, rt_version);
@@ -380,19 +370,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn shape_flags() {
-        let p = profile_from_flags(Some("x:1x1x64"), Some("x:2x16x64"), Some("x:8x128x64"))
-            .unwrap()
-            .unwrap();
-        assert_eq!(p.opt["x"], vec![2, 16, 64]);
-        let p = profile_from_flags(None, Some("x:2x16x64,m:2x16"), None)
-            .unwrap()
-            .unwrap();
-        assert_eq!(p.min, p.opt);
-        assert!(profile_from_flags(Some("x:4x1x64"), Some("x:2x16x64"), None).is_err());
-        assert!(profile_from_flags(Some("x:1x1"), None, None).is_err());
-        assert!(parse_shapes("--opt-shapes", "x:2xAx3").is_err());
-        assert!(parse_shapes("--opt-shapes", "x2x3").is_err());
-        assert!(profile_from_flags(None, None, None).unwrap().is_none());
+    fn extra_options() {
+        let m = parse_extra(&["b=2".into(), "a = 1".into()]).unwrap();
+        assert_eq!(m.get("a").map(String::as_str), Some("1"));
+        assert!(parse_extra(&["x".into()]).is_err());
+        assert!(parse_extra(&["=1".into()]).is_err());
+        assert!(parse_extra(&["a=1".into(), "a=2".into()]).is_err());
+        assert!(parse_extra(&["opt_level=basic".into()]).is_err());
     }
 }

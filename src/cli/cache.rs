@@ -12,11 +12,12 @@ use super::output::{human_bytes, table, Style};
 use crate::cache::{parse_size, Record, SledStore, Store, StoreOptions};
 use crate::key::CacheKey;
 
-/// Where the cache lives.
+/// Where the cache lives; every command that touches the cache flattens this, so all of
+/// them resolve the same directory ([`crate::cache::default_dir`]).
 #[derive(Debug, Clone, Args)]
 pub struct CacheArgs {
-    /// Cache directory (default: the checkout's cache/ when run from a checkout, else
-    /// $XDG_CACHE_HOME/trtcache).
+    /// Cache directory (default: TRTCACHE_CACHE_DIR, else the checkout's cache/ when run from
+    /// a checkout, else $XDG_CACHE_HOME/trtcache, else ~/.cache/trtcache).
     #[arg(long, value_name = "DIR", env = "TRTCACHE_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
 }

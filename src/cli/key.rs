@@ -1,27 +1,30 @@
 //! `trtcache key MODEL …`: the cache key of a model for a backend, profile and precision,
 //! with every part that went into it.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use clap::Args;
 use serde::Serialize;
 
+use super::build::{choose_backend, BuildOptionArgs};
+use super::cache::CacheArgs;
 use super::output::{human_bytes, table, Style};
+use crate::cache::DIGEST_MEMO;
 use crate::key::{
     digest::default_threads, key_for_plan, plain_model_digest, CacheKey, DigestOptions,
     DigestReport, KeyParts, ModelDigest, BACKENDS,
 };
 use crate::onnx::Model;
-use crate::plan::{resolve, ModelInputs, Precision, ProfileArgs};
+use crate::plan::{resolve, ModelInputs, ProfileArgs};
 
 /// Print the cache key of MODEL and every part hashed into it: the model's content digest
 /// (graph file plus external data, never its path or mtime), opsets, the shape profile, the
-/// device SKU, the backend with its library versions, the precision and build options.
-/// Digests are remembered in CACHE_DIR/digests.json by (device, inode, size, mtime, ctime),
-/// so an unchanged model is not hashed again.
+/// device SKU, the backend with its library versions, the precision and build options. It is
+/// the key `trtcache build` with the same flags (and sidecar) uses. Digests are remembered
+/// in CACHE_DIR/digests.json by (device, inode, size, mtime, ctime), so an unchanged model is
+/// not hashed again; the cache's lock is not needed (a daemon may hold it).
 #[derive(Debug, Args)]
 pub struct KeyArgs {
     /// The ONNX model file.
@@ -31,16 +34,14 @@ pub struct KeyArgs {
     /// Backend the artifact is built with (default: the sidecar's first, else ort-cpu).
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(BACKENDS))]
     pub backend: Option<String>,
-    /// Precision (overrides the sidecar's; default fp32).
-    #[arg(long, value_parser = parse_precision)]
-    pub precision: Option<Precision>,
-    /// A build option that changes the artifact, KEY=VALUE (repeatable).
-    #[arg(long = "option", short = 'o', value_name = "KEY=VALUE")]
-    pub options: Vec<String>,
-    /// Cache folder (holds the digest memo); default $XDG_CACHE_HOME/trtcache or
-    /// ~/.cache/trtcache.
-    #[arg(long, env = "TRTCACHE_CACHE_DIR", value_name = "DIR")]
-    pub cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub build: BuildOptionArgs,
+    /// libonnxruntime.so a build would load (else ORT_DYLIB_PATH, then an onnxruntime Python
+    /// package); its version is part of the key.
+    #[arg(long, env = "TRTCACHE_ORT_LIBRARY")]
+    pub ort_library: Option<PathBuf>,
+    #[command(flatten)]
+    pub cache: CacheArgs,
     /// Hash every time: neither read nor write the digest memo.
     #[arg(long)]
     pub no_memo: bool,
@@ -53,20 +54,6 @@ pub struct KeyArgs {
     /// Print one JSON object instead of the human report.
     #[arg(long)]
     pub json: bool,
-}
-
-fn parse_precision(s: &str) -> Result<Precision, String> {
-    s.parse().map_err(|e: crate::plan::PlanError| e.to_string())
-}
-
-/// The default cache folder: `$XDG_CACHE_HOME/trtcache`, else `$HOME/.cache/trtcache`.
-pub fn default_cache_dir() -> Option<PathBuf> {
-    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|x| !x.is_empty()) {
-        return Some(PathBuf::from(x).join("trtcache"));
-    }
-    std::env::var_os("HOME")
-        .filter(|h| !h.is_empty())
-        .map(|h| PathBuf::from(h).join(".cache/trtcache"))
 }
 
 #[derive(Serialize)]
@@ -83,49 +70,21 @@ struct Report {
     plain_sha256: Option<ModelDigest>,
 }
 
-fn parse_options(opts: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
-    let mut out = BTreeMap::new();
-    for o in opts {
-        let Some((k, v)) = o.split_once('=') else {
-            bail!("--option `{o}` is not KEY=VALUE");
-        };
-        let k = k.trim();
-        if k.is_empty() {
-            bail!("--option `{o}` has an empty key");
-        }
-        if out.insert(k.to_string(), v.trim().to_string()).is_some() {
-            bail!("--option `{k}` is given twice");
-        }
-    }
-    Ok(out)
-}
-
 pub fn run(a: KeyArgs) -> anyhow::Result<ExitCode> {
-    let options = parse_options(&a.options)?;
     let model = Model::load(&a.model).map_err(anyhow::Error::new)?;
     let inputs = ModelInputs::of(&model);
-    let plan = resolve(&a.model, &inputs, &a.profile, a.precision)
+    let plan = resolve(&a.model, &inputs, &a.profile, a.build.precision)
         .with_context(|| format!("{}: shape profile", a.model.display()))?;
-    let memo = if a.no_memo {
-        None
-    } else {
-        a.cache_dir
-            .clone()
-            .or_else(default_cache_dir)
-            .map(|d| d.join("digests.json"))
-    };
+    let memo = (!a.no_memo).then(|| a.cache.dir().join(DIGEST_MEMO));
     let threads = a.threads.unwrap_or_else(default_threads).max(1);
     let profile_name = plan.profile.as_ref().map(|p| p.name.clone());
-    let backend = a
-        .backend
-        .clone()
-        .or_else(|| plan.backends.first().cloned())
-        .unwrap_or_else(|| "ort-cpu".to_string());
+    let backend = choose_backend(a.backend.as_deref(), &plan);
+    let options = a.build.options(&plan, 0)?.key_options(&backend);
     let (parts, report) = key_for_plan(
         &model,
         &plan,
         &backend,
-        None,
+        a.ort_library.as_deref(),
         options,
         &DigestOptions { threads, memo },
     )

@@ -261,17 +261,24 @@ pub fn key_parts(
 
 /// A backend's identity: its name and the versions of the libraries it builds with
 /// (`onnxruntime` always; `cuda_driver` for GPU backends; `tensorrt` when libnvinfer is on
-/// the library path). `ort_library` is the config's explicit ONNX Runtime path, if any.
+/// the library path). `ort_library` is the config's explicit ONNX Runtime path, if any; the
+/// library is found by the loader's own search (`build::runtime::locate`) without loading it.
 pub fn backend_id(name: &str, ort_library: Option<&Path>) -> Result<BackendId, KeyError> {
     if !BACKENDS.contains(&name) {
         return Err(KeyError::UnknownBackend(name.into()));
     }
-    let mut versions = BTreeMap::new();
     let ort = find_onnxruntime_version(ort_library).map_err(|why| KeyError::Library {
         backend: name.into(),
         why,
     })?;
-    versions.insert("onnxruntime".to_string(), ort.version);
+    Ok(backend_id_with(name, &ort.version))
+}
+
+/// [`backend_id`] for a known ONNX Runtime version (the build stage passes the loaded
+/// runtime's): adds `cuda_driver` for GPU backends and `tensorrt` when found.
+pub fn backend_id_with(name: &str, onnxruntime: &str) -> BackendId {
+    let mut versions = BTreeMap::new();
+    versions.insert("onnxruntime".to_string(), onnxruntime.to_string());
     if name != "ort-cpu" {
         if let Some(v) = gpu::driver_version() {
             versions.insert("cuda_driver".to_string(), v);
@@ -282,10 +289,10 @@ pub fn backend_id(name: &str, ort_library: Option<&Path>) -> Result<BackendId, K
             versions.insert("tensorrt".to_string(), t.version);
         }
     }
-    Ok(BackendId {
+    BackendId {
         name: name.into(),
         versions,
-    })
+    }
 }
 
 /// The SKU `backend` builds for, detecting only what it needs: `ort-cpu` reads cpuinfo and

@@ -2,13 +2,10 @@
 //! ONNX Runtime's from its file name (`libonnxruntime.so.1.31.1`), TensorRT's from
 //! `libnvinfer.so.10.x.y` on the library path, the CUDA driver's from `cuDriverGetVersion`.
 //!
-//! [`find_onnxruntime_version`] only finds a version string. The real loader (`src/build/`)
-//! resolves the library itself (config `ort_library`, `ORT_DYLIB_PATH`, the Python package);
-//! when both exist, keys should take the version from the path the loader chose
-//! ([`onnxruntime_version_from_path`]) so the two cannot disagree.
+//! [`find_onnxruntime_version`] uses the loader's own search (`build::runtime::locate`), so
+//! `trtcache key` and `trtcache build` always name the same library and version.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// Where an ONNX Runtime version came from.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -36,73 +33,15 @@ fn is_version(v: &str) -> bool {
             .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// Finds the ONNX Runtime library and its version, in the loader's order: `explicit` (the
-/// config's `ort_library`), `ORT_DYLIB_PATH`, then the `onnxruntime` Python package of
-/// `TRTCACHE_PYTHON` or `python3` (located with `importlib.util.find_spec`, without importing
-/// it). `Err` says what was looked for.
+/// Finds the ONNX Runtime library the build stage would load and its version, WITHOUT
+/// loading it: the path comes from [`crate::build::runtime::find`] (the one search: config
+/// `ort_library`, `ORT_DYLIB_PATH`, the checkout's `.venv`, `$VIRTUAL_ENV`, `python3`), the
+/// version from the file name, else from the library itself
+/// ([`crate::build::runtime::locate`]). `Err` says what was looked for.
 pub fn find_onnxruntime_version(explicit: Option<&Path>) -> Result<FoundLibrary, String> {
-    let mut tried = Vec::new();
-    let env = std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from);
-    for (what, p) in [
-        ("ort_library", explicit.map(Path::to_path_buf)),
-        ("ORT_DYLIB_PATH", env),
-    ] {
-        let Some(p) = p else { continue };
-        if !p.exists() {
-            return Err(format!("{what}={} does not exist", p.display()));
-        }
-        return onnxruntime_version_from_path(&p)
-            .map(|version| FoundLibrary {
-                path: p.clone(),
-                version,
-            })
-            .ok_or_else(|| {
-                format!(
-                    "{what}={}: no version in the file name (expected libonnxruntime.so.MAJOR.MINOR.PATCH)",
-                    p.display()
-                )
-            });
-    }
-    tried.push("ORT_DYLIB_PATH (unset)".to_string());
-    let python = std::env::var_os("TRTCACHE_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("python3"));
-    let script = "import importlib.util as u\ns=u.find_spec('onnxruntime')\nprint(s.submodule_search_locations[0] if s and s.submodule_search_locations else '')";
-    match Command::new(&python).args(["-c", script]).output() {
-        Ok(out) if out.status.success() => {
-            let pkg = String::from_utf8_lossy(&out.stdout).trim().to_string();
-            if pkg.is_empty() {
-                tried.push(format!("{} has no onnxruntime package", python.display()));
-            } else {
-                let capi = Path::new(&pkg).join("capi");
-                let mut found: Vec<FoundLibrary> = std::fs::read_dir(&capi)
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .filter_map(|e| {
-                        let path = e.path();
-                        onnxruntime_version_from_path(&path)
-                            .map(|version| FoundLibrary { path, version })
-                    })
-                    .collect();
-                found.sort_by(|a, b| a.path.cmp(&b.path));
-                if let Some(f) = found.pop() {
-                    return Ok(f);
-                }
-                tried.push(format!("{} has no libonnxruntime.so.X.Y.Z", capi.display()));
-            }
-        }
-        Ok(out) => tried.push(format!(
-            "{} failed: {}",
-            python.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )),
-        Err(e) => tried.push(format!("{} cannot run: {e}", python.display())),
-    }
-    Err(format!(
-        "ONNX Runtime not found; looked at {}. Set ORT_DYLIB_PATH to libonnxruntime.so.X.Y.Z or `pip install onnxruntime`",
-        tried.join("; ")
-    ))
+    crate::build::runtime::locate(explicit)
+        .map(|(path, version)| FoundLibrary { path, version })
+        .map_err(|e| e.to_string())
 }
 
 /// Folders searched for TensorRT: `LD_LIBRARY_PATH`, then the usual system and TensorRT

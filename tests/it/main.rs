@@ -2,7 +2,7 @@
 //! real files, the real `trtcache` binary and, where it needs them, the project's Python
 //! environment (`scripts/setup-python.sh`) as the reference implementation.
 
-mod keys;
 mod build;
+mod keys;
 mod onnx_load;
 mod support;

@@ -1,5 +1,7 @@
-//! The local store: a sled index (`trt_engine_cache`: key → [`Record`] JSON; `model_digests`:
-//! file identity → digest) plus content-addressed artifact directories under `blobs/`.
+//! The local store: a sled index (`trt_engine_cache`: key → [`Record`] JSON) plus
+//! content-addressed artifact directories under `blobs/`. Model digests are remembered in
+//! `digests.json` ([`crate::key::memo`]), not in sled, so `trtcache key` can read and write
+//! them while a builder or daemon holds this store's lock.
 //!
 //! Layout of a cache dir: `lock` (owner pid, flock), `db/` (sled), `blobs/<digest>/<files>`,
 //! `tmp/` (staging and commits in progress), `quarantine/` (what `verify` moved aside).
@@ -16,12 +18,11 @@ use sha2::{Digest, Sha256};
 use super::lock::DirLock;
 use super::record::{Artifact, ArtifactFile, Record, Status, StoredArtifact, RECORD_FORMAT};
 use super::{now_secs, GcReport, Lookup, Served, Store, StoreError, VerifyReport};
-use crate::key::{hex, CacheKey, ModelDigest};
+use crate::key::{hex, CacheKey};
 
 mod maintain;
 
 const RECORDS_TREE: &str = "trt_engine_cache";
-const DIGESTS_TREE: &str = "model_digests";
 
 /// Store settings.
 #[derive(Clone, Debug, Default)]
@@ -47,7 +48,6 @@ pub struct SledStore {
     root: PathBuf,
     db: sled::Db,
     records: sled::Tree,
-    digests: sled::Tree,
     opts: StoreOptions,
     report: OpenReport,
     _lock: DirLock,
@@ -102,12 +102,10 @@ impl SledStore {
         };
         let db = sled::open(&dbp).map_err(db_err)?;
         let records = db.open_tree(RECORDS_TREE).map_err(db_err)?;
-        let digests = db.open_tree(DIGESTS_TREE).map_err(db_err)?;
         let mut store = Self {
             root: root.to_path_buf(),
             db,
             records,
-            digests,
             opts,
             report: OpenReport::default(),
             _lock: lock,
@@ -398,23 +396,6 @@ impl Store for SledStore {
     fn gc(&self, max_bytes: u64, dry_run: bool) -> Result<GcReport, StoreError> {
         self.collect(max_bytes, dry_run)
     }
-
-    fn digest_get(&self, id: &[u8]) -> Result<Option<ModelDigest>, StoreError> {
-        Ok(self
-            .digests
-            .get(id)
-            .map_err(|e| self.db_err(e))?
-            .and_then(|v| serde_json::from_slice(&v).ok()))
-    }
-
-    fn digest_put(&self, id: &[u8], digest: &ModelDigest) -> Result<(), StoreError> {
-        let v = serde_json::to_vec(digest).map_err(|e| StoreError::BadRecord {
-            key: hex(id),
-            message: e.to_string(),
-        })?;
-        self.digests.insert(id, v).map_err(|e| self.db_err(e))?;
-        Ok(())
-    }
 }
 
 impl Drop for SledStore {
@@ -426,7 +407,7 @@ impl Drop for SledStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key::{BackendId, KeyParts, KEY_FORMAT};
+    use crate::key::{BackendId, KeyParts, ModelDigest, KEY_FORMAT};
 
     fn record(n: u8, last_used: u64) -> Record {
         let parts = KeyParts {
