@@ -624,3 +624,125 @@ fn a_build_killed_midway_leaves_nothing_servable_and_is_cleaned_up() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(v["servable"], true);
 }
+
+/// `trtcache key` with the same flags.
+fn key_json(model: &Path, cache: &Path, extra: &[&str]) -> Value {
+    let mut args: Vec<String> = vec![
+        "key".into(),
+        model.display().to_string(),
+        "--cache-dir".into(),
+        cache.display().to_string(),
+        "--json".into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let out = trtcache(&args);
+    assert!(out.status.success(), "key {extra:?}: {}", stderr(&out));
+    json(&out)
+}
+
+#[test]
+fn key_and_build_report_the_same_key() {
+    let d = tempfile::tempdir().unwrap();
+    let cache = d.path().join("cache");
+    let m = d.path().join("enc.onnx");
+    write(&models::tiny_encoder(false), &m).unwrap();
+    // The digest memo only trusts files whose ctime is older than its racy margin (100 ms).
+    std::thread::sleep(std::time::Duration::from_millis(250));
+    let variants: &[&[&str]] = &[
+        &[],
+        &["--opt-shapes", "x:2x8x64"],
+        &[
+            "--min-shapes",
+            "x:1x1x64",
+            "--opt-shapes",
+            "x:2x8x64",
+            "--max-shapes",
+            "x:4x32x64",
+        ],
+        &["--opt-shapes", "x:2x8x64", "--precision", "fp16"],
+        &["--opt-shapes", "x:2x8x64", "--opt-level", "extended"],
+        &["--opt-shapes", "x:2x8x64", "--no-prepack"],
+        &["--opt-shapes", "x:2x8x64", "-o", "label=blue"],
+    ];
+    let mut keys = Vec::new();
+    for extra in variants {
+        // Key before the build (hashes) and after it (the memo the build wrote): the same.
+        let before = key_json(&m, &cache, extra);
+        let (b, out) = build_json(&m, &cache, extra);
+        assert!(out.status.success(), "build {extra:?}: {}", stderr(&out));
+        let after = key_json(&m, &cache, extra);
+        assert_eq!(before["key"], b["key"], "{extra:?}");
+        assert_eq!(after["key"], b["key"], "{extra:?}");
+        assert_eq!(after["digest"]["memo_hits"], 1, "{extra:?}: {after}");
+        assert_eq!(before["parts"], b["record"]["parts"], "{extra:?}");
+        keys.push(b["key"].as_str().unwrap().to_string());
+    }
+    let mut unique = keys.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(
+        unique.len(),
+        keys.len(),
+        "every variant has its own key: {keys:?}"
+    );
+
+    // A sidecar: key and build both take its profile and precision, and the build validates
+    // at the sidecar's opt shape.
+    let sc = d.path().join("sc.onnx");
+    write(&models::tiny_encoder(false), &sc).unwrap();
+    std::fs::write(
+        d.path().join("sc.trtcache.toml"),
+        "precision = \"fp16\"\n[profiles.p]\nmin = \"x:1x1x64\"\nopt = \"x:3x5x64\"\nmax = \"x:4x16x64\"\n\
+         [tolerances.fp16]\natol = 0.05\nrtol = 0.02\n[golden]\nseed = 7\n",
+    )
+    .unwrap();
+    let k = key_json(&sc, &cache, &[]);
+    let (b, out) = build_json(&sc, &cache, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(k["key"], b["key"]);
+    let parts = &b["record"]["parts"];
+    assert_eq!(parts["precision"], "fp16");
+    assert_eq!(parts["profile"]["opt"]["x"], serde_json::json!([3, 5, 64]));
+    assert_eq!(parts["profile"]["max"]["x"], serde_json::json!([4, 16, 64]));
+    let v = &b["record"]["validation"];
+    assert_eq!(v["shapes"]["x"], serde_json::json!([3, 5, 64]));
+    // The sidecar's tolerance for its precision and its golden seed drive validation.
+    assert_eq!(v["tolerance"]["abs"], 0.05);
+    assert_eq!(v["tolerance"]["rel"], 0.02);
+    assert_eq!(v["seed"], 7);
+    // The same shapes from flags (another profile name, same shapes): the same key.
+    let flags = [
+        "--no-sidecar",
+        "--precision",
+        "fp16",
+        "--min-shapes",
+        "x:1x1x64",
+        "--opt-shapes",
+        "x:3x5x64",
+        "--max-shapes",
+        "x:4x16x64",
+    ];
+    assert_eq!(key_json(&sc, &cache, &flags)["key"], b["key"]);
+    let (again, _) = build_json(&sc, &cache, &flags);
+    assert_eq!(again["key"], b["key"]);
+    assert_eq!(again["source"], "cached");
+
+    // A profile contradicting a fixed dim fails with plan's error before any build.
+    let fresh = d.path().join("fresh-cache");
+    let out = trtcache([
+        "build",
+        m.to_str().unwrap(),
+        "--cache-dir",
+        fresh.to_str().unwrap(),
+        "--opt-shapes",
+        "x:2x8x32",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let e = stderr(&out);
+    assert!(
+        e.contains("input `x` axis 2 is fixed to 64") && e.contains("gives 32"),
+        "{e}"
+    );
+    assert!(!e.contains("building with"), "{e}");
+    assert!(!fresh.exists(), "nothing was built or stored");
+}
