@@ -20,7 +20,8 @@ use serde::{Deserialize, Serialize};
 use super::{BuildError, Runtime};
 use crate::plan::{Precision, ShapeProfile};
 
-/// Allowed error: an element passes when it is within `abs` or within `rel`·|reference|.
+/// Allowed error: an element passes when `|actual - reference| <= abs + rel·|reference|`
+/// (numpy's `allclose`, the rule the sidecar's `[tolerances]` document).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Tolerance {
     pub abs: f64,
@@ -363,7 +364,10 @@ pub fn compare(name: &str, reference: &[f64], got: &[f64], tol: Tolerance) -> Ou
         let rel = if r != 0.0 { d / r.abs() } else { UNBOUNDED };
         e.max_abs = e.max_abs.max(d);
         e.max_rel = e.max_rel.max(rel);
-        if !(d <= tol.abs || d <= tol.rel * r.abs()) {
+        // A NaN bound (a library caller's NaN tolerance) passes nothing.
+        if d.partial_cmp(&(tol.abs + tol.rel * r.abs())) == Some(std::cmp::Ordering::Greater)
+            || (tol.abs + tol.rel * r.abs()).is_nan()
+        {
             e.mismatched += 1;
         }
     }
