@@ -334,6 +334,13 @@ fn second_owner_of_a_cache_dir_gets_in_use_by_pid() {
         e.contains(&format!("is in use by pid {}", std::process::id())),
         "{e}"
     );
+    // `trtcache key` needs no lock: it keys (and remembers the digest) while the cache is
+    // owned by another process.
+    let m = d.path().join("m.onnx");
+    write(&models::tiny_encoder(false), &m).unwrap();
+    let v = key_json(&m, &cache, &[]);
+    assert_eq!(v["key"].as_str().map(str::len), Some(64), "{v}");
+    assert_eq!(v["digest"]["memo_error"], Value::Null, "{v}");
 }
 
 #[test]
