@@ -1,5 +1,6 @@
-//! Library versions that go into a backend's identity, found WITHOUT loading the libraries:
-//! ONNX Runtime's from its file name (`libonnxruntime.so.1.31.1`), TensorRT's from
+//! Library versions that go into a backend's identity, found without initialising them:
+//! ONNX Runtime's from its file name (`libonnxruntime.so.1.31.1`; a name without a version
+//! falls back to the library's `GetVersionString` through `dlopen`), TensorRT's from
 //! `libnvinfer.so.10.x.y` on the library path, the CUDA driver's from `cuDriverGetVersion`.
 //!
 //! [`find_onnxruntime_version`] uses the loader's own search (`build::runtime::locate`), so
