@@ -6,6 +6,8 @@
 //! serves them. [`cli`] is the command-line surface over all of it.
 
 pub mod cli;
+pub mod config;
+pub mod daemon;
 pub mod device;
 pub mod fixtures;
 pub mod key;

@@ -3,6 +3,8 @@
 
 mod inspect;
 pub mod output;
+mod serve;
+mod warm;
 
 use std::process::ExitCode;
 
@@ -23,6 +25,14 @@ pub struct Cli {
 pub enum Command {
     /// Show a model's inputs, outputs, operators, warnings and what TensorRT can take.
     Inspect(inspect::InspectArgs),
+    /// Run the daemon: watch models, build and cache artifacts, serve them on a Unix socket.
+    Serve(serve::ServeArgs),
+    /// Print the effective configuration (file + flags).
+    Config(serve::ConfigArgs),
+    /// Build every model (through the daemon when one runs); exit 0 only when all are ready.
+    Warm(warm::WarmArgs),
+    /// Show each model's state per backend/profile (from the daemon when one runs).
+    Status(warm::StatusArgs),
 }
 
 /// Installs the tracing subscriber (stderr). ort reports provider fallbacks only through
@@ -47,5 +57,9 @@ pub fn init_tracing(verbose: u8) {
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Inspect(a) => inspect::run(a),
+        Command::Serve(a) => serve::serve(a),
+        Command::Config(a) => serve::config(a),
+        Command::Warm(a) => warm::warm(a),
+        Command::Status(a) => warm::status(a),
     }
 }
