@@ -583,3 +583,58 @@ fn systemd_units_verify() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn a_model_replaced_during_its_build_cancels_that_build() {
+    let mut d = Daemon::new();
+    d.start();
+    // ~128 MiB of weights: copying and loading it takes seconds, the change is seen in ~0.3 s.
+    let outside = d.root.join("outside");
+    write(&models::big_weights(8, 2048), &outside.join("m.onnx")).unwrap();
+    std::fs::rename(outside.join("m.onnx"), d.models().join("m.onnx")).unwrap();
+    let mut c = d.client();
+    let t0 = Instant::now();
+    loop {
+        let l = c.list().unwrap();
+        if l.iter()
+            .any(|m| m.variants.iter().any(|v| v.state == VariantState::Building))
+        {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "never started building: {l:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    write(&models::tiny_encoder(false), &outside.join("m.onnx")).unwrap();
+    std::fs::rename(outside.join("m.onnx"), d.models().join("m.onnx")).unwrap();
+    let art = loop {
+        match c.acquire_model("m") {
+            Ok(a) if a.metadata.inputs[0].shape.len() == 3 => break a,
+            Ok(_) | Err(_) => {}
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "new content never served\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(art.files.len(), 1);
+    let s = c.stats().unwrap();
+    assert_eq!(
+        s.cancelled,
+        1,
+        "the old build was cancelled: {s:?}\n{}",
+        d.log()
+    );
+    assert_eq!(s.builds, 1, "only the new content was built: {s:?}");
+    drop(c);
+    assert!(d.stop());
+    assert!(
+        d.tmp_files().is_empty(),
+        "temp files left: {:?}",
+        d.tmp_files()
+    );
+}
