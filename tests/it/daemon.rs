@@ -638,3 +638,103 @@ fn a_model_replaced_during_its_build_cancels_that_build() {
         d.tmp_files()
     );
 }
+
+#[test]
+fn connection_limit_idle_timeout_and_admin_requests_are_enforced() {
+    let mut d = Daemon::new();
+    write(&models::tiny_encoder(false), &d.models().join("enc.onnx")).unwrap();
+    let mut cfg = std::fs::read_to_string(d.config()).unwrap();
+    cfg = cfg.replace(
+        "[limits]\n",
+        "socket_mode = \"0666\"\n[limits]\nmax_connections = 2\nidle_timeout_secs = 1\n",
+    );
+    std::fs::write(d.config(), cfg).unwrap();
+    d.start();
+    let mut a = d.client();
+    let _b = d.client();
+    // The third connection is refused with `busy`.
+    let mut third = UnixStream::connect(d.socket()).unwrap();
+    let mut len = [0u8; 4];
+    third.read_exact(&mut len).unwrap();
+    let mut buf = vec![0u8; u32::from_be_bytes(len) as usize];
+    third.read_exact(&mut buf).unwrap();
+    assert!(
+        String::from_utf8_lossy(&buf).contains("\"busy\""),
+        "{}",
+        String::from_utf8_lossy(&buf)
+    );
+    // `a` stays usable, then goes idle and is closed with `idle_timeout`.
+    assert_eq!(a.list().unwrap().len(), 1);
+    std::thread::sleep(Duration::from_millis(1500));
+    let e = a.recv().unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::IdleTimeout), "{e}");
+    drop(a);
+    drop(_b);
+
+    // Admin requests from another uid are refused; from ours they work.
+    let setpriv = Path::new("/usr/bin/setpriv");
+    let py = Path::new("/usr/bin/python3");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !setpriv.exists() || !py.exists() {
+        println!("skipped the other-uid part: needs root, /usr/bin/setpriv and /usr/bin/python3");
+    } else {
+        use std::os::unix::fs::PermissionsExt;
+        // Let uid 65534 reach the socket through the temp folders.
+        for p in [d.root.clone(), d.cache()] {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let script = r#"
+import sys; sys.path.insert(0, sys.argv[1])
+from trtcache_client import Client, TrtcacheError
+c = Client(sys.argv[2])
+for call in (lambda: c.evict(model="enc"), c.shutdown):
+    try:
+        call(); print("allowed")
+    except TrtcacheError as e:
+        print(e.code)
+print(c.status("enc")["name"])
+"#;
+        let t0 = Instant::now();
+        let out = loop {
+            let out = Command::new(setpriv)
+                .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .arg(py)
+                .arg("-c")
+                .arg(script)
+                .arg(repo.join("clients/python"))
+                .arg(d.socket())
+                .output()
+                .unwrap();
+            // The refused connections above may still hold slots for a moment.
+            if out.status.success() || t0.elapsed() > Duration::from_secs(10) {
+                break out;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            text.lines().collect::<Vec<_>>(),
+            ["permission_denied", "permission_denied", "enc"],
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let mut c = d.client();
+    d.wait_settled(&["enc"]);
+    assert_eq!(c.evict(Some("enc"), None).unwrap(), 1);
+    c.shutdown().unwrap();
+    let mut child = d.child.take().unwrap();
+    let t0 = Instant::now();
+    let st = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "shutdown request ignored"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(st.success());
+}

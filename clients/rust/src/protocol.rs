@@ -185,7 +185,7 @@ pub struct ErrorBody {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
-    /// The frame is not a JSON object with an `op` (the connection is closed after this).
+    /// The frame is not a JSON object with a string `op` (the connection stays open).
     BadFrame,
     /// The frame's length exceeds the server's limit (the connection is closed after this).
     FrameTooLarge,
