@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::{mpsc, watch};
@@ -40,6 +40,15 @@ async fn scan(root: PathBuf) -> Option<Snapshot> {
         }
         Err(_) => None,
     }
+}
+
+/// Whether every file of the model was last modified at least `d` ago.
+fn quiet_for(m: &RepoModel, d: Duration) -> bool {
+    let now = SystemTime::now();
+    !m.fingerprint.is_empty()
+        && m.fingerprint.iter().all(|(_, _, mtime)| {
+            mtime.is_some_and(|t| now.duration_since(t).is_ok_and(|age| age >= d))
+        })
 }
 
 /// Scans once and applies everything (startup: files already present count as stable).
@@ -96,6 +105,17 @@ pub async fn run(svc: Arc<Service>, root: PathBuf, mut shutdown: watch::Receiver
             continue;
         };
         let (changed, removed) = diff(&svc.fingerprints(), &first);
+        if changed.is_empty() && removed.is_empty() {
+            dirty = false;
+            continue;
+        }
+        // Files untouched for a whole debounce (e.g. a `mv` of an old file) are stable now;
+        // the rest must look the same in a second scan.
+        let (settled, changed): (Vec<RepoModel>, Vec<RepoModel>) =
+            changed.into_iter().partition(|m| quiet_for(m, debounce));
+        if !settled.is_empty() {
+            svc.apply(settled, Vec::new());
+        }
         if changed.is_empty() && removed.is_empty() {
             dirty = false;
             continue;

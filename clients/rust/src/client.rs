@@ -12,6 +12,9 @@ use serde::de::DeserializeOwned;
 use crate::frame::{self, FrameError};
 use crate::protocol::*;
 
+/// Largest response frame accepted (a `list` of many models stays far below it).
+const MAX_RESPONSE: u32 = 64 << 20;
+
 /// Errors a client call can return.
 #[derive(Debug)]
 pub enum ClientError {
@@ -175,7 +178,7 @@ impl Client {
 
     /// Reads one response; a server error becomes [`ClientError::Server`].
     pub fn recv(&mut self) -> Result<(Response, Vec<OwnedFd>), ClientError> {
-        let (body, fds) = frame::read_frame(&self.stream, u32::MAX)?;
+        let (body, fds) = frame::read_frame(&self.stream, MAX_RESPONSE)?;
         let resp: Response = decode(&body)?;
         if let Response::Error(ErrorBody { code, message }) = resp {
             return Err(ClientError::Server { code, message });
