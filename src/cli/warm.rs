@@ -2,7 +2,6 @@
 //! `trtcache status`. Both talk to the running daemon when its socket answers; otherwise they
 //! work in-process against the cache directory through the same engine the daemon uses.
 
-use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -49,6 +48,53 @@ pub struct StatusArgs {
     pub json: bool,
 }
 
+/// Progress per model/backend/profile on stderr: a spinner line each (phase, elapsed) on a
+/// terminal, plain lines otherwise (logs, CI).
+struct Bars {
+    multi: Option<indicatif::MultiProgress>,
+    bars: std::cell::RefCell<std::collections::HashMap<String, indicatif::ProgressBar>>,
+}
+
+impl Bars {
+    fn new() -> Self {
+        use std::io::IsTerminal;
+        Bars {
+            multi: std::io::stderr()
+                .is_terminal()
+                .then(indicatif::MultiProgress::new),
+            bars: Default::default(),
+        }
+    }
+
+    fn update(&self, model: &str, backend: &str, profile: &str, phase: &str, elapsed: Duration) {
+        let Some(multi) = &self.multi else {
+            eprintln!(
+                "[{:>6.1}s] {model} {backend} {profile}: {phase}",
+                elapsed.as_secs_f64()
+            );
+            return;
+        };
+        let id = format!("{model} {backend} {profile}");
+        let mut bars = self.bars.borrow_mut();
+        let bar = bars.entry(id.clone()).or_insert_with(|| {
+            let b = multi.add(indicatif::ProgressBar::new_spinner());
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} {prefix:40} {msg:12} {elapsed:>5}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+            );
+            b.set_prefix(id);
+            b.enable_steady_tick(Duration::from_millis(120));
+            b
+        });
+        bar.set_message(phase.to_string());
+        if phase == "ready" || phase == "failed" {
+            bar.finish();
+        }
+    }
+}
+
 /// Connects to the daemon when one answers on the configured socket.
 fn connect(cfg: &Config) -> anyhow::Result<Option<Client>> {
     match Client::connect(&cfg.socket) {
@@ -86,15 +132,10 @@ pub fn warm(a: WarmArgs) -> anyhow::Result<ExitCode> {
                 backend: None,
                 timeout_ms: timeout.map(|t| t.as_millis() as u64),
             };
+            let bars = Bars::new();
             c.build(&req, |p| {
-                eprintln!(
-                    "[{:>6.1}s] {} {} {}: {}",
-                    p.elapsed_ms as f64 / 1000.0,
-                    p.model,
-                    p.backend,
-                    p.profile,
-                    p.phase
-                );
+                let elapsed = Duration::from_millis(p.elapsed_ms);
+                bars.update(&p.model, &p.backend, &p.profile, &p.phase, elapsed);
             })
             .map_err(anyhow::Error::new)
             .context("warming through the daemon")?
@@ -149,6 +190,7 @@ fn local_warm(
             cfg.models.display()
         );
     }
+    let bars = Bars::new();
     let cancel = CancelToken::new();
     if let Some(t) = timeout {
         let c = cancel.clone();
@@ -177,15 +219,8 @@ fn local_warm(
                 seconds: 0.0,
             };
             let prof = r.profile.clone();
-            let say = |phase: &str| {
-                eprintln!(
-                    "[{:>6.1}s] {} {} {prof}: {phase}",
-                    start.elapsed().as_secs_f64(),
-                    entry.name,
-                    sel.backend
-                );
-                let _ = std::io::stderr().flush();
-            };
+            let say =
+                |phase: &str| bars.update(&entry.name, &sel.backend, &prof, phase, start.elapsed());
             say("planning");
             let outcome = engine.plan(entry, &sel).and_then(|p| {
                 r.key = Some(p.key.hex());
