@@ -738,3 +738,76 @@ print(c.status("enc")["name"])
     };
     assert!(st.success());
 }
+
+#[test]
+fn socket_activation_and_readiness_notification() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let d = Daemon::new();
+    write(&models::tiny_encoder(false), &d.models().join("enc.onnx")).unwrap();
+    // systemd's side: a listening socket at a path the config does not name, and a notify socket.
+    let activated = d.root.join("activated.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&activated).unwrap();
+    let notify_path = d.root.join("notify.sock");
+    let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).unwrap();
+    notify
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let fd = listener.as_raw_fd();
+    let mut cmd = Command::new("/bin/sh");
+    cmd.arg("-c")
+        .arg("LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" serve --config \"$1\"")
+        .arg(support::bin())
+        .arg(d.config())
+        .env("NOTIFY_SOCKET", &notify_path)
+        .env("WATCHDOG_USEC", "400000")
+        .stderr(std::fs::File::create(d.root.join("daemon.log")).unwrap());
+    // SAFETY: dup2 in the child before exec, as systemd does for fd 3.
+    unsafe {
+        cmd.pre_exec(move || {
+            // dup2 onto itself would keep close-on-exec; clear it instead.
+            let r = if fd == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(fd, 3)
+            };
+            if r < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut buf = [0u8; 4096];
+    let mut seen = String::new();
+    while !(seen.contains("READY=1") && seen.contains("WATCHDOG=1")) {
+        let n = notify
+            .recv(&mut buf)
+            .unwrap_or_else(|e| panic!("no notification ({e}); got {seen:?}; log: {}", d.log()));
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+        seen.push('\n');
+    }
+    assert!(seen.contains("STATUS="), "{seen}");
+    // The daemon serves on the inherited socket, not on the configured path.
+    let mut c = Client::connect(&activated).unwrap();
+    assert_eq!(c.list().unwrap().len(), 1);
+    assert!(
+        !d.socket().exists(),
+        "no socket bound at the configured path"
+    );
+    drop(c);
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+    let mut stopping = String::new();
+    notify
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    while let Ok(n) = notify.recv(&mut buf) {
+        stopping.push_str(&String::from_utf8_lossy(&buf[..n]));
+        if stopping.contains("STOPPING=1") {
+            break;
+        }
+    }
+    assert!(stopping.contains("STOPPING=1"), "{stopping}");
+}
