@@ -35,7 +35,8 @@ for _ in $(seq "$RUNS"); do "$B" startup "$T" "$W/config.toml" "$W/cache/trtcach
 
 echo "== acquire latency on a cache hit" >&2
 "$T" serve --config "$W/config.toml" 2>/dev/null & PID=$!
-until "$T" warm --config "$W/config.toml" >/dev/null 2>&1; do sleep 0.1; done
+until [ -S "$W/cache/trtcache.sock" ]; do sleep 0.05; done
+"$T" warm --config "$W/config.toml" >/dev/null 2>&1
 : > "$W/lat1.jsonl"; : > "$W/lat32.jsonl"
 for _ in $(seq "$RUNS"); do "$B" latency "$W/cache/trtcache.sock" m0000 1 20000 | tee -a "$W/lat1.jsonl" >&2; done
 for _ in $(seq "$RUNS"); do "$B" latency "$W/cache/trtcache.sock" m0001 32 1000 | tee -a "$W/lat32.jsonl" >&2; done
@@ -52,7 +53,8 @@ cache_dir = "$W/big/cache"
 socket = "$W/big/cache/trtcache.sock"
 TOML
 "$T" serve --config "$W/big/config.toml" 2>/dev/null & PID=$!
-until "$T" warm --config "$W/big/config.toml" >/dev/null 2>&1; do sleep 0.2; done
+until [ -S "$W/big/cache/trtcache.sock" ]; do sleep 0.05; done
+"$T" warm --config "$W/big/config.toml" >/dev/null 2>&1
 : > "$W/first.jsonl"
 for _ in $(seq "$RUNS"); do "$B" first-inference "$W/big/cache/trtcache.sock" big "$W/big/models/big.onnx" | tee -a "$W/first.jsonl" >&2; done
 kill "$PID"; wait "$PID" || true; PID=

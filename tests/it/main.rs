@@ -3,5 +3,6 @@
 //! environment (`scripts/setup-python.sh`) as the reference implementation.
 
 mod daemon;
+mod daemon_system;
 mod onnx_load;
 mod support;

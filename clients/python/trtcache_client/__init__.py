@@ -55,14 +55,18 @@ class Artifact:
         return b"".join(chunks)
 
     def session(self, **ort_kwargs):
-        """An onnxruntime.InferenceSession over this artifact. A graph with external data is
+        """An onnxruntime.InferenceSession over this artifact, opened through /proc/self/fd/N.
+        A graph with external data is
         opened through a private temp folder of symlinks to /proc/self/fd/N named as the
         graph expects; the folder is removed once the session exists."""
         import onnxruntime
 
         files = self.metadata.get("files", [])
-        if len(self.fds) <= 1:
-            return onnxruntime.InferenceSession(self.graph_bytes(), **ort_kwargs)
+        if len(self.fds) == 1:
+            # ONNX Runtime opens the descriptor through /proc: no copy into Python.
+            return onnxruntime.InferenceSession("/proc/self/fd/%d" % self.fds[0], **ort_kwargs)
+        if not self.fds:
+            raise TrtcacheError("internal", "artifact has no files")
         d = tempfile.mkdtemp(prefix="trtcache-artifact-")
         try:
             graph = os.path.join(d, "model.onnx")

@@ -1,5 +1,5 @@
 //! `ort` feature: turns an acquired [`Artifact`] into a running `ort` session. A graph with no
-//! external data is read from its descriptor into memory; a graph with external data is opened
+//! external data is opened through `/proc/self/fd/N`; a graph with external data is opened
 //! through a private temporary folder of symlinks (`model.onnx` and each external file's
 //! `location`) pointing at `/proc/self/fd/N`, so ONNX Runtime resolves the data by name while
 //! reading the daemon's read-only descriptors. The folder is removed once the session exists.
@@ -76,14 +76,19 @@ impl Artifact {
     /// Opens an `ort` session from this artifact with `builder` (providers, threads and
     /// optimisation level are the caller's choice).
     pub fn session(&self, builder: &mut SessionBuilder) -> Result<Session, SessionError> {
-        if self.files.len() <= 1 {
-            let bytes = self.graph_bytes()?;
+        let procs = self.proc_paths();
+        if self.files.len() == 1 {
+            // ONNX Runtime opens the descriptor through /proc (no copy into this process).
             return builder
-                .commit_from_memory(&bytes)
+                .commit_from_file(&procs[0])
                 .map_err(|e| SessionError::Ort(e.to_string()));
         }
+        if self.files.is_empty() {
+            return Err(SessionError::Io(std::io::Error::other(
+                "artifact has no files",
+            )));
+        }
         let dir = private_dir()?;
-        let procs = self.proc_paths();
         let mut graph = dir.0.join("model.onnx");
         for (i, (meta, proc_path)) in self.metadata.files.iter().zip(&procs).enumerate() {
             let link = if i == 0 {
