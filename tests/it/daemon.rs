@@ -480,6 +480,13 @@ fn warm_fails_when_a_model_fails_and_succeeds_when_all_are_ready() {
     let v = support::json(&out);
     assert_eq!(state(&v, "bad").as_deref(), Some("failed"));
     assert_eq!(state(&v, "good").as_deref(), Some("ready"));
+    // The failure is memoised: warming again does not rebuild the failed model.
+    let failures = d.client().stats().unwrap().failures;
+    assert_eq!(failures, 1);
+    let out = warm(&["bad"]);
+    assert_eq!(out.status.code(), Some(1));
+    let again = d.client().stats().unwrap();
+    assert_eq!((again.failures, again.builds), (1, 0), "{again:?}");
     let st = support::trtcache(
         ["status", "--json", "--socket"]
             .iter()
