@@ -124,6 +124,9 @@ pub enum EngineError {
     /// The build was cancelled.
     #[error("cancelled")]
     Cancelled,
+    /// The model's files changed since it was planned (not memoised: it is planned again).
+    #[error("{0}")]
+    Changed(String),
     /// The runtime (ONNX Runtime, CUDA, TensorRT) is missing or broken.
     #[error("{0}")]
     Runtime(String),

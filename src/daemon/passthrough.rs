@@ -146,9 +146,41 @@ impl OrtPassthrough {
     }
 }
 
-fn sha256_file(path: &Path, h: &mut Sha256) -> Result<u64, EngineError> {
+/// SHA-256 (hex) and length of each input file; the key is derived from these, so a build
+/// can check that what it copied is what was planned.
+struct Digests {
+    graph: (String, u64),
+    external: Vec<(String, (String, u64))>,
+    sidecar: Option<(String, u64)>,
+}
+
+impl Digests {
+    fn key(&self, sel: &Selection) -> CacheKey {
+        let mut h = Sha256::new();
+        h.update(format!("{FORMAT}\n").as_bytes());
+        let line =
+            |h: &mut Sha256, (d, n): &(String, u64)| h.update(format!("{d} {n}\n").as_bytes());
+        line(&mut h, &self.graph);
+        for (loc, d) in &self.external {
+            h.update(format!("external {loc}\n").as_bytes());
+            line(&mut h, d);
+        }
+        if let Some(d) = &self.sidecar {
+            h.update(b"sidecar\n");
+            line(&mut h, d);
+        }
+        h.update(serde_json::to_vec(sel).unwrap_or_default());
+        CacheKey(h.finalize().into())
+    }
+}
+
+fn digest_bytes(b: &[u8]) -> (String, u64) {
+    (hex(&Sha256::digest(b)), b.len() as u64)
+}
+
+fn digest_file(path: &Path) -> Result<(String, u64), EngineError> {
     let mut f = File::open(path).map_err(EngineError::io(path))?;
-    let mut file_h = Sha256::new();
+    let mut h = Sha256::new();
     let mut buf = vec![0u8; COPY_CHUNK];
     let mut n_total = 0u64;
     loop {
@@ -156,21 +188,29 @@ fn sha256_file(path: &Path, h: &mut Sha256) -> Result<u64, EngineError> {
         if n == 0 {
             break;
         }
-        file_h.update(&buf[..n]);
+        h.update(&buf[..n]);
         n_total += n as u64;
     }
-    h.update(hex(&file_h.finalize()).as_bytes());
-    h.update(format!(" {n_total}\n").as_bytes());
-    Ok(n_total)
+    Ok((hex(&h.finalize()), n_total))
 }
 
-fn copy_synced(src: &Path, dst: &Path, cancel: &CancelToken) -> Result<u64, EngineError> {
+/// Reads the graph into memory (not mapped: a file rewritten in place under a map would
+/// fault) and decodes it to find its external data.
+fn read_model(path: &Path) -> Result<(bytes::Bytes, Model), EngineError> {
+    let b = bytes::Bytes::from(fs::read(path).map_err(EngineError::io(path))?);
+    let m = Model::from_bytes(path, b.clone()).map_err(|e| EngineError::Invalid(e.to_string()))?;
+    Ok((b, m))
+}
+
+/// Copies `src` to `dst` (fsynced), hashing what it copies; observes `cancel`.
+fn copy_synced(src: &Path, dst: &Path, cancel: &CancelToken) -> Result<(String, u64), EngineError> {
     let mut from = File::open(src).map_err(EngineError::io(src))?;
     if let Some(p) = dst.parent() {
         fs::create_dir_all(p).map_err(EngineError::io(p))?;
     }
     let mut to = File::create(dst).map_err(EngineError::io(dst))?;
     let mut buf = vec![0u8; COPY_CHUNK];
+    let mut h = Sha256::new();
     let mut total = 0u64;
     loop {
         if cancel.is_cancelled() {
@@ -180,11 +220,19 @@ fn copy_synced(src: &Path, dst: &Path, cancel: &CancelToken) -> Result<u64, Engi
         if n == 0 {
             break;
         }
+        h.update(&buf[..n]);
         to.write_all(&buf[..n]).map_err(EngineError::io(dst))?;
         total += n as u64;
     }
     to.sync_all().map_err(EngineError::io(dst))?;
-    Ok(total)
+    Ok((hex(&h.finalize()), total))
+}
+
+fn write_synced(dst: &Path, data: &[u8]) -> Result<(), EngineError> {
+    let mut f = File::create(dst).map_err(EngineError::io(dst))?;
+    f.write_all(data)
+        .and_then(|()| f.sync_all())
+        .map_err(EngineError::io(dst))
 }
 
 fn sync_dir(dir: &Path) -> Result<(), EngineError> {
@@ -229,24 +277,22 @@ impl Engine for OrtPassthrough {
                 model.name
             )));
         }
-        let m = Model::load(&model.path).map_err(|e| EngineError::Invalid(e.to_string()))?;
-        let mut h = Sha256::new();
-        h.update(format!("{FORMAT}\n").as_bytes());
-        sha256_file(&model.path, &mut h)?;
+        let (bytes, m) = read_model(&model.path)?;
+        let mut digests = Digests {
+            graph: digest_bytes(&bytes),
+            external: Vec::new(),
+            sidecar: model.sidecar.as_deref().map(digest_file).transpose()?,
+        };
         for ext in &m.external_files {
-            h.update(format!("external {}\n", ext.location).as_bytes());
-            sha256_file(&ext.path, &mut h)?;
+            digests
+                .external
+                .push((ext.location.clone(), digest_file(&ext.path)?));
         }
-        if let Some(s) = &model.sidecar {
-            h.update(b"sidecar\n");
-            sha256_file(s, &mut h)?;
-        }
-        h.update(serde_json::to_vec(sel).unwrap_or_default());
         Ok(Planned {
             model: model.clone(),
             selection: sel.clone(),
             profile: "default".into(),
-            key: CacheKey(h.finalize().into()),
+            key: digests.key(sel),
         })
     }
 
@@ -286,8 +332,19 @@ impl Engine for OrtPassthrough {
         progress: &dyn Fn(BuildPhase),
     ) -> Result<Artifact, EngineError> {
         progress(BuildPhase::Building);
-        let m =
-            Model::load(&planned.model.path).map_err(|e| EngineError::Invalid(e.to_string()))?;
+        let (bytes, m) = match read_model(&planned.model.path) {
+            Ok(x) => x,
+            // Undecodable now: a broken model, or one being rewritten since it was planned.
+            Err(e) => match self.plan(&planned.model, &planned.selection) {
+                Ok(p) if p.key == planned.key => return Err(e),
+                _ => {
+                    return Err(EngineError::Changed(format!(
+                        "`{}` changed while it was being built",
+                        planned.model.name
+                    )))
+                }
+            },
+        };
         let tmp = self.tmp.join(format!(
             "{}-{}-{}",
             planned.key.hex(),
@@ -297,17 +354,40 @@ impl Engine for OrtPassthrough {
         fs::create_dir_all(&tmp).map_err(EngineError::io(&tmp))?;
         let mut guard = TmpGuard(Some(tmp.clone()));
         let graph_name = "model.onnx";
+        write_synced(&tmp.join(graph_name), &bytes)?;
+        let mut digests = Digests {
+            graph: digest_bytes(&bytes),
+            external: Vec::new(),
+            sidecar: planned
+                .model
+                .sidecar
+                .as_deref()
+                .map(digest_file)
+                .transpose()?,
+        };
         let mut files = vec![ArtifactFile {
             role: "graph".into(),
             name: graph_name.into(),
-            bytes: copy_synced(&planned.model.path, &tmp.join(graph_name), cancel)?,
+            bytes: bytes.len() as u64,
         }];
         for ext in &m.external_files {
+            let d = copy_synced(&ext.path, &tmp.join(&ext.location), cancel)?;
             files.push(ArtifactFile {
                 role: "external".into(),
                 name: ext.location.clone(),
-                bytes: copy_synced(&ext.path, &tmp.join(&ext.location), cancel)?,
+                bytes: d.1,
             });
+            digests.external.push((ext.location.clone(), d));
+        }
+        drop(m);
+        drop(bytes);
+        // Content-addressed: what was copied must be what was planned (a file rewritten in
+        // place during the build is caught here, not stored under the wrong key).
+        if digests.key(&planned.selection) != planned.key {
+            return Err(EngineError::Changed(format!(
+                "`{}` changed while it was being built",
+                planned.model.name
+            )));
         }
         if cancel.is_cancelled() {
             return Err(EngineError::Cancelled);

@@ -100,7 +100,14 @@ impl Queue {
         if let Some(f) = g.failed.get(&planned.key) {
             return Err(f.clone());
         }
-        if let Some(job) = g.jobs.get(&planned.key).cloned() {
+        // A cancelled job (its model was replaced, perhaps by identical bytes) is not joined:
+        // a fresh job replaces it.
+        if let Some(job) = g
+            .jobs
+            .get(&planned.key)
+            .filter(|j| !j.cancel.is_cancelled())
+            .cloned()
+        {
             if client && !job.client.swap(true, Ordering::SeqCst) {
                 // Promote a waiting background job.
                 if let Some(i) = g.background.iter().position(|k| *k == planned.key) {
@@ -252,6 +259,7 @@ impl Queue {
         let result = match tokio::time::timeout(self.timeout, handle).await {
             Ok(Ok(r)) => r.map_err(|e| match e {
                 EngineError::Cancelled => (ErrorCode::Cancelled, "the build was cancelled".into()),
+                EngineError::Changed(m) => (ErrorCode::Cancelled, m),
                 other => (ErrorCode::BuildFailed, other.to_string()),
             }),
             Ok(Err(join)) => Err((ErrorCode::Internal, format!("build task failed: {join}"))),
@@ -264,10 +272,21 @@ impl Queue {
                 ))
             }
         };
+        // A build that was cancelled and then failed failed because of the cancellation:
+        // never memoise that.
+        let result = match result {
+            Err((code, msg)) if job.cancel.is_cancelled() && code != ErrorCode::Timeout => Err((
+                ErrorCode::Cancelled,
+                format!("the build was cancelled ({msg})"),
+            )),
+            r => r,
+        };
         let ms = started.elapsed().as_millis() as u64;
         {
             let mut g = self.lock();
-            g.jobs.remove(&key);
+            if g.jobs.get(&key).is_some_and(|j| Arc::ptr_eq(j, &job)) {
+                g.jobs.remove(&key);
+            }
             match &result {
                 Ok(_) => {
                     self.stats.builds.fetch_add(1, Ordering::Relaxed);
@@ -290,5 +309,166 @@ impl Queue {
             }
         }
         job.tx.send_replace(JobStatus::Done(result));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Queue semantics (order, single flight, memo) with an engine whose builds wait for a
+    //! release token, so the order in which the queue starts them is observable.
+    use std::sync::mpsc;
+
+    use super::*;
+    use crate::daemon::engine::{BuildPhase, Layout, ModelEntry, Selection};
+
+    struct GateEngine {
+        started: Mutex<Vec<String>>,
+        release: Mutex<mpsc::Receiver<()>>,
+    }
+
+    impl Engine for GateEngine {
+        fn variants(&self, _: &ModelEntry, _: &[String]) -> Vec<Selection> {
+            Vec::new()
+        }
+        fn plan(&self, _: &ModelEntry, _: &Selection) -> Result<Planned, EngineError> {
+            Err(EngineError::Runtime("unused".into()))
+        }
+        fn lookup(&self, _: &Planned) -> Result<Option<Artifact>, EngineError> {
+            Ok(None)
+        }
+        fn build(
+            &self,
+            p: &Planned,
+            _: &CancelToken,
+            _: &dyn Fn(BuildPhase),
+        ) -> Result<Artifact, EngineError> {
+            self.started.lock().unwrap().push(p.model.name.clone());
+            let _ = self.release.lock().unwrap().recv();
+            Err(EngineError::Invalid(format!(
+                "{} does not build",
+                p.model.name
+            )))
+        }
+        fn evict(&self, _: &CacheKey) -> Result<bool, EngineError> {
+            Ok(false)
+        }
+    }
+
+    fn planned(name: &str, k: u8) -> Planned {
+        Planned {
+            model: ModelEntry {
+                name: name.into(),
+                version: 0,
+                path: name.into(),
+                sidecar: None,
+                layout: Layout::Flat,
+            },
+            selection: Selection {
+                profile: None,
+                backend: "ort-cpu".into(),
+                precision: Default::default(),
+            },
+            profile: "default".into(),
+            key: CacheKey([k; 32]),
+        }
+    }
+
+    async fn done(mut rx: watch::Receiver<JobStatus>) -> Result<Artifact, (ErrorCode, String)> {
+        loop {
+            if let JobStatus::Done(r) = &*rx.borrow_and_update() {
+                return r.clone();
+            }
+            rx.changed().await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn client_builds_go_first_one_build_per_key_and_failures_are_memoised() {
+        let (tx, rx) = mpsc::channel();
+        let engine = Arc::new(GateEngine {
+            started: Mutex::new(Vec::new()),
+            release: Mutex::new(rx),
+        });
+        let q = Queue::new(engine.clone(), 1, Duration::from_secs(60));
+        tokio::spawn(q.clone().run());
+        let a = q.submit(&planned("a", 1), false).unwrap();
+        while engine.started.lock().unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let b = q.submit(&planned("b", 2), false).unwrap();
+        let c = q.submit(&planned("c", 3), false).unwrap();
+        let d = q.submit(&planned("d", 4), true).unwrap();
+        let d2 = q.submit(&planned("d", 4), true).unwrap();
+        let _c2 = q.submit(&planned("c", 3), true).unwrap(); // promotes c
+        assert_eq!(q.depth(), 3);
+        for _ in 0..4 {
+            tx.send(()).unwrap();
+        }
+        for rx in [a, b, c, d, d2] {
+            let (code, _) = done(rx).await.unwrap_err();
+            assert_eq!(code, ErrorCode::BuildFailed);
+        }
+        assert_eq!(*engine.started.lock().unwrap(), ["a", "d", "c", "b"]);
+        assert_eq!(q.stats.failures.load(Ordering::SeqCst), 4);
+        // Memoised: no new build, the failure comes back at once.
+        let (code, msg) = q.submit(&planned("b", 2), true).unwrap_err();
+        assert_eq!(code, ErrorCode::BuildFailed);
+        assert!(msg.contains("b does not build"), "{msg}");
+        assert_eq!(engine.started.lock().unwrap().len(), 4);
+    }
+
+    #[tokio::test]
+    async fn cancelling_a_queued_job_answers_its_waiters() {
+        let (tx, rx) = mpsc::channel();
+        let engine = Arc::new(GateEngine {
+            started: Mutex::new(Vec::new()),
+            release: Mutex::new(rx),
+        });
+        let q = Queue::new(engine.clone(), 1, Duration::from_secs(60));
+        tokio::spawn(q.clone().run());
+        let a = q.submit(&planned("a", 1), false).unwrap();
+        while engine.started.lock().unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let b = q.submit(&planned("b", 2), false).unwrap();
+        q.cancel(&CacheKey([2; 32]));
+        assert_eq!(done(b).await.unwrap_err().0, ErrorCode::Cancelled);
+        tx.send(()).unwrap();
+        done(a).await.unwrap_err();
+        assert_eq!(*engine.started.lock().unwrap(), ["a"]);
+        assert!(
+            q.failure(&CacheKey([2; 32])).is_none(),
+            "a cancellation is not a failure"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_running_job_is_replaced_not_joined() {
+        let (tx, rx) = mpsc::channel();
+        let engine = Arc::new(GateEngine {
+            started: Mutex::new(Vec::new()),
+            release: Mutex::new(rx),
+        });
+        let q = Queue::new(engine.clone(), 2, Duration::from_secs(60));
+        tokio::spawn(q.clone().run());
+        let old = q.submit(&planned("a", 1), false).unwrap();
+        while engine.started.lock().unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // The file is replaced by identical bytes: same key, the old build is cancelled.
+        q.cancel(&CacheKey([1; 32]));
+        let new = q.submit(&planned("a", 1), false).unwrap();
+        while engine.started.lock().unwrap().len() < 2 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        tx.send(()).unwrap();
+        tx.send(()).unwrap();
+        assert_eq!(done(old).await.unwrap_err().0, ErrorCode::Cancelled);
+        assert_eq!(done(new).await.unwrap_err().0, ErrorCode::BuildFailed);
+        assert_eq!(
+            engine.started.lock().unwrap().len(),
+            2,
+            "the replacement job ran"
+        );
     }
 }

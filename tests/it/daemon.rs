@@ -585,3 +585,44 @@ fn a_model_replaced_during_its_build_cancels_that_build() {
         d.tmp_files()
     );
 }
+
+#[test]
+fn a_model_rewritten_with_identical_bytes_during_its_build_still_becomes_ready() {
+    let mut d = Daemon::new();
+    d.start();
+    let outside = d.root.join("outside");
+    write(&models::big_weights(8, 2048), &outside.join("m.onnx")).unwrap();
+    std::fs::copy(outside.join("m.onnx"), d.models().join("m.onnx")).unwrap();
+    let mut c = d.client();
+    let t0 = Instant::now();
+    while !c
+        .list()
+        .unwrap()
+        .iter()
+        .any(|m| m.variants.iter().any(|v| v.state == VariantState::Building))
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "never started building"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // A deploy script copies the same file again: new mtime, same bytes, same key.
+    std::fs::copy(outside.join("m.onnx"), d.models().join("m.onnx")).unwrap();
+    let list = d.wait_settled(&["m"]);
+    assert_eq!(
+        list[0].variants[0].state,
+        VariantState::Ready,
+        "{list:?}\n{}",
+        d.log()
+    );
+    let art = c.acquire_model("m").unwrap();
+    assert_eq!(art.metadata.inputs[0].shape.len(), 2);
+    drop(c);
+    assert!(d.stop());
+    assert!(
+        d.tmp_files().is_empty(),
+        "temp files left: {:?}",
+        d.tmp_files()
+    );
+}
