@@ -393,7 +393,15 @@ impl Engine for OrtPassthrough {
             return Err(EngineError::Cancelled);
         }
         progress(BuildPhase::Validating);
-        let (inputs, outputs) = self.validate(&tmp.join(graph_name))?;
+        let copy = tmp.join(graph_name);
+        // Name the user's file in messages, not the temp copy (gone by the time anyone reads it).
+        let (inputs, outputs) = self.validate(&copy).map_err(|e| match e {
+            EngineError::Invalid(m) => EngineError::Invalid(m.replace(
+                &copy.display().to_string(),
+                &planned.model.path.display().to_string(),
+            )),
+            other => other,
+        })?;
         if cancel.is_cancelled() {
             return Err(EngineError::Cancelled);
         }
