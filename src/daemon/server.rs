@@ -177,7 +177,7 @@ async fn handle(
     tracing::Span::current()
         .record("uid", peer.uid)
         .record("pid", peer.pid.unwrap_or(-1));
-    tracing::debug!(uid = peer.uid, pid = ?peer.pid, "connection");
+    tracing::info!(uid = peer.uid, pid = ?peer.pid, "connection");
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     let admin = peer.uid == 0 || peer.uid == me;
