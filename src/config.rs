@@ -14,7 +14,7 @@ pub const SYSTEM_CONFIG: &str = "/etc/trtcache/config.toml";
 /// Errors reading the configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Read {
         path: PathBuf,
         #[source]

@@ -130,12 +130,11 @@ pub enum EngineError {
     /// The runtime (ONNX Runtime, CUDA, TensorRT) is missing or broken.
     #[error("{0}")]
     Runtime(String),
-    /// File system trouble.
-    #[error("{path}: {source}")]
+    /// File system trouble (the cause is in the message: it travels to clients as text).
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
@@ -143,7 +142,7 @@ impl EngineError {
     /// Wraps an I/O error with its path.
     pub fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
         let path = path.into();
-        move |source| EngineError::Io { path, source }
+        move |error| EngineError::Io { path, error }
     }
 }
 

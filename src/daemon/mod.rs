@@ -24,13 +24,13 @@ use engine::{Engine, EngineError};
 /// Errors that stop the daemon from starting.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("model repository {path}: {source}")]
+    #[error("model repository {path}")]
     Models {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("opening the cache: {0}")]
+    #[error("opening the cache")]
     Engine(#[from] EngineError),
     #[error("socket {path}: {message}")]
     Socket { path: PathBuf, message: String },
