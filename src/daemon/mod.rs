@@ -112,7 +112,12 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         .thread_name("trtcache")
         .build()
         .map_err(ServeError::Runtime)?;
-    rt.block_on(serve_async(cfg))
+    let grace = Duration::from_secs(cfg.limits.shutdown_grace_secs);
+    let r = rt.block_on(serve_async(cfg));
+    // Dropping a runtime waits for blocking tasks without limit; a build that ignores its
+    // cancellation must not hold the exit (its temp folder is removed at the next start).
+    rt.shutdown_timeout(grace);
+    r
 }
 
 async fn serve_async(mut cfg: Config) -> Result<(), ServeError> {

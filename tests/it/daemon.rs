@@ -91,8 +91,22 @@ impl Daemon {
         std::fs::read_to_string(self.root.join("daemon.log")).unwrap_or_default()
     }
 
+    /// A connected client; retries while the daemon answers `busy` (a connection that was
+    /// just closed frees its slot only once the daemon sees the close).
     pub(crate) fn client(&self) -> Client {
-        Client::connect(self.socket()).unwrap_or_else(|e| panic!("connect: {e}: {}", self.log()))
+        let t0 = Instant::now();
+        loop {
+            match Client::connect(self.socket()) {
+                Ok(c) => return c,
+                Err(e)
+                    if e.code() == Some(ErrorCode::Busy)
+                        && t0.elapsed() < Duration::from_secs(10) =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => panic!("connect: {e}: {}", self.log()),
+            }
+        }
     }
 
     /// SIGTERM and wait; returns whether it exited 0.
