@@ -332,18 +332,30 @@ impl Engine for OrtPassthrough {
         progress: &dyn Fn(BuildPhase),
     ) -> Result<Artifact, EngineError> {
         progress(BuildPhase::Building);
-        let (bytes, m) = match read_model(&planned.model.path) {
-            Ok(x) => x,
-            // Undecodable now: a broken model, or one being rewritten since it was planned.
-            Err(e) => match self.plan(&planned.model, &planned.selection) {
-                Ok(p) if p.key == planned.key => return Err(e),
-                _ => {
-                    return Err(EngineError::Changed(format!(
-                        "`{}` changed while it was being built",
-                        planned.model.name
-                    )))
-                }
-            },
+        let path = &planned.model.path;
+        let bytes = bytes::Bytes::from(fs::read(path).map_err(EngineError::io(path))?);
+        let changed = || {
+            EngineError::Changed(format!(
+                "`{}` changed while it was being built",
+                planned.model.name
+            ))
+        };
+        let m = match Model::from_bytes(path, bytes.clone()) {
+            Ok(m) => m,
+            // Undecodable: a broken model, or bytes read while the file was being rewritten.
+            // Broken only if what was read is the file as it is now, and that is what was
+            // planned.
+            Err(e) => {
+                let same_now = digest_file(path).ok() == Some(digest_bytes(&bytes));
+                let as_planned = self
+                    .plan(&planned.model, &planned.selection)
+                    .is_ok_and(|p| p.key == planned.key);
+                return Err(if same_now && as_planned {
+                    EngineError::Invalid(e.to_string())
+                } else {
+                    changed()
+                });
+            }
         };
         let tmp = self.tmp.join(format!(
             "{}-{}-{}",
@@ -384,10 +396,7 @@ impl Engine for OrtPassthrough {
         // Content-addressed: what was copied must be what was planned (a file rewritten in
         // place during the build is caught here, not stored under the wrong key).
         if digests.key(&planned.selection) != planned.key {
-            return Err(EngineError::Changed(format!(
-                "`{}` changed while it was being built",
-                planned.model.name
-            )));
+            return Err(changed());
         }
         if cancel.is_cancelled() {
             return Err(EngineError::Cancelled);
