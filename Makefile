@@ -18,3 +18,10 @@ lint:
 
 models:
 	cargo run --release --example make_models -- examples/models
+
+# Start the daemon on the example models with the defaults (cache in cache/, socket
+# cache/trtcache.sock); Ctrl-C stops it. See docs/daemon.md.
+.PHONY: serve
+serve: setup
+	cargo build --release
+	eval "$$(scripts/ort-env.sh)" && ./target/release/trtcache serve

@@ -8,6 +8,8 @@
 pub mod build;
 pub mod cache;
 pub mod cli;
+pub mod config;
+pub mod daemon;
 pub mod device;
 pub mod fixtures;
 pub mod key;

@@ -9,6 +9,8 @@ pub mod output;
 mod sku;
 
 pub use inspect::opset_bounds;
+mod serve;
+mod warm;
 
 use std::process::ExitCode;
 
@@ -54,6 +56,14 @@ pub enum Command {
     Gc(cache::GcArgs),
     /// Re-hash every stored artifact; quarantine the ones whose files changed.
     Verify(cache::VerifyArgs),
+    /// Run the daemon: watch models, build and cache artifacts, serve them on a Unix socket.
+    Serve(serve::ServeArgs),
+    /// Print the effective configuration (file + flags).
+    Config(serve::ConfigArgs),
+    /// Build every model (through the daemon when one runs); exit 0 only when all are ready.
+    Warm(warm::WarmArgs),
+    /// Show each model's state per backend/profile (from the daemon when one runs).
+    Status(warm::StatusArgs),
 }
 
 /// Installs the tracing subscriber (stderr). ort reports provider fallbacks only through
@@ -85,5 +95,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Rm(a) => cache::rm(a),
         Command::Gc(a) => cache::gc(a),
         Command::Verify(a) => cache::verify(a),
+        Command::Serve(a) => serve::serve(a),
+        Command::Config(a) => serve::config(a),
+        Command::Warm(a) => warm::warm(a),
+        Command::Status(a) => warm::status(a),
     }
 }

@@ -3,6 +3,8 @@
 //! environment (`scripts/setup-python.sh`) as the reference implementation.
 
 mod build;
+mod daemon;
+mod daemon_system;
 mod keys;
 mod onnx_load;
 mod support;

@@ -1,1 +1,30 @@
-pub fn _x() {}
+//! Client for the trtcache daemon: the wire protocol ([`protocol`]), framing with descriptor
+//! passing ([`frame`]) and a blocking [`Client`]. The daemon uses these same types, so this
+//! crate is the protocol's single definition (`docs/protocol.md` describes it in prose).
+//!
+//! ```no_run
+//! use trtcache_client::{Client, AcquireRequest};
+//! let mut c = Client::connect("/run/trtcache/trtcache.sock")?;
+//! let artifact = c.acquire(&AcquireRequest { model: "resnet50".into(), wait: true, ..Default::default() })?;
+//! println!("{} ({} files)", artifact.metadata.key, artifact.files.len());
+//! # Ok::<(), trtcache_client::ClientError>(())
+//! ```
+//!
+//! With the `ort` feature, [`Artifact::session`] opens an `ort::session::Session` from the
+//! acquired descriptors.
+
+#![deny(missing_docs)]
+
+mod client;
+pub mod frame;
+pub mod protocol;
+#[cfg(feature = "ort")]
+mod session;
+
+pub use client::{Artifact, Client, ClientError};
+pub use protocol::{
+    AcquireRequest, ArtifactMeta, BuildRequest, ErrorCode, ModelStatus, Progress, Request,
+    Response, Stats, VariantState, PROTOCOL_VERSION,
+};
+#[cfg(feature = "ort")]
+pub use session::SessionError;

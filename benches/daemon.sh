@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Daemon benchmarks (issue 5): acquire latency p50/p99 with 1 and 32 clients and acquires/s
+# on a cache hit, startup to READY with 1,000 cache entries, idle RSS with 1,000 entries, and a
+# consumer's time to first inference through trtcache vs building its own session.
+# Medians of RUNS (default 5) runs. Usage: benches/daemon.sh [RUNS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${1:-5}
+eval "$(scripts/ort-env.sh)"
+cargo build --release --quiet --bin trtcache --example bench_daemon
+T=$PWD/target/release/trtcache
+B=$PWD/target/release/examples/bench_daemon
+W=$(mktemp -d)
+PID=
+cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null; wait 2>/dev/null; rm -rf "$W"; }
+trap cleanup EXIT
+PY=${TRTCACHE_PYTHON:-python3}
+median() { "$PY" -c 'import sys,json,statistics as s; k=sys.argv[1]; v=[json.loads(l)[k] for l in sys.stdin if l.strip()]; print(round(s.median(v),1))' "$1"; }
+
+mkdir -p "$W/models" "$W/cache" "$W/big/models"
+"$B" models "$W/models" 1000
+cat > "$W/config.toml" <<TOML
+models = "$W/models"
+cache_dir = "$W/cache"
+socket = "$W/cache/trtcache.sock"
+[limits]
+build_concurrency = 2
+TOML
+
+echo "== first start: builds 1,000 artifacts (not timed)" >&2
+"$B" startup "$T" "$W/config.toml" "$W/cache/trtcache.sock" >&2
+echo "== startup to READY and idle RSS with 1,000 cache entries, $RUNS runs" >&2
+: > "$W/startup.jsonl"
+for _ in $(seq "$RUNS"); do "$B" startup "$T" "$W/config.toml" "$W/cache/trtcache.sock" | tee -a "$W/startup.jsonl" >&2; done
+
+echo "== acquire latency on a cache hit" >&2
+"$T" serve --config "$W/config.toml" 2>/dev/null & PID=$!
+until [ -S "$W/cache/trtcache.sock" ]; do sleep 0.05; done
+"$T" warm --config "$W/config.toml" >/dev/null 2>&1
+: > "$W/lat1.jsonl"; : > "$W/lat32.jsonl"
+for _ in $(seq "$RUNS"); do "$B" latency "$W/cache/trtcache.sock" m0000 1 20000 | tee -a "$W/lat1.jsonl" >&2; done
+for _ in $(seq "$RUNS"); do "$B" latency "$W/cache/trtcache.sock" m0001 32 1000 | tee -a "$W/lat32.jsonl" >&2; done
+echo "== file stable -> build queued (debounce_ms = 500)" >&2
+"$B" stable-to-queued "$W/cache/trtcache.sock" "$W/models" "$RUNS" | tee "$W/stq.jsonl" >&2
+kill "$PID"; wait "$PID" || true; PID=
+
+echo "== time to first inference, ~400 MB model (25 MatMul layers of 2048x2048 f32)" >&2
+cargo run --release --quiet --example make_models -- "$W/big/gen" --big-layers 25 >/dev/null
+mv "$W/big/gen/big_weights.onnx" "$W/big/models/big.onnx"
+cat > "$W/big/config.toml" <<TOML
+models = "$W/big/models"
+cache_dir = "$W/big/cache"
+socket = "$W/big/cache/trtcache.sock"
+TOML
+"$T" serve --config "$W/big/config.toml" 2>/dev/null & PID=$!
+until [ -S "$W/big/cache/trtcache.sock" ]; do sleep 0.05; done
+"$T" warm --config "$W/big/config.toml" >/dev/null 2>&1
+: > "$W/first.jsonl"
+for _ in $(seq "$RUNS"); do "$B" first-inference "$W/big/cache/trtcache.sock" big "$W/big/models/big.onnx" | tee -a "$W/first.jsonl" >&2; done
+kill "$PID"; wait "$PID" || true; PID=
+
+via=$(median via_trtcache_ms < "$W/first.jsonl"); own=$(median own_session_ms < "$W/first.jsonl")
+cat <<MD
+Machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), no GPU; engine: OrtPassthrough.
+Command: benches/daemon.sh $RUNS (medians of $RUNS runs).
+
+| measure | median | target |
+|---|---|---|
+| startup to READY, 1,000 cache entries | $(median ready_ms < "$W/startup.jsonl") ms | < 300 ms |
+| startup to all 1,000 models ready (hashing + lookups) | $(median settled_ms < "$W/startup.jsonl") ms | — |
+| idle RSS, 1,000 entries | $(median idle_rss_mb < "$W/startup.jsonl") MB | < 64 MB |
+| acquire p50, 1 client | $(median p50_us < "$W/lat1.jsonl") µs | — |
+| acquire p99, 1 client | $(median p99_us < "$W/lat1.jsonl") µs | — |
+| acquires/s, 1 client | $(median acquires_per_s < "$W/lat1.jsonl") | — |
+| acquire p50, 32 clients | $(median p50_us < "$W/lat32.jsonl") µs | — |
+| acquire p99, 32 clients | $(median p99_us < "$W/lat32.jsonl") µs | < 1 ms |
+| acquires/s, 32 clients | $(median acquires_per_s < "$W/lat32.jsonl") | ≥ 10,000 |
+| file stable → listed and queued (debounce 500 ms) | $(median stable_to_queued_ms < "$W/stq.jsonl") ms | debounce + < 100 ms |
+| first inference via trtcache (connect+acquire+session+run) | $via ms | — |
+| first inference, own session from the raw model | $own ms | — |
+| ratio own / via trtcache | $("$PY" -c "print(round($own/$via,2))")× | ≥ 3× (needs the real build stage) |
+MD

@@ -1,0 +1,318 @@
+//! The blocking client: one Unix-socket connection, a `hello` handshake on connect, then one
+//! typed call per request. Acquired artifacts come back as read-only descriptors.
+
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+
+use crate::frame::{self, FrameError};
+use crate::protocol::*;
+
+/// Largest response frame accepted (a `list` of many models stays far below it).
+const MAX_RESPONSE: u32 = 64 << 20;
+
+/// Errors a client call can return.
+#[derive(Debug)]
+pub enum ClientError {
+    /// Could not connect to the daemon's socket.
+    Connect {
+        /// The socket path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The connection failed or a frame was malformed.
+    Frame(FrameError),
+    /// The daemon answered with a typed error.
+    Server {
+        /// Machine-readable code.
+        code: ErrorCode,
+        /// Human-readable message.
+        message: String,
+    },
+    /// The daemon answered with something this request does not expect.
+    Unexpected(String),
+}
+
+impl ClientError {
+    /// The server's error code, when the daemon answered with one.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Server { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for ClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClientError::Connect { path, source } => {
+                write!(f, "cannot connect to {}: {source}", path.display())
+            }
+            ClientError::Frame(e) => write!(f, "{e}"),
+            ClientError::Server { code, message } => write!(f, "{code}: {message}"),
+            ClientError::Unexpected(s) => write!(f, "unexpected response: {s}"),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ClientError::Connect { source, .. } => Some(source),
+            ClientError::Frame(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<FrameError> for ClientError {
+    fn from(e: FrameError) -> Self {
+        ClientError::Frame(e)
+    }
+}
+
+impl From<std::io::Error> for ClientError {
+    fn from(e: std::io::Error) -> Self {
+        ClientError::Frame(FrameError::Io(e))
+    }
+}
+
+/// An acquired artifact: its metadata and one open read-only file per entry of
+/// `metadata.files` (graph first). The files stay valid after the daemon evicts the entry.
+#[derive(Debug)]
+pub struct Artifact {
+    /// What the artifact is.
+    pub metadata: ArtifactMeta,
+    /// Open files, in the order of `metadata.files`.
+    pub files: Vec<File>,
+}
+
+impl Artifact {
+    /// Reads the graph file (the first descriptor) into memory.
+    pub fn graph_bytes(&self) -> std::io::Result<Vec<u8>> {
+        use std::io::{Read, Seek};
+        let mut f = self
+            .files
+            .first()
+            .ok_or_else(|| std::io::Error::other("artifact has no files"))?;
+        f.rewind()?;
+        let mut out = Vec::new();
+        f.read_to_end(&mut out)?;
+        Ok(out)
+    }
+
+    /// `/proc/self/fd/N` paths of the files, usable by libraries that want paths.
+    pub fn proc_paths(&self) -> Vec<PathBuf> {
+        use std::os::fd::AsRawFd;
+        self.files
+            .iter()
+            .map(|f| PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())))
+            .collect()
+    }
+}
+
+/// A connection to the trtcache daemon.
+#[derive(Debug)]
+pub struct Client {
+    stream: UnixStream,
+    server: String,
+    max_frame: u32,
+}
+
+impl Client {
+    /// Connects to the daemon's socket and performs the version handshake.
+    pub fn connect(path: impl AsRef<Path>) -> Result<Self, ClientError> {
+        let path = path.as_ref();
+        let stream = UnixStream::connect(path).map_err(|source| ClientError::Connect {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut c = Client {
+            stream,
+            server: String::new(),
+            max_frame: u32::MAX,
+        };
+        let hello = Request::Hello {
+            version: PROTOCOL_VERSION,
+            client: concat!("trtcache-client/", env!("CARGO_PKG_VERSION")).into(),
+        };
+        match c.call(&hello)? {
+            (
+                Response::Hello {
+                    server, max_frame, ..
+                },
+                _,
+            ) => {
+                c.server = server;
+                c.max_frame = max_frame;
+                Ok(c)
+            }
+            (other, _) => Err(unexpected(&other)),
+        }
+    }
+
+    /// Sets a read/write timeout on the connection (none by default).
+    pub fn set_timeout(&self, timeout: Option<Duration>) -> Result<(), ClientError> {
+        self.stream.set_read_timeout(timeout)?;
+        self.stream.set_write_timeout(timeout)?;
+        Ok(())
+    }
+
+    /// The server's name and version from the handshake.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// Sends one request (without descriptors).
+    pub fn send(&mut self, req: &Request) -> Result<(), ClientError> {
+        let bytes = frame::encode(req)?;
+        frame::write_frame(&self.stream, &bytes, &[])?;
+        Ok(())
+    }
+
+    /// Reads one response; a server error becomes [`ClientError::Server`].
+    pub fn recv(&mut self) -> Result<(Response, Vec<OwnedFd>), ClientError> {
+        let (body, fds) = frame::read_frame(&self.stream, MAX_RESPONSE)?;
+        let resp: Response = decode(&body)?;
+        if let Response::Error(ErrorBody { code, message }) = resp {
+            return Err(ClientError::Server { code, message });
+        }
+        Ok((resp, fds))
+    }
+
+    fn call(&mut self, req: &Request) -> Result<(Response, Vec<OwnedFd>), ClientError> {
+        self.send(req)?;
+        self.recv()
+    }
+
+    /// Every model with its versions and per-variant state.
+    pub fn list(&mut self) -> Result<Vec<ModelStatus>, ClientError> {
+        match self.call(&Request::List)?.0 {
+            Response::Models { models } => Ok(models),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// One model's state.
+    pub fn status(&mut self, model: &str) -> Result<ModelStatus, ClientError> {
+        match self
+            .call(&Request::Status {
+                model: model.into(),
+            })?
+            .0
+        {
+            Response::Status { model } => Ok(model),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Acquires a ready artifact, waiting for a build when `req.wait` is set.
+    pub fn acquire(&mut self, req: &AcquireRequest) -> Result<Artifact, ClientError> {
+        match self.call(&Request::Acquire(req.clone()))? {
+            (Response::Artifact { metadata }, fds) => {
+                if fds.len() != metadata.files.len() {
+                    return Err(ClientError::Unexpected(format!(
+                        "{} descriptors for {} files",
+                        fds.len(),
+                        metadata.files.len()
+                    )));
+                }
+                Ok(Artifact {
+                    metadata,
+                    files: fds.into_iter().map(File::from).collect(),
+                })
+            }
+            (other, _) => Err(unexpected(&other)),
+        }
+    }
+
+    /// Acquires the default variant of `model`, waiting for it.
+    pub fn acquire_model(&mut self, model: &str) -> Result<Artifact, ClientError> {
+        self.acquire(&AcquireRequest {
+            model: model.into(),
+            wait: true,
+            ..Default::default()
+        })
+    }
+
+    /// Builds (or confirms in the cache) models; `on_progress` sees each progress event.
+    pub fn build(
+        &mut self,
+        req: &BuildRequest,
+        mut on_progress: impl FnMut(&Progress),
+    ) -> Result<Vec<BuildResult>, ClientError> {
+        self.send(&Request::Build(req.clone()))?;
+        loop {
+            match self.recv()?.0 {
+                Response::Progress(p) => on_progress(&p),
+                Response::Built { results } => return Ok(results),
+                other => return Err(unexpected(&other)),
+            }
+        }
+    }
+
+    /// Admin: evicts a model's artifacts or one key; returns how many were removed.
+    pub fn evict(&mut self, model: Option<&str>, key: Option<&str>) -> Result<u64, ClientError> {
+        let req = Request::Evict {
+            model: model.map(Into::into),
+            key: key.map(Into::into),
+        };
+        match self.call(&req)?.0 {
+            Response::Evicted { removed } => Ok(removed),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Daemon counters.
+    pub fn stats(&mut self) -> Result<Stats, ClientError> {
+        match self
+            .call(&Request::Stats {
+                format: StatsFormat::Json,
+            })?
+            .0
+        {
+            Response::Stats { stats } => Ok(stats),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Daemon counters as Prometheus text.
+    pub fn stats_prometheus(&mut self) -> Result<String, ClientError> {
+        match self
+            .call(&Request::Stats {
+                format: StatsFormat::Prometheus,
+            })?
+            .0
+        {
+            Response::StatsText { text } => Ok(text),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Admin: asks the daemon to shut down.
+    pub fn shutdown(&mut self) -> Result<(), ClientError> {
+        match self.call(&Request::Shutdown)?.0 {
+            Response::ShuttingDown => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Largest frame the server accepts.
+    pub fn max_frame(&self) -> u32 {
+        self.max_frame
+    }
+}
+
+fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, ClientError> {
+    serde_json::from_slice(body).map_err(|e| ClientError::Frame(FrameError::Json(e)))
+}
+
+fn unexpected(r: &Response) -> ClientError {
+    ClientError::Unexpected(serde_json::to_string(r).unwrap_or_else(|_| format!("{r:?}")))
+}

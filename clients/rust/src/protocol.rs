@@ -1,0 +1,586 @@
+//! The wire types shared by the daemon and every client: requests, responses, typed error
+//! codes, and the metadata of an artifact. `docs/protocol.md` is the contract these follow.
+//!
+//! Every message is one frame (see [`crate::frame`]): a JSON object whose `op` (requests) or
+//! `kind` (responses) field names the variant. Unknown fields are ignored, so a newer peer
+//! may add optional fields without a version bump; removing or retyping one bumps
+//! [`PROTOCOL_VERSION`].
+
+use serde::{Deserialize, Serialize};
+
+/// Version of this protocol; both sides send theirs in `hello` and the server refuses a
+/// client whose version it does not speak.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The oldest client protocol version the server still accepts.
+pub const MIN_PROTOCOL_VERSION: u32 = 1;
+
+/// Default largest frame (header JSON) in bytes; the daemon's limit is configurable.
+pub const DEFAULT_MAX_FRAME: u32 = 1 << 20;
+
+/// Every request name, so a server can tell an unknown request from a malformed one.
+pub const REQUEST_OPS: &[&str] = &[
+    "hello", "list", "status", "acquire", "build", "evict", "stats", "shutdown",
+];
+
+/// A request from a client; the first one on a connection must be [`Request::Hello`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Version handshake: the client's protocol version and a free-form name for logs.
+    Hello {
+        /// The client's [`PROTOCOL_VERSION`].
+        version: u32,
+        /// The client's name and version, e.g. `trtcache-client/0.1.0`.
+        #[serde(default)]
+        client: String,
+    },
+    /// Every model in the repository with its versions and per-variant state.
+    List,
+    /// One model's state.
+    Status {
+        /// Model name as it appears in the repository.
+        model: String,
+    },
+    /// A ready artifact (metadata plus its files as descriptors), building it if asked to wait.
+    Acquire(AcquireRequest),
+    /// Enqueue builds (client priority) and stream [`Response::Progress`] until all are done.
+    Build(BuildRequest),
+    /// Admin: drop a model's artifacts (or one key) from the cache.
+    Evict {
+        /// Model whose artifacts to evict.
+        #[serde(default)]
+        model: Option<String>,
+        /// One cache key (64 hex digits) to evict.
+        #[serde(default)]
+        key: Option<String>,
+    },
+    /// Counters: hits, misses, builds, failures, build seconds, queue depth.
+    Stats {
+        /// JSON (the default) or Prometheus text exposition.
+        #[serde(default)]
+        format: StatsFormat,
+    },
+    /// Admin: stop accepting, cancel builds, flush and exit.
+    Shutdown,
+}
+
+/// What [`Request::Acquire`] asks for.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AcquireRequest {
+    /// Model name in the repository (never a path).
+    pub model: String,
+    /// Triton version number; the newest when absent.
+    #[serde(default)]
+    pub version: Option<u64>,
+    /// Shape-profile name; the model's default when absent.
+    #[serde(default)]
+    pub profile: Option<String>,
+    /// Backend (`ort-cpu`, `ort-cuda`, `ort-tensorrt`); the daemon's default when absent.
+    #[serde(default)]
+    pub backend: Option<String>,
+    /// Wait for a build when the artifact is not ready (otherwise `not_ready`).
+    #[serde(default = "yes")]
+    pub wait: bool,
+    /// Longest wait in milliseconds; the daemon's build timeout when absent.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// What [`Request::Build`] asks for.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct BuildRequest {
+    /// Models to build; every model in the repository when empty.
+    #[serde(default)]
+    pub models: Vec<String>,
+    /// Backend; every configured backend when absent.
+    #[serde(default)]
+    pub backend: Option<String>,
+    /// Longest wait in milliseconds for all builds together.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+/// Output format of [`Request::Stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StatsFormat {
+    /// [`Response::Stats`].
+    #[default]
+    Json,
+    /// [`Response::StatsText`] in the Prometheus text exposition format.
+    Prometheus,
+}
+
+/// A response from the daemon.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Response {
+    /// Answer to `hello`.
+    Hello {
+        /// The server's [`PROTOCOL_VERSION`].
+        version: u32,
+        /// Server name and version.
+        server: String,
+        /// Largest frame the server accepts, in bytes.
+        max_frame: u32,
+    },
+    /// Answer to `list`.
+    Models {
+        /// Every model, sorted by name.
+        models: Vec<ModelStatus>,
+    },
+    /// Answer to `status`.
+    Status {
+        /// The model's state.
+        model: ModelStatus,
+    },
+    /// Answer to `acquire`: the frame carries `metadata.files.len()` descriptors, in order.
+    Artifact {
+        /// What the artifact is and how it was validated.
+        metadata: ArtifactMeta,
+    },
+    /// A progress event of `build` (zero or more before [`Response::Built`]).
+    Progress(Progress),
+    /// Final answer to `build`.
+    Built {
+        /// One entry per model and variant.
+        results: Vec<BuildResult>,
+    },
+    /// Answer to `evict`.
+    Evicted {
+        /// Number of artifacts removed.
+        removed: u64,
+    },
+    /// Answer to `stats` in JSON.
+    Stats {
+        /// The counters.
+        stats: Stats,
+    },
+    /// Answer to `stats` in Prometheus text.
+    StatsText {
+        /// Prometheus text exposition.
+        text: String,
+    },
+    /// Answer to `shutdown`.
+    ShuttingDown,
+    /// The request failed; the connection stays usable unless the code says otherwise.
+    Error(ErrorBody),
+}
+
+/// A typed error on the wire.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// What went wrong, machine-readable.
+    pub code: ErrorCode,
+    /// What went wrong, for people.
+    pub message: String,
+}
+
+/// Machine-readable error codes. Clients match on these, never on messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The frame is not a JSON object with a string `op` (the connection stays open).
+    BadFrame,
+    /// The frame's length exceeds the server's limit (the connection is closed after this).
+    FrameTooLarge,
+    /// The `op` is not one this server knows.
+    UnknownRequest,
+    /// The request's fields do not match its `op`.
+    BadRequest,
+    /// `hello` was missing or the client's version is not supported.
+    UnsupportedVersion,
+    /// The model name is not a plain repository name (a path, `..`, empty, control chars).
+    BadName,
+    /// No such model, version, profile or backend in the repository.
+    NotFound,
+    /// The artifact is not ready and the client did not wait.
+    NotReady,
+    /// The build failed (and is memoised until the model or its config changes).
+    BuildFailed,
+    /// The build was cancelled (model replaced or removed, or daemon shutting down).
+    Cancelled,
+    /// The wait exceeded the timeout.
+    Timeout,
+    /// The request needs root or the daemon's user.
+    PermissionDenied,
+    /// Too many connections.
+    Busy,
+    /// The connection was idle longer than the server allows.
+    IdleTimeout,
+    /// The daemon is shutting down.
+    ShuttingDown,
+    /// Anything else (I/O on the daemon's side, a bug).
+    Internal,
+}
+
+impl ErrorCode {
+    /// The snake_case name used on the wire.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ErrorCode::BadFrame => "bad_frame",
+            ErrorCode::FrameTooLarge => "frame_too_large",
+            ErrorCode::UnknownRequest => "unknown_request",
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::UnsupportedVersion => "unsupported_version",
+            ErrorCode::BadName => "bad_name",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::NotReady => "not_ready",
+            ErrorCode::BuildFailed => "build_failed",
+            ErrorCode::Cancelled => "cancelled",
+            ErrorCode::Timeout => "timeout",
+            ErrorCode::PermissionDenied => "permission_denied",
+            ErrorCode::Busy => "busy",
+            ErrorCode::IdleTimeout => "idle_timeout",
+            ErrorCode::ShuttingDown => "shutting_down",
+            ErrorCode::Internal => "internal",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// State of one variant (profile × backend × precision) of a model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VariantState {
+    /// Not built and not queued.
+    Missing,
+    /// Waiting for a build slot.
+    Queued,
+    /// Being built.
+    Building,
+    /// Built, validated and in the cache.
+    Ready,
+    /// The last build failed (see `reason`).
+    Failed,
+}
+
+impl std::fmt::Display for VariantState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            VariantState::Missing => "missing",
+            VariantState::Queued => "queued",
+            VariantState::Building => "building",
+            VariantState::Ready => "ready",
+            VariantState::Failed => "failed",
+        })
+    }
+}
+
+/// One model in the repository.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelStatus {
+    /// Repository name.
+    pub name: String,
+    /// The version served by default (the newest; 0 for a flat `NAME.onnx`).
+    pub version: u64,
+    /// Every version present, ascending.
+    pub versions: Vec<u64>,
+    /// `flat` or `triton`.
+    pub layout: String,
+    /// Per variant of the served version.
+    pub variants: Vec<VariantStatus>,
+}
+
+/// One variant's state.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VariantStatus {
+    /// Shape-profile name (`default` when the model declares none).
+    pub profile: String,
+    /// Backend name.
+    pub backend: String,
+    /// `fp32` or `fp16`.
+    pub precision: String,
+    /// Where it stands.
+    pub state: VariantState,
+    /// Cache key, once the model has been hashed.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Why it failed (for `failed`).
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// The current build phase (for `building`).
+    #[serde(default)]
+    pub phase: Option<String>,
+}
+
+/// Name, element type and shape of one input or output; dynamic dims are names or `-1`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TensorInfo {
+    /// Tensor name.
+    pub name: String,
+    /// Element type, e.g. `float32`.
+    pub dtype: String,
+    /// Dims: numbers, or strings for named dynamic dims.
+    pub shape: Vec<serde_json::Value>,
+}
+
+/// How an artifact was validated before it was stored.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Validation {
+    /// Passed (an artifact that failed is never served).
+    pub passed: bool,
+    /// How: e.g. `ort-cpu session created` or `compared to reference on seeded inputs`.
+    pub method: String,
+    /// Largest absolute error against the reference, when outputs were compared.
+    #[serde(default)]
+    pub max_abs_err: Option<f64>,
+    /// Largest relative error against the reference, when outputs were compared.
+    #[serde(default)]
+    pub max_rel_err: Option<f64>,
+}
+
+/// One file of an artifact; descriptors arrive in the order of [`ArtifactMeta::files`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArtifactFile {
+    /// `graph` (always first) or `external` (external data of the graph).
+    pub role: String,
+    /// Name the graph expects: for external data, its `location` relative to the graph.
+    pub name: String,
+    /// Size in bytes.
+    pub bytes: u64,
+}
+
+/// Everything a consumer needs to know about an acquired artifact.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ArtifactMeta {
+    /// Model name.
+    pub model: String,
+    /// Model version.
+    pub version: u64,
+    /// Cache key (64 hex digits).
+    pub key: String,
+    /// Backend that built it.
+    pub backend: String,
+    /// Shape-profile name.
+    pub profile: String,
+    /// `fp32` or `fp16`.
+    pub precision: String,
+    /// Graph inputs.
+    pub inputs: Vec<TensorInfo>,
+    /// Graph outputs.
+    pub outputs: Vec<TensorInfo>,
+    /// Execution provider per partition, in graph order (e.g. `["CPUExecutionProvider"]`).
+    pub providers: Vec<String>,
+    /// How it was validated.
+    pub validation: Validation,
+    /// Files, graph first; one descriptor each.
+    pub files: Vec<ArtifactFile>,
+    /// Seconds since the Unix epoch when it was built.
+    #[serde(default)]
+    pub built_at: u64,
+}
+
+/// A build progress event.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    /// Model name.
+    pub model: String,
+    /// Backend.
+    pub backend: String,
+    /// Profile.
+    pub profile: String,
+    /// Phase: `queued`, `planning`, `building`, `validating`, `storing`, `ready`, `failed`.
+    pub phase: String,
+    /// Milliseconds since the build request was received.
+    pub elapsed_ms: u64,
+}
+
+/// The outcome of one variant's build.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BuildResult {
+    /// Model name.
+    pub model: String,
+    /// Backend.
+    pub backend: String,
+    /// Profile.
+    pub profile: String,
+    /// `ready` or `failed`.
+    pub state: VariantState,
+    /// Cache key when known.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Served from the cache without building.
+    #[serde(default)]
+    pub cached: bool,
+    /// Failure code.
+    #[serde(default)]
+    pub code: Option<ErrorCode>,
+    /// Failure message.
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// Wall time of this variant's build (0 when cached).
+    #[serde(default)]
+    pub seconds: f64,
+}
+
+/// Daemon counters.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    /// Acquires answered with an artifact already in the cache.
+    pub hits: u64,
+    /// Acquires that had to wait for a build.
+    pub misses: u64,
+    /// Builds finished successfully.
+    pub builds: u64,
+    /// Builds that failed (including timeouts).
+    pub failures: u64,
+    /// Builds cancelled.
+    pub cancelled: u64,
+    /// Total seconds spent in successful and failed builds.
+    pub build_seconds: f64,
+    /// Builds waiting for a slot.
+    pub queue_depth: u64,
+    /// Builds running.
+    pub building: u64,
+    /// Models served.
+    pub models: u64,
+    /// Open connections.
+    pub connections: u64,
+    /// Seconds since the daemon started.
+    pub uptime_seconds: f64,
+}
+
+impl Stats {
+    /// Prometheus text exposition of these counters.
+    pub fn prometheus(&self) -> String {
+        let mut s = String::new();
+        let mut one = |name: &str, kind: &str, help: &str, v: String| {
+            s.push_str(&format!(
+                "# HELP trtcache_{name} {help}\n# TYPE trtcache_{name} {kind}\ntrtcache_{name} {v}\n"
+            ));
+        };
+        one(
+            "hits_total",
+            "counter",
+            "Acquires served from the cache.",
+            self.hits.to_string(),
+        );
+        one(
+            "misses_total",
+            "counter",
+            "Acquires that waited for a build.",
+            self.misses.to_string(),
+        );
+        one(
+            "builds_total",
+            "counter",
+            "Successful builds.",
+            self.builds.to_string(),
+        );
+        one(
+            "build_failures_total",
+            "counter",
+            "Failed builds.",
+            self.failures.to_string(),
+        );
+        one(
+            "builds_cancelled_total",
+            "counter",
+            "Cancelled builds.",
+            self.cancelled.to_string(),
+        );
+        one(
+            "build_seconds_total",
+            "counter",
+            "Seconds spent building.",
+            format!("{}", self.build_seconds),
+        );
+        one(
+            "queue_depth",
+            "gauge",
+            "Builds waiting for a slot.",
+            self.queue_depth.to_string(),
+        );
+        one(
+            "builds_running",
+            "gauge",
+            "Builds running.",
+            self.building.to_string(),
+        );
+        one("models", "gauge", "Models served.", self.models.to_string());
+        one(
+            "connections",
+            "gauge",
+            "Open connections.",
+            self.connections.to_string(),
+        );
+        one(
+            "uptime_seconds",
+            "gauge",
+            "Seconds since start.",
+            format!("{}", self.uptime_seconds),
+        );
+        s
+    }
+}
+
+/// Checks that a model name is a plain repository name: non-empty, at most 255 bytes, no
+/// `/`, `\`, NUL or control characters, not `.` or `..`, not starting with `.`.
+pub fn valid_model_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 255
+        && !name.starts_with('.')
+        && !name
+            .chars()
+            .any(|c| c == '/' || c == '\\' || c.is_control())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip_with_op_tag() {
+        let r = Request::Acquire(AcquireRequest {
+            model: "m".into(),
+            wait: true,
+            ..Default::default()
+        });
+        let j = serde_json::to_string(&r).unwrap();
+        assert!(j.contains("\"op\":\"acquire\""), "{j}");
+        assert_eq!(serde_json::from_str::<Request>(&j).unwrap(), r);
+        let minimal: Request = serde_json::from_str(r#"{"op":"acquire","model":"m"}"#).unwrap();
+        assert_eq!(minimal, r, "wait defaults to true");
+    }
+
+    #[test]
+    fn error_codes_are_snake_case_on_the_wire() {
+        let e = Response::Error(ErrorBody {
+            code: ErrorCode::BadName,
+            message: "x".into(),
+        });
+        let j = serde_json::to_string(&e).unwrap();
+        assert!(j.contains("\"code\":\"bad_name\""), "{j}");
+        assert_eq!(ErrorCode::FrameTooLarge.as_str(), "frame_too_large");
+    }
+
+    #[test]
+    fn names_that_are_paths_are_invalid() {
+        for bad in [
+            "",
+            "..",
+            "../x",
+            "/etc/passwd",
+            "a/b",
+            ".hidden",
+            "a\\b",
+            "a\nb",
+        ] {
+            assert!(!valid_model_name(bad), "{bad:?}");
+        }
+        for good in ["resnet50", "tiny_encoder", "bert-base.v2"] {
+            assert!(valid_model_name(good), "{good:?}");
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! Measurement driver for `benches/daemon.sh` (see BENCHMARKS-daemon.md). Modes:
+//!
+//! - `models DIR N` — write N distinct tiny models (flat `mNNNN.onnx`).
+//! - `startup TRTCACHE CONFIG` — spawn `trtcache serve`, time spawn → socket answering
+//!   `hello` (READY is sent at the same point), wait until every model is ready, print idle
+//!   RSS, stop it with SIGTERM. Prints one JSON line.
+//! - `latency SOCKET MODEL CLIENTS PER_CLIENT` — CLIENTS threads, each on its own
+//!   connection, acquiring a ready model PER_CLIENT times; p50/p99 per acquire and acquires/s.
+//! - `stable-to-queued SOCKET MODELS_DIR N` — N times: rename a complete model into the
+//!   repository and time until the daemon lists it (queued for planning/building).
+//! - `first-inference SOCKET MODEL RAW_MODEL` — a consumer's time to its first inference
+//!   through trtcache (connect + acquire + session + run) against building its own session
+//!   from the raw model file (ORT's default optimisation level) + run.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use trtcache::fixtures::{models, random_f32, tensor_f32, write};
+use trtcache_client::{AcquireRequest, Client};
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let a = |i: usize| {
+        args.get(i)
+            .cloned()
+            .ok_or("missing argument (see the file's docs)")
+    };
+    match a(0)?.as_str() {
+        "models" => {
+            let dir = a(1)?;
+            let n: usize = a(2)?.parse()?;
+            std::fs::create_dir_all(&dir)?;
+            for i in 0..n {
+                let mut m = models::tiny_encoder(false);
+                if let Some(g) = m.graph.as_mut() {
+                    g.initializer[3] =
+                        tensor_f32("fc.bias", &[64], &random_f32(1000 + i as u64, 64, 0.1));
+                }
+                write(&m, &Path::new(&dir).join(format!("m{i:04}.onnx")))?;
+            }
+        }
+        "startup" => {
+            let (bin, cfg) = (a(1)?, a(2)?);
+            let socket = a(3)?;
+            let t0 = Instant::now();
+            let mut child = std::process::Command::new(&bin)
+                .args(["serve", "--config", &cfg])
+                .stderr(std::process::Stdio::null())
+                .spawn()?;
+            let mut c = loop {
+                if let Ok(c) = Client::connect(&socket) {
+                    break c;
+                }
+                if t0.elapsed() > Duration::from_secs(60) {
+                    return Err("daemon did not come up".into());
+                }
+                std::thread::sleep(Duration::from_micros(500));
+            };
+            let ready_ms = t0.elapsed().as_secs_f64() * 1000.0;
+            let settle = Instant::now();
+            let n = loop {
+                let l = c.list()?;
+                let pending = l
+                    .iter()
+                    .filter(|m| {
+                        m.variants
+                            .iter()
+                            .any(|v| v.state != trtcache_client::VariantState::Ready)
+                    })
+                    .count();
+                if pending == 0 {
+                    break l.len();
+                }
+                if settle.elapsed() > Duration::from_secs(600) {
+                    return Err("models did not settle".into());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            let settled_ms = t0.elapsed().as_secs_f64() * 1000.0;
+            let stats = c.stats()?;
+            drop(c);
+            std::thread::sleep(Duration::from_millis(500));
+            let status = std::fs::read_to_string(format!("/proc/{}/status", child.id()))?;
+            let rss_kb: u64 = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            child.wait()?;
+            println!(
+                "{{\"ready_ms\":{ready_ms:.1},\"settled_ms\":{settled_ms:.1},\"models\":{n},\"builds\":{},\"idle_rss_mb\":{:.1}}}",
+                stats.builds,
+                rss_kb as f64 / 1024.0
+            );
+        }
+        "latency" => {
+            let (socket, model) = (a(1)?, a(2)?);
+            let clients: usize = a(3)?.parse()?;
+            let per: usize = a(4)?.parse()?;
+            let barrier = std::sync::Arc::new(std::sync::Barrier::new(clients));
+            let t0 = Instant::now();
+            let handles: Vec<_> = (0..clients)
+                .map(|_| {
+                    let (s, m, b) = (socket.clone(), model.clone(), barrier.clone());
+                    std::thread::spawn(move || -> Result<Vec<f64>, String> {
+                        let mut c = Client::connect(&s).map_err(|e| e.to_string())?;
+                        let req = AcquireRequest {
+                            model: m,
+                            wait: false,
+                            ..Default::default()
+                        };
+                        b.wait();
+                        let mut lat = Vec::with_capacity(per);
+                        for _ in 0..per {
+                            let t = Instant::now();
+                            let art = c.acquire(&req).map_err(|e| e.to_string())?;
+                            lat.push(t.elapsed().as_secs_f64() * 1e6);
+                            drop(art);
+                        }
+                        Ok(lat)
+                    })
+                })
+                .collect();
+            let mut all = Vec::new();
+            for h in handles {
+                all.extend(h.join().map_err(|_| "client thread panicked")??);
+            }
+            let wall = t0.elapsed().as_secs_f64();
+            all.sort_by(|a, b| a.total_cmp(b));
+            println!(
+                "{{\"clients\":{clients},\"acquires\":{},\"p50_us\":{:.1},\"p99_us\":{:.1},\"acquires_per_s\":{:.0}}}",
+                all.len(),
+                pct(&all, 0.5),
+                pct(&all, 0.99),
+                all.len() as f64 / wall
+            );
+        }
+        "first-inference" => {
+            let (socket, model, raw) = (a(1)?, a(2)?, a(3)?);
+            let dylib = std::env::var("ORT_DYLIB_PATH")?;
+            let env = ort::init_from(&dylib)?.build()?;
+            let run = |s: &mut ort::session::Session| -> Result<(), Box<dyn std::error::Error>> {
+                let inp = &s.inputs()[0];
+                let width = match inp.dtype() {
+                    ort::value::ValueType::Tensor { shape, .. } => {
+                        shape.last().copied().unwrap_or(1).max(1) as usize
+                    }
+                    _ => 1,
+                };
+                let name = inp.name().to_string();
+                let t = ort::value::Tensor::from_array(([1usize, width], vec![0.5f32; width]))?;
+                s.run(ort::inputs![name => t])?;
+                Ok(())
+            };
+            // Untimed warm-up: ORT's first session in a process pays one-off set-up costs,
+            // and both files should be equally in the page cache.
+            drop(ort::session::Session::builder(&env)?.commit_from_file(&raw)?);
+            let via_once = || -> Result<f64, Box<dyn std::error::Error>> {
+                let t = Instant::now();
+                let mut c = Client::connect(&socket)?;
+                let art = c.acquire_model(&model)?;
+                let mut b = ort::session::Session::builder(&env)?;
+                let mut s = art.session(&mut b)?;
+                run(&mut s)?;
+                Ok(t.elapsed().as_secs_f64() * 1000.0)
+            };
+            let own_once = || -> Result<f64, Box<dyn std::error::Error>> {
+                let t = Instant::now();
+                let mut s = ort::session::Session::builder(&env)?.commit_from_file(&raw)?;
+                run(&mut s)?;
+                Ok(t.elapsed().as_secs_f64() * 1000.0)
+            };
+            // ABBA order cancels the advantage of going second (warm allocator).
+            let (v1, o1, o2, v2) = (via_once()?, own_once()?, own_once()?, via_once()?);
+            let (via, own) = ((v1 + v2) / 2.0, (o1 + o2) / 2.0);
+            println!("{{\"via_trtcache_ms\":{via:.1},\"own_session_ms\":{own:.1}}}");
+        }
+        "stable-to-queued" => {
+            // Write a model under a hidden name, rename it in (the file is complete and
+            // stable from that instant), and time until the daemon lists it.
+            let (socket, dir) = (a(1)?, a(2)?);
+            let n: usize = a(3)?.parse()?;
+            let mut c = Client::connect(&socket)?;
+            for i in 0..n {
+                let name = format!("sq{}x{i}", std::process::id());
+                let mut m = models::tiny_encoder(false);
+                if let Some(g) = m.graph.as_mut() {
+                    g.initializer[3] =
+                        tensor_f32("fc.bias", &[64], &random_f32(7000 + i as u64, 64, 0.1));
+                }
+                let tmp = Path::new(&dir).join(format!(".{name}.tmp"));
+                write(&m, &tmp)?;
+                std::fs::rename(&tmp, Path::new(&dir).join(format!("{name}.onnx")))?;
+                let t = Instant::now();
+                loop {
+                    if c.list()?.iter().any(|m| m.name == name) {
+                        break;
+                    }
+                    if t.elapsed() > Duration::from_secs(30) {
+                        return Err("model never listed".into());
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                println!(
+                    "{{\"stable_to_queued_ms\":{:.1}}}",
+                    t.elapsed().as_secs_f64() * 1000.0
+                );
+            }
+        }
+        other => return Err(format!("unknown mode {other}").into()),
+    }
+    Ok(())
+}

@@ -1,0 +1,81 @@
+//! `trtcache serve` (run the daemon) and `trtcache config` (print the effective config).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Args;
+
+use crate::config::{Config, Overrides};
+
+/// Where the config, models, cache and socket are; each flag overrides the config file.
+#[derive(Debug, Clone, Args)]
+pub struct PathArgs {
+    /// TOML config file [default: /etc/trtcache/config.toml when present].
+    #[arg(long, env = "TRTCACHE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Model repository: NAME.onnx files, NAME/model.onnx folders or Triton NAME/VERSION/model.onnx.
+    #[arg(long)]
+    pub models: Option<PathBuf>,
+    /// Cache directory [default: the checkout's cache/, /var/cache/trtcache under systemd].
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// Unix socket [default: CACHE/trtcache.sock, /run/trtcache/trtcache.sock under systemd].
+    #[arg(long, env = "TRTCACHE_SOCKET")]
+    pub socket: Option<PathBuf>,
+}
+
+impl PathArgs {
+    /// The effective configuration.
+    pub fn load(&self) -> anyhow::Result<Config> {
+        let o = Overrides {
+            config: self.config.clone(),
+            models: self.models.clone(),
+            cache_dir: self.cache_dir.clone(),
+            socket: self.socket.clone(),
+        };
+        Config::load(&o).context("reading the configuration")
+    }
+}
+
+/// Run the daemon: watch the model repository, build and cache artifacts, serve them on a
+/// Unix socket. Stops cleanly on SIGTERM/SIGINT. Under systemd it reports readiness
+/// (Type=notify), pings the watchdog and accepts a socket-activated listener.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub paths: PathArgs,
+}
+
+pub fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
+    let cfg = a.paths.load()?;
+    tracing::info!(models = %cfg.models.display(), cache = %cfg.cache_dir.display(), socket = %cfg.socket.display(), "starting");
+    crate::daemon::serve(cfg).map_err(anyhow::Error::new)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Print the effective configuration (config file, then flags) as TOML, or JSON with --json.
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
+    #[command(flatten)]
+    pub paths: PathArgs,
+    /// Print JSON instead of TOML.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn config(a: ConfigArgs) -> anyhow::Result<ExitCode> {
+    let cfg = a.paths.load()?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&cfg).context("serialising the config")?
+        );
+    } else {
+        print!(
+            "{}",
+            toml::to_string_pretty(&cfg).context("serialising the config")?
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

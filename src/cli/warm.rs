@@ -1,0 +1,416 @@
+//! `trtcache warm` (the deploy step: every model ready and validated, or a non-zero exit) and
+//! `trtcache status`. Both talk to the running daemon when its socket answers; otherwise they
+//! work in-process against the cache directory through the same engine the daemon uses.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use trtcache_client::protocol::{
+    BuildRequest, BuildResult, ModelStatus, VariantState, VariantStatus,
+};
+use trtcache_client::{Client, ClientError};
+
+use super::output::{table, Style};
+use super::serve::PathArgs;
+use crate::config::Config;
+use crate::daemon::engine::{CancelToken, EngineError};
+use crate::daemon::repo;
+
+/// Build (or confirm in the cache) every model in the repository, with progress per model on
+/// stderr and a summary table. Exits 0 only when every model/profile/backend is ready and
+/// validated, 1 when any failed, 2 on bad input.
+#[derive(Debug, Args)]
+pub struct WarmArgs {
+    #[command(flatten)]
+    pub paths: PathArgs,
+    /// Only these models (names in the repository); all when omitted.
+    pub model: Vec<String>,
+    /// Give up after this many seconds (the unfinished builds count as failed).
+    #[arg(long)]
+    pub timeout: Option<u64>,
+    /// Print the results as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Show every model's (or one model's) state per backend/profile: missing, queued, building,
+/// ready or failed with the reason.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub paths: PathArgs,
+    /// One model; all when omitted.
+    pub model: Option<String>,
+    /// Print JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Progress per model/backend/profile on stderr: a spinner line each (phase, elapsed) on a
+/// terminal, plain lines otherwise (logs, CI).
+struct Bars {
+    multi: Option<indicatif::MultiProgress>,
+    bars: std::cell::RefCell<std::collections::HashMap<String, indicatif::ProgressBar>>,
+}
+
+impl Bars {
+    fn new() -> Self {
+        use std::io::IsTerminal;
+        Bars {
+            multi: std::io::stderr()
+                .is_terminal()
+                .then(indicatif::MultiProgress::new),
+            bars: Default::default(),
+        }
+    }
+
+    fn update(&self, model: &str, backend: &str, profile: &str, phase: &str, elapsed: Duration) {
+        let Some(multi) = &self.multi else {
+            eprintln!(
+                "[{:>6.1}s] {model} {backend} {profile}: {phase}",
+                elapsed.as_secs_f64()
+            );
+            return;
+        };
+        let id = format!("{model} {backend} {profile}");
+        let mut bars = self.bars.borrow_mut();
+        let bar = bars.entry(id.clone()).or_insert_with(|| {
+            let b = multi.add(indicatif::ProgressBar::new_spinner());
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} {prefix:40} {msg:12} {elapsed:>5}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+            );
+            b.set_prefix(id);
+            b.enable_steady_tick(Duration::from_millis(120));
+            b
+        });
+        bar.set_message(phase.to_string());
+        if phase == "ready" || phase == "failed" {
+            bar.finish();
+        }
+    }
+}
+
+/// Connects to the daemon when one answers on the configured socket.
+fn connect(cfg: &Config) -> anyhow::Result<Option<Client>> {
+    match Client::connect(&cfg.socket) {
+        Ok(c) => Ok(Some(c)),
+        Err(ClientError::Connect { source, .. })
+            if matches!(
+                source.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(anyhow::Error::new(e))
+            .with_context(|| format!("talking to the daemon at {}", cfg.socket.display())),
+    }
+}
+
+pub fn warm(a: WarmArgs) -> anyhow::Result<ExitCode> {
+    let cfg = a.paths.load()?;
+    let timeout = a.timeout.map(Duration::from_secs);
+    // With --models the names come from that folder, so the daemon builds exactly those.
+    let mut names = a.model.clone();
+    if names.is_empty() && a.paths.models.is_some() {
+        names = repo::scan(&cfg.models)
+            .with_context(|| format!("scanning {}", cfg.models.display()))?
+            .into_keys()
+            .collect();
+    }
+    let start = Instant::now();
+    let results = match connect(&cfg)? {
+        Some(mut c) => {
+            eprintln!("warm: using the daemon at {}", cfg.socket.display());
+            let req = BuildRequest {
+                models: names,
+                backend: None,
+                timeout_ms: timeout.map(|t| t.as_millis() as u64),
+            };
+            let bars = Bars::new();
+            c.build(&req, |p| {
+                let elapsed = Duration::from_millis(p.elapsed_ms);
+                bars.update(&p.model, &p.backend, &p.profile, &p.phase, elapsed);
+            })
+            .map_err(anyhow::Error::new)
+            .context("warming through the daemon")?
+        }
+        None => {
+            eprintln!(
+                "warm: no daemon at {}; building in-process into {}",
+                cfg.socket.display(),
+                cfg.cache_dir.display()
+            );
+            local_warm(&cfg, &names, timeout, start)?
+        }
+    };
+    let ok = results.iter().all(|r| r.state == VariantState::Ready);
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&results).context("serialising results")?
+        );
+    } else {
+        print!("{}", render_results(&results, Style::stdout()));
+    }
+    let failed = results
+        .iter()
+        .filter(|r| r.state != VariantState::Ready)
+        .count();
+    eprintln!(
+        "warm: {} ready, {failed} failed in {:.1}s",
+        results.len() - failed,
+        start.elapsed().as_secs_f64()
+    );
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn local_warm(
+    cfg: &Config,
+    names: &[String],
+    timeout: Option<Duration>,
+    start: Instant,
+) -> anyhow::Result<Vec<BuildResult>> {
+    let engine = crate::daemon::open_engine(cfg).context("opening the cache")?;
+    let snapshot =
+        repo::scan(&cfg.models).with_context(|| format!("scanning {}", cfg.models.display()))?;
+    for n in names {
+        anyhow::ensure!(
+            snapshot.contains_key(n),
+            "no model `{n}` in {}",
+            cfg.models.display()
+        );
+    }
+    let bars = Bars::new();
+    let cancel = CancelToken::new();
+    if let Some(t) = timeout {
+        let c = cancel.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(t);
+            c.cancel();
+        });
+    }
+    let mut out = Vec::new();
+    for m in snapshot
+        .values()
+        .filter(|m| names.is_empty() || names.contains(&m.name))
+    {
+        let Some(entry) = m.served() else { continue };
+        for sel in engine.variants(entry, &cfg.backends) {
+            let t0 = Instant::now();
+            let mut r = BuildResult {
+                model: entry.name.clone(),
+                backend: sel.backend.clone(),
+                profile: sel.profile.clone().unwrap_or_else(|| "default".into()),
+                state: VariantState::Failed,
+                key: None,
+                cached: false,
+                code: None,
+                reason: None,
+                seconds: 0.0,
+            };
+            let prof = r.profile.clone();
+            let say =
+                |phase: &str| bars.update(&entry.name, &sel.backend, &prof, phase, start.elapsed());
+            say("planning");
+            let outcome = engine.plan(entry, &sel).and_then(|p| {
+                r.key = Some(p.key.hex());
+                r.profile = p.profile.clone();
+                if let Some(_a) = engine.lookup(&p)? {
+                    r.cached = true;
+                    return Ok(());
+                }
+                if cancel.is_cancelled() {
+                    return Err(EngineError::Cancelled);
+                }
+                engine
+                    .build(&p, &cancel, &|ph| say(ph.as_str()))
+                    .map(|_| ())
+            });
+            r.seconds = t0.elapsed().as_secs_f64();
+            match outcome {
+                Ok(()) => {
+                    r.state = VariantState::Ready;
+                    say("ready");
+                }
+                Err(e) => {
+                    use trtcache_client::protocol::ErrorCode;
+                    r.code = Some(match e {
+                        EngineError::Cancelled => ErrorCode::Timeout,
+                        EngineError::NotFound(_) => ErrorCode::NotFound,
+                        _ => ErrorCode::BuildFailed,
+                    });
+                    r.reason = Some(match e {
+                        EngineError::Cancelled => "timed out".into(),
+                        e => e.to_string(),
+                    });
+                    say("failed");
+                }
+            }
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
+fn render_results(results: &[BuildResult], st: Style) -> String {
+    let mut rows = vec![[
+        "MODEL", "BACKEND", "PROFILE", "STATE", "KEY", "SECONDS", "REASON",
+    ]
+    .iter()
+    .map(|s| st.heading(s))
+    .collect::<Vec<_>>()];
+    for r in results {
+        let state = match r.state {
+            VariantState::Ready if r.cached => st.good("ready (cached)"),
+            VariantState::Ready => st.good("ready"),
+            s => st.bad(&s.to_string()),
+        };
+        rows.push(vec![
+            r.model.clone(),
+            r.backend.clone(),
+            r.profile.clone(),
+            state,
+            r.key
+                .as_deref()
+                .map(|k| k.get(..12).unwrap_or(k).to_string())
+                .unwrap_or_default(),
+            format!("{:.2}", r.seconds),
+            r.reason.clone().unwrap_or_default(),
+        ]);
+    }
+    table("", &rows)
+}
+
+pub fn status(a: StatusArgs) -> anyhow::Result<ExitCode> {
+    let cfg = a.paths.load()?;
+    let models = match connect(&cfg)? {
+        Some(mut c) => match &a.model {
+            Some(m) => vec![c
+                .status(m)
+                .map_err(anyhow::Error::new)
+                .with_context(|| format!("status of `{m}`"))?],
+            None => c
+                .list()
+                .map_err(anyhow::Error::new)
+                .context("listing models")?,
+        },
+        None => {
+            eprintln!(
+                "status: no daemon at {}; reading the cache directly",
+                cfg.socket.display()
+            );
+            local_status(&cfg, a.model.as_deref())?
+        }
+    };
+    if a.json {
+        let v = match (&a.model, models.first()) {
+            (Some(_), Some(m)) => serde_json::to_value(m),
+            _ => serde_json::to_value(&models),
+        }
+        .context("serialising status")?;
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&v).context("serialising status")?
+        );
+    } else {
+        print!("{}", render_status(&models, Style::stdout()));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn local_status(cfg: &Config, only: Option<&str>) -> anyhow::Result<Vec<ModelStatus>> {
+    let engine = crate::daemon::open_engine(cfg).context("opening the cache")?;
+    let snapshot =
+        repo::scan(&cfg.models).with_context(|| format!("scanning {}", cfg.models.display()))?;
+    if let Some(n) = only {
+        anyhow::ensure!(
+            snapshot.contains_key(n),
+            "no model `{n}` in {}",
+            cfg.models.display()
+        );
+    }
+    let mut out = Vec::new();
+    for m in snapshot
+        .values()
+        .filter(|m| only.is_none_or(|n| n == m.name))
+    {
+        let Some(entry) = m.served() else { continue };
+        let mut variants = Vec::new();
+        for sel in engine.variants(entry, &cfg.backends) {
+            let mut v = VariantStatus {
+                profile: sel.profile.clone().unwrap_or_else(|| "default".into()),
+                backend: sel.backend.clone(),
+                precision: "fp32".into(),
+                state: VariantState::Missing,
+                key: None,
+                reason: None,
+                phase: None,
+            };
+            match engine.plan(entry, &sel) {
+                Ok(p) => {
+                    v.key = Some(p.key.hex());
+                    if engine.lookup(&p).ok().flatten().is_some() {
+                        v.state = VariantState::Ready;
+                    }
+                }
+                Err(e) => {
+                    v.state = VariantState::Failed;
+                    v.reason = Some(e.to_string());
+                }
+            }
+            variants.push(v);
+        }
+        out.push(ModelStatus {
+            name: m.name.clone(),
+            version: entry.version,
+            versions: m.versions.keys().copied().collect(),
+            layout: format!("{:?}", m.layout).to_lowercase(),
+            variants,
+        });
+    }
+    Ok(out)
+}
+
+fn render_status(models: &[ModelStatus], st: Style) -> String {
+    let mut rows = vec![[
+        "MODEL", "VERSION", "BACKEND", "PROFILE", "STATE", "KEY", "REASON",
+    ]
+    .iter()
+    .map(|s| st.heading(s))
+    .collect::<Vec<_>>()];
+    for m in models {
+        for v in &m.variants {
+            let state = match v.state {
+                VariantState::Ready => st.good("ready"),
+                VariantState::Failed => st.bad("failed"),
+                VariantState::Building => {
+                    st.warn(&format!("building ({})", v.phase.as_deref().unwrap_or("?")))
+                }
+                s => st.warn(&s.to_string()),
+            };
+            rows.push(vec![
+                m.name.clone(),
+                m.version.to_string(),
+                v.backend.clone(),
+                v.profile.clone(),
+                state,
+                v.key
+                    .as_deref()
+                    .map(|k| k.get(..12).unwrap_or(k).to_string())
+                    .unwrap_or_default(),
+                v.reason.clone().unwrap_or_default(),
+            ]);
+        }
+    }
+    table("", &rows)
+}

@@ -1,0 +1,276 @@
+//! The daemon's configuration: a TOML file (`--config`, else `/etc/trtcache/config.toml` when
+//! present), then command-line flags on top. Every limit the daemon enforces lives here.
+//! Defaults depend on where trtcache runs: under systemd (`INVOCATION_ID`, `NOTIFY_SOCKET` or
+//! `LISTEN_FDS` set) the cache is `/var/cache/trtcache` and the socket
+//! `/run/trtcache/trtcache.sock`; from a checkout, the repository's `cache/` holds both.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The system-wide config file read when `--config` is not given.
+pub const SYSTEM_CONFIG: &str = "/etc/trtcache/config.toml";
+
+/// Errors reading the configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid setting `{key}`: {message}")]
+    Invalid { key: &'static str, message: String },
+}
+
+/// Effective configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Model repository (flat `NAME.onnx` files and/or Triton `NAME/VERSION/model.onnx`).
+    pub models: PathBuf,
+    /// Cache directory (artifacts, index, temp files).
+    pub cache_dir: PathBuf,
+    /// Unix socket path (ignored when systemd passes a listener).
+    pub socket: PathBuf,
+    /// Socket permission bits (octal in TOML as a string, e.g. "0660").
+    pub socket_mode: String,
+    /// Group that owns the socket; the daemon's group when unset.
+    pub socket_group: Option<String>,
+    /// ONNX Runtime shared library; `ORT_DYLIB_PATH` when unset.
+    pub ort_dylib: Option<PathBuf>,
+    /// Backends built in the background for every model; the first is the default for
+    /// acquires that name none.
+    pub backends: Vec<String>,
+    /// Limits.
+    pub limits: Limits,
+}
+
+/// Every limit the daemon enforces.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Builds running at once (1 for GPU backends: concurrent TensorRT builds contend).
+    pub build_concurrency: usize,
+    /// Longest build, in seconds; longer builds are cancelled and recorded as failed.
+    pub build_timeout_secs: u64,
+    /// Largest request frame in bytes.
+    pub max_frame_bytes: u32,
+    /// A connection idle this long (seconds) is closed.
+    pub idle_timeout_secs: u64,
+    /// Connections served at once; more are refused with `busy`.
+    pub max_connections: usize,
+    /// Quiet time (milliseconds) a model file must stay unchanged before it is built.
+    pub debounce_ms: u64,
+    /// Cache size limit in bytes (enforced by the cache stage's GC).
+    pub cache_size_bytes: u64,
+    /// Longest wait for builds to stop on shutdown, in seconds.
+    pub shutdown_grace_secs: u64,
+    /// Full rescan of the repository every this many seconds (0: only on events).
+    pub rescan_secs: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            build_concurrency: 1,
+            build_timeout_secs: 3600,
+            max_frame_bytes: 1 << 20,
+            idle_timeout_secs: 300,
+            max_connections: 1024,
+            debounce_ms: 500,
+            cache_size_bytes: 50 << 30,
+            shutdown_grace_secs: 10,
+            rescan_secs: 60,
+        }
+    }
+}
+
+/// Whether this process was started by systemd.
+pub fn under_systemd() -> bool {
+    ["INVOCATION_ID", "NOTIFY_SOCKET", "LISTEN_FDS"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+}
+
+/// The repository checkout this binary runs from, if any: the nearest ancestor of the
+/// working directory holding `Cargo.toml` and `cache/`.
+fn checkout() -> Option<PathBuf> {
+    let cwd = std::env::current_dir().ok()?;
+    cwd.ancestors()
+        .find(|d| d.join("Cargo.toml").is_file() && d.join("cache").is_dir())
+        .map(Path::to_path_buf)
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let (models, cache_dir, socket) = if under_systemd() {
+            (
+                PathBuf::from("/var/lib/trtcache/models"),
+                PathBuf::from("/var/cache/trtcache"),
+                PathBuf::from("/run/trtcache/trtcache.sock"),
+            )
+        } else if let Some(repo) = checkout() {
+            (
+                repo.join("examples/models"),
+                repo.join("cache"),
+                repo.join("cache/trtcache.sock"),
+            )
+        } else {
+            let cache = std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+                .unwrap_or_else(std::env::temp_dir)
+                .join("trtcache");
+            (
+                PathBuf::from("models"),
+                cache.clone(),
+                cache.join("trtcache.sock"),
+            )
+        };
+        Config {
+            models,
+            cache_dir,
+            socket,
+            socket_mode: "0660".into(),
+            socket_group: None,
+            ort_dylib: None,
+            backends: vec!["ort-cpu".into()],
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// Command-line overrides, applied over the file.
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    pub config: Option<PathBuf>,
+    pub models: Option<PathBuf>,
+    pub cache_dir: Option<PathBuf>,
+    pub socket: Option<PathBuf>,
+}
+
+impl Config {
+    /// Parses a TOML document (missing keys take defaults; unknown keys are errors).
+    pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let c: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// The effective configuration: the named file (which must exist), else the system file
+    /// when present, else defaults; then the overrides.
+    pub fn load(o: &Overrides) -> Result<Self, ConfigError> {
+        let file = match &o.config {
+            Some(p) => Some(p.clone()),
+            None => Some(PathBuf::from(SYSTEM_CONFIG)).filter(|p| p.is_file()),
+        };
+        let mut c = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                Self::from_toml(&text, &path)?
+            }
+            None => Config::default(),
+        };
+        if let Some(p) = &o.models {
+            c.models = p.clone();
+        }
+        if let Some(p) = &o.cache_dir {
+            c.cache_dir = p.clone();
+            if o.socket.is_none() && o.config.is_none() && !under_systemd() {
+                c.socket = p.join("trtcache.sock");
+            }
+        }
+        if let Some(p) = &o.socket {
+            c.socket = p.clone();
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// The socket mode as bits.
+    pub fn socket_mode_bits(&self) -> Result<u32, ConfigError> {
+        u32::from_str_radix(self.socket_mode.trim_start_matches("0o"), 8)
+            .ok()
+            .filter(|m| *m <= 0o777)
+            .ok_or_else(|| ConfigError::Invalid {
+                key: "socket_mode",
+                message: format!("`{}` is not an octal mode like \"0660\"", self.socket_mode),
+            })
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        self.socket_mode_bits()?;
+        let l = &self.limits;
+        let positive: [(&'static str, u64); 5] = [
+            ("limits.build_concurrency", l.build_concurrency as u64),
+            ("limits.max_connections", l.max_connections as u64),
+            ("limits.max_frame_bytes", l.max_frame_bytes as u64),
+            ("limits.build_timeout_secs", l.build_timeout_secs),
+            ("limits.idle_timeout_secs", l.idle_timeout_secs),
+        ];
+        for (key, v) in positive {
+            if v == 0 {
+                return Err(ConfigError::Invalid {
+                    key,
+                    message: "must be at least 1".into(),
+                });
+            }
+        }
+        if l.max_frame_bytes < 256 {
+            return Err(ConfigError::Invalid {
+                key: "limits.max_frame_bytes",
+                message: "must be at least 256".into(),
+            });
+        }
+        if self.backends.is_empty() {
+            return Err(ConfigError::Invalid {
+                key: "backends",
+                message: "name at least one backend".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The ONNX Runtime library: the config's, else `ORT_DYLIB_PATH`.
+    pub fn ort_dylib(&self) -> Option<PathBuf> {
+        self.ort_dylib
+            .clone()
+            .or_else(|| std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partial_file_keeps_defaults_and_flags_override() {
+        let c = Config::from_toml(
+            "models = \"/m\"\n[limits]\nbuild_concurrency = 3\n",
+            Path::new("x.toml"),
+        )
+        .unwrap();
+        assert_eq!(c.models, PathBuf::from("/m"));
+        assert_eq!(c.limits.build_concurrency, 3);
+        assert_eq!(c.limits.debounce_ms, Limits::default().debounce_ms);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_limits_are_errors() {
+        assert!(Config::from_toml("modelz = 1", Path::new("x")).is_err());
+        assert!(Config::from_toml("[limits]\nmax_connections = 0", Path::new("x")).is_err());
+        assert!(Config::from_toml("socket_mode = \"999\"", Path::new("x")).is_err());
+        let c = Config::from_toml("socket_mode = \"0600\"", Path::new("x")).unwrap();
+        assert_eq!(c.socket_mode_bits().unwrap(), 0o600);
+    }
+}

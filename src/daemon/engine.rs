@@ -1,0 +1,172 @@
+//! What the daemon needs from the build and cache stages, as one small trait. The daemon owns
+//! the repository, the queue and the socket; an [`Engine`] owns keys, builds, validation and
+//! storage. Models enter as [`ModelEntry`] (a file in the repository) plus a [`Selection`]
+//! (profile/backend/precision); they leave as an [`Artifact`]: wire metadata plus the paths
+//! of its files, graph first. Every method blocks (hashing, building, fsync): the daemon calls
+//! them through `spawn_blocking`.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use trtcache_client::protocol::ArtifactMeta;
+
+use crate::key::CacheKey;
+use crate::plan::Precision;
+
+/// How a model sits in the repository.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layout {
+    /// `NAME.onnx` (version 0) with an optional `NAME.trtcache.toml`.
+    Flat,
+    /// `NAME/VERSION/model.onnx`.
+    Triton,
+}
+
+/// One servable model file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelEntry {
+    /// Repository name (never a path).
+    pub name: String,
+    /// Version (0 for flat models).
+    pub version: u64,
+    /// The graph file.
+    pub path: PathBuf,
+    /// `NAME.trtcache.toml` (flat) or `NAME/trtcache.toml` (Triton), when present.
+    pub sidecar: Option<PathBuf>,
+    /// Flat or Triton.
+    pub layout: Layout,
+}
+
+/// What a client or the background queue asks to build.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Selection {
+    /// Profile name; the model's default when `None`.
+    pub profile: Option<String>,
+    /// Backend name (`ort-cpu`, `ort-cuda`, `ort-tensorrt`).
+    pub backend: String,
+    /// Precision.
+    pub precision: Precision,
+}
+
+/// A model and selection resolved to a cache key.
+#[derive(Clone, Debug)]
+pub struct Planned {
+    /// The model.
+    pub model: ModelEntry,
+    /// The selection, with the profile resolved to a name.
+    pub selection: Selection,
+    /// Resolved profile name (`default` when the model declares none).
+    pub profile: String,
+    /// The cache key.
+    pub key: CacheKey,
+}
+
+/// A ready, validated artifact.
+#[derive(Clone, Debug)]
+pub struct Artifact {
+    /// Wire metadata (files listed in the order of `paths`).
+    pub metadata: ArtifactMeta,
+    /// The files, graph first, then external data.
+    pub paths: Vec<PathBuf>,
+}
+
+/// Phases a build reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BuildPhase {
+    Building,
+    Validating,
+    Storing,
+}
+
+impl BuildPhase {
+    /// Name used in progress events.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            BuildPhase::Building => "building",
+            BuildPhase::Validating => "validating",
+            BuildPhase::Storing => "storing",
+        }
+    }
+}
+
+/// Cooperative cancellation: the daemon sets it when the model is replaced or removed, the
+/// build times out or the daemon shuts down; builds check it between steps.
+#[derive(Clone, Debug, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    /// A fresh, uncancelled token.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Requests cancellation.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+    /// Whether cancellation was requested.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Errors of the build and cache stages as the daemon sees them.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The selection names a profile or backend this model or engine does not have.
+    #[error("{0}")]
+    NotFound(String),
+    /// The model cannot be built or failed validation (memoised until it changes).
+    #[error("{0}")]
+    Invalid(String),
+    /// The build was cancelled.
+    #[error("cancelled")]
+    Cancelled,
+    /// The model's files changed since it was planned (not memoised: it is planned again).
+    #[error("{0}")]
+    Changed(String),
+    /// The runtime (ONNX Runtime, CUDA, TensorRT) is missing or broken.
+    #[error("{0}")]
+    Runtime(String),
+    /// File system trouble (the cause is in the message: it travels to clients as text).
+    #[error("{path}: {error}")]
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+}
+
+impl EngineError {
+    /// Wraps an I/O error with its path.
+    pub fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
+        let path = path.into();
+        move |error| EngineError::Io { path, error }
+    }
+}
+
+/// The build and cache stages, seen from the daemon.
+pub trait Engine: Send + Sync + 'static {
+    /// The selections built in the background for a model: one per configured backend and
+    /// per profile the model declares.
+    fn variants(&self, model: &ModelEntry, backends: &[String]) -> Vec<Selection>;
+    /// Key and plan for a model file and a selection; blocking (hashes the file).
+    fn plan(&self, model: &ModelEntry, sel: &Selection) -> Result<Planned, EngineError>;
+    /// A ready, validated artifact for this key, after cheap integrity checks.
+    fn lookup(&self, planned: &Planned) -> Result<Option<Artifact>, EngineError>;
+    /// Builds, validates and stores; observes `cancel`; reports phases through `progress`.
+    /// Leaves no temporary files behind, whether it succeeds, fails or is cancelled.
+    fn build(
+        &self,
+        planned: &Planned,
+        cancel: &CancelToken,
+        progress: &dyn Fn(BuildPhase),
+    ) -> Result<Artifact, EngineError>;
+    /// Removes one artifact; whether it existed.
+    fn evict(&self, key: &CacheKey) -> Result<bool, EngineError>;
+    /// Flushes the store (called on shutdown).
+    fn flush(&self) -> Result<(), EngineError> {
+        Ok(())
+    }
+}

@@ -1,0 +1,217 @@
+//! Stage 8, serving: a tokio daemon that watches the model repository (`repo`, `watch`),
+//! keeps every model's artifacts built through the [`engine::Engine`] with a single-flight
+//! build queue (`queue`), and hands them to local processes over a Unix socket (`server`)
+//! speaking [`trtcache_client::protocol`]. `service` holds the state between them; `systemd`
+//! does readiness, watchdog and socket activation. Shutdown happens in one place, [`serve`]:
+//! a watch channel that the accept loop, the watcher and the queue all observe.
+
+pub mod engine;
+pub mod passthrough;
+pub mod queue;
+pub mod repo;
+pub mod server;
+pub mod service;
+pub mod systemd;
+pub mod watch;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::Config;
+use engine::{Engine, EngineError};
+
+/// Errors that stop the daemon from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("model repository {path}")]
+    Models {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("opening the cache")]
+    Engine(#[from] EngineError),
+    #[error("socket {path}: {message}")]
+    Socket { path: PathBuf, message: String },
+    #[error("{0}")]
+    Runtime(std::io::Error),
+}
+
+/// The build+cache stage the daemon runs with. THE one line to change when the real
+/// build/cache engine lands: today it is the [`passthrough::OrtPassthrough`] fallback.
+pub fn open_engine(cfg: &Config) -> Result<Arc<dyn Engine>, EngineError> {
+    Ok(Arc::new(passthrough::OrtPassthrough::open(
+        &cfg.cache_dir,
+        cfg.ort_dylib().as_deref(),
+    )?))
+}
+
+fn socket_err(path: &Path, message: impl Into<String>) -> ServeError {
+    ServeError::Socket {
+        path: path.to_path_buf(),
+        message: message.into(),
+    }
+}
+
+/// Binds the configured socket path: refuses when a live daemon answers there, replaces a
+/// stale socket file, then applies the mode and group.
+fn bind(cfg: &Config) -> Result<std::os::unix::net::UnixListener, ServeError> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let path = &cfg.socket;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| socket_err(path, e.to_string()))?;
+    }
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        if !m.file_type().is_socket() {
+            return Err(socket_err(
+                path,
+                "exists and is not a socket; refusing to replace it",
+            ));
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(socket_err(
+                path,
+                "another trtcache daemon is listening there",
+            ));
+        }
+        std::fs::remove_file(path)
+            .map_err(|e| socket_err(path, format!("removing stale socket: {e}")))?;
+    }
+    let l = std::os::unix::net::UnixListener::bind(path)
+        .map_err(|e| socket_err(path, e.to_string()))?;
+    let mode = cfg
+        .socket_mode_bits()
+        .map_err(|e| socket_err(path, e.to_string()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| socket_err(path, format!("chmod: {e}")))?;
+    if let Some(group) = &cfg.socket_group {
+        let c = std::ffi::CString::new(group.as_str())
+            .map_err(|_| socket_err(path, "bad group name"))?;
+        // SAFETY: getgrnam with a valid C string; the result is read before any other call.
+        let gid = unsafe {
+            let g = libc::getgrnam(c.as_ptr());
+            if g.is_null() {
+                return Err(socket_err(path, format!("no group `{group}`")));
+            }
+            (*g).gr_gid
+        };
+        std::os::unix::fs::chown(path, None, Some(gid))
+            .map_err(|e| socket_err(path, format!("chown to group `{group}`: {e}")))?;
+    }
+    l.set_nonblocking(true)
+        .map_err(|e| socket_err(path, e.to_string()))?;
+    Ok(l)
+}
+
+/// Runs the daemon until SIGTERM, SIGINT or an admin `shutdown`; returns once builds are
+/// cancelled (within the grace period), the store is flushed and the socket removed.
+pub fn serve(cfg: Config) -> Result<(), ServeError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("trtcache")
+        .build()
+        .map_err(ServeError::Runtime)?;
+    let grace = Duration::from_secs(cfg.limits.shutdown_grace_secs);
+    let r = rt.block_on(serve_async(cfg));
+    // Dropping a runtime waits for blocking tasks without limit; a build that ignores its
+    // cancellation must not hold the exit (its temp folder is removed at the next start).
+    rt.shutdown_timeout(grace);
+    r
+}
+
+async fn serve_async(mut cfg: Config) -> Result<(), ServeError> {
+    let root = repo::canonical_root(&cfg.models).map_err(|source| ServeError::Models {
+        path: cfg.models.clone(),
+        source,
+    })?;
+    cfg.models = root.clone();
+    let c2 = cfg.clone();
+    let engine = tokio::task::spawn_blocking(move || open_engine(&c2))
+        .await
+        .map_err(|e| ServeError::Runtime(std::io::Error::other(e)))??;
+    let (std_listener, owns_path) = match systemd::listener().map_err(ServeError::Runtime)? {
+        Some(l) => (l, false),
+        None => (bind(&cfg)?, true),
+    };
+    let listener = tokio::net::UnixListener::from_std(std_listener).map_err(ServeError::Runtime)?;
+    let svc = service::Service::new(cfg.clone(), engine);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(svc.queue.clone().run());
+    let n = watch::initial(&svc, root.clone())
+        .await
+        .map_err(|source| ServeError::Models {
+            path: root.clone(),
+            source,
+        })?;
+    tracing::info!(socket = %cfg.socket.display(), models = n, cache = %cfg.cache_dir.display(), "ready");
+    systemd::notify(&format!(
+        "READY=1\nSTATUS=serving {n} models\nMAINPID={}",
+        std::process::id()
+    ));
+    eprintln!(
+        "trtcache: serving {n} models from {} on {}",
+        root.display(),
+        cfg.socket.display()
+    );
+    tokio::spawn(watch::run(svc.clone(), root, stop_rx.clone()));
+    tokio::spawn(heartbeat(svc.clone(), stop_rx.clone()));
+    tokio::spawn(signals(stop_tx.clone()));
+    server::accept_loop(svc.clone(), listener, stop_rx, stop_tx).await;
+
+    systemd::notify("STOPPING=1\nSTATUS=stopping: cancelling builds");
+    tracing::info!("shutting down");
+    if owns_path {
+        let _ = std::fs::remove_file(&cfg.socket);
+    }
+    svc.queue
+        .close(Duration::from_secs(cfg.limits.shutdown_grace_secs))
+        .await;
+    let e = svc.engine.clone();
+    match tokio::task::spawn_blocking(move || e.flush()).await {
+        Ok(Err(err)) => tracing::warn!(error = %err, "flushing the cache failed"),
+        Err(err) => tracing::warn!(error = %err, "flush task failed"),
+        Ok(Ok(())) => {}
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// STATUS= with the queue depth every few seconds, and WATCHDOG=1 when systemd asks.
+async fn heartbeat(svc: Arc<service::Service>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let wd = systemd::watchdog_interval();
+    let every = wd
+        .unwrap_or(Duration::from_secs(5))
+        .min(Duration::from_secs(5));
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        let s = svc.stats();
+        let mut msg = format!(
+            "STATUS={} models, {} queued, {} building, {} connections",
+            s.models, s.queue_depth, s.building, s.connections
+        );
+        if wd.is_some() {
+            msg.push_str("\nWATCHDOG=1");
+        }
+        systemd::notify(&msg);
+    }
+}
+
+async fn signals(stop: tokio::sync::watch::Sender<bool>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!("cannot install signal handlers");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM"),
+        _ = int.recv() => tracing::info!("SIGINT"),
+    }
+    let _ = stop.send(true);
+}

@@ -1,0 +1,474 @@
+//! The build queue: single-flight per cache key (any number of waiters share one build),
+//! bounded concurrency (a semaphore sized from the config), client-requested builds ahead of
+//! background ones, a timeout per build, cancellation, and a failure memo (a key that failed
+//! is not rebuilt; a changed model or config has a new key). Builds run on tokio's blocking
+//! pool; their outcome reaches waiters through a `watch` channel per job.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{watch, Notify, Semaphore};
+use trtcache_client::protocol::ErrorCode;
+
+use super::engine::{Artifact, CancelToken, Engine, EngineError, Planned};
+use crate::key::CacheKey;
+
+/// A job's state as waiters see it.
+#[derive(Clone, Debug)]
+#[allow(clippy::large_enum_variant)] // one per job, cloned rarely
+pub enum JobStatus {
+    /// Waiting for a build slot.
+    Queued,
+    /// Building; the phase name.
+    Running(&'static str),
+    /// Finished: the artifact, or a typed failure.
+    Done(Result<Artifact, (ErrorCode, String)>),
+}
+
+struct Job {
+    planned: Planned,
+    cancel: CancelToken,
+    client: AtomicBool,
+    tx: watch::Sender<JobStatus>,
+}
+
+#[derive(Default)]
+struct Inner {
+    jobs: HashMap<CacheKey, Arc<Job>>,
+    client: VecDeque<CacheKey>,
+    background: VecDeque<CacheKey>,
+    failed: HashMap<CacheKey, (ErrorCode, String)>,
+    closed: bool,
+}
+
+/// Counters the queue maintains (read by `stats`).
+#[derive(Default)]
+pub struct QueueStats {
+    pub builds: AtomicU64,
+    pub failures: AtomicU64,
+    pub cancelled: AtomicU64,
+    pub build_millis: AtomicU64,
+    pub running: AtomicU64,
+}
+
+/// The queue (see module docs). Cheap to share behind an `Arc`.
+pub struct Queue {
+    inner: Mutex<Inner>,
+    wake: Notify,
+    slots: Arc<Semaphore>,
+    timeout: Duration,
+    engine: Arc<dyn Engine>,
+    pub stats: QueueStats,
+    idle: Notify,
+}
+
+impl Queue {
+    /// A queue running at most `concurrency` builds, each for at most `timeout`.
+    pub fn new(engine: Arc<dyn Engine>, concurrency: usize, timeout: Duration) -> Arc<Self> {
+        Arc::new(Queue {
+            inner: Mutex::new(Inner::default()),
+            wake: Notify::new(),
+            slots: Arc::new(Semaphore::new(concurrency.max(1))),
+            timeout,
+            engine,
+            stats: QueueStats::default(),
+            idle: Notify::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves plain data; keep serving.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Enqueues a build of `planned` (or joins the one in flight) and returns its status
+    /// channel; a memoised failure is returned at once.
+    pub fn submit(
+        &self,
+        planned: &Planned,
+        client: bool,
+    ) -> Result<watch::Receiver<JobStatus>, (ErrorCode, String)> {
+        let mut g = self.lock();
+        if g.closed {
+            return Err((
+                ErrorCode::ShuttingDown,
+                "the daemon is shutting down".into(),
+            ));
+        }
+        if let Some(f) = g.failed.get(&planned.key) {
+            return Err(f.clone());
+        }
+        // A cancelled job (its model was replaced, perhaps by identical bytes) is not joined:
+        // a fresh job replaces it.
+        if let Some(job) = g
+            .jobs
+            .get(&planned.key)
+            .filter(|j| !j.cancel.is_cancelled())
+            .cloned()
+        {
+            if client && !job.client.swap(true, Ordering::SeqCst) {
+                // Promote a waiting background job.
+                if let Some(i) = g.background.iter().position(|k| *k == planned.key) {
+                    g.background.remove(i);
+                    g.client.push_back(planned.key);
+                }
+            }
+            return Ok(job.tx.subscribe());
+        }
+        let (tx, rx) = watch::channel(JobStatus::Queued);
+        let job = Arc::new(Job {
+            planned: planned.clone(),
+            cancel: CancelToken::new(),
+            client: AtomicBool::new(client),
+            tx,
+        });
+        g.jobs.insert(planned.key, job);
+        if client {
+            g.client.push_back(planned.key);
+        } else {
+            g.background.push_back(planned.key);
+        }
+        drop(g);
+        self.wake.notify_one();
+        Ok(rx)
+    }
+
+    /// The memoised failure of a key, if any.
+    pub fn failure(&self, key: &CacheKey) -> Option<(ErrorCode, String)> {
+        self.lock().failed.get(key).cloned()
+    }
+
+    /// Forgets a memoised failure (after an explicit evict).
+    pub fn forget_failure(&self, key: &CacheKey) {
+        self.lock().failed.remove(key);
+    }
+
+    /// The state of a key's job: `None` when no job exists.
+    pub fn job_status(&self, key: &CacheKey) -> Option<JobStatus> {
+        self.lock().jobs.get(key).map(|j| j.tx.borrow().clone())
+    }
+
+    /// Cancels a key's job (queued or running); waiters get `cancelled`.
+    pub fn cancel(&self, key: &CacheKey) {
+        let job = {
+            let mut g = self.lock();
+            let job = g.jobs.get(key).cloned();
+            if let Some(j) = &job {
+                if matches!(*j.tx.borrow(), JobStatus::Queued) {
+                    g.jobs.remove(key);
+                    g.client.retain(|k| k != key);
+                    g.background.retain(|k| k != key);
+                    self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+                    j.tx.send_replace(JobStatus::Done(Err((
+                        ErrorCode::Cancelled,
+                        "the build was cancelled before it started".into(),
+                    ))));
+                }
+            }
+            job
+        };
+        if let Some(j) = job {
+            j.cancel.cancel();
+        }
+    }
+
+    /// Builds waiting for a slot.
+    pub fn depth(&self) -> u64 {
+        let g = self.lock();
+        (g.client.len() + g.background.len()) as u64
+    }
+
+    /// Stops accepting jobs and cancels every one; returns once no build runs or `grace`
+    /// has passed (whichever first).
+    pub async fn close(&self, grace: Duration) {
+        let keys: Vec<CacheKey> = {
+            let mut g = self.lock();
+            g.closed = true;
+            g.jobs.keys().copied().collect()
+        };
+        for k in keys {
+            self.cancel(&k);
+        }
+        self.wake.notify_one();
+        let deadline = Instant::now() + grace;
+        while self.stats.running.load(Ordering::SeqCst) > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                tracing::warn!("builds still running after the shutdown grace period");
+                break;
+            }
+            let _ =
+                tokio::time::timeout(left.min(Duration::from_millis(100)), self.idle.notified())
+                    .await;
+        }
+    }
+
+    fn next(&self) -> Option<Arc<Job>> {
+        let mut g = self.lock();
+        loop {
+            let key = g.client.pop_front().or_else(|| g.background.pop_front())?;
+            if let Some(j) = g.jobs.get(&key) {
+                return Some(j.clone());
+            }
+        }
+    }
+
+    /// The dispatcher: takes a slot, then the highest-priority job, and runs it. Runs until
+    /// the queue is closed.
+    pub async fn run(self: Arc<Self>) {
+        loop {
+            let Ok(permit) = self.slots.clone().acquire_owned().await else {
+                return;
+            };
+            let job = loop {
+                if self.lock().closed {
+                    return;
+                }
+                let notified = self.wake.notified();
+                if let Some(j) = self.next() {
+                    break j;
+                }
+                notified.await;
+            };
+            let q = self.clone();
+            self.stats.running.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                q.execute(job).await;
+                q.stats.running.fetch_sub(1, Ordering::SeqCst);
+                q.idle.notify_waiters();
+                drop(permit);
+            });
+        }
+    }
+
+    async fn execute(&self, job: Arc<Job>) {
+        let key = job.planned.key;
+        let started = Instant::now();
+        job.tx.send_replace(JobStatus::Running("building"));
+        tracing::info!(model = %job.planned.model.name, key = %key, backend = %job.planned.selection.backend, "build started");
+        let engine = self.engine.clone();
+        let j = job.clone();
+        let handle = tokio::task::spawn_blocking(move || {
+            let tx = j.tx.clone();
+            engine.build(&j.planned, &j.cancel, &|p| {
+                tx.send_replace(JobStatus::Running(p.as_str()));
+            })
+        });
+        let result = match tokio::time::timeout(self.timeout, handle).await {
+            Ok(Ok(r)) => r.map_err(|e| match e {
+                EngineError::Cancelled => (ErrorCode::Cancelled, "the build was cancelled".into()),
+                EngineError::Changed(m) => (ErrorCode::Cancelled, m),
+                other => (ErrorCode::BuildFailed, other.to_string()),
+            }),
+            Ok(Err(join)) => Err((ErrorCode::Internal, format!("build task failed: {join}"))),
+            Err(_) => {
+                // The blocking build observes the token and cleans its temp files up.
+                job.cancel.cancel();
+                Err((
+                    ErrorCode::Timeout,
+                    format!("build exceeded the limit of {} s", self.timeout.as_secs()),
+                ))
+            }
+        };
+        // A build that was cancelled and then failed failed because of the cancellation:
+        // never memoise that.
+        let result = match result {
+            Err((code, msg)) if job.cancel.is_cancelled() && code != ErrorCode::Timeout => Err((
+                ErrorCode::Cancelled,
+                format!("the build was cancelled ({msg})"),
+            )),
+            r => r,
+        };
+        let ms = started.elapsed().as_millis() as u64;
+        {
+            let mut g = self.lock();
+            if g.jobs.get(&key).is_some_and(|j| Arc::ptr_eq(j, &job)) {
+                g.jobs.remove(&key);
+            }
+            match &result {
+                Ok(_) => {
+                    self.stats.builds.fetch_add(1, Ordering::Relaxed);
+                    self.stats.build_millis.fetch_add(ms, Ordering::Relaxed);
+                }
+                Err((ErrorCode::Cancelled, _)) => {
+                    self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(f) => {
+                    self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                    self.stats.build_millis.fetch_add(ms, Ordering::Relaxed);
+                    g.failed.insert(key, f.clone());
+                }
+            }
+        }
+        match &result {
+            Ok(_) => tracing::info!(model = %job.planned.model.name, key = %key, ms, "build ready"),
+            Err((code, msg)) => {
+                tracing::warn!(model = %job.planned.model.name, key = %key, %code, error = %msg, "build failed")
+            }
+        }
+        job.tx.send_replace(JobStatus::Done(result));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Queue semantics (order, single flight, memo) with an engine whose builds wait for a
+    //! release token, so the order in which the queue starts them is observable.
+    use std::sync::mpsc;
+
+    use super::*;
+    use crate::daemon::engine::{BuildPhase, Layout, ModelEntry, Selection};
+
+    struct GateEngine {
+        started: Mutex<Vec<String>>,
+        release: Mutex<mpsc::Receiver<()>>,
+    }
+
+    impl Engine for GateEngine {
+        fn variants(&self, _: &ModelEntry, _: &[String]) -> Vec<Selection> {
+            Vec::new()
+        }
+        fn plan(&self, _: &ModelEntry, _: &Selection) -> Result<Planned, EngineError> {
+            Err(EngineError::Runtime("unused".into()))
+        }
+        fn lookup(&self, _: &Planned) -> Result<Option<Artifact>, EngineError> {
+            Ok(None)
+        }
+        fn build(
+            &self,
+            p: &Planned,
+            _: &CancelToken,
+            _: &dyn Fn(BuildPhase),
+        ) -> Result<Artifact, EngineError> {
+            self.started.lock().unwrap().push(p.model.name.clone());
+            let _ = self.release.lock().unwrap().recv();
+            Err(EngineError::Invalid(format!(
+                "{} does not build",
+                p.model.name
+            )))
+        }
+        fn evict(&self, _: &CacheKey) -> Result<bool, EngineError> {
+            Ok(false)
+        }
+    }
+
+    fn planned(name: &str, k: u8) -> Planned {
+        Planned {
+            model: ModelEntry {
+                name: name.into(),
+                version: 0,
+                path: name.into(),
+                sidecar: None,
+                layout: Layout::Flat,
+            },
+            selection: Selection {
+                profile: None,
+                backend: "ort-cpu".into(),
+                precision: Default::default(),
+            },
+            profile: "default".into(),
+            key: CacheKey([k; 32]),
+        }
+    }
+
+    async fn done(mut rx: watch::Receiver<JobStatus>) -> Result<Artifact, (ErrorCode, String)> {
+        loop {
+            if let JobStatus::Done(r) = &*rx.borrow_and_update() {
+                return r.clone();
+            }
+            rx.changed().await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn client_builds_go_first_one_build_per_key_and_failures_are_memoised() {
+        let (tx, rx) = mpsc::channel();
+        let engine = Arc::new(GateEngine {
+            started: Mutex::new(Vec::new()),
+            release: Mutex::new(rx),
+        });
+        let q = Queue::new(engine.clone(), 1, Duration::from_secs(60));
+        tokio::spawn(q.clone().run());
+        let a = q.submit(&planned("a", 1), false).unwrap();
+        while engine.started.lock().unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let b = q.submit(&planned("b", 2), false).unwrap();
+        let c = q.submit(&planned("c", 3), false).unwrap();
+        let d = q.submit(&planned("d", 4), true).unwrap();
+        let d2 = q.submit(&planned("d", 4), true).unwrap();
+        let _c2 = q.submit(&planned("c", 3), true).unwrap(); // promotes c
+        assert_eq!(q.depth(), 3);
+        for _ in 0..4 {
+            tx.send(()).unwrap();
+        }
+        for rx in [a, b, c, d, d2] {
+            let (code, _) = done(rx).await.unwrap_err();
+            assert_eq!(code, ErrorCode::BuildFailed);
+        }
+        assert_eq!(*engine.started.lock().unwrap(), ["a", "d", "c", "b"]);
+        assert_eq!(q.stats.failures.load(Ordering::SeqCst), 4);
+        // Memoised: no new build, the failure comes back at once.
+        let (code, msg) = q.submit(&planned("b", 2), true).unwrap_err();
+        assert_eq!(code, ErrorCode::BuildFailed);
+        assert!(msg.contains("b does not build"), "{msg}");
+        assert_eq!(engine.started.lock().unwrap().len(), 4);
+    }
+
+    #[tokio::test]
+    async fn cancelling_a_queued_job_answers_its_waiters() {
+        let (tx, rx) = mpsc::channel();
+        let engine = Arc::new(GateEngine {
+            started: Mutex::new(Vec::new()),
+            release: Mutex::new(rx),
+        });
+        let q = Queue::new(engine.clone(), 1, Duration::from_secs(60));
+        tokio::spawn(q.clone().run());
+        let a = q.submit(&planned("a", 1), false).unwrap();
+        while engine.started.lock().unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let b = q.submit(&planned("b", 2), false).unwrap();
+        q.cancel(&CacheKey([2; 32]));
+        assert_eq!(done(b).await.unwrap_err().0, ErrorCode::Cancelled);
+        tx.send(()).unwrap();
+        done(a).await.unwrap_err();
+        assert_eq!(*engine.started.lock().unwrap(), ["a"]);
+        assert!(
+            q.failure(&CacheKey([2; 32])).is_none(),
+            "a cancellation is not a failure"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_running_job_is_replaced_not_joined() {
+        let (tx, rx) = mpsc::channel();
+        let engine = Arc::new(GateEngine {
+            started: Mutex::new(Vec::new()),
+            release: Mutex::new(rx),
+        });
+        let q = Queue::new(engine.clone(), 2, Duration::from_secs(60));
+        tokio::spawn(q.clone().run());
+        let old = q.submit(&planned("a", 1), false).unwrap();
+        while engine.started.lock().unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // The file is replaced by identical bytes: same key, the old build is cancelled.
+        q.cancel(&CacheKey([1; 32]));
+        let new = q.submit(&planned("a", 1), false).unwrap();
+        while engine.started.lock().unwrap().len() < 2 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        tx.send(()).unwrap();
+        tx.send(()).unwrap();
+        assert_eq!(done(old).await.unwrap_err().0, ErrorCode::Cancelled);
+        assert_eq!(done(new).await.unwrap_err().0, ErrorCode::BuildFailed);
+        assert_eq!(
+            engine.started.lock().unwrap().len(),
+            2,
+            "the replacement job ran"
+        );
+    }
+}

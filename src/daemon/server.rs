@@ -1,0 +1,350 @@
+//! The Unix-socket server: accepts connections (bounded by a semaphore), logs each peer's
+//! SO_PEERCRED, reads length-prefixed JSON frames with size and idle limits, dispatches them to
+//! the [`Service`], and writes responses, attaching an artifact's files as `SCM_RIGHTS`
+//! descriptors. Protocol types and framing come from `trtcache_client`.
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, watch, Semaphore};
+use trtcache_client::frame;
+use trtcache_client::protocol::*;
+
+use super::service::{Failure, Service};
+
+/// Who is on the other end of a connection.
+#[derive(Clone, Copy, Debug)]
+struct Peer {
+    uid: u32,
+    pid: Option<i32>,
+}
+
+/// Accepts connections until `shutdown` turns true.
+pub async fn accept_loop(
+    svc: Arc<Service>,
+    listener: UnixListener,
+    mut shutdown: watch::Receiver<bool>,
+    stop: watch::Sender<bool>,
+) {
+    let slots = Arc::new(Semaphore::new(svc.cfg.limits.max_connections));
+    loop {
+        let conn = tokio::select! {
+            r = listener.accept() => r,
+            _ = shutdown.changed() => break,
+        };
+        let stream = match conn {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            tracing::warn!(
+                limit = svc.cfg.limits.max_connections,
+                "connection refused: too many connections"
+            );
+            tokio::spawn(async move {
+                let mut s = stream;
+                let _ =
+                    write_response(&mut s, &error(ErrorCode::Busy, "too many connections"), &[])
+                        .await;
+            });
+            continue;
+        };
+        let svc = svc.clone();
+        let stop = stop.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            svc.counters.connections.fetch_add(1, Ordering::Relaxed);
+            handle(svc.clone(), stream, stop, shutdown).await;
+            svc.counters.connections.fetch_sub(1, Ordering::Relaxed);
+            drop(permit);
+        });
+    }
+}
+
+fn error(code: ErrorCode, msg: impl Into<String>) -> Response {
+    Response::Error(ErrorBody {
+        code,
+        message: msg.into(),
+    })
+}
+
+fn failure(f: Failure) -> Response {
+    error(f.0, f.1)
+}
+
+/// Writes one frame; the descriptors ride on its first bytes.
+async fn write_response(
+    s: &mut UnixStream,
+    resp: &Response,
+    fds: &[std::os::fd::RawFd],
+) -> std::io::Result<()> {
+    let bytes = frame::encode(resp).map_err(std::io::Error::other)?;
+    if fds.is_empty() {
+        return s.write_all(&bytes).await;
+    }
+    let sent = loop {
+        s.writable().await?;
+        match s.try_io(tokio::io::Interest::WRITABLE, || {
+            frame::send_with_fds(s.as_raw_fd(), &bytes, fds)
+        }) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    };
+    s.write_all(&bytes[sent..]).await
+}
+
+enum ReadOutcome {
+    Frame(Vec<u8>),
+    Closed,
+    TooLarge(u32),
+    Idle,
+}
+
+async fn read_request(
+    s: &mut UnixStream,
+    max: u32,
+    idle: Duration,
+) -> std::io::Result<ReadOutcome> {
+    let mut len = [0u8; 4];
+    match tokio::time::timeout(idle, s.read_exact(&mut len)).await {
+        Err(_) => return Ok(ReadOutcome::Idle),
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            return Ok(ReadOutcome::Closed)
+        }
+        Ok(r) => {
+            r?;
+        }
+    }
+    let len = u32::from_be_bytes(len);
+    if len > max {
+        return Ok(ReadOutcome::TooLarge(len));
+    }
+    let mut body = vec![0u8; len as usize];
+    match tokio::time::timeout(idle, s.read_exact(&mut body)).await {
+        Err(_) => Ok(ReadOutcome::Idle),
+        Ok(r) => r.map(|_| ReadOutcome::Frame(body)),
+    }
+}
+
+/// Parses a request body, telling malformed frames from unknown requests from bad fields.
+fn parse(body: &[u8]) -> Result<Request, ErrorBody> {
+    let error = |code, message: String| ErrorBody { code, message };
+    let v: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| error(ErrorCode::BadFrame, format!("frame is not JSON: {e}")))?;
+    let op = v.get("op").and_then(|o| o.as_str()).ok_or_else(|| {
+        error(
+            ErrorCode::BadFrame,
+            "frame is not a JSON object with a string `op`".into(),
+        )
+    })?;
+    if !REQUEST_OPS.contains(&op) {
+        return Err(error(
+            ErrorCode::UnknownRequest,
+            format!("unknown request `{op}`"),
+        ));
+    }
+    serde_json::from_value(v.clone())
+        .map_err(|e| error(ErrorCode::BadRequest, format!("bad `{op}` request: {e}")))
+}
+
+#[tracing::instrument(skip_all, fields(uid, pid))]
+async fn handle(
+    svc: Arc<Service>,
+    mut s: UnixStream,
+    stop: watch::Sender<bool>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let peer = match s.peer_cred() {
+        Ok(c) => Peer {
+            uid: c.uid(),
+            pid: c.pid(),
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "SO_PEERCRED failed; closing");
+            return;
+        }
+    };
+    tracing::Span::current()
+        .record("uid", peer.uid)
+        .record("pid", peer.pid.unwrap_or(-1));
+    tracing::info!(uid = peer.uid, pid = ?peer.pid, "connection");
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let admin = peer.uid == 0 || peer.uid == me;
+    let limits = &svc.cfg.limits;
+    let idle = Duration::from_secs(limits.idle_timeout_secs);
+    let mut greeted = false;
+    loop {
+        let body = match read_request(&mut s, limits.max_frame_bytes, idle).await {
+            Ok(ReadOutcome::Frame(b)) => b,
+            Ok(ReadOutcome::Closed) => return,
+            Ok(ReadOutcome::TooLarge(n)) => {
+                let msg = format!(
+                    "frame of {n} bytes exceeds the limit of {}",
+                    limits.max_frame_bytes
+                );
+                tracing::warn!(uid = peer.uid, "{msg}; closing");
+                let _ = write_response(&mut s, &error(ErrorCode::FrameTooLarge, msg), &[]).await;
+                return;
+            }
+            Ok(ReadOutcome::Idle) => {
+                let _ =
+                    write_response(&mut s, &error(ErrorCode::IdleTimeout, "idle too long"), &[])
+                        .await;
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "connection read failed");
+                return;
+            }
+        };
+        let req = match parse(&body) {
+            Ok(r) => r,
+            Err(body) => {
+                tracing::info!(uid = peer.uid, code = %body.code, "rejected request: {}", body.message);
+                let resp = Response::Error(body);
+                if write_response(&mut s, &resp, &[]).await.is_err() {
+                    return;
+                }
+                continue;
+            }
+        };
+        if *shutdown.borrow() && !matches!(req, Request::Hello { .. }) {
+            let _ = write_response(
+                &mut s,
+                &error(ErrorCode::ShuttingDown, "the daemon is shutting down"),
+                &[],
+            )
+            .await;
+            return;
+        }
+        let result = match req {
+            Request::Hello { version, client } => {
+                if !(MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&version) {
+                    Err(error(
+                        ErrorCode::UnsupportedVersion,
+                        format!("protocol {version} not supported (server speaks {MIN_PROTOCOL_VERSION}..={PROTOCOL_VERSION})"),
+                    ))
+                } else {
+                    greeted = true;
+                    tracing::debug!(client = %client, version, "hello");
+                    Ok(Response::Hello {
+                        version: PROTOCOL_VERSION,
+                        server: concat!("trtcache/", env!("CARGO_PKG_VERSION")).into(),
+                        max_frame: limits.max_frame_bytes,
+                    })
+                }
+            }
+            _ if !greeted => Err(error(ErrorCode::UnsupportedVersion, "send `hello` first")),
+            Request::List => Ok(Response::Models { models: svc.list() }),
+            Request::Status { model } => svc
+                .status(&model)
+                .map(|model| Response::Status { model })
+                .map_err(failure),
+            Request::Acquire(a) => {
+                let r = tokio::select! {
+                    r = svc.acquire(&a) => r,
+                    _ = wait_true(shutdown.clone()) => Err((ErrorCode::ShuttingDown, "the daemon is shutting down".into())),
+                };
+                match r {
+                    Ok((metadata, files)) => {
+                        tracing::debug!(model = %metadata.model, key = %metadata.key, "acquire");
+                        let fds: Vec<_> = files.iter().map(|f| f.as_raw_fd()).collect();
+                        if write_response(&mut s, &Response::Artifact { metadata }, &fds)
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                        continue;
+                    }
+                    Err(f) => Err(failure(f)),
+                }
+            }
+            Request::Build(b) => {
+                let (tx, mut rx) = mpsc::channel(64);
+                let svc2 = svc.clone();
+                let task = tokio::spawn(async move { svc2.build(&b, tx).await });
+                while let Some(p) = rx.recv().await {
+                    if write_response(&mut s, &Response::Progress(p), &[])
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                match task.await {
+                    Ok(Ok(results)) => Ok(Response::Built { results }),
+                    Ok(Err(f)) => Err(failure(f)),
+                    Err(e) => Err(error(ErrorCode::Internal, e.to_string())),
+                }
+            }
+            Request::Evict { .. } | Request::Shutdown if !admin => {
+                tracing::warn!(uid = peer.uid, "admin request refused");
+                Err(error(
+                    ErrorCode::PermissionDenied,
+                    "evict and shutdown need root or the daemon's user",
+                ))
+            }
+            Request::Evict { model, key } => svc
+                .evict(model.as_deref(), key.as_deref())
+                .await
+                .map(|removed| Response::Evicted { removed })
+                .map_err(failure),
+            Request::Stats { format } => Ok(match format {
+                StatsFormat::Json => Response::Stats { stats: svc.stats() },
+                StatsFormat::Prometheus => Response::StatsText {
+                    text: svc.stats().prometheus(),
+                },
+            }),
+            Request::Shutdown => {
+                tracing::info!(uid = peer.uid, "shutdown requested");
+                let _ = stop.send(true);
+                Ok(Response::ShuttingDown)
+            }
+        };
+        let resp = result.unwrap_or_else(|e| e);
+        if write_response(&mut s, &resp, &[]).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn wait_true(mut rx: watch::Receiver<bool>) {
+    while !*rx.borrow_and_update() {
+        if rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_tells_bad_frames_from_unknown_requests() {
+        let code = |b: &[u8]| match parse(b) {
+            Err(e) => Some(e.code),
+            _ => None,
+        };
+        assert_eq!(code(b"not json"), Some(ErrorCode::BadFrame));
+        assert_eq!(code(b"[1,2]"), Some(ErrorCode::BadFrame));
+        assert_eq!(
+            code(br#"{"op":"frobnicate"}"#),
+            Some(ErrorCode::UnknownRequest)
+        );
+        assert_eq!(code(br#"{"op":"status"}"#), Some(ErrorCode::BadRequest));
+        assert!(parse(br#"{"op":"list"}"#).is_ok());
+    }
+}

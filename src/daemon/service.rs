@@ -1,0 +1,641 @@
+//! The daemon's state and the operations requests map to: the served model set (from
+//! repository snapshots), each variant's plan, the ready-artifact map, and the acquire / list /
+//! build logic on top of the [`Queue`]. Socket I/O lives in `server`; this module only deals
+//! in protocol types and engine artifacts.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch};
+use trtcache_client::protocol::*;
+
+use super::engine::{Artifact, Engine, EngineError, ModelEntry, Planned, Selection};
+use super::queue::{JobStatus, Queue};
+use super::repo::{RepoModel, Snapshot};
+use crate::config::Config;
+use crate::key::CacheKey;
+use crate::plan::Precision;
+
+/// A typed failure of a request.
+pub type Failure = (ErrorCode, String);
+
+fn fail(code: ErrorCode, msg: impl Into<String>) -> Failure {
+    (code, msg.into())
+}
+
+struct ModelState {
+    repo: RepoModel,
+    /// Bumped whenever the model's files change, so stale plans are discarded.
+    generation: u64,
+    /// Plans by (version, selection): the key, or why planning failed.
+    plans: HashMap<(u64, Selection), Result<Planned, Failure>>,
+}
+
+#[derive(Default)]
+struct State {
+    models: BTreeMap<String, ModelState>,
+    ready: HashMap<CacheKey, Artifact>,
+}
+
+/// Counters not owned by the queue.
+#[derive(Default)]
+pub struct Counters {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub connections: AtomicU64,
+}
+
+/// Shared daemon state.
+pub struct Service {
+    pub cfg: Config,
+    pub engine: Arc<dyn Engine>,
+    pub queue: Arc<Queue>,
+    pub counters: Counters,
+    pub started: Instant,
+    state: Mutex<State>,
+    generation: AtomicU64,
+}
+
+impl Service {
+    pub fn new(cfg: Config, engine: Arc<dyn Engine>) -> Arc<Self> {
+        let queue = Queue::new(
+            engine.clone(),
+            cfg.limits.build_concurrency,
+            Duration::from_secs(cfg.limits.build_timeout_secs),
+        );
+        Arc::new(Service {
+            cfg,
+            engine,
+            queue,
+            counters: Counters::default(),
+            started: Instant::now(),
+            state: Mutex::new(State::default()),
+            generation: AtomicU64::new(1),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn default_selection(&self, profile: Option<String>, backend: Option<String>) -> Selection {
+        Selection {
+            profile,
+            backend: backend.unwrap_or_else(|| self.cfg.backends[0].clone()),
+            precision: Precision::default(),
+        }
+    }
+
+    /// Applies changed models (new or modified) and removed names from the watcher: cancels
+    /// builds of replaced or removed content, then plans and queues the new content in the
+    /// background. Returns how many models changed.
+    pub fn apply(self: &Arc<Self>, changed: Vec<RepoModel>, removed: Vec<String>) -> usize {
+        let mut cancel = Vec::new();
+        let mut fresh = Vec::new();
+        {
+            let mut st = self.lock();
+            for name in &removed {
+                if let Some(old) = st.models.remove(name) {
+                    tracing::info!(model = %name, "model removed from the repository");
+                    cancel.extend(
+                        old.plans
+                            .values()
+                            .filter_map(|p| p.as_ref().ok().map(|p| p.key)),
+                    );
+                }
+            }
+            for m in changed {
+                let generation = self.generation.fetch_add(1, Ordering::SeqCst);
+                if let Some(old) = st.models.remove(&m.name) {
+                    tracing::info!(model = %m.name, "model changed");
+                    cancel.extend(
+                        old.plans
+                            .values()
+                            .filter_map(|p| p.as_ref().ok().map(|p| p.key)),
+                    );
+                } else {
+                    tracing::info!(model = %m.name, versions = m.versions.len(), "model added");
+                }
+                fresh.push(m.name.clone());
+                st.models.insert(
+                    m.name.clone(),
+                    ModelState {
+                        repo: m,
+                        generation,
+                        plans: HashMap::new(),
+                    },
+                );
+            }
+        }
+        for k in &cancel {
+            self.queue.cancel(k);
+        }
+        let n = fresh.len() + removed.len();
+        for name in fresh {
+            let svc = self.clone();
+            tokio::spawn(async move { svc.warm_model(&name).await });
+        }
+        n
+    }
+
+    /// The current snapshot's fingerprints (for the watcher's diff).
+    pub fn fingerprints(&self) -> Snapshot {
+        self.lock()
+            .models
+            .iter()
+            .map(|(k, m)| (k.clone(), m.repo.clone()))
+            .collect()
+    }
+
+    /// Background: plan every variant of a model's served version, look it up, queue builds.
+    async fn warm_model(self: &Arc<Self>, name: &str) {
+        let Some(entry) = self.entry(name, None).ok() else {
+            return;
+        };
+        for sel in self.engine.variants(&entry, &self.cfg.backends) {
+            if let Ok(p) = self.planned(&entry, &sel).await {
+                if self.ready_artifact(&p).await.is_none() {
+                    self.submit_tracked(&p);
+                }
+            }
+        }
+    }
+
+    fn entry(&self, name: &str, version: Option<u64>) -> Result<ModelEntry, Failure> {
+        if !valid_model_name(name) {
+            return Err(fail(
+                ErrorCode::BadName,
+                format!("`{name}` is not a model name (names, never paths)"),
+            ));
+        }
+        let st = self.lock();
+        let m = st.models.get(name).ok_or_else(|| {
+            fail(
+                ErrorCode::NotFound,
+                format!("no model `{name}` in the repository"),
+            )
+        })?;
+        match version {
+            None => m.repo.served().cloned(),
+            Some(v) => m.repo.versions.get(&v).cloned(),
+        }
+        .ok_or_else(|| {
+            fail(
+                ErrorCode::NotFound,
+                format!("model `{name}` has no version {version:?}"),
+            )
+        })
+    }
+
+    /// The plan of a variant, computing (hashing) it once per model generation.
+    pub async fn planned(&self, entry: &ModelEntry, sel: &Selection) -> Result<Planned, Failure> {
+        let slot = (entry.version, sel.clone());
+        let generation = {
+            let st = self.lock();
+            let m = st.models.get(&entry.name).ok_or_else(|| {
+                fail(
+                    ErrorCode::NotFound,
+                    format!("model `{}` was removed", entry.name),
+                )
+            })?;
+            if let Some(p) = m.plans.get(&slot) {
+                return p.clone();
+            }
+            m.generation
+        };
+        let engine = self.engine.clone();
+        let (e, s) = (entry.clone(), sel.clone());
+        let r = tokio::task::spawn_blocking(move || engine.plan(&e, &s))
+            .await
+            .map_err(|e| fail(ErrorCode::Internal, e.to_string()))?
+            .map_err(|e| match e {
+                EngineError::NotFound(m) => fail(ErrorCode::NotFound, m),
+                EngineError::Cancelled => fail(ErrorCode::Cancelled, "cancelled"),
+                other => fail(
+                    ErrorCode::BuildFailed,
+                    format!("cannot plan `{}`: {other}", entry.name),
+                ),
+            });
+        let mut st = self.lock();
+        if let Some(m) = st.models.get_mut(&entry.name) {
+            if m.generation == generation {
+                m.plans.insert(slot, r.clone());
+            }
+        }
+        r
+    }
+
+    /// Queues a background build and records its artifact as ready when it completes.
+    fn submit_tracked(self: &Arc<Self>, p: &Planned) {
+        let Ok(mut rx) = self.queue.submit(p, false) else {
+            return;
+        };
+        let svc = self.clone();
+        let key = p.key;
+        tokio::spawn(async move {
+            loop {
+                if let JobStatus::Done(r) = &*rx.borrow_and_update() {
+                    if let Ok(a) = r {
+                        svc.lock().ready.insert(key, a.clone());
+                    }
+                    return;
+                }
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// A ready artifact from memory or, failing that, from the engine's store.
+    async fn ready_artifact(&self, p: &Planned) -> Option<Artifact> {
+        if let Some(a) = self.lock().ready.get(&p.key) {
+            return Some(a.clone());
+        }
+        let engine = self.engine.clone();
+        let pc = p.clone();
+        match tokio::task::spawn_blocking(move || engine.lookup(&pc)).await {
+            Ok(Ok(Some(a))) => {
+                self.lock().ready.insert(p.key, a.clone());
+                Some(a)
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(key = %p.key, error = %e, "cache lookup failed");
+                None
+            }
+            _ => None,
+        }
+    }
+
+    fn open_files(&self, a: &Artifact) -> Result<Vec<File>, std::io::Error> {
+        a.paths.iter().map(File::open).collect()
+    }
+
+    /// Acquire: the artifact's metadata and open read-only files.
+    pub async fn acquire(
+        self: &Arc<Self>,
+        req: &AcquireRequest,
+    ) -> Result<(ArtifactMeta, Vec<File>), Failure> {
+        let entry = self.entry(&req.model, req.version)?;
+        let sel = self.default_selection(req.profile.clone(), req.backend.clone());
+        let planned = self.planned(&entry, &sel).await?;
+        let mut hit = true;
+        let artifact = match self.ready_artifact(&planned).await {
+            Some(a) => a,
+            None => {
+                if let Some(f) = self.queue.failure(&planned.key) {
+                    return Err(f);
+                }
+                if !req.wait {
+                    self.submit_tracked(&planned);
+                    return Err(fail(
+                        ErrorCode::NotReady,
+                        format!("`{}` is not built yet", req.model),
+                    ));
+                }
+                hit = false;
+                let rx = self.queue.submit(&planned, true)?;
+                let limit = req
+                    .timeout_ms
+                    .map(Duration::from_millis)
+                    .unwrap_or(Duration::from_secs(self.cfg.limits.build_timeout_secs));
+                self.wait_job(rx, &planned, limit).await?
+            }
+        };
+        let files = match self.open_files(&artifact) {
+            Ok(f) => f,
+            Err(e) => {
+                self.lock().ready.remove(&planned.key);
+                return Err(fail(
+                    ErrorCode::NotReady,
+                    format!("artifact files vanished ({e}); retry to rebuild"),
+                ));
+            }
+        };
+        let c = if hit {
+            &self.counters.hits
+        } else {
+            &self.counters.misses
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+        let mut meta = artifact.metadata.clone();
+        meta.model = entry.name.clone();
+        meta.version = entry.version;
+        Ok((meta, files))
+    }
+
+    async fn wait_job(
+        &self,
+        mut rx: watch::Receiver<JobStatus>,
+        planned: &Planned,
+        limit: Duration,
+    ) -> Result<Artifact, Failure> {
+        let wait = async {
+            loop {
+                if let JobStatus::Done(r) = &*rx.borrow_and_update() {
+                    return r.clone();
+                }
+                if rx.changed().await.is_err() {
+                    return Err(fail(ErrorCode::Cancelled, "the build went away"));
+                }
+            }
+        };
+        let a = tokio::time::timeout(limit, wait).await.map_err(|_| {
+            fail(
+                ErrorCode::Timeout,
+                format!("not ready within {} ms", limit.as_millis()),
+            )
+        })??;
+        self.lock().ready.insert(planned.key, a.clone());
+        Ok(a)
+    }
+
+    fn variant_status(
+        &self,
+        p: &Result<Planned, Failure>,
+        sel: &Selection,
+        st: &State,
+    ) -> VariantStatus {
+        let mut v = VariantStatus {
+            profile: sel.profile.clone().unwrap_or_else(|| "default".into()),
+            backend: sel.backend.clone(),
+            precision: match sel.precision {
+                Precision::Fp32 => "fp32".into(),
+                Precision::Fp16 => "fp16".into(),
+            },
+            state: VariantState::Missing,
+            key: None,
+            reason: None,
+            phase: None,
+        };
+        match p {
+            Err((_, msg)) => {
+                v.state = VariantState::Failed;
+                v.reason = Some(msg.clone());
+            }
+            Ok(p) => {
+                v.key = Some(p.key.hex());
+                v.profile = p.profile.clone();
+                if st.ready.contains_key(&p.key) {
+                    v.state = VariantState::Ready;
+                } else if let Some(js) = self.queue.job_status(&p.key) {
+                    match js {
+                        JobStatus::Queued => v.state = VariantState::Queued,
+                        JobStatus::Running(ph) => {
+                            v.state = VariantState::Building;
+                            v.phase = Some(ph.into());
+                        }
+                        JobStatus::Done(_) => {}
+                    }
+                } else if let Some((_, msg)) = self.queue.failure(&p.key) {
+                    v.state = VariantState::Failed;
+                    v.reason = Some(msg);
+                }
+            }
+        }
+        v
+    }
+
+    fn model_status(&self, m: &ModelState, st: &State) -> ModelStatus {
+        let served = m.repo.served();
+        let version = served.map(|e| e.version).unwrap_or(0);
+        let variants = served
+            .map(|e| {
+                self.engine
+                    .variants(e, &self.cfg.backends)
+                    .into_iter()
+                    .map(|sel| match m.plans.get(&(version, sel.clone())) {
+                        Some(p) => self.variant_status(p, &sel, st),
+                        None => VariantStatus {
+                            profile: sel.profile.clone().unwrap_or_else(|| "default".into()),
+                            backend: sel.backend.clone(),
+                            precision: "fp32".into(),
+                            state: VariantState::Queued,
+                            key: None,
+                            reason: None,
+                            phase: Some("planning".into()),
+                        },
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        ModelStatus {
+            name: m.repo.name.clone(),
+            version,
+            versions: m.repo.versions.keys().copied().collect(),
+            layout: match m.repo.layout {
+                super::engine::Layout::Flat => "flat".into(),
+                super::engine::Layout::Triton => "triton".into(),
+            },
+            variants,
+        }
+    }
+
+    /// Every model's status.
+    pub fn list(&self) -> Vec<ModelStatus> {
+        let st = self.lock();
+        st.models
+            .values()
+            .map(|m| self.model_status(m, &st))
+            .collect()
+    }
+
+    /// One model's status.
+    pub fn status(&self, name: &str) -> Result<ModelStatus, Failure> {
+        self.entry(name, None)?;
+        let st = self.lock();
+        st.models
+            .get(name)
+            .map(|m| self.model_status(m, &st))
+            .ok_or_else(|| fail(ErrorCode::NotFound, format!("no model `{name}`")))
+    }
+
+    /// Build: streams progress into `events` and returns one result per variant.
+    pub async fn build(
+        self: &Arc<Self>,
+        req: &BuildRequest,
+        events: mpsc::Sender<Progress>,
+    ) -> Result<Vec<BuildResult>, Failure> {
+        let names: Vec<String> = if req.models.is_empty() {
+            self.lock().models.keys().cloned().collect()
+        } else {
+            req.models.clone()
+        };
+        let mut entries = Vec::new();
+        for n in &names {
+            entries.push(self.entry(n, None)?);
+        }
+        let backends = match &req.backend {
+            Some(b) => vec![b.clone()],
+            None => self.cfg.backends.clone(),
+        };
+        let limit = req
+            .timeout_ms
+            .map(Duration::from_millis)
+            .unwrap_or(Duration::from_secs(self.cfg.limits.build_timeout_secs));
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for e in entries {
+            for sel in self.engine.variants(&e, &backends) {
+                let svc = self.clone();
+                let ev = events.clone();
+                let e = e.clone();
+                tasks.push(tokio::spawn(async move {
+                    svc.build_one(e, sel, ev, start, limit).await
+                }));
+            }
+        }
+        drop(events);
+        let mut out = Vec::new();
+        for t in tasks {
+            match t.await {
+                Ok(r) => out.push(r),
+                Err(e) => return Err(fail(ErrorCode::Internal, e.to_string())),
+            }
+        }
+        Ok(out)
+    }
+
+    async fn build_one(
+        self: Arc<Self>,
+        entry: ModelEntry,
+        sel: Selection,
+        events: mpsc::Sender<Progress>,
+        start: Instant,
+        limit: Duration,
+    ) -> BuildResult {
+        let profile = sel.profile.clone().unwrap_or_else(|| "default".into());
+        let emit = |phase: &str| Progress {
+            model: entry.name.clone(),
+            backend: sel.backend.clone(),
+            profile: profile.clone(),
+            phase: phase.into(),
+            elapsed_ms: start.elapsed().as_millis() as u64,
+        };
+        let mut res = BuildResult {
+            model: entry.name.clone(),
+            backend: sel.backend.clone(),
+            profile: profile.clone(),
+            state: VariantState::Failed,
+            key: None,
+            cached: false,
+            code: None,
+            reason: None,
+            seconds: 0.0,
+        };
+        let _ = events.send(emit("planning")).await;
+        let planned = match self.planned(&entry, &sel).await {
+            Ok(p) => p,
+            Err((code, msg)) => {
+                res.code = Some(code);
+                res.reason = Some(msg);
+                let _ = events.send(emit("failed")).await;
+                return res;
+            }
+        };
+        res.key = Some(planned.key.hex());
+        res.profile = planned.profile.clone();
+        if self.ready_artifact(&planned).await.is_some() {
+            res.state = VariantState::Ready;
+            res.cached = true;
+            let _ = events.send(emit("ready")).await;
+            return res;
+        }
+        let t0 = Instant::now();
+        let outcome = match self.queue.submit(&planned, true) {
+            Err(f) => Err(f),
+            Ok(mut rx) => {
+                let wait = async {
+                    loop {
+                        let st = rx.borrow_and_update().clone();
+                        match st {
+                            JobStatus::Done(r) => return r,
+                            JobStatus::Queued => {
+                                let _ = events.send(emit("queued")).await;
+                            }
+                            JobStatus::Running(p) => {
+                                let _ = events.send(emit(p)).await;
+                            }
+                        }
+                        if rx.changed().await.is_err() {
+                            return Err(fail(ErrorCode::Cancelled, "the build went away"));
+                        }
+                    }
+                };
+                match tokio::time::timeout(limit.saturating_sub(start.elapsed()), wait).await {
+                    Ok(r) => r,
+                    Err(_) => Err(fail(
+                        ErrorCode::Timeout,
+                        "not ready within the build request's timeout",
+                    )),
+                }
+            }
+        };
+        res.seconds = t0.elapsed().as_secs_f64();
+        match outcome {
+            Ok(a) => {
+                self.lock().ready.insert(planned.key, a);
+                res.state = VariantState::Ready;
+                let _ = events.send(emit("ready")).await;
+            }
+            Err((code, msg)) => {
+                res.code = Some(code);
+                res.reason = Some(msg);
+                let _ = events.send(emit("failed")).await;
+            }
+        }
+        res
+    }
+
+    /// Evicts a model's artifacts (every plan of every version) or one key.
+    pub async fn evict(&self, model: Option<&str>, key: Option<&str>) -> Result<u64, Failure> {
+        let mut keys = Vec::new();
+        if let Some(k) = key {
+            keys.push(CacheKey::parse(k).map_err(|e| fail(ErrorCode::BadRequest, e.to_string()))?);
+        }
+        if let Some(m) = model {
+            self.entry(m, None)?;
+            let st = self.lock();
+            if let Some(ms) = st.models.get(m) {
+                keys.extend(
+                    ms.plans
+                        .values()
+                        .filter_map(|p| p.as_ref().ok().map(|p| p.key)),
+                );
+            }
+        }
+        let mut removed = 0;
+        for k in keys {
+            self.lock().ready.remove(&k);
+            self.queue.forget_failure(&k);
+            let engine = self.engine.clone();
+            let gone = tokio::task::spawn_blocking(move || engine.evict(&k))
+                .await
+                .map_err(|e| fail(ErrorCode::Internal, e.to_string()))?
+                .map_err(|e| fail(ErrorCode::Internal, e.to_string()))?;
+            removed += gone as u64;
+        }
+        Ok(removed)
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> Stats {
+        let q = &self.queue.stats;
+        Stats {
+            hits: self.counters.hits.load(Ordering::Relaxed),
+            misses: self.counters.misses.load(Ordering::Relaxed),
+            builds: q.builds.load(Ordering::Relaxed),
+            failures: q.failures.load(Ordering::Relaxed),
+            cancelled: q.cancelled.load(Ordering::Relaxed),
+            build_seconds: q.build_millis.load(Ordering::Relaxed) as f64 / 1000.0,
+            queue_depth: self.queue.depth(),
+            building: q.running.load(Ordering::Relaxed),
+            models: self.lock().models.len() as u64,
+            connections: self.counters.connections.load(Ordering::Relaxed),
+            uptime_seconds: self.started.elapsed().as_secs_f64(),
+        }
+    }
+}
