@@ -1,0 +1,352 @@
+//! Stage 2 of the data flow: capability analysis. For a loaded model, says which nodes
+//! TensorRT takes and in which subgraphs, what falls back to CUDA or CPU and why, where
+//! data-dependent shapes start, and which tensors cross between host and device.
+//!
+//! Enters: a [`Model`] and [`Options`]. Leaves: a [`Capability`] (serde-serialisable, so the
+//! build stage can record the plan per artifact). No GPU needed: everything comes from the
+//! graph and the bundled operator tables ([`tables`]). The steps, one module each:
+//! [`shapes`]/[`infer`] (symbolic shapes, types, value classes), [`dds`] (data-dependent
+//! shapes), [`restrict`] (what TensorRT's parser takes), [`partition`] (provider assignment
+//! and acyclic subgraphs), [`report`] (the result), [`export`] (partitions as ONNX files).
+
+pub mod dds;
+pub mod export;
+pub mod infer;
+pub mod layout;
+pub mod partition;
+pub mod report;
+pub mod restrict;
+pub mod shapes;
+pub mod tables;
+
+use std::collections::{HashMap, HashSet};
+
+pub use report::{Boundary, Capability, NodeReport, Partition};
+pub use tables::{default_trt_version, trt_versions};
+
+use crate::onnx::graph::Graph;
+use crate::onnx::Model;
+use partition::{order_from_preds, preds, split, Prov, SplitInput};
+use restrict::TrtCheck;
+use shapes::{propagate, GraphFacts};
+use tables::{CudaTable, TrtTable};
+
+/// An execution provider, as ONNX Runtime names them in `--providers`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Provider {
+    TensorRt,
+    Cuda,
+    Cpu,
+}
+
+impl Provider {
+    pub fn name(self) -> &'static str {
+        match self {
+            Provider::TensorRt => "tensorrt",
+            Provider::Cuda => "cuda",
+            Provider::Cpu => "cpu",
+        }
+    }
+
+    /// Whether the provider's tensors live in GPU memory.
+    pub fn on_device(self) -> bool {
+        !matches!(self, Provider::Cpu)
+    }
+
+    /// Parses `tensorrt`, `trt`, `cuda`, `cpu` (case-insensitive).
+    pub fn parse(s: &str) -> Result<Self, AnalysisError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "tensorrt" | "trt" => Ok(Provider::TensorRt),
+            "cuda" => Ok(Provider::Cuda),
+            "cpu" => Ok(Provider::Cpu),
+            other => Err(AnalysisError::UnknownProvider(other.to_string())),
+        }
+    }
+}
+
+/// Why the analysis could not run (bad options; a model that loads never errors).
+#[derive(Debug, thiserror::Error)]
+pub enum AnalysisError {
+    #[error(transparent)]
+    TrtVersion(#[from] tables::UnknownTrtVersion),
+    #[error("unknown provider `{0}`: expected tensorrt, cuda or cpu")]
+    UnknownProvider(String),
+    #[error("provider `{0}` listed twice")]
+    DuplicateProvider(String),
+}
+
+/// Analysis options (the `inspect` flags).
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Priority order; CPU is appended when missing, as ONNX Runtime does.
+    pub providers: Vec<Provider>,
+    pub trt_version: String,
+    /// Op types TensorRT must not take (`--trt-exclude`).
+    pub trt_exclude: Vec<String>,
+    /// Shorthand for excluding NonMaxSuppression, NonZero, RoiAlign.
+    pub trt_exclude_dds: bool,
+    /// TensorRT subgraphs with fewer nodes go to the next provider.
+    pub min_subgraph_size: usize,
+    /// Deepest If/Loop/Scan nesting analysed.
+    pub max_body_depth: usize,
+    /// Bound on drop-and-regroup rounds of the partitioner.
+    pub max_partition_iterations: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            providers: vec![Provider::TensorRt, Provider::Cuda, Provider::Cpu],
+            trt_version: default_trt_version().to_string(),
+            trt_exclude: Vec::new(),
+            trt_exclude_dds: false,
+            min_subgraph_size: 1,
+            max_body_depth: 16,
+            max_partition_iterations: 1000,
+        }
+    }
+}
+
+impl Options {
+    /// The provider list with CPU appended when missing; errors on duplicates.
+    pub fn provider_list(&self) -> Result<Vec<Provider>, AnalysisError> {
+        let mut out: Vec<Provider> = Vec::new();
+        for &p in &self.providers {
+            if out.contains(&p) {
+                return Err(AnalysisError::DuplicateProvider(p.name().into()));
+            }
+            out.push(p);
+        }
+        if !out.contains(&Provider::Cpu) {
+            out.push(Provider::Cpu);
+        }
+        Ok(out)
+    }
+}
+
+/// Whatever the analysis learned besides the report, for [`export`].
+pub struct Analysis<'m> {
+    pub capability: Capability,
+    pub graph: Graph<'m>,
+    pub facts: GraphFacts,
+}
+
+/// Runs the capability analysis of `model`.
+pub fn analyse(model: &Model, opts: &Options) -> Result<Capability, AnalysisError> {
+    analyse_full(model, opts).map(|a| a.capability)
+}
+
+/// [`analyse`], keeping the graph view and tensor facts.
+#[tracing::instrument(skip_all, fields(model = %model.path.display()))]
+pub fn analyse_full<'m>(model: &'m Model, opts: &Options) -> Result<Analysis<'m>, AnalysisError> {
+    let providers = opts.provider_list()?;
+    let table = TrtTable::load(&opts.trt_version)?;
+    let cuda = CudaTable::bundled();
+    let opset = model.opset("").unwrap_or(0);
+    let g = Graph::new(model.graph());
+    let preds = preds(&g);
+    let (order, cyclic) = order_from_preds(&preds);
+    if cyclic {
+        tracing::warn!("graph has a cycle; partitions are best effort");
+    }
+    let facts = propagate(&g, &order, None, opset);
+    let mut exclude: HashSet<String> = opts
+        .trt_exclude
+        .iter()
+        .map(|s| s.trim().to_string())
+        .collect();
+    if opts.trt_exclude_dds {
+        exclude.extend(dds::DDS_OPS.iter().map(|s| s.to_string()));
+    }
+    let io: HashSet<String> = g
+        .proto
+        .input
+        .iter()
+        .chain(&g.proto.output)
+        .map(|v| v.name.clone())
+        .collect();
+    let check = TrtCheck {
+        table: &table,
+        opset,
+        exclude: &exclude,
+        io: &io,
+        max_depth: opts.max_body_depth,
+    };
+    let n = g.nodes.len();
+    let mut claims: Vec<Vec<Prov>> = Vec::with_capacity(n);
+    let mut reasons: Vec<Vec<String>> = Vec::with_capacity(n);
+    for id in 0..n {
+        let node = g.nodes[id];
+        let mut c = Vec::new();
+        let mut r = Vec::new();
+        for (pi, p) in providers.iter().enumerate() {
+            match p {
+                Provider::TensorRt => {
+                    let v = check.node(&g, id, &facts, 0);
+                    if v.reasons.is_empty() {
+                        c.push(pi);
+                        if c.len() == 1 {
+                            r.extend(v.notes);
+                        }
+                    } else if c.is_empty() {
+                        r.extend(v.reasons);
+                    }
+                }
+                Provider::Cuda => {
+                    // Constant nodes become initializers at load time and need no kernel.
+                    if node.op_type == "Constant" && matches!(node.domain.as_str(), "" | "ai.onnx")
+                        || cuda.covers(&node.domain, &node.op_type, opset)
+                    {
+                        c.push(pi);
+                    } else if c.is_empty() {
+                        r.push(cuda_reason(&cuda, &node.domain, &node.op_type, opset));
+                    }
+                }
+                Provider::Cpu => {
+                    c.push(pi);
+                    if c.len() == 1
+                        && !matches!(
+                            node.domain.as_str(),
+                            "" | "ai.onnx" | "ai.onnx.ml" | "com.microsoft"
+                        )
+                    {
+                        r.push(format!(
+                            "ONNX Runtime's CPU provider runs `{}::{}` only when a custom-op library registers it",
+                            node.domain, node.op_type
+                        ));
+                    }
+                }
+            }
+        }
+        claims.push(c);
+        reasons.push(r);
+    }
+    let trt = providers.iter().position(|&p| p == Provider::TensorRt);
+    let sp = split(&SplitInput {
+        preds: &preds,
+        order: &order,
+        claims: &claims,
+        trt,
+        min_subgraph_size: opts.min_subgraph_size,
+        max_iterations: opts.max_partition_iterations,
+    });
+    let pname = |p: Prov| providers.get(p).copied().unwrap_or(Provider::Cpu);
+    let nodes: Vec<NodeReport> = (0..n)
+        .map(|id| {
+            let node = g.nodes[id];
+            let mut r = reasons[id].clone();
+            if let Some(extra) = sp.reasons.get(id) {
+                // Partitioning reasons explain why TensorRT did not keep a node it claimed.
+                if !extra.is_empty() {
+                    r = extra
+                        .iter()
+                        .cloned()
+                        .chain(r.into_iter().filter(|s| !s.contains("cast down")))
+                        .collect();
+                }
+            }
+            NodeReport {
+                name: g.names[id].clone(),
+                op_type: node.op_type.clone(),
+                domain: node.domain.clone(),
+                provider: pname(sp.provider[id]).name().into(),
+                reasons: r,
+            }
+        })
+        .collect();
+    let (partitions, boundaries) = wire(&g, &facts, &sp, &pname);
+    let capability = Capability {
+        providers: providers.iter().map(|p| p.name().to_string()).collect(),
+        trt_version: table.version.clone(),
+        partitions,
+        nodes,
+        data_dependent: facts.dds.clone(),
+        boundaries,
+    };
+    Ok(Analysis {
+        capability,
+        graph: g,
+        facts,
+    })
+}
+
+fn cuda_reason(cuda: &CudaTable, domain: &str, op: &str, opset: i64) -> String {
+    match domain {
+        "" | "ai.onnx" if cuda.has_any(domain, op) => {
+            format!("ONNX Runtime's CUDA provider has no `{op}` kernel for opset {opset}")
+        }
+        "" | "ai.onnx" => format!("ONNX Runtime's CUDA provider has no `{op}` kernel"),
+        d => format!("ONNX Runtime's CUDA provider has no kernel for `{d}::{op}`"),
+    }
+}
+
+/// Partition inputs/outputs and host↔device boundaries.
+fn wire(
+    g: &Graph<'_>,
+    facts: &GraphFacts,
+    sp: &partition::Split,
+    pname: &dyn Fn(Prov) -> Provider,
+) -> (Vec<Partition>, Vec<Boundary>) {
+    let mut part_of = vec![usize::MAX; g.nodes.len()];
+    for (pi, (_, nodes)) in sp.partitions.iter().enumerate() {
+        for &v in nodes {
+            part_of[v] = pi;
+        }
+    }
+    let mut produced_in: HashMap<&str, usize> = HashMap::new();
+    for (v, node) in g.nodes.iter().enumerate() {
+        for o in node.output.iter().filter(|o| !o.is_empty()) {
+            produced_in.insert(o.as_str(), part_of[v]);
+        }
+    }
+    let graph_outputs: HashSet<&str> = g.proto.output.iter().map(|o| o.name.as_str()).collect();
+    let mut parts = Vec::with_capacity(sp.partitions.len());
+    let mut boundaries = Vec::new();
+    let mut seen_boundary: HashSet<(String, Provider)> = HashSet::new();
+    for (pi, (prov, nodes)) in sp.partitions.iter().enumerate() {
+        let prov = pname(*prov);
+        let mut inputs: Vec<String> = Vec::new();
+        let mut in_seen: HashSet<&str> = HashSet::new();
+        let mut outputs: Vec<String> = Vec::new();
+        for &v in nodes {
+            for r in g.node_reads(v) {
+                let inside = produced_in.get(r) == Some(&pi);
+                let constant = facts.get(r).is_some_and(|t| t.initializer);
+                if !inside && !constant && in_seen.insert(r) {
+                    inputs.push(r.to_string());
+                    if let Some(&q) = produced_in.get(r) {
+                        let from = sp.partitions.get(q).map_or(Provider::Cpu, |p| pname(p.0));
+                        if from.on_device() != prov.on_device()
+                            && seen_boundary.insert((r.to_string(), prov))
+                        {
+                            boundaries.push(Boundary {
+                                tensor: r.to_string(),
+                                from: from.name().into(),
+                                to: prov.name().into(),
+                                bytes: facts.get(r).and_then(|t| t.bytes()),
+                            });
+                        }
+                    }
+                }
+            }
+            for o in g.nodes[v].output.iter().filter(|o| !o.is_empty()) {
+                let used_outside = g
+                    .consumers
+                    .get(o.as_str())
+                    .is_some_and(|cs| cs.iter().any(|&c| part_of.get(c) != Some(&pi)));
+                if used_outside || graph_outputs.contains(o.as_str()) {
+                    outputs.push(o.clone());
+                }
+            }
+        }
+        parts.push(Partition {
+            id: pi,
+            provider: prov.name().into(),
+            nodes: nodes.iter().map(|&v| g.names[v].clone()).collect(),
+            inputs,
+            outputs,
+            node_ids: nodes.clone(),
+        });
+    }
+    (parts, boundaries)
+}
