@@ -9,6 +9,9 @@ use serde::Serialize;
 
 use super::output::{human_bytes, table, Style};
 use crate::onnx::facts::{facts, Facts, OpsetBounds};
+use crate::analysis::export::export_subgraphs;
+use crate::analysis::tables::TrtTable;
+use crate::analysis::{analyse_full, Capability, Options, Provider};
 use crate::onnx::Model;
 
 #[derive(Debug, Args)]
@@ -18,21 +21,42 @@ pub struct InspectArgs {
     /// Print one JSON object instead of the human report.
     #[arg(long)]
     pub json: bool,
+    /// Execution providers in priority order; each node goes to the first that takes it
+    /// (CPU is appended when missing, as ONNX Runtime does).
+    #[arg(long, value_delimiter = ',', default_value = "tensorrt,cuda,cpu")]
+    pub providers: Vec<String>,
+    /// TensorRT version whose ONNX operator table to use (default: the newest bundled).
+    #[arg(long, default_value = crate::analysis::tables::default_trt_version())]
+    pub trt_version: String,
+    /// Operator types TensorRT must not take, comma-separated (like ONNX Runtime's
+    /// trt_op_types_to_exclude).
+    #[arg(long, value_delimiter = ',', value_name = "OPS")]
+    pub trt_exclude: Vec<String>,
+    /// Keep the data-dependent-shape ops NonMaxSuppression, NonZero and RoiAlign off TensorRT.
+    #[arg(long)]
+    pub trt_exclude_dds: bool,
+    /// TensorRT subgraphs with fewer nodes fall back to the next provider.
+    #[arg(long, default_value_t = 1)]
+    pub min_subgraph_size: usize,
+    /// Write each partition as a standalone ONNX model plus manifest.json into DIR.
+    #[arg(long, value_name = "DIR")]
+    pub export_subgraphs: Option<PathBuf>,
 }
 
 #[derive(Serialize)]
 struct Report {
     #[serde(flatten)]
     facts: Facts,
+    capability: Capability,
 }
 
-/// Opset bounds of the bundled tables: TensorRT 10.15's ONNX parser and ONNX Runtime 1.31.
-pub fn opset_bounds() -> Vec<OpsetBounds> {
+/// Opset bounds: the selected TensorRT table's parser range and ONNX Runtime 1.31.
+pub fn opset_bounds(trt: &TrtTable) -> Vec<OpsetBounds> {
     vec![
         OpsetBounds {
-            who: "TensorRT 10.15".into(),
-            min: 9,
-            max: 24,
+            who: trt.who(),
+            min: trt.min_opset,
+            max: trt.max_opset,
         },
         OpsetBounds {
             who: "ONNX Runtime 1.31".into(),
@@ -43,9 +67,37 @@ pub fn opset_bounds() -> Vec<OpsetBounds> {
 }
 
 pub fn run(a: InspectArgs) -> anyhow::Result<ExitCode> {
+    let providers = a
+        .providers
+        .iter()
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| Provider::parse(p))
+        .collect::<Result<Vec<_>, _>>()
+        .context("--providers")?;
+    let opts = Options {
+        providers,
+        trt_version: a.trt_version.clone(),
+        trt_exclude: a.trt_exclude.clone(),
+        trt_exclude_dds: a.trt_exclude_dds,
+        min_subgraph_size: a.min_subgraph_size,
+        ..Options::default()
+    };
+    let trt = TrtTable::load(&a.trt_version).context("--trt-version")?;
     let model = Model::load(&a.model).map_err(anyhow::Error::new)?;
+    let analysis = analyse_full(&model, &opts)
+        .with_context(|| format!("analysing {}", a.model.display()))?;
+    if let Some(dir) = &a.export_subgraphs {
+        let m = export_subgraphs(&analysis, &model, dir)
+            .with_context(|| format!("exporting partitions to {}", dir.display()))?;
+        eprintln!(
+            "exported {} partition(s) and manifest.json to {}",
+            m.partitions.len(),
+            dir.display()
+        );
+    }
     let report = Report {
-        facts: facts(&model, &opset_bounds()),
+        facts: facts(&model, &opset_bounds(&trt)),
+        capability: analysis.capability,
     };
     if a.json {
         let s = serde_json::to_string_pretty(&report).context("serialising the report")?;
@@ -139,5 +191,6 @@ fn render(r: &Report, st: Style) -> String {
             .collect();
         out += &table("  ", &rows);
     }
+    out += &super::capability::render(&r.capability, st);
     out
 }

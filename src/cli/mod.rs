@@ -1,6 +1,7 @@
 //! The command-line surface: clap definitions and one function per subcommand. Library
 //! errors get their context here (`anyhow`), naming the path, model or key involved.
 
+mod capability;
 mod inspect;
 pub mod output;
 
