@@ -208,6 +208,26 @@ pub fn infer(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
             }
             v
         }
+        "CenterCropPad" => {
+            let s = match (in_shape(0), n.input.get(1).and_then(|s| f.value(s))) {
+                (Some(mut x), Some(v)) => {
+                    let axes =
+                        attr_ints(n, "axes").unwrap_or_else(|| (0..x.len() as i64).collect());
+                    if axes.len() == v.len() && axes.iter().all(|&a| axis(a, x.len()).is_some()) {
+                        for (a, d) in axes.iter().zip(v) {
+                            if let Some(i) = axis(*a, x.len()) {
+                                x[i] = d.clone();
+                            }
+                        }
+                        Some(x)
+                    } else {
+                        None
+                    }
+                }
+                _ => None,
+            };
+            one(shape(in_dt(0), s))
+        }
         "IsNaN" | "IsInf" => one(shape(Some(ElemType::Bool), in_shape(0))),
         "Cast" => {
             let to = attr_i(n, "to").map(|c| ElemType::from_code(c as i32));

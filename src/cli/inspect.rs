@@ -8,10 +8,10 @@ use clap::Args;
 use serde::Serialize;
 
 use super::output::{human_bytes, table, Style};
-use crate::onnx::facts::{facts, Facts, OpsetBounds};
 use crate::analysis::export::export_subgraphs;
 use crate::analysis::tables::TrtTable;
 use crate::analysis::{analyse_full, Capability, Options, Provider};
+use crate::onnx::facts::{facts, Facts, OpsetBounds};
 use crate::onnx::Model;
 
 #[derive(Debug, Args)]
@@ -84,8 +84,8 @@ pub fn run(a: InspectArgs) -> anyhow::Result<ExitCode> {
     };
     let trt = TrtTable::load(&a.trt_version).context("--trt-version")?;
     let model = Model::load(&a.model).map_err(anyhow::Error::new)?;
-    let analysis = analyse_full(&model, &opts)
-        .with_context(|| format!("analysing {}", a.model.display()))?;
+    let analysis =
+        analyse_full(&model, &opts).with_context(|| format!("analysing {}", a.model.display()))?;
     if let Some(dir) = &a.export_subgraphs {
         let m = export_subgraphs(&analysis, &model, dir)
             .with_context(|| format!("exporting partitions to {}", dir.display()))?;

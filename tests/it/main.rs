@@ -2,5 +2,6 @@
 //! real files, the real `trtcache` binary and, where it needs them, the project's Python
 //! environment (`scripts/setup-python.sh`) as the reference implementation.
 
+mod analysis;
 mod onnx_load;
 mod support;
