@@ -78,7 +78,6 @@ pub fn origin(
         return None;
     }
     let op = node.op_type.as_str();
-    let name = g.names.get(id).cloned().unwrap_or_default();
     let first_out = |from: usize| {
         node.output
             .iter()
@@ -88,7 +87,7 @@ pub fn origin(
     };
     let mk = |tensor: String, why: String| DdsOrigin {
         tensor,
-        node: name.clone(),
+        node: g.names.get(id).cloned().unwrap_or_default(),
         op_type: op.to_string(),
         why,
     };

@@ -87,7 +87,7 @@ fn value_info(
             .map(|d| Dimension {
                 value: match d {
                     SymDim::Known(v) => Some(dimension::Value::DimValue(*v)),
-                    SymDim::Sym(p) => Some(dimension::Value::DimParam(p.clone())),
+                    SymDim::Sym(p) => Some(dimension::Value::DimParam(p.to_string())),
                     SymDim::Unknown => None,
                 },
                 denotation: String::new(),

@@ -19,8 +19,6 @@ pub mod restrict;
 pub mod shapes;
 pub mod tables;
 
-use std::collections::{HashMap, HashSet};
-
 pub use report::{Boundary, Capability, NodeReport, Partition};
 pub use tables::{default_trt_version, trt_versions};
 
@@ -28,7 +26,7 @@ use crate::onnx::graph::Graph;
 use crate::onnx::Model;
 use partition::{order_from_preds, preds, split, Prov, SplitInput};
 use restrict::TrtCheck;
-use shapes::{propagate, GraphFacts};
+use shapes::{propagate, FastMap, FastSet, GraphFacts};
 use tables::{CudaTable, TrtTable};
 
 /// An execution provider, as ONNX Runtime names them in `--providers`.
@@ -150,7 +148,7 @@ pub fn analyse_full<'m>(model: &'m Model, opts: &Options) -> Result<Analysis<'m>
         tracing::warn!("graph has a cycle; partitions are best effort");
     }
     let facts = propagate(&g, &order, None, opset);
-    let mut exclude: HashSet<String> = opts
+    let mut exclude: FastSet<String> = opts
         .trt_exclude
         .iter()
         .map(|s| s.trim().to_string())
@@ -158,7 +156,7 @@ pub fn analyse_full<'m>(model: &'m Model, opts: &Options) -> Result<Analysis<'m>
     if opts.trt_exclude_dds {
         exclude.extend(dds::DDS_OPS.iter().map(|s| s.to_string()));
     }
-    let io: HashSet<String> = g
+    let io: FastSet<String> = g
         .proto
         .input
         .iter()
@@ -234,7 +232,7 @@ pub fn analyse_full<'m>(model: &'m Model, opts: &Options) -> Result<Analysis<'m>
     let nodes: Vec<NodeReport> = (0..n)
         .map(|id| {
             let node = g.nodes[id];
-            let mut r = reasons[id].clone();
+            let mut r = std::mem::take(&mut reasons[id]);
             if let Some(extra) = sp.reasons.get(id) {
                 // Partitioning reasons explain why TensorRT did not keep a node it claimed.
                 if !extra.is_empty() {
@@ -293,49 +291,43 @@ fn wire(
             part_of[v] = pi;
         }
     }
-    let mut produced_in: HashMap<&str, usize> = HashMap::new();
+    let mut produced_in: FastMap<&str, usize> = FastMap::default();
+    produced_in.reserve(g.producer.len());
     for (v, node) in g.nodes.iter().enumerate() {
         for o in node.output.iter().filter(|o| !o.is_empty()) {
             produced_in.insert(o.as_str(), part_of[v]);
         }
     }
-    let graph_outputs: HashSet<&str> = g.proto.output.iter().map(|o| o.name.as_str()).collect();
+    let graph_outputs: FastSet<&str> = g.proto.output.iter().map(|o| o.name.as_str()).collect();
     let mut parts = Vec::with_capacity(sp.partitions.len());
     let mut boundaries = Vec::new();
-    let mut seen_boundary: HashSet<(String, Provider)> = HashSet::new();
+    let mut seen_boundary: FastSet<(&str, Provider)> = FastSet::default();
+    // Tensors some other partition reads: they are outputs of their producer's partition.
+    let mut crossing: FastSet<&str> = FastSet::default();
     for (pi, (prov, nodes)) in sp.partitions.iter().enumerate() {
         let prov = pname(*prov);
         let mut inputs: Vec<String> = Vec::new();
-        let mut in_seen: HashSet<&str> = HashSet::new();
-        let mut outputs: Vec<String> = Vec::new();
+        let mut in_seen: FastSet<&str> = FastSet::default();
         for &v in nodes {
-            for r in g.node_reads(v) {
-                let inside = produced_in.get(r) == Some(&pi);
-                let constant = facts.get(r).is_some_and(|t| t.initializer);
-                if !inside && !constant && in_seen.insert(r) {
-                    inputs.push(r.to_string());
-                    if let Some(&q) = produced_in.get(r) {
-                        let from = sp.partitions.get(q).map_or(Provider::Cpu, |p| pname(p.0));
-                        if from.on_device() != prov.on_device()
-                            && seen_boundary.insert((r.to_string(), prov))
-                        {
-                            boundaries.push(Boundary {
-                                tensor: r.to_string(),
-                                from: from.name().into(),
-                                to: prov.name().into(),
-                                bytes: facts.get(r).and_then(|t| t.bytes()),
-                            });
-                        }
-                    }
+            for r in partition::reads(g, v) {
+                let producer = produced_in.get(r).copied();
+                if producer == Some(pi) || facts.get(r).is_some_and(|t| t.initializer) {
+                    continue;
                 }
-            }
-            for o in g.nodes[v].output.iter().filter(|o| !o.is_empty()) {
-                let used_outside = g
-                    .consumers
-                    .get(o.as_str())
-                    .is_some_and(|cs| cs.iter().any(|&c| part_of.get(c) != Some(&pi)));
-                if used_outside || graph_outputs.contains(o.as_str()) {
-                    outputs.push(o.clone());
+                if !in_seen.insert(r) {
+                    continue;
+                }
+                inputs.push(r.to_string());
+                crossing.insert(r);
+                let Some(q) = producer else { continue };
+                let from = sp.partitions.get(q).map_or(Provider::Cpu, |p| pname(p.0));
+                if from.on_device() != prov.on_device() && seen_boundary.insert((r, prov)) {
+                    boundaries.push(Boundary {
+                        tensor: r.to_string(),
+                        from: from.name().into(),
+                        to: prov.name().into(),
+                        bytes: facts.get(r).and_then(|t| t.bytes()),
+                    });
                 }
             }
         }
@@ -344,9 +336,18 @@ fn wire(
             provider: prov.name().into(),
             nodes: nodes.iter().map(|&v| g.names[v].clone()).collect(),
             inputs,
-            outputs,
+            outputs: Vec::new(),
             node_ids: nodes.clone(),
         });
+    }
+    for part in &mut parts {
+        for &v in &part.node_ids {
+            for o in g.nodes[v].output.iter().filter(|o| !o.is_empty()) {
+                if crossing.contains(o.as_str()) || graph_outputs.contains(o.as_str()) {
+                    part.outputs.push(o.clone());
+                }
+            }
+        }
     }
     (parts, boundaries)
 }

@@ -15,19 +15,41 @@
 //! than the minimum size drop to the next provider and the levels are recomputed.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
+
+use super::shapes::FastMap as HashMap;
 
 use crate::onnx::graph::Graph;
 
 /// Index of a provider in the provider list.
 pub type Prov = usize;
 
+/// What node `id` reads (explicit inputs, then captures of its bodies), without duplicates:
+/// [`Graph::node_reads`] with a fast path for the common node without bodies.
+pub fn reads<'a>(g: &Graph<'a>, id: usize) -> Vec<&'a str> {
+    let Some(n) = g.nodes.get(id) else {
+        return Vec::new();
+    };
+    if n.attribute
+        .iter()
+        .any(|a| a.g.is_some() || !a.graphs.is_empty())
+    {
+        return g.node_reads(id);
+    }
+    let mut out: Vec<&'a str> = Vec::with_capacity(n.input.len());
+    for i in &n.input {
+        if !i.is_empty() && !out.contains(&i.as_str()) {
+            out.push(i.as_str());
+        }
+    }
+    out
+}
+
 /// Predecessor node ids of every node (producers of what it reads, captures included).
 pub fn preds(g: &Graph<'_>) -> Vec<Vec<usize>> {
     (0..g.nodes.len())
         .map(|id| {
-            let mut p: Vec<usize> = g
-                .node_reads(id)
+            let mut p: Vec<usize> = reads(g, id)
                 .iter()
                 .filter_map(|r| g.producer.get(r).map(|o| o.node))
                 .filter(|&p| p != id)
@@ -139,7 +161,7 @@ pub fn split(input: &SplitInput<'_>) -> Split {
     let mut group: Vec<Option<u32>> = Vec::new();
     for _ in 0..input.max_iterations.max(1) {
         let lv = levels(input, &provider);
-        let mut sizes: HashMap<u32, usize> = HashMap::new();
+        let mut sizes: HashMap<u32, usize> = HashMap::default();
         for v in 0..n {
             if Some(provider[v]) == input.trt {
                 if let Some(l) = lv[v] {
@@ -193,7 +215,7 @@ fn order_partitions(
         }
     }
     // Unit ids: TensorRT levels first (dense), then one per other node.
-    let mut level_unit: HashMap<u32, usize> = HashMap::new();
+    let mut level_unit: HashMap<u32, usize> = HashMap::default();
     let mut unit = vec![0usize; n];
     for &v in input.order {
         if is_trt(v) {

@@ -4,11 +4,9 @@
 //! bodies. Enters: a node with its graph's facts. Leaves: a [`Verdict`] — reasons TensorRT
 //! declines it (empty when it takes it) and notes about what it will change (DOUBLE cast).
 
-use std::collections::HashSet;
-
 use super::infer::{attr_i, attr_ints, attr_s, axis};
 use super::partition::topo_order;
-use super::shapes::{propagate, GraphFacts, ValueClass};
+use super::shapes::{propagate, FastSet, GraphFacts, ValueClass};
 use super::tables::{is_qdq_only, trt_type_token, TrtTable};
 use crate::onnx::graph::Graph;
 use crate::onnx::proto::NodeProto;
@@ -27,9 +25,9 @@ pub struct Verdict {
 pub struct TrtCheck<'t> {
     pub table: &'t TrtTable,
     pub opset: i64,
-    pub exclude: &'t HashSet<String>,
+    pub exclude: &'t FastSet<String>,
     /// Names of the top-level graph's inputs and outputs (UINT8 is only allowed there).
-    pub io: &'t HashSet<String>,
+    pub io: &'t FastSet<String>,
     /// How deep bodies may nest before the check gives up (hostile models).
     pub max_depth: usize,
 }
@@ -110,11 +108,12 @@ impl TrtCheck<'_> {
             }
         }
         let tensors = n.input.iter().chain(&n.output).filter(|s| !s.is_empty());
-        let mut seen = HashSet::new();
+        let mut seen: Vec<&str> = Vec::with_capacity(n.input.len() + n.output.len());
         for name in tensors {
-            if !seen.insert(name.as_str()) {
+            if seen.contains(&name.as_str()) {
                 continue;
             }
+            seen.push(name.as_str());
             let Some(t) = f.get(name).and_then(|t| t.dtype) else {
                 continue;
             };

@@ -19,16 +19,49 @@ use crate::onnx::graph::Graph;
 use crate::onnx::proto::{NodeProto, TensorProto};
 use crate::onnx::ElemType;
 
+/// A fast, non-cryptographic hasher (the FxHash mix) for the per-tensor maps: SipHash
+/// dominated the analysis of large graphs. Keys come from the model being analysed, not from
+/// a network peer.
+#[derive(Clone, Copy, Default)]
+pub struct FxHasher(u64);
+
+impl std::hash::Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let w = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+            self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(K);
+        }
+        for &b in chunks.remainder() {
+            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(K);
+        }
+    }
+    fn write_u8(&mut self, b: u8) {
+        self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.0 = (self.0.rotate_left(5) ^ v as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// `HashMap` with [`FxHasher`].
+pub type FastMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<FxHasher>>;
+/// `HashSet` with [`FxHasher`].
+pub type FastSet<K> = std::collections::HashSet<K, std::hash::BuildHasherDefault<FxHasher>>;
+
 /// Largest integer tensor whose values are tracked (TensorRT's shape-tensor limit is 64).
 pub const MAX_TRACKED_VALUES: usize = 64;
 
 /// One dimension (or one element of a tracked integer value).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(untagged)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum SymDim {
     Known(i64),
     /// A named symbol (`batch`), equal wherever the same name appears.
-    Sym(String),
+    Sym(std::sync::Arc<str>),
     Unknown,
 }
 
@@ -108,7 +141,7 @@ impl TensorInfo {
 /// Facts about every tensor of one graph.
 #[derive(Debug, Default)]
 pub struct GraphFacts {
-    pub tensors: HashMap<String, TensorInfo>,
+    pub tensors: FastMap<String, TensorInfo>,
     /// Data-dependent-shape origins, in discovery order.
     pub dds: Vec<DdsOrigin>,
 }
@@ -142,7 +175,7 @@ impl GraphFacts {
 pub fn from_dim(d: &Dim) -> SymDim {
     match d {
         Dim::Fixed(v) if *v >= 0 => SymDim::Known(*v),
-        Dim::Named(n) => SymDim::Sym(n.clone()),
+        Dim::Named(n) => SymDim::Sym(n.as_str().into()),
         _ => SymDim::Unknown,
     }
 }
@@ -209,6 +242,8 @@ pub fn propagate(
     opset: i64,
 ) -> GraphFacts {
     let mut f = GraphFacts::default();
+    f.tensors
+        .reserve(g.initializers.len() + g.inputs.len() + g.producer.len());
     if let Some(o) = outer {
         for &c in &g.captures {
             if let Some(t) = o.get(c) {
@@ -219,8 +254,7 @@ pub fn propagate(
             }
         }
     }
-    let input_names: std::collections::HashSet<&str> =
-        g.proto.input.iter().map(|i| i.name.as_str()).collect();
+    let input_names: FastSet<&str> = g.proto.input.iter().map(|i| i.name.as_str()).collect();
     for (name, t) in &g.initializers {
         let mut info = tensor_info(t);
         if input_names.contains(name) {
@@ -257,7 +291,7 @@ fn step(g: &Graph<'_>, id: usize, node: &NodeProto, opset: i64, f: &mut GraphFac
     let mut outs = infer::infer(node, f, opset);
     outs.resize_with(node.output.len(), || None);
     // Value class: the worst class among everything the node reads.
-    let reads = g.node_reads(id);
+    let reads = super::partition::reads(g, id);
     let mut class = ValueClass::Constant;
     let mut inherited = None;
     for r in &reads {

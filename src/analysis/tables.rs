@@ -4,7 +4,7 @@
 //! `docs/OperatorKernels.md`). Text enters through `include_str!`; lookups leave as
 //! [`TrtTable`] / [`CudaTable`]. Parsing is lenient: a malformed line is skipped, never a panic.
 
-use std::collections::{HashMap, HashSet};
+use super::shapes::{FastMap as HashMap, FastSet as HashSet};
 
 use crate::onnx::ElemType;
 
@@ -45,6 +45,8 @@ pub struct TrtTable {
     pub ops: HashMap<String, TrtOp>,
     /// Ops this version's `supportsModel` reports unsupported regardless of the importer.
     pub dds_filtered: Vec<String>,
+    /// `"TensorRT 10.15"`.
+    label: String,
 }
 
 /// A `--trt-version` that has no bundled table.
@@ -73,8 +75,9 @@ impl TrtTable {
             version: version.to_string(),
             min_opset: 1,
             max_opset: i64::MAX,
-            ops: HashMap::new(),
+            ops: HashMap::default(),
             dds_filtered: Vec::new(),
+            label: format!("TensorRT {version}"),
         };
         for line in text.lines() {
             if let Some(meta) = line.strip_prefix("# ") {
@@ -117,8 +120,8 @@ impl TrtTable {
     }
 
     /// `"TensorRT 10.15"`.
-    pub fn who(&self) -> String {
-        format!("TensorRT {}", self.version)
+    pub fn who(&self) -> &str {
+        &self.label
     }
 }
 

@@ -54,7 +54,7 @@ struct Report {
 pub fn opset_bounds(trt: &TrtTable) -> Vec<OpsetBounds> {
     vec![
         OpsetBounds {
-            who: trt.who(),
+            who: trt.who().to_string(),
             min: trt.min_opset,
             max: trt.max_opset,
         },
