@@ -118,7 +118,7 @@ fn arith(op: &str, a: &SymDim, b: &SymDim) -> SymDim {
         ("Add", Known(x), Known(y)) => Known(x.saturating_add(*y)),
         ("Sub", Known(x), Known(y)) => Known(x.saturating_sub(*y)),
         ("Mul", Known(x), Known(y)) => Known(x.saturating_mul(*y)),
-        ("Div", Known(x), Known(y)) if *y != 0 => Known(x.div_euclid(*y)),
+        ("Div", Known(x), Known(y)) => x.checked_div_euclid(*y).map_or(Unknown, Known),
         ("Add" | "Sub", s, Known(0)) | ("Mul" | "Div", s, Known(1)) | ("Mul", Known(1), s) => {
             s.clone()
         }
@@ -329,7 +329,7 @@ pub fn infer(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
                     let mut s = vec![
                         x[0].clone(),
                         w[1].known()
-                            .map_or(SymDim::Unknown, |c| SymDim::Known(c * g)),
+                            .map_or(SymDim::Unknown, |c| SymDim::Known(c.saturating_mul(g))),
                     ];
                     s.extend(std::iter::repeat_n(SymDim::Unknown, x.len() - 2));
                     Some(s)
@@ -507,7 +507,7 @@ pub fn infer(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
                 .collect();
             let len = match k.as_deref() {
                 Some(&[s, l, d]) if d != 0 => {
-                    SymDim::Known(((l - s) as f64 / d as f64).ceil().max(0.0) as i64)
+                    SymDim::Known(((l as f64 - s as f64) / d as f64).ceil().max(0.0) as i64)
                 }
                 _ => SymDim::Unknown,
             };
@@ -576,7 +576,9 @@ pub fn infer(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
                         .iter()
                         .enumerate()
                         .map(|(i, d)| match d {
-                            SymDim::Known(v) => SymDim::Known(v + p[i] + p[i + r]),
+                            SymDim::Known(v) => {
+                                SymDim::Known(v.saturating_add(p[i]).saturating_add(p[i + r]))
+                            }
                             d if p[i] == 0 && p[i + r] == 0 => d.clone(),
                             _ => SymDim::Unknown,
                         })
@@ -603,14 +605,17 @@ pub fn infer(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
                 if op == "DepthToSpace" {
                     vec![
                         s[0].clone(),
-                        k(&s[1], &|c| (c % (b * b) == 0).then(|| c / (b * b))),
-                        k(&s[2], &|h| Some(h * b)),
-                        k(&s[3], &|w| Some(w * b)),
+                        k(&s[1], &|c| {
+                            let bb = b.saturating_mul(b);
+                            (c % bb == 0).then(|| c / bb)
+                        }),
+                        k(&s[2], &|h| Some(h.saturating_mul(b))),
+                        k(&s[3], &|w| Some(w.saturating_mul(b))),
                     ]
                 } else {
                     vec![
                         s[0].clone(),
-                        k(&s[1], &|c| Some(c * b * b)),
+                        k(&s[1], &|c| Some(c.saturating_mul(b).saturating_mul(b))),
                         k(&s[2], &|h| (h % b == 0).then(|| h / b)),
                         k(&s[3], &|w| (w % b == 0).then(|| w / b)),
                     ]

@@ -74,23 +74,24 @@ pub fn conv_like(
     };
     let mut out = vec![x[0].clone(), ch];
     for i in 0..sp {
-        let s = strides[i].max(1);
-        let ek = dil[i] * (kernel[i] - 1) + 1;
+        // i128: hostile attributes must not overflow.
+        let s = strides[i].max(1) as i128;
+        let ek = dil[i] as i128 * (kernel[i] as i128 - 1) + 1;
+        let (pb, pe) = (pads[i] as i128, pads[i + sp] as i128);
+        let fit = |v: i128| i64::try_from(v).map_or(SymDim::Unknown, SymDim::Known);
         let d = match (&x[i + 2], auto.as_str()) {
-            (SymDim::Known(v), "SAME_UPPER" | "SAME_LOWER") => SymDim::Known((v + s - 1) / s),
+            (SymDim::Known(v), "SAME_UPPER" | "SAME_LOWER") => fit((*v as i128 + s - 1) / s),
             (d, "SAME_UPPER" | "SAME_LOWER") if s == 1 => d.clone(),
-            (SymDim::Known(v), "VALID") => SymDim::Known((v - ek) / s + 1),
+            (SymDim::Known(v), "VALID") => fit((*v as i128 - ek) / s + 1),
             (SymDim::Known(v), _) => {
-                let num = v + pads[i] + pads[i + sp] - ek;
-                SymDim::Known(if ceil {
+                let num = *v as i128 + pb + pe - ek;
+                fit(if ceil {
                     (num + s - 1) / s + 1
                 } else {
                     num.div_euclid(s) + 1
                 })
             }
-            (d, "" | "NOTSET") if s == 1 && ek == 1 && pads[i] == 0 && pads[i + sp] == 0 => {
-                d.clone()
-            }
+            (d, "" | "NOTSET") if s == 1 && ek == 1 && pb == 0 && pe == 0 => d.clone(),
             _ => SymDim::Unknown,
         };
         out.push(match d {
@@ -186,7 +187,7 @@ pub fn concat(n: &NodeProto, f: &GraphFacts) -> Option<Out> {
             return None;
         }
         total = match (total, s[a].known()) {
-            (Some(t), Some(v)) => Some(t + v),
+            (Some(t), Some(v)) => t.checked_add(v),
             _ => None,
         };
     }
@@ -270,17 +271,21 @@ pub fn slice(n: &NodeProto, f: &GraphFacts, opset: i64) -> Option<Out> {
                 } else {
                     (norm(starts[i], -1, dim - 1), norm(ends[i], -1, dim - 1))
                 };
-                let len = if step > 0 {
-                    (en - st + step - 1).div_euclid(step)
+                let (st, en, stp) = (st as i128, en as i128, step as i128);
+                let len = if stp > 0 {
+                    (en - st + stp - 1).div_euclid(stp)
                 } else {
-                    (st - en + (-step) - 1).div_euclid(-step)
+                    (st - en - stp - 1).div_euclid(-stp)
                 }
                 .max(0);
+                let Ok(len) = i64::try_from(len) else {
+                    return fallback;
+                };
                 out[a] = SymDim::Known(len);
                 value = value.map(|v| {
                     (0..len)
                         .filter_map(|k| {
-                            usize::try_from(st + k * step)
+                            usize::try_from(st + k as i128 * stp)
                                 .ok()
                                 .and_then(|j| v.get(j).cloned())
                         })
@@ -427,8 +432,12 @@ pub fn split(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
         if d % k == 0 {
             Some(vec![d / k; k as usize])
         } else if opset >= 18 {
-            let c = (d + k - 1) / k;
-            Some((0..k).map(|i| (d - i * c).clamp(0, c)).collect())
+            let c = d.saturating_add(k - 1) / k;
+            Some(
+                (0..k)
+                    .map(|i| d.saturating_sub(i.saturating_mul(c)).clamp(0, c))
+                    .collect(),
+            )
         } else {
             None
         }

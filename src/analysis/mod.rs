@@ -351,3 +351,140 @@ fn wire(
     }
     (parts, boundaries)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{attr, model, tensor_i64, GraphBuilder, D};
+    use crate::onnx::proto::ModelProto;
+    use crate::onnx::ElemType::{Float32, Int64};
+    use prost::Message;
+
+    fn load(m: &ModelProto) -> Model {
+        Model::from_bytes("hostile.onnx", m.encode_to_vec().into()).expect("loads")
+    }
+
+    fn run(m: &ModelProto) -> Capability {
+        let model = load(m);
+        let c = analyse(&model, &Options::default()).expect("analysis never errors on a model");
+        let placed: usize = c.partitions.iter().map(|p| p.nodes.len()).sum();
+        assert_eq!(
+            placed,
+            c.nodes.len(),
+            "every node is in exactly one partition"
+        );
+        c
+    }
+
+    #[test]
+    fn hostile_graphs_do_not_panic() {
+        // A cycle, a dangling input, a duplicate output name, an empty op type.
+        let mut g = GraphBuilder::new("hostile");
+        g.input(
+            "x",
+            Float32,
+            &[D::Fixed(i64::MAX), D::Fixed(-5), D::Unknown],
+        )
+        .output("b", Float32, None)
+        .output("b", Float32, None);
+        g.node("Add", &["x", "b"], &["a"]);
+        g.node("Relu", &["a"], &["b"]);
+        g.node("Mul", &["nowhere", "a"], &["b"]);
+        g.node("", &[], &[]);
+        g.node("Reshape", &["x", "x"], &["r"]);
+        let c = run(&model(g.build(), &[("", 17)]));
+        assert_eq!(c.nodes.len(), 5);
+
+        // Huge and negative attribute values in shape rules.
+        let mut g = GraphBuilder::new("huge");
+        g.input(
+            "x",
+            Float32,
+            &[D::Fixed(i64::MAX), D::Fixed(3), D::Fixed(4), D::Fixed(4)],
+        )
+        .output("y", Float32, None)
+        .init(tensor_i64("st", &[1], &[i64::MIN]))
+        .init(tensor_i64("en", &[1], &[i64::MAX]))
+        .init(tensor_i64("ax", &[1], &[0]))
+        .init(tensor_i64("sp", &[1], &[i64::MIN]))
+        .init(tensor_i64("pads", &[8], &[i64::MAX; 8]))
+        .init(tensor_i64("shape", &[2], &[-1, i64::MAX]))
+        .init(tensor_i64("lim", &[], &[i64::MAX]))
+        .init(tensor_i64("lo", &[], &[i64::MIN]))
+        .init(tensor_i64("one", &[], &[1]));
+        g.node("Slice", &["x", "st", "en", "ax", "sp"], &["s"]);
+        g.node("Pad", &["x", "pads"], &["p"]);
+        g.node("Reshape", &["x", "shape"], &["r"]);
+        g.node("Range", &["lo", "lim", "one"], &["rg"]);
+        g.node("Conv", &["x", "x"], &["c"]).attribute.extend([
+            attr::ints("pads", &[i64::MAX, i64::MAX, i64::MAX, i64::MAX]),
+            attr::ints("strides", &[i64::MIN, 1]),
+            attr::ints("dilations", &[i64::MAX, i64::MAX]),
+            attr::ints("kernel_shape", &[i64::MAX, i64::MIN]),
+        ]);
+        g.node("DepthToSpace", &["x"], &["d"])
+            .attribute
+            .push(attr::int("blocksize", i64::MAX));
+        g.node("Split", &["x"], &["s1", "s2", "s3"]);
+        g.node("Concat", &["x", "x"], &["cc"])
+            .attribute
+            .push(attr::int("axis", 0));
+        g.node("Size", &["x"], &["n"]);
+        g.node("Div", &["lo", "one"], &["dv"]);
+        g.node("Gather", &["x", "lo"], &["y"]);
+        run(&model(g.build(), &[("", 18)]));
+    }
+
+    #[test]
+    fn deeply_nested_bodies_are_bounded() {
+        let mut inner = GraphBuilder::new("leaf");
+        inner.output("o", Float32, Some(&[D::Fixed(1)]));
+        inner.node("Identity", &["x"], &["o"]);
+        let leaf = inner.build();
+        let mut body = leaf.clone();
+        for i in 0..20 {
+            let mut g = GraphBuilder::new(&format!("lvl{i}"));
+            g.output("o", Float32, Some(&[D::Fixed(1)]));
+            g.node("If", &["c"], &["o"]).attribute.extend([
+                attr::graph("then_branch", body),
+                attr::graph("else_branch", leaf.clone()),
+            ]);
+            body = g.build();
+        }
+        let mut top = GraphBuilder::new("top");
+        top.input("x", Float32, &[D::Fixed(1)])
+            .input("c", crate::onnx::ElemType::Bool, &[])
+            .output("o", Float32, None);
+        top.graph.node.extend(body.node);
+        let c = run(&model(top.build(), &[("", 17)]));
+        assert_ne!(c.nodes[0].provider, "tensorrt");
+        assert!(c.nodes[0]
+            .reasons
+            .iter()
+            .any(|r| r.contains("nested deeper")));
+    }
+
+    #[test]
+    fn options_are_validated() {
+        assert!(Provider::parse("gpu").is_err());
+        let o = Options {
+            providers: vec![Provider::Cuda, Provider::Cuda],
+            ..Options::default()
+        };
+        assert!(o.provider_list().is_err());
+        let o = Options {
+            providers: vec![Provider::Cuda],
+            ..Options::default()
+        };
+        assert_eq!(o.provider_list().unwrap(), [Provider::Cuda, Provider::Cpu]);
+        let mut g = GraphBuilder::new("t");
+        g.input("x", Int64, &[D::Fixed(2)]).output("y", Int64, None);
+        g.node("Relu", &["x"], &["y"]);
+        let model = load(&model(g.build(), &[("", 17)]));
+        let bad = Options {
+            trt_version: "1.0".into(),
+            ..Options::default()
+        };
+        assert!(analyse(&model, &bad).is_err());
+    }
+}
