@@ -126,7 +126,7 @@ impl Options {
 pub struct Analysis<'m> {
     pub capability: Capability,
     pub graph: Graph<'m>,
-    pub facts: GraphFacts,
+    pub facts: GraphFacts<'m>,
 }
 
 /// Runs the capability analysis of `model`.

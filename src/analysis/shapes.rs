@@ -140,13 +140,14 @@ impl TensorInfo {
 
 /// Facts about every tensor of one graph.
 #[derive(Debug, Default)]
-pub struct GraphFacts {
-    pub tensors: FastMap<String, TensorInfo>,
+pub struct GraphFacts<'a> {
+    /// Keyed by names borrowed from the model (no copy per tensor).
+    pub tensors: FastMap<&'a str, TensorInfo>,
     /// Data-dependent-shape origins, in discovery order.
     pub dds: Vec<DdsOrigin>,
 }
 
-impl GraphFacts {
+impl GraphFacts<'_> {
     pub fn get(&self, name: &str) -> Option<&TensorInfo> {
         if name.is_empty() {
             return None;
@@ -235,12 +236,12 @@ pub fn tensor_info(t: &TensorProto) -> TensorInfo {
 
 /// Walks `order` (node ids of `g`) and records what is known about every tensor.
 /// `outer` supplies captured outer-scope tensors of a body; `opset` is the ai.onnx opset.
-pub fn propagate(
-    g: &Graph<'_>,
+pub fn propagate<'a>(
+    g: &Graph<'a>,
     order: &[usize],
-    outer: Option<&GraphFacts>,
+    outer: Option<&GraphFacts<'_>>,
     opset: i64,
-) -> GraphFacts {
+) -> GraphFacts<'a> {
     let mut f = GraphFacts::default();
     f.tensors
         .reserve(g.initializers.len() + g.inputs.len() + g.producer.len());
@@ -250,7 +251,7 @@ pub fn propagate(
                 let mut t = t.clone();
                 // Outer origins are reported by the outer graph.
                 t.dds = None;
-                f.tensors.insert(c.to_string(), t);
+                f.tensors.insert(c, t);
             }
         }
     }
@@ -263,11 +264,11 @@ pub fn propagate(
             info.value = None;
             info.initializer = false;
         }
-        f.tensors.insert(name.to_string(), info);
+        f.tensors.insert(name, info);
     }
     for v in &g.inputs {
         f.tensors.insert(
-            v.name.clone(),
+            v.name.as_str(),
             TensorInfo {
                 dtype: elem_type_of(v),
                 shape: shape_of(v).map(|s| s.iter().map(from_dim).collect()),
@@ -287,7 +288,7 @@ pub fn propagate(
     f
 }
 
-fn step(g: &Graph<'_>, id: usize, node: &NodeProto, opset: i64, f: &mut GraphFacts) {
+fn step<'a>(g: &Graph<'a>, id: usize, node: &'a NodeProto, opset: i64, f: &mut GraphFacts<'a>) {
     let mut outs = infer::infer(node, f, opset);
     outs.resize_with(node.output.len(), || None);
     // Value class: the worst class among everything the node reads.
@@ -337,7 +338,7 @@ fn step(g: &Graph<'_>, id: usize, node: &NodeProto, opset: i64, f: &mut GraphFac
             Some(o) if dds::output_is_dynamic(node, slot) => Some(o),
             _ => inherited,
         };
-        f.tensors.insert(out.clone(), info);
+        f.tensors.insert(out.as_str(), info);
     }
 }
 
@@ -379,7 +380,7 @@ mod tests {
     use crate::fixtures::{attr, model, tensor_i64, GraphBuilder, D};
     use crate::onnx::ElemType::{Float32, Int64};
 
-    fn run(m: &crate::onnx::proto::ModelProto) -> GraphFacts {
+    fn run(m: &crate::onnx::proto::ModelProto) -> GraphFacts<'_> {
         let g = Graph::new(m.graph.as_ref().unwrap());
         let order: Vec<usize> = (0..g.nodes.len()).collect();
         propagate(&g, &order, None, 17)

@@ -84,8 +84,15 @@ pub fn run(a: InspectArgs) -> anyhow::Result<ExitCode> {
     };
     let trt = TrtTable::load(&a.trt_version).context("--trt-version")?;
     let model = Model::load(&a.model).map_err(anyhow::Error::new)?;
-    let analysis =
-        analyse_full(&model, &opts).with_context(|| format!("analysing {}", a.model.display()))?;
+    // Facts and capability are independent reads of the model: run them side by side.
+    let bounds = opset_bounds(&trt);
+    let (facts, analysis) = std::thread::scope(|s| {
+        let f = s.spawn(|| facts(&model, &bounds));
+        let analysis = analyse_full(&model, &opts);
+        (f.join(), analysis)
+    });
+    let facts = facts.map_err(|_| anyhow::anyhow!("collecting model facts panicked"))?;
+    let analysis = analysis.with_context(|| format!("analysing {}", a.model.display()))?;
     if let Some(dir) = &a.export_subgraphs {
         let m = export_subgraphs(&analysis, &model, dir)
             .with_context(|| format!("exporting partitions to {}", dir.display()))?;
@@ -96,7 +103,7 @@ pub fn run(a: InspectArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let report = Report {
-        facts: facts(&model, &opset_bounds(&trt)),
+        facts,
         capability: analysis.capability,
     };
     if a.json {
