@@ -172,22 +172,21 @@ pub fn analyse_full<'m>(model: &'m Model, opts: &Options) -> Result<Analysis<'m>
     };
     let n = g.nodes.len();
     let mut claims: Vec<Vec<Prov>> = Vec::with_capacity(n);
-    let mut reasons: Vec<Vec<String>> = Vec::with_capacity(n);
+    // Per node and provider: why it declines, or caveats when it claims.
+    let mut said: Vec<Vec<Vec<String>>> = Vec::with_capacity(n);
     for id in 0..n {
         let node = g.nodes[id];
         let mut c = Vec::new();
-        let mut r = Vec::new();
+        let mut per = vec![Vec::new(); providers.len()];
         for (pi, p) in providers.iter().enumerate() {
             match p {
                 Provider::TensorRt => {
                     let v = check.node(&g, id, &facts, 0);
                     if v.reasons.is_empty() {
                         c.push(pi);
-                        if c.len() == 1 {
-                            r.extend(v.notes);
-                        }
-                    } else if c.is_empty() {
-                        r.extend(v.reasons);
+                        per[pi] = v.notes;
+                    } else {
+                        per[pi] = v.reasons;
                     }
                 }
                 Provider::Cuda => {
@@ -196,19 +195,17 @@ pub fn analyse_full<'m>(model: &'m Model, opts: &Options) -> Result<Analysis<'m>
                         || cuda.covers(&node.domain, &node.op_type, opset)
                     {
                         c.push(pi);
-                    } else if c.is_empty() {
-                        r.push(cuda_reason(&cuda, &node.domain, &node.op_type, opset));
+                    } else {
+                        per[pi].push(cuda_reason(&cuda, &node.domain, &node.op_type, opset));
                     }
                 }
                 Provider::Cpu => {
                     c.push(pi);
-                    if c.len() == 1
-                        && !matches!(
-                            node.domain.as_str(),
-                            "" | "ai.onnx" | "ai.onnx.ml" | "com.microsoft"
-                        )
-                    {
-                        r.push(format!(
+                    if !matches!(
+                        node.domain.as_str(),
+                        "" | "ai.onnx" | "ai.onnx.ml" | "com.microsoft"
+                    ) {
+                        per[pi].push(format!(
                             "ONNX Runtime's CPU provider runs `{}::{}` only when a custom-op library registers it",
                             node.domain, node.op_type
                         ));
@@ -217,7 +214,7 @@ pub fn analyse_full<'m>(model: &'m Model, opts: &Options) -> Result<Analysis<'m>
             }
         }
         claims.push(c);
-        reasons.push(r);
+        said.push(per);
     }
     let trt = providers.iter().position(|&p| p == Provider::TensorRt);
     let sp = split(&SplitInput {
@@ -232,22 +229,24 @@ pub fn analyse_full<'m>(model: &'m Model, opts: &Options) -> Result<Analysis<'m>
     let nodes: Vec<NodeReport> = (0..n)
         .map(|id| {
             let node = g.nodes[id];
-            let mut r = std::mem::take(&mut reasons[id]);
-            if let Some(extra) = sp.reasons.get(id) {
-                // Partitioning reasons explain why TensorRT did not keep a node it claimed.
-                if !extra.is_empty() {
-                    r = extra
-                        .iter()
-                        .cloned()
-                        .chain(r.into_iter().filter(|s| !s.contains("cast down")))
-                        .collect();
+            let fin = sp.provider[id];
+            let mut per = std::mem::take(&mut said[id]);
+            let mut r = Vec::new();
+            for (pi, what) in per.iter_mut().enumerate().take(fin) {
+                // A provider that claimed the node but lost it explains itself in sp.reasons.
+                if !claims[id].contains(&pi) {
+                    r.append(what);
                 }
+            }
+            r.extend(sp.reasons.get(id).into_iter().flatten().cloned());
+            if let Some(notes) = per.get_mut(fin) {
+                r.append(notes);
             }
             NodeReport {
                 name: g.names[id].clone(),
                 op_type: node.op_type.clone(),
                 domain: node.domain.clone(),
-                provider: pname(sp.provider[id]).name().into(),
+                provider: pname(fin).name().into(),
                 reasons: r,
             }
         })

@@ -25,9 +25,10 @@ pub struct InspectArgs {
     /// (CPU is appended when missing, as ONNX Runtime does).
     #[arg(long, value_delimiter = ',', default_value = "tensorrt,cuda,cpu")]
     pub providers: Vec<String>,
-    /// TensorRT version whose ONNX operator table to use (default: the newest bundled).
-    #[arg(long, default_value = crate::analysis::tables::default_trt_version())]
-    pub trt_version: String,
+    /// TensorRT version whose ONNX operator table to use (bundled: 10.15, 10.1). Default: the
+    /// installed TensorRT's when a table exists for it, else the newest bundled.
+    #[arg(long)]
+    pub trt_version: Option<String>,
     /// Operator types TensorRT must not take, comma-separated (like ONNX Runtime's
     /// trt_op_types_to_exclude).
     #[arg(long, value_delimiter = ',', value_name = "OPS")]
@@ -74,15 +75,19 @@ pub fn run(a: InspectArgs) -> anyhow::Result<ExitCode> {
         .map(|p| Provider::parse(p))
         .collect::<Result<Vec<_>, _>>()
         .context("--providers")?;
+    let trt_version = a
+        .trt_version
+        .clone()
+        .unwrap_or_else(crate::analysis::tables::host_trt_version);
     let opts = Options {
         providers,
-        trt_version: a.trt_version.clone(),
+        trt_version: trt_version.clone(),
         trt_exclude: a.trt_exclude.clone(),
         trt_exclude_dds: a.trt_exclude_dds,
         min_subgraph_size: a.min_subgraph_size,
         ..Options::default()
     };
-    let trt = TrtTable::load(&a.trt_version).context("--trt-version")?;
+    let trt = TrtTable::load(&trt_version).context("--trt-version")?;
     let model = Model::load(&a.model).map_err(anyhow::Error::new)?;
     // Facts and capability are independent reads of the model: run them side by side.
     let bounds = opset_bounds(&trt);

@@ -464,3 +464,24 @@ fn whole_onnx_backend_corpus_analyses_without_error() {
     assert!(failures.is_empty(), "{failures:#?}");
     assert!(analysed > 100, "analysed only {analysed}");
 }
+
+#[test]
+fn installed_tensorrt_selects_its_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let lib = dir.path().join("lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    std::fs::write(lib.join("libnvinfer.so.10.1.0"), b"").unwrap();
+    let p = fixture(dir.path(), "enc", &models::tiny_encoder(false));
+    let run = |ld: &Path| {
+        let out = std::process::Command::new(crate::support::bin())
+            .args(["inspect", "--json", p.to_str().unwrap()])
+            .env("LD_LIBRARY_PATH", ld)
+            .output()
+            .unwrap();
+        json(&out)["capability"]["trt_version"].clone()
+    };
+    assert_eq!(run(&lib), "10.1");
+    std::fs::remove_file(lib.join("libnvinfer.so.10.1.0")).unwrap();
+    std::fs::write(lib.join("libnvinfer.so.99.0.0"), b"").unwrap();
+    assert_eq!(run(&lib), "10.15", "no table for 99.0: newest bundled");
+}
