@@ -492,3 +492,123 @@ fn restrictions(n: &NodeProto, f: &GraphFacts, opset: i64, r: &mut Vec<String>) 
         _ => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{attr, model, tensor_f32, tensor_i64, GraphBuilder, D};
+    use crate::onnx::ElemType::{Bool, Float32, Int8, Uint8};
+
+    /// Runs the check on every node of a built graph; returns the reasons per node.
+    fn verdicts(g: GraphBuilder) -> Vec<Vec<String>> {
+        let m = model(g.build(), &[("", 18)]);
+        let view = Graph::new(m.graph.as_ref().unwrap());
+        let (order, _) = topo_order(&view);
+        let f = propagate(&view, &order, None, 18);
+        let table = TrtTable::load("10.15").unwrap();
+        let exclude = FastSet::default();
+        let io: FastSet<String> = view
+            .proto
+            .input
+            .iter()
+            .chain(&view.proto.output)
+            .map(|v| v.name.clone())
+            .collect();
+        let check = TrtCheck {
+            table: &table,
+            opset: 18,
+            exclude: &exclude,
+            io: &io,
+            max_depth: 4,
+        };
+        (0..view.nodes.len())
+            .map(|id| check.node(&view, id, &f, 0).reasons)
+            .collect()
+    }
+
+    fn img() -> Vec<D> {
+        vec![1.into(), 3.into(), 8.into(), 8.into()]
+    }
+
+    #[test]
+    fn checkable_restrictions() {
+        let mut g = GraphBuilder::new("r");
+        g.input("x", Float32, &img())
+            .input("q", Int8, &[4.into()])
+            .input("u", Uint8, &[4.into()])
+            .output("y", Float32, None)
+            .init(tensor_f32("scales", &[4], &[1.0, 1.0, 2.0, 2.0]))
+            .init(tensor_i64("k_big", &[1], &[4000]))
+            .init(tensor_i64("k_ok", &[1], &[3]));
+        g.node("Resize", &["x", "", "scales"], &["r1"])
+            .attribute
+            .push(attr::string("mode", "cubic"));
+        g.node("Resize", &["x", "", "scales"], &["r2"])
+            .attribute
+            .push(attr::string("mode", "linear"));
+        g.node("TopK", &["x", "k_big"], &["t1", "i1"]);
+        g.node("TopK", &["x", "k_ok"], &["t2", "i2"]);
+        g.node("MaxPool", &["x"], &["p1"])
+            .attribute
+            .push(attr::ints("kernel_shape", &[2]));
+        g.node("MaxPool", &["x"], &["p2", "p2i"])
+            .attribute
+            .push(attr::ints("kernel_shape", &[2, 2]));
+        g.node("Relu", &["q"], &["q1"]);
+        g.node("Cast", &["u"], &["u1"])
+            .attribute
+            .push(attr::int("to", Uint8.code() as i64));
+        g.node("Cast", &["u"], &["y"])
+            .attribute
+            .push(attr::int("to", Float32.code() as i64));
+        let v = verdicts(g);
+        assert!(
+            v[0].iter().any(|r| r.contains("mode `cubic`")),
+            "{:?}",
+            v[0]
+        );
+        assert!(v[1].is_empty(), "{:?}", v[1]);
+        assert!(v[2].iter().any(|r| r.contains("K=4000")), "{:?}", v[2]);
+        assert!(v[3].is_empty(), "{:?}", v[3]);
+        assert!(
+            v[4].iter().any(|r| r.contains("1 spatial dims")),
+            "{:?}",
+            v[4]
+        );
+        assert!(v[5].iter().any(|r| r.contains("Indices")), "{:?}", v[5]);
+        assert!(
+            v[6].iter()
+                .any(|r| r.contains("Q/DQ") || r.contains("QuantizeLinear")),
+            "{:?}",
+            v[6]
+        );
+        assert!(v[7].iter().any(|r| r.contains("only at I/O")), "{:?}", v[7]);
+        assert!(v[8].is_empty(), "uint8 graph input into Cast: {:?}", v[8]);
+    }
+
+    #[test]
+    fn if_branches_with_different_ranks_are_declined() {
+        let mut then_b = GraphBuilder::new("then");
+        then_b.output("a", Float32, Some(&[D::Named("n")]));
+        then_b.node("Relu", &["x"], &["a"]);
+        let mut else_b = GraphBuilder::new("else");
+        else_b.output("b", Float32, Some(&[1.into(), D::Named("n")]));
+        else_b.node("Unsqueeze", &["x", "zero"], &["b"]);
+        let mut g = GraphBuilder::new("if");
+        g.input("x", Float32, &[D::Named("n")])
+            .input("c", Bool, &[])
+            .output("y", Float32, None)
+            .init(tensor_i64("zero", &[1], &[0]));
+        g.node("If", &["c"], &["y"]).attribute.extend([
+            attr::graph("then_branch", then_b.build()),
+            attr::graph("else_branch", else_b.build()),
+        ]);
+        let v = verdicts(g);
+        assert!(
+            v[0].iter()
+                .any(|r| r.contains("rank 1 differs from else-branch rank 2")),
+            "{:?}",
+            v[0]
+        );
+    }
+}
