@@ -173,11 +173,12 @@ pub fn analyse_full<'m>(model: &'m Model, opts: &Options) -> Result<Analysis<'m>
     let n = g.nodes.len();
     let mut claims: Vec<Vec<Prov>> = Vec::with_capacity(n);
     // Per node and provider: why it declines, or caveats when it claims.
-    let mut said: Vec<Vec<Vec<String>>> = Vec::with_capacity(n);
+    let np = providers.len();
+    let mut said: Vec<Vec<String>> = vec![Vec::new(); n * np];
     for id in 0..n {
         let node = g.nodes[id];
         let mut c = Vec::new();
-        let mut per = vec![Vec::new(); providers.len()];
+        let per = &mut said[id * np..(id + 1) * np];
         for (pi, p) in providers.iter().enumerate() {
             match p {
                 Provider::TensorRt => {
@@ -214,7 +215,6 @@ pub fn analyse_full<'m>(model: &'m Model, opts: &Options) -> Result<Analysis<'m>
             }
         }
         claims.push(c);
-        said.push(per);
     }
     let trt = providers.iter().position(|&p| p == Provider::TensorRt);
     let sp = split(&SplitInput {
@@ -230,7 +230,7 @@ pub fn analyse_full<'m>(model: &'m Model, opts: &Options) -> Result<Analysis<'m>
         .map(|id| {
             let node = g.nodes[id];
             let fin = sp.provider[id];
-            let mut per = std::mem::take(&mut said[id]);
+            let per = &mut said[id * np..(id + 1) * np];
             let mut r = Vec::new();
             for (pi, what) in per.iter_mut().enumerate().take(fin) {
                 // A provider that claimed the node but lost it explains itself in sp.reasons.

@@ -107,16 +107,26 @@ pub fn run(a: InspectArgs) -> anyhow::Result<ExitCode> {
             dir.display()
         );
     }
-    let report = Report {
-        facts,
-        capability: analysis.capability,
-    };
+    let crate::analysis::Analysis {
+        capability,
+        graph,
+        facts: tensor_facts,
+    } = analysis;
+    let report = Report { facts, capability };
     if a.json {
-        let s = serde_json::to_string_pretty(&report).context("serialising the report")?;
-        println!("{s}");
+        use std::io::Write;
+        let stdout = std::io::stdout();
+        let mut w = std::io::BufWriter::with_capacity(1 << 16, stdout.lock());
+        serde_json::to_writer_pretty(&mut w, &report).context("serialising the report")?;
+        writeln!(w)
+            .and_then(|()| w.flush())
+            .context("writing the report")?;
     } else {
         print!("{}", render(&report, Style::stdout()));
     }
+    // The process exits right after: skip freeing the model, graph and report piece by piece.
+    std::mem::forget((report, graph, tensor_facts));
+    std::mem::forget(model);
     Ok(ExitCode::SUCCESS)
 }
 
