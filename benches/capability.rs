@@ -73,6 +73,7 @@ fn main() {
     for kind in ["chain", "alternating", "random"] {
         let mut prev = None;
         for n in [10_000, 20_000, 40_000, 80_000] {
+            let n = n / scale;
             let (preds, trt) = synthetic(kind, n);
             let (order, _) = order_from_preds(&preds);
             let claims: Vec<Vec<usize>> = trt
@@ -109,6 +110,7 @@ fn main() {
     for kind in ["chain", "varied"] {
         let mut prev = None;
         for n in [10_000, 20_000, 40_000] {
+            let n = n / scale;
             let m = match kind {
                 "chain" => models::long_chain(n),
                 _ => capability::varied(n, 50),
