@@ -60,10 +60,17 @@ fn synthetic(kind: &str, n: usize) -> (Vec<Vec<usize>>, Vec<bool>) {
 }
 
 fn main() {
-    let runs: usize = std::env::var("RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(7);
+    // `cargo test --all-targets` runs this binary without `--bench`: a quick smoke run only.
+    let smoke = !std::env::args().any(|a| a == "--bench");
+    let scale = if smoke { 100 } else { 1 };
+    let runs: usize = if smoke {
+        1
+    } else {
+        std::env::var("RUNS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(7)
+    };
     println!("runs per point: {runs} (median)");
     println!("\nsplit() alone");
     println!(
