@@ -485,3 +485,55 @@ fn installed_tensorrt_selects_its_table() {
     std::fs::write(lib.join("libnvinfer.so.99.0.0"), b"").unwrap();
     assert_eq!(run(&lib), "10.15", "no table for 99.0: newest bundled");
 }
+
+#[test]
+fn json_has_exactly_the_documented_fields_and_stable_generated_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = capability::nonzero_gather_reshape();
+    for n in &mut m.graph.as_mut().unwrap().node {
+        n.name.clear();
+    }
+    let p = fixture(dir.path(), "unnamed", &m);
+    let c = cap(&p, &[]);
+    let keys = |v: &Value| {
+        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    };
+    assert_eq!(
+        keys(&c),
+        [
+            "boundaries",
+            "data_dependent",
+            "nodes",
+            "partitions",
+            "providers",
+            "trt_version"
+        ]
+    );
+    assert_eq!(
+        keys(&c["partitions"][0]),
+        ["id", "inputs", "nodes", "outputs", "provider"]
+    );
+    assert_eq!(
+        keys(&c["nodes"][0]),
+        ["domain", "name", "op_type", "provider", "reasons"]
+    );
+    assert_eq!(
+        keys(&c["data_dependent"][0]),
+        ["node", "op_type", "tensor", "why"]
+    );
+    let names: Vec<&str> = c["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["NonZero_0", "Reshape_1", "Gather_2", "Relu_3"]);
+    assert_eq!(c["data_dependent"][0]["node"], "NonZero_0");
+    assert_eq!(cap(&p, &[]), c, "same model, same report");
+    let hole = fixture(dir.path(), "hole", &capability::hole_in_middle());
+    let b = &cap(&hole, &["--providers", "cpu"]);
+    assert_eq!(providers_of_partitions(b), ["cpu"]);
+    assert!(b["boundaries"].as_array().unwrap().is_empty());
+}
