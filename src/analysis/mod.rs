@@ -148,14 +148,11 @@ pub fn analyse_full<'m>(model: &'m Model, opts: &Options) -> Result<Analysis<'m>
         tracing::warn!("graph has a cycle; partitions are best effort");
     }
     let facts = propagate(&g, &order, None, opset);
-    let mut exclude: FastSet<String> = opts
+    let exclude: FastSet<String> = opts
         .trt_exclude
         .iter()
         .map(|s| s.trim().to_string())
         .collect();
-    if opts.trt_exclude_dds {
-        exclude.extend(dds::DDS_OPS.iter().map(|s| s.to_string()));
-    }
     let io: FastSet<String> = g
         .proto
         .input
@@ -167,6 +164,7 @@ pub fn analyse_full<'m>(model: &'m Model, opts: &Options) -> Result<Analysis<'m>
         table: &table,
         opset,
         exclude: &exclude,
+        exclude_dds: opts.trt_exclude_dds,
         io: &io,
         max_depth: opts.max_body_depth,
     };

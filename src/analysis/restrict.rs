@@ -26,6 +26,8 @@ pub struct TrtCheck<'t> {
     pub table: &'t TrtTable,
     pub opset: i64,
     pub exclude: &'t FastSet<String>,
+    /// `--trt-exclude-dds`: keep NonMaxSuppression, NonZero, RoiAlign off TensorRT.
+    pub exclude_dds: bool,
     /// Names of the top-level graph's inputs and outputs (UINT8 is only allowed there).
     pub io: &'t FastSet<String>,
     /// How deep bodies may nest before the check gives up (hostile models).
@@ -68,6 +70,12 @@ impl TrtCheck<'_> {
         if self.exclude.contains(op) {
             v.reasons
                 .push(format!("`{op}` excluded from TensorRT (--trt-exclude)"));
+            return v;
+        }
+        if self.exclude_dds && super::dds::DDS_OPS.contains(&op) {
+            v.reasons.push(format!(
+                "data-dependent-shape op `{op}` excluded from TensorRT (--trt-exclude-dds)"
+            ));
             return v;
         }
         if self.table.dds_filtered.iter().any(|d| d == op) {
@@ -518,6 +526,7 @@ mod tests {
             table: &table,
             opset: 18,
             exclude: &exclude,
+            exclude_dds: false,
             io: &io,
             max_depth: 4,
         };
