@@ -419,6 +419,41 @@ fn exported_partitions_reproduce_the_full_model() {
         }
     }
     assert!(multi >= 5, "only {multi} cases had more than one partition");
+
+    // External data: the exported partitions carry the weights inline.
+    let ext = dir.path().join("external");
+    std::fs::create_dir_all(&ext).unwrap();
+    let p = ext.join("model.onnx");
+    trtcache::fixtures::write_external(&models::tiny_encoder(false), &p, "model.onnx.data", 128)
+        .unwrap();
+    let out_dir = dir.path().join("external.parts");
+    let out = trtcache([
+        "inspect",
+        "--json",
+        p.to_str().unwrap(),
+        "--export-subgraphs",
+        out_dir.to_str().unwrap(),
+        "--trt-exclude",
+        "MatMul",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let res = std::process::Command::new(crate::support::python())
+        .args(["-c", REPLAY])
+        .arg(&p)
+        .arg(&out_dir)
+        .arg("{}")
+        .output()
+        .unwrap();
+    assert!(
+        res.status.success(),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    assert!(String::from_utf8_lossy(&res.stdout).starts_with("3 "));
 }
 
 #[test]
