@@ -26,7 +26,11 @@ pub fn render(c: &Capability, st: Style) -> String {
         c.providers.join(","),
         c.summary()
     );
-    let declined = c.declined_by_trt();
+    let declined = if c.providers.iter().any(|p| p == "tensorrt") {
+        c.declined_by_trt()
+    } else {
+        Vec::new()
+    };
     if !declined.is_empty() {
         out += &format!("\n{}\n", st.heading("not taken by TensorRT"));
         let mut rows = vec![vec![
