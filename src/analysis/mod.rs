@@ -26,7 +26,7 @@ use crate::onnx::graph::Graph;
 use crate::onnx::Model;
 use partition::{order_from_preds, preds, split, Prov, SplitInput};
 use restrict::TrtCheck;
-use shapes::{propagate, FastMap, FastSet, GraphFacts};
+use shapes::{propagate_with, FastMap, FastSet, GraphFacts};
 use tables::{CudaTable, TrtTable};
 
 /// An execution provider, as ONNX Runtime names them in `--providers`.
@@ -147,7 +147,6 @@ pub fn analyse_full<'m>(model: &'m Model, opts: &Options) -> Result<Analysis<'m>
     if cyclic {
         tracing::warn!("graph has a cycle; partitions are best effort");
     }
-    let facts = propagate(&g, &order, None, opset);
     let exclude: FastSet<String> = opts
         .trt_exclude
         .iter()
@@ -169,18 +168,21 @@ pub fn analyse_full<'m>(model: &'m Model, opts: &Options) -> Result<Analysis<'m>
         max_depth: opts.max_body_depth,
     };
     let n = g.nodes.len();
-    let mut claims: Vec<Vec<Prov>> = Vec::with_capacity(n);
+    let mut claims: Vec<Vec<Prov>> = vec![Vec::new(); n];
     // Per node and provider: why it declines, or caveats when it claims.
     let np = providers.len();
     let mut said: Vec<Vec<String>> = vec![Vec::new(); n * np];
-    for id in 0..n {
-        let node = g.nodes[id];
-        let mut c = Vec::new();
+    // Each node is checked as soon as its outputs are known, while its tensors are in cache.
+    let facts = propagate_with(&g, &order, None, opset, |id, facts| {
+        let Some(node) = g.nodes.get(id) else {
+            return;
+        };
+        let c = &mut claims[id];
         let per = &mut said[id * np..(id + 1) * np];
         for (pi, p) in providers.iter().enumerate() {
             match p {
                 Provider::TensorRt => {
-                    let v = check.node(&g, id, &facts, 0);
+                    let v = check.node(&g, id, facts, 0);
                     if v.reasons.is_empty() {
                         c.push(pi);
                         per[pi] = v.notes;
@@ -212,7 +214,14 @@ pub fn analyse_full<'m>(model: &'m Model, opts: &Options) -> Result<Analysis<'m>
                 }
             }
         }
-        claims.push(c);
+    });
+    // Nodes the walk did not reach (none in a valid graph) still go somewhere.
+    let cpu = providers
+        .iter()
+        .position(|&p| p == Provider::Cpu)
+        .unwrap_or(0);
+    for c in claims.iter_mut().filter(|c| c.is_empty()) {
+        c.push(cpu);
     }
     let trt = providers.iter().position(|&p| p == Provider::TensorRt);
     let sp = split(&SplitInput {

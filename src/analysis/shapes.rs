@@ -242,6 +242,18 @@ pub fn propagate<'a>(
     outer: Option<&GraphFacts<'_>>,
     opset: i64,
 ) -> GraphFacts<'a> {
+    propagate_with(g, order, outer, opset, |_, _| {})
+}
+
+/// [`propagate`], calling `visit(node_id, facts)` right after each node's outputs are known,
+/// while its tensors are still hot in cache (the capability checks run there).
+pub fn propagate_with<'a>(
+    g: &Graph<'a>,
+    order: &[usize],
+    outer: Option<&GraphFacts<'_>>,
+    opset: i64,
+    mut visit: impl FnMut(usize, &GraphFacts<'a>),
+) -> GraphFacts<'a> {
     let mut f = GraphFacts::default();
     f.tensors
         .reserve(g.initializers.len() + g.inputs.len() + g.producer.len());
@@ -284,6 +296,7 @@ pub fn propagate<'a>(
             continue;
         };
         step(g, id, node, opset, &mut f);
+        visit(id, &f);
     }
     f
 }
