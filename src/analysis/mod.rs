@@ -442,6 +442,23 @@ mod tests {
     }
 
     #[test]
+    fn very_wide_nodes_stay_linear() {
+        let mut g = GraphBuilder::new("wide");
+        g.input("x", Float32, &[D::Fixed(1)])
+            .output("y", Float32, None);
+        let names: Vec<String> = (0..50_000).map(|i| format!("t{i}")).collect();
+        for t in &names {
+            g.node("Relu", &["x"], &[t.as_str()]);
+        }
+        let mut inputs: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
+        inputs.extend(names.iter().map(|s| s.as_str()));
+        g.node("Sum", &inputs, &["y"]);
+        let c = run(&model(g.build(), &[("", 17)]));
+        assert_eq!(c.partitions.len(), 1);
+        assert_eq!(c.nodes.len(), 50_001);
+    }
+
+    #[test]
     fn deeply_nested_bodies_are_bounded() {
         let mut inner = GraphBuilder::new("leaf");
         inner.output("o", Float32, Some(&[D::Fixed(1)]));

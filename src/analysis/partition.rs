@@ -37,6 +37,17 @@ pub fn reads<'a>(g: &Graph<'a>, id: usize) -> Vec<&'a str> {
         return g.node_reads(id);
     }
     let mut out: Vec<&'a str> = Vec::with_capacity(n.input.len());
+    if n.input.len() > 16 {
+        // Concat/Sum with thousands of inputs: no quadratic duplicate check.
+        let mut seen = super::shapes::FastSet::default();
+        out.extend(
+            n.input
+                .iter()
+                .map(|i| i.as_str())
+                .filter(|i| !i.is_empty() && seen.insert(*i)),
+        );
+        return out;
+    }
     for i in &n.input {
         if !i.is_empty() && !out.contains(&i.as_str()) {
             out.push(i.as_str());

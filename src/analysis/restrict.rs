@@ -116,12 +116,22 @@ impl TrtCheck<'_> {
             }
         }
         let tensors = n.input.iter().chain(&n.output).filter(|s| !s.is_empty());
-        let mut seen: Vec<&str> = Vec::with_capacity(n.input.len() + n.output.len());
+        // A linear duplicate check for ordinary nodes, a set for very wide ones.
+        let wide = n.input.len() + n.output.len() > 16;
+        let mut seen_set: FastSet<&str> = FastSet::default();
+        let mut seen: Vec<&str> = Vec::new();
         for name in tensors {
-            if seen.contains(&name.as_str()) {
+            let dup = if wide {
+                !seen_set.insert(name.as_str())
+            } else if seen.contains(&name.as_str()) {
+                true
+            } else {
+                seen.push(name.as_str());
+                false
+            };
+            if dup {
                 continue;
             }
-            seen.push(name.as_str());
             let Some(t) = f.get(name).and_then(|t| t.dtype) else {
                 continue;
             };
