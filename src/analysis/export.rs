@@ -169,7 +169,7 @@ pub fn export_subgraphs(
         for &v in &p.node_ids {
             let node = g.nodes[v];
             graph.node.push(node.clone());
-            for r in g.node_reads(v) {
+            for r in super::partition::reads(g, v) {
                 if let Some(t) = g.initializers.get(r) {
                     if a.facts.get(r).is_some_and(|t| t.initializer) && inits_seen.insert(r) {
                         graph.initializer.push(inline(t, &model.dir)?);

@@ -459,6 +459,32 @@ mod tests {
     }
 
     #[test]
+    fn many_control_flow_nodes_stay_linear() {
+        let mut g = GraphBuilder::new("many_ifs");
+        g.input("x", Float32, &[D::Fixed(4)])
+            .input("c", crate::onnx::ElemType::Bool, &[])
+            .output("o9999", Float32, None);
+        let mut prev = "x".to_string();
+        for i in 0..10_000 {
+            let branch = |name: &str, op: &str| {
+                let mut b = GraphBuilder::new(name);
+                b.output(&format!("{name}_out"), Float32, Some(&[D::Fixed(4)]));
+                b.node(op, &[&prev], &[&format!("{name}_out")]);
+                b.build()
+            };
+            let out = format!("o{i}");
+            g.node("If", &["c"], &[&out]).attribute.extend([
+                attr::graph("then_branch", branch(&format!("t{i}"), "Relu")),
+                attr::graph("else_branch", branch(&format!("e{i}"), "Sigmoid")),
+            ]);
+            prev = out;
+        }
+        let c = run(&model(g.build(), &[("", 17)]));
+        assert_eq!(c.partitions.len(), 1, "every If is taken: one subgraph");
+        assert_eq!(c.partitions[0].provider, "tensorrt");
+    }
+
+    #[test]
     fn deeply_nested_bodies_are_bounded() {
         let mut inner = GraphBuilder::new("leaf");
         inner.output("o", Float32, Some(&[D::Fixed(1)]));

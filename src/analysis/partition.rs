@@ -25,7 +25,7 @@ use crate::onnx::graph::Graph;
 pub type Prov = usize;
 
 /// What node `id` reads (explicit inputs, then captures of its bodies), without duplicates:
-/// [`Graph::node_reads`] with a fast path for the common node without bodies.
+/// [`Graph::node_reads`] without its per-node scan of every body.
 pub fn reads<'a>(g: &Graph<'a>, id: usize) -> Vec<&'a str> {
     let Some(n) = g.nodes.get(id) else {
         return Vec::new();
@@ -54,6 +54,15 @@ pub fn reads<'a>(g: &Graph<'a>, id: usize) -> Vec<&'a str> {
         }
     }
     out
+}
+
+/// The bodies (If branches, Loop/Scan bodies) of node `id`, found by binary search: the
+/// graph view lists bodies in node order, so this stays logarithmic on graphs with thousands
+/// of control-flow nodes.
+pub fn bodies_of<'g, 'a>(g: &'g Graph<'a>, id: usize) -> &'g [crate::onnx::graph::Body<'a>] {
+    let lo = g.bodies.partition_point(|b| b.node < id);
+    let hi = g.bodies.partition_point(|b| b.node <= id);
+    g.bodies.get(lo..hi).unwrap_or(&[])
 }
 
 /// Predecessor node ids of every node (producers of what it reads, captures included).
@@ -363,6 +372,24 @@ mod tests {
         );
         assert_eq!(s.provider, vec![2, 2, 0, 0, 0]);
         assert!(s.reasons[0][0].contains("fewer than"));
+    }
+
+    #[test]
+    fn reads_match_the_graph_view() {
+        for m in [
+            crate::fixtures::models::if_loop(),
+            crate::fixtures::capability::control_flow_unsupported(),
+            crate::fixtures::capability::varied(30, 2),
+        ] {
+            let g = Graph::new(m.graph.as_ref().unwrap());
+            for id in 0..g.nodes.len() {
+                assert_eq!(reads(&g, id), g.node_reads(id), "node {id}");
+                assert_eq!(
+                    bodies_of(&g, id).len(),
+                    g.bodies.iter().filter(|b| b.node == id).count()
+                );
+            }
+        }
     }
 
     #[test]

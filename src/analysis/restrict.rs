@@ -168,7 +168,7 @@ impl TrtCheck<'_> {
         }
         let n = g.nodes[id];
         let mut out_ranks: Vec<Vec<Option<usize>>> = Vec::new();
-        for b in g.bodies_of(id) {
+        for b in super::partition::bodies_of(g, id) {
             let (order, _) = topo_order(&b.graph);
             let bf = propagate(&b.graph, &order, Some(f), self.opset);
             for &bid in &order {
