@@ -16,8 +16,11 @@ lint:
 	cargo fmt --all --check
 	cargo clippy --all-targets -- -D warnings
 
+# Regenerate the example models (the custom-domain one goes to examples/inspect: ONNX Runtime
+# cannot run its op, so it is an `inspect` example, not a served one).
 models:
 	cargo run --release --example make_models -- examples/models
+	mv examples/models/custom_domain.onnx examples/inspect/custom_domain.onnx
 
 # Start the daemon on the example models with the defaults (cache in cache/, socket
 # cache/trtcache.sock); Ctrl-C stops it. See docs/daemon.md.
