@@ -6,7 +6,7 @@
 //! prints a Markdown table with the node counts of the raw model and of the artifact.
 //!
 //! `cargo bench --bench session -- [--runs N] [--base] [--threads N] [--dir DIR]
-//! [--opt-level extended,all] [--cases bert,base,chain,bert20k] [--bert-nodes 20000]`
+//! [--opt-level extended,all] [--cases bert,base,chain,bert20k,bert20k-static] [--bert-nodes 20000]`
 //! (benches/session.sh wraps it with the ONNX Runtime environment).
 
 use std::path::{Path, PathBuf};
@@ -21,6 +21,27 @@ use trtcache::onnx::proto::ModelProto;
 
 fn node_count(m: &ModelProto) -> usize {
     m.graph.as_ref().map_or(0, |g| g.node.len())
+}
+
+/// Fixes the named `batch` and `seq` dims of the graph inputs and outputs (an export with
+/// static shapes, as for TensorRT).
+fn fix_dims(m: &mut ModelProto, batch: i64, seq: i64) {
+    use trtcache::onnx::proto::{tensor_shape_proto::dimension::Value as Dim, type_proto};
+    let Some(g) = m.graph.as_mut() else { return };
+    for vi in g.input.iter_mut().chain(g.output.iter_mut()) {
+        let Some(type_proto::Value::TensorType(t)) =
+            vi.r#type.as_mut().and_then(|t| t.value.as_mut())
+        else {
+            continue;
+        };
+        for d in t.shape.iter_mut().flat_map(|s| s.dim.iter_mut()) {
+            match &d.value {
+                Some(Dim::DimParam(p)) if p == "batch" => d.value = Some(Dim::DimValue(batch)),
+                Some(Dim::DimParam(p)) if p == "seq" => d.value = Some(Dim::DimValue(seq)),
+                _ => {}
+            }
+        }
+    }
 }
 
 /// The export-style encoder (hidden 64, 2 heads, intermediate 128, vocabulary 1000) with as
@@ -77,7 +98,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .split(',')
         .map(|s| OptLevel::parse(s).ok_or_else(|| format!("--opt-level: `{s}`")))
         .collect::<Result<_, _>>()?;
-    let wanted = get("--cases").unwrap_or_else(|| "bert,chain,bert20k".into());
+    let wanted = get("--cases").unwrap_or_else(|| "bert,chain,bert20k,bert20k-static".into());
     let want = |c: &str| wanted.split(',').any(|w| w == c);
     let keep = get("--dir").map(PathBuf::from);
     let tmp = tempfile::tempdir()?;
@@ -117,17 +138,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         write(&models::long_chain(20_000), &chain)?;
         cases.push(("long chain, 20,000 nodes".into(), chain));
     }
-    if want("bert20k") {
+    for static_dims in [false, true] {
+        if !want(if static_dims {
+            "bert20k-static"
+        } else {
+            "bert20k"
+        }) {
+            continue;
+        }
         let target = get("--bert-nodes")
             .and_then(|s| s.parse().ok())
             .unwrap_or(20_000);
-        let (m, layers) = bert_20k(target);
-        let p = dir.join("bert_exported_20k.onnx");
+        let (mut m, layers) = bert_20k(target);
+        let mut name =
+            format!("export-style BERT-like {layers} layers, hidden 64, ~{target} nodes");
+        let p = if static_dims {
+            fix_dims(&mut m, 1, 128);
+            name.push_str(", static [1, 128]");
+            dir.join("bert_exported_20k_static.onnx")
+        } else {
+            name.push_str(", dynamic [batch, seq]");
+            dir.join("bert_exported_20k.onnx")
+        };
         write(&m, &p)?;
-        cases.push((
-            format!("export-style BERT-like {layers} layers, hidden 64, ~{target} nodes"),
-            p,
-        ));
+        cases.push((name, p));
     }
 
     println!(
