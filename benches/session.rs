@@ -1,9 +1,12 @@
 //! Session-creation benchmark: a CPU session from the cached `ort-cpu` artifact (optimized
 //! graph + prepacked initializers, opened with optimizations off) against a session from the
-//! raw model at full optimization (what a user would otherwise do), on BERT-like encoders and
-//! the 20,000-node chain. Medians of N runs in this one process; prints a Markdown table.
+//! raw model at full optimization (what a user would otherwise do), on BERT-like encoders, the
+//! 20,000-node chain and a ~20,000-node export-style transformer (`bert::bert_exported`,
+//! hidden 64, as many layers as reach 20,000 nodes). Medians of N runs in this one process;
+//! prints a Markdown table with the node counts of the raw model and of the artifact.
 //!
-//! `cargo bench --bench session -- [--runs N] [--base] [--threads N] [--dir DIR]`
+//! `cargo bench --bench session -- [--runs N] [--base] [--threads N] [--dir DIR]
+//! [--opt-level extended,all] [--cases bert,base,chain,bert20k,bert20k-static] [--bert-nodes 20000]`
 //! (benches/session.sh wraps it with the ONNX Runtime environment).
 
 use std::path::{Path, PathBuf};
@@ -14,6 +17,50 @@ use ort::session::builder::GraphOptimizationLevel;
 use trtcache::build::{cpu, runtime, BuildRequest, Builder, OptLevel};
 use trtcache::cache::{SledStore, StoreOptions};
 use trtcache::fixtures::{bert, models, write, write_external};
+use trtcache::onnx::proto::ModelProto;
+
+fn node_count(m: &ModelProto) -> usize {
+    m.graph.as_ref().map_or(0, |g| g.node.len())
+}
+
+/// Fixes the named `batch` and `seq` dims of the graph inputs and outputs (an export with
+/// static shapes, as for TensorRT).
+fn fix_dims(m: &mut ModelProto, batch: i64, seq: i64) {
+    use trtcache::onnx::proto::{tensor_shape_proto::dimension::Value as Dim, type_proto};
+    let Some(g) = m.graph.as_mut() else { return };
+    for vi in g.input.iter_mut().chain(g.output.iter_mut()) {
+        let Some(type_proto::Value::TensorType(t)) =
+            vi.r#type.as_mut().and_then(|t| t.value.as_mut())
+        else {
+            continue;
+        };
+        for d in t.shape.iter_mut().flat_map(|s| s.dim.iter_mut()) {
+            match &d.value {
+                Some(Dim::DimParam(p)) if p == "batch" => d.value = Some(Dim::DimValue(batch)),
+                Some(Dim::DimParam(p)) if p == "seq" => d.value = Some(Dim::DimValue(seq)),
+                _ => {}
+            }
+        }
+    }
+}
+
+/// The export-style encoder (hidden 64, 2 heads, intermediate 128, vocabulary 1000) with as
+/// many layers as bring it closest to `target` nodes.
+fn bert_20k(target: usize) -> (ModelProto, usize) {
+    let cfg = |layers| bert::BertConfig {
+        layers,
+        hidden: 64,
+        heads: 2,
+        intermediate: 128,
+        vocab: 1000,
+        max_positions: 128,
+    };
+    let one = node_count(&bert::bert_exported(cfg(1)));
+    let per = node_count(&bert::bert_exported(cfg(2))) - one;
+    let fixed = one - per;
+    let layers = ((target.saturating_sub(fixed) as f64) / per as f64).round() as usize;
+    (bert::bert_exported(cfg(layers)), layers)
+}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -51,6 +98,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .split(',')
         .map(|s| OptLevel::parse(s).ok_or_else(|| format!("--opt-level: `{s}`")))
         .collect::<Result<_, _>>()?;
+    let wanted = get("--cases").unwrap_or_else(|| "bert,chain,bert20k,bert20k-static".into());
+    let want = |c: &str| wanted.split(',').any(|w| w == c);
     let keep = get("--dir").map(PathBuf::from);
     let tmp = tempfile::tempdir()?;
     let dir = keep.unwrap_or_else(|| tmp.path().to_path_buf());
@@ -64,10 +113,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let builder = Builder::new(store, None);
 
     let mut cases: Vec<(String, PathBuf)> = Vec::new();
-    let small = dir.join("bert_small.onnx");
-    write(&bert::bert(bert::BertConfig::small()), &small)?;
-    cases.push(("BERT-like 4 layers, hidden 256".into(), small));
-    if with_base {
+    if want("bert") {
+        let small = dir.join("bert_small.onnx");
+        write(&bert::bert(bert::BertConfig::small()), &small)?;
+        cases.push(("BERT-like 4 layers, hidden 256".into(), small));
+    }
+    if with_base || want("base") {
         let d = dir.join("bert_base");
         std::fs::create_dir_all(&d)?;
         let p = d.join("model.onnx");
@@ -82,9 +133,36 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             p,
         ));
     }
-    let chain = dir.join("long_chain_20000.onnx");
-    write(&models::long_chain(20_000), &chain)?;
-    cases.push(("long chain, 20,000 nodes".into(), chain));
+    if want("chain") {
+        let chain = dir.join("long_chain_20000.onnx");
+        write(&models::long_chain(20_000), &chain)?;
+        cases.push(("long chain, 20,000 nodes".into(), chain));
+    }
+    for static_dims in [false, true] {
+        if !want(if static_dims {
+            "bert20k-static"
+        } else {
+            "bert20k"
+        }) {
+            continue;
+        }
+        let target = get("--bert-nodes")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(20_000);
+        let (mut m, layers) = bert_20k(target);
+        let mut name =
+            format!("export-style BERT-like {layers} layers, hidden 64, ~{target} nodes");
+        let p = if static_dims {
+            fix_dims(&mut m, 1, 128);
+            name.push_str(", static [1, 128]");
+            dir.join("bert_exported_20k_static.onnx")
+        } else {
+            name.push_str(", dynamic [batch, seq]");
+            dir.join("bert_exported_20k.onnx")
+        };
+        write(&m, &p)?;
+        cases.push((name, p));
+    }
 
     println!(
         "ONNX Runtime {} ({}), {runs} runs each, intra-op threads: {}\n",
@@ -96,8 +174,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             threads.to_string()
         }
     );
-    println!("| model | artifact opt level | raw model, optimization All (ms) | cached artifact, optimizations off (ms) | speed-up | build (ms) | validation |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("| model | artifact opt level | nodes raw → artifact | raw model, optimization All (ms) | cached artifact, optimizations off (ms) | speed-up | build (ms) | validation |");
+    println!("|---|---|---|---|---|---|---|---|");
     for (name, path) in &cases {
         for level in &levels {
             let mut req = BuildRequest::new(path, "ort-cpu");
@@ -109,6 +187,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .served
                 .ok_or_else(|| format!("{name}: not servable: {:?}", out.unservable))?;
             let entry: &Path = &served.entry;
+            let nodes_raw = node_count(&trtcache::onnx::Model::load(path)?.proto);
+            let nodes_art = node_count(&trtcache::onnx::Model::load(entry)?.proto);
             let opts = req.options.clone();
             let backend = trtcache::build::backend("ort-cpu")?;
             // Warm the page cache and ORT's lazy init once for both.
@@ -135,7 +215,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let (r, c) = (median(raw), median(cached));
             let v = out.record.validation.as_ref();
             println!(
-                "| {name} | {} | {r:.1} | {c:.1} | {:.1}x | {} | {} |",
+                "| {name} | {} | {nodes_raw} → {nodes_art} | {r:.1} | {c:.1} | {:.1}x | {} | {} |",
                 level.name(),
                 r / c,
                 out.record.build_ms,
