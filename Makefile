@@ -1,13 +1,16 @@
 # The README's two commands: `make run` and `make test`.
-.PHONY: run test setup models lint bench
+.PHONY: run serve test setup models lint bench fuzz
 
 setup:
 	scripts/setup-python.sh
 
-# Inspect the example models (the daemon replaces this once it lands).
+# The daemon on the example models with the defaults: models from examples/models, cache in
+# cache/, socket cache/trtcache.sock. Ctrl-C (SIGTERM) stops it cleanly. See docs/daemon.md.
 run: setup
 	cargo build --release
-	for m in examples/models/*.onnx; do ./target/release/trtcache inspect "$$m"; done
+	eval "$$(scripts/ort-env.sh)" && ./target/release/trtcache serve
+
+serve: run
 
 test: setup
 	eval "$$(scripts/ort-env.sh)" && cargo test --workspace --all-targets
@@ -22,9 +25,13 @@ models:
 	cargo run --release --example make_models -- examples/models
 	mv examples/models/custom_domain.onnx examples/inspect/custom_domain.onnx
 
-# Start the daemon on the example models with the defaults (cache in cache/, socket
-# cache/trtcache.sock); Ctrl-C stops it. See docs/daemon.md.
-.PHONY: serve
-serve: setup
-	cargo build --release
-	eval "$$(scripts/ort-env.sh)" && ./target/release/trtcache serve
+# Every benchmark script; numbers go to BENCHMARKS.md by hand.
+bench: setup
+	benches/inspect.sh
+	benches/capability.sh
+	benches/key.sh
+	benches/session.sh --runs 7 --cases bert,chain,bert20k-static
+	benches/daemon.sh
+
+fuzz:
+	fuzz/run.sh 60
