@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::graph::{Functions, Graph};
 use super::load::numel;
+use super::proto::NodeProto;
 use super::proto::{tensor_shape_proto::dimension, type_proto, TypeProto, ValueInfoProto};
 use super::{ElemType, Model};
 
@@ -156,11 +156,32 @@ pub fn is_standard_domain(d: &str) -> bool {
     matches!(d, "" | "ai.onnx" | "ai.onnx.ml")
 }
 
+/// Nodes in `nodes` and, recursively, in every graph attribute (If/Loop/Scan bodies).
+pub fn count_nodes(nodes: &[NodeProto]) -> usize {
+    nodes.len()
+        + nodes
+            .iter()
+            .flat_map(|n| &n.attribute)
+            .map(|a| {
+                a.g.iter().map(|g| count_nodes(&g.node)).sum::<usize>()
+                    + a.graphs.iter().map(|g| count_nodes(&g.node)).sum::<usize>()
+            })
+            .sum::<usize>()
+}
+
 /// Collects the facts and warnings for a loaded model.
 pub fn facts(model: &Model, bounds: &[OpsetBounds]) -> Facts {
     let g = model.graph();
-    let view = Graph::new(g);
-    let funcs = Functions::new(&model.proto);
+    let initializer_names: std::collections::HashSet<&str> = g
+        .initializer
+        .iter()
+        .map(|t| t.name.as_str())
+        .chain(
+            g.sparse_initializer
+                .iter()
+                .filter_map(|s| s.values.as_ref().map(|v| v.name.as_str())),
+        )
+        .collect();
     let mut op_histogram = BTreeMap::new();
     for n in &g.node {
         *op_histogram
@@ -184,7 +205,12 @@ pub fn facts(model: &Model, bounds: &[OpsetBounds]) -> Facts {
         let d = if o.domain == "ai.onnx" { "" } else { &o.domain };
         opset_imports.insert(d.to_string(), o.version);
     }
-    let inputs: Vec<ValueFacts> = view.inputs.iter().map(|v| value_facts(v)).collect();
+    let inputs: Vec<ValueFacts> = g
+        .input
+        .iter()
+        .filter(|v| !initializer_names.contains(v.name.as_str()))
+        .map(value_facts)
+        .collect();
     let outputs: Vec<ValueFacts> = g.output.iter().map(value_facts).collect();
     let warnings = warnings(model, &inputs, &opset_imports, bounds);
     Facts {
@@ -195,7 +221,13 @@ pub fn facts(model: &Model, bounds: &[OpsetBounds]) -> Facts {
             producer_version: model.proto.producer_version.clone(),
             opset_imports,
             node_count: g.node.len(),
-            node_count_total: view.node_count_total() + funcs.node_count_total(),
+            node_count_total: count_nodes(&g.node)
+                + model
+                    .proto
+                    .functions
+                    .iter()
+                    .map(|f| count_nodes(&f.node))
+                    .sum::<usize>(),
             initializer_count,
             initializer_bytes,
             external_data_files: model

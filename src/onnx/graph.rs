@@ -255,22 +255,9 @@ impl<'a> Functions<'a> {
 
     /// Nodes in every function body, nested bodies included.
     pub fn node_count_total(&self) -> usize {
-        fn count(nodes: &[NodeProto]) -> usize {
-            nodes.len()
-                + nodes
-                    .iter()
-                    .flat_map(|n| &n.attribute)
-                    .map(|a| {
-                        a.g.iter()
-                            .map(|g| Graph::new(g).node_count_total())
-                            .sum::<usize>()
-                            + a.graphs
-                                .iter()
-                                .map(|g| Graph::new(g).node_count_total())
-                                .sum::<usize>()
-                    })
-                    .sum::<usize>()
-        }
-        self.by_id.values().map(|f| count(&f.node)).sum()
+        self.by_id
+            .values()
+            .map(|f| super::facts::count_nodes(&f.node))
+            .sum()
     }
 }
