@@ -4,6 +4,7 @@
 
 mod build;
 mod daemon;
+mod daemon_engine;
 mod daemon_system;
 mod keys;
 mod onnx_load;
