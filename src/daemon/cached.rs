@@ -20,6 +20,7 @@ use super::engine::*;
 use crate::build::validate::{Tolerance, ValidationConfig};
 use crate::build::{runtime, BuildError, BuildOptions, BuildRequest, Builder, Watch};
 use crate::cache::{Lookup, Record, Served, SledStore, Store, StoreError, StoreOptions};
+use crate::key::memo::FileId;
 use crate::key::CacheKey;
 use crate::onnx::facts::{elem_type_of, shape_of, Dim};
 use crate::onnx::Model;
@@ -244,6 +245,15 @@ impl CachedEngine {
     }
 }
 
+/// File-system identity (device, inode, size, mtime, ctime) of a model's graph and sidecar;
+/// `None` for a file that cannot be read.
+fn identity(model: &ModelEntry) -> Vec<Option<FileId>> {
+    std::iter::once(&model.path)
+        .chain(model.sidecar.as_ref())
+        .map(|p| FileId::of(p).ok())
+        .collect()
+}
+
 fn dim_json(d: &Dim) -> serde_json::Value {
     match d {
         Dim::Fixed(v) => serde_json::json!(v),
@@ -373,6 +383,9 @@ impl Engine for CachedEngine {
         if cancel.is_cancelled() {
             return Err(EngineError::Cancelled);
         }
+        // The files as they are before the build: a failure while they change (a copy
+        // rewriting the model in place) is a change, not a broken model.
+        let before = identity(&planned.model);
         let (req, _) = self.request(&planned.model, &planned.selection)?;
         let cancelled = || cancel.is_cancelled();
         let step = |s: &str| {
@@ -386,10 +399,20 @@ impl Engine for CachedEngine {
             expect: Some(planned.key),
             cancelled: &cancelled,
         };
-        let outcome = self
-            .builder
-            .build_watched(&req, &step, watch)
-            .map_err(build_err)?;
+        let outcome = match self.builder.build_watched(&req, &step, watch) {
+            Ok(o) => o,
+            Err(e) => {
+                return Err(match build_err(e) {
+                    EngineError::Invalid(m) if identity(&planned.model) != before => {
+                        EngineError::Changed(format!(
+                            "`{}` changed while it was being built ({m})",
+                            planned.model.name
+                        ))
+                    }
+                    other => other,
+                })
+            }
+        };
         match (&outcome.served, &outcome.unservable) {
             (Some(served), _) => self.artifact(planned, &outcome.record, served),
             (None, why) => Err(EngineError::Invalid(
