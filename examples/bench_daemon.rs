@@ -10,7 +10,11 @@
 //!   repository and time until the daemon lists it (queued for planning/building).
 //! - `first-inference SOCKET MODEL RAW_MODEL` — a consumer's time to its first inference
 //!   through trtcache (connect + acquire + session + run) against building its own session
-//!   from the raw model file (ORT's default optimisation level) + run.
+//!   from the raw model file at full optimization (`GraphOptimizationLevel::All`) + run. The
+//!   artifact session is opened with optimizations off (an `ort-cpu` artifact is optimized
+//!   already). Inputs: int64 ids of ones / float 0.5, dynamic dims 1 (batch) and 16.
+//! - `bert DIR` — write a BERT-sized encoder (`BertConfig::small()`: 4 layers, hidden 256,
+//!   ~11 M parameters) to `DIR/bert.onnx`.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -146,21 +150,43 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 all.len() as f64 / wall
             );
         }
+        "bert" => {
+            let dir = Path::new(&a(1)?).to_path_buf();
+            std::fs::create_dir_all(&dir)?;
+            write(
+                &trtcache::fixtures::bert::bert(trtcache::fixtures::bert::BertConfig::small()),
+                &dir.join("bert.onnx"),
+            )?;
+        }
         "first-inference" => {
             let (socket, model, raw) = (a(1)?, a(2)?, a(3)?);
             let dylib = std::env::var("ORT_DYLIB_PATH")?;
             let env = ort::init_from(&dylib)?.build()?;
             let run = |s: &mut ort::session::Session| -> Result<(), Box<dyn std::error::Error>> {
-                let inp = &s.inputs()[0];
-                let width = match inp.dtype() {
-                    ort::value::ValueType::Tensor { shape, .. } => {
-                        shape.last().copied().unwrap_or(1).max(1) as usize
-                    }
-                    _ => 1,
-                };
-                let name = inp.name().to_string();
-                let t = ort::value::Tensor::from_array(([1usize, width], vec![0.5f32; width]))?;
-                s.run(ort::inputs![name => t])?;
+                let mut inputs: Vec<(String, ort::value::DynValue)> = Vec::new();
+                for inp in s.inputs() {
+                    let ort::value::ValueType::Tensor { ty, shape, .. } = inp.dtype() else {
+                        return Err("non-tensor input".into());
+                    };
+                    let dims: Vec<usize> = shape
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &d)| match (d, i) {
+                            (d, _) if d > 0 => d as usize,
+                            (_, 0) => 1,
+                            _ => 16,
+                        })
+                        .collect();
+                    let n: usize = dims.iter().product();
+                    let v: ort::value::DynValue = match ty {
+                        ort::value::TensorElementType::Int64 => {
+                            ort::value::Tensor::from_array((dims, vec![1i64; n]))?.into_dyn()
+                        }
+                        _ => ort::value::Tensor::from_array((dims, vec![0.5f32; n]))?.into_dyn(),
+                    };
+                    inputs.push((inp.name().to_string(), v));
+                }
+                s.run(inputs)?;
                 Ok(())
             };
             // Untimed warm-up: ORT's first session in a process pays one-off set-up costs,
@@ -170,14 +196,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let t = Instant::now();
                 let mut c = Client::connect(&socket)?;
                 let art = c.acquire_model(&model)?;
-                let mut b = ort::session::Session::builder(&env)?;
+                let mut b = ort::session::Session::builder(&env)?.with_optimization_level(
+                    ort::session::builder::GraphOptimizationLevel::Disable,
+                )?;
                 let mut s = art.session(&mut b)?;
                 run(&mut s)?;
                 Ok(t.elapsed().as_secs_f64() * 1000.0)
             };
             let own_once = || -> Result<f64, Box<dyn std::error::Error>> {
                 let t = Instant::now();
-                let mut s = ort::session::Session::builder(&env)?.commit_from_file(&raw)?;
+                let mut s = ort::session::Session::builder(&env)?
+                    .with_optimization_level(ort::session::builder::GraphOptimizationLevel::All)?
+                    .commit_from_file(&raw)?;
                 run(&mut s)?;
                 Ok(t.elapsed().as_secs_f64() * 1000.0)
             };
