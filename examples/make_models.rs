@@ -1,7 +1,7 @@
 //! Writes the fixture models (and, on request, the big benchmark models) to a folder.
 //!
 //! ```text
-//! cargo run --release --example make_models -- OUT_DIR [--big-layers 25] [--chain 20000]
+//! cargo run --release --example make_models -- OUT_DIR [--big-layers 25] [--chain 20000] [--varied 20000]
 //! ```
 
 use std::path::PathBuf;
@@ -17,10 +17,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::create_dir_all(&out)?;
     let mut big = None;
     let mut chains = Vec::new();
+    let mut varied = Vec::new();
     while let Some(a) = args.next() {
         match a.as_str() {
             "--big-layers" => big = Some(args.next().ok_or("--big-layers N")?.parse::<usize>()?),
             "--chain" => chains.push(args.next().ok_or("--chain N")?.parse::<usize>()?),
+            "--varied" => varied.push(args.next().ok_or("--varied N")?.parse::<usize>()?),
             other => return Err(format!("unknown argument {other}").into()),
         }
     }
@@ -43,6 +45,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     for n in chains {
         write(&models::long_chain(n), &out.join(format!("chain_{n}.onnx")))?;
+    }
+    for n in varied {
+        write(
+            &trtcache::fixtures::capability::varied(n, 50),
+            &out.join(format!("varied_{n}.onnx")),
+        )?;
     }
     println!("wrote models to {}", out.display());
     Ok(())

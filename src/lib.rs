@@ -5,6 +5,7 @@
 //! `key` derives content keys; `build` runs backends; `cache` stores artifacts; `daemon`
 //! serves them. [`cli`] is the command-line surface over all of it.
 
+pub mod analysis;
 pub mod build;
 pub mod cache;
 pub mod cli;

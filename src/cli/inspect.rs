@@ -8,6 +8,9 @@ use clap::Args;
 use serde::Serialize;
 
 use super::output::{human_bytes, table, Style};
+use crate::analysis::export::export_subgraphs;
+use crate::analysis::tables::TrtTable;
+use crate::analysis::{analyse_full, Capability, Options, Provider};
 use crate::onnx::facts::{facts, Facts, OpsetBounds};
 use crate::onnx::Model;
 
@@ -18,21 +21,43 @@ pub struct InspectArgs {
     /// Print one JSON object instead of the human report.
     #[arg(long)]
     pub json: bool,
+    /// Execution providers in priority order; each node goes to the first that takes it
+    /// (CPU is appended when missing, as ONNX Runtime does).
+    #[arg(long, value_delimiter = ',', default_value = "tensorrt,cuda,cpu")]
+    pub providers: Vec<String>,
+    /// TensorRT version whose ONNX operator table to use (bundled: 10.15, 10.1). Default: the
+    /// installed TensorRT's when a table exists for it, else the newest bundled.
+    #[arg(long)]
+    pub trt_version: Option<String>,
+    /// Operator types TensorRT must not take, comma-separated (like ONNX Runtime's
+    /// trt_op_types_to_exclude).
+    #[arg(long, value_delimiter = ',', value_name = "OPS")]
+    pub trt_exclude: Vec<String>,
+    /// Keep the data-dependent-shape ops NonMaxSuppression, NonZero and RoiAlign off TensorRT.
+    #[arg(long)]
+    pub trt_exclude_dds: bool,
+    /// TensorRT subgraphs with fewer nodes fall back to the next provider.
+    #[arg(long, default_value_t = 1)]
+    pub min_subgraph_size: usize,
+    /// Write each partition as a standalone ONNX model plus manifest.json into DIR.
+    #[arg(long, value_name = "DIR")]
+    pub export_subgraphs: Option<PathBuf>,
 }
 
 #[derive(Serialize)]
 struct Report {
     #[serde(flatten)]
     facts: Facts,
+    capability: Capability,
 }
 
-/// Opset bounds of the bundled tables: TensorRT 10.15's ONNX parser and ONNX Runtime 1.31.
-pub fn opset_bounds() -> Vec<OpsetBounds> {
+/// Opset bounds: the selected TensorRT table's parser range and ONNX Runtime 1.31.
+pub fn opset_bounds(trt: &TrtTable) -> Vec<OpsetBounds> {
     vec![
         OpsetBounds {
-            who: "TensorRT 10.15".into(),
-            min: 9,
-            max: 24,
+            who: trt.who().to_string(),
+            min: trt.min_opset,
+            max: trt.max_opset,
         },
         OpsetBounds {
             who: "ONNX Runtime 1.31".into(),
@@ -43,16 +68,65 @@ pub fn opset_bounds() -> Vec<OpsetBounds> {
 }
 
 pub fn run(a: InspectArgs) -> anyhow::Result<ExitCode> {
-    let model = Model::load(&a.model).map_err(anyhow::Error::new)?;
-    let report = Report {
-        facts: facts(&model, &opset_bounds()),
+    let providers = a
+        .providers
+        .iter()
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| Provider::parse(p))
+        .collect::<Result<Vec<_>, _>>()
+        .context("--providers")?;
+    let trt_version = a
+        .trt_version
+        .clone()
+        .unwrap_or_else(crate::analysis::tables::host_trt_version);
+    let opts = Options {
+        providers,
+        trt_version: trt_version.clone(),
+        trt_exclude: a.trt_exclude.clone(),
+        trt_exclude_dds: a.trt_exclude_dds,
+        min_subgraph_size: a.min_subgraph_size,
+        ..Options::default()
     };
+    let trt = TrtTable::load(&trt_version).context("--trt-version")?;
+    let model = Model::load(&a.model).map_err(anyhow::Error::new)?;
+    // Facts and capability are independent reads of the model: run them side by side.
+    let bounds = opset_bounds(&trt);
+    let (facts, analysis) = std::thread::scope(|s| {
+        let f = s.spawn(|| facts(&model, &bounds));
+        let analysis = analyse_full(&model, &opts);
+        (f.join(), analysis)
+    });
+    let facts = facts.map_err(|_| anyhow::anyhow!("collecting model facts panicked"))?;
+    let analysis = analysis.with_context(|| format!("analysing {}", a.model.display()))?;
+    if let Some(dir) = &a.export_subgraphs {
+        let m = export_subgraphs(&analysis, &model, dir)
+            .with_context(|| format!("exporting partitions to {}", dir.display()))?;
+        eprintln!(
+            "exported {} partition(s) and manifest.json to {}",
+            m.partitions.len(),
+            dir.display()
+        );
+    }
+    let crate::analysis::Analysis {
+        capability,
+        graph,
+        facts: tensor_facts,
+    } = analysis;
+    let report = Report { facts, capability };
     if a.json {
-        let s = serde_json::to_string_pretty(&report).context("serialising the report")?;
-        println!("{s}");
+        use std::io::Write;
+        let stdout = std::io::stdout();
+        let mut w = std::io::BufWriter::with_capacity(1 << 16, stdout.lock());
+        serde_json::to_writer_pretty(&mut w, &report).context("serialising the report")?;
+        writeln!(w)
+            .and_then(|()| w.flush())
+            .context("writing the report")?;
     } else {
         print!("{}", render(&report, Style::stdout()));
     }
+    // The process exits right after: skip freeing the model, graph and report piece by piece.
+    std::mem::forget((report, graph, tensor_facts));
+    std::mem::forget(model);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -139,5 +213,6 @@ fn render(r: &Report, st: Style) -> String {
             .collect();
         out += &table("  ", &rows);
     }
+    out += &super::capability::render(&r.capability, st);
     out
 }

@@ -3,6 +3,7 @@
 
 mod build;
 mod cache;
+mod capability;
 mod inspect;
 pub mod key;
 pub mod output;

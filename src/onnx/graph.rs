@@ -3,7 +3,10 @@
 //! other graph attribute) as nested views. Model-local functions are looked up by
 //! `(domain, name)` through [`Functions`].
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::ops::Range;
+
+use super::fxhash::{FastMap, FastSet};
 
 use super::proto::{FunctionProto, GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto};
 
@@ -35,24 +38,26 @@ pub struct Graph<'a> {
     pub nodes: Vec<&'a NodeProto>,
     /// Stable display names: the node's name, or `{op_type}_{index}` when it has none.
     pub names: Vec<String>,
-    pub producer: HashMap<&'a str, Outlet>,
-    pub consumers: HashMap<&'a str, Vec<NodeId>>,
-    pub initializers: HashMap<&'a str, &'a TensorProto>,
+    pub producer: FastMap<&'a str, Outlet>,
+    pub consumers: FastMap<&'a str, Vec<NodeId>>,
+    pub initializers: FastMap<&'a str, &'a TensorProto>,
     /// Graph inputs that are not initializers.
     pub inputs: Vec<&'a ValueInfoProto>,
     pub outputs: Vec<&'a ValueInfoProto>,
     /// Type information by tensor name: inputs, outputs and `value_info`.
-    pub value_info: HashMap<&'a str, &'a ValueInfoProto>,
+    pub value_info: FastMap<&'a str, &'a ValueInfoProto>,
     /// Nested bodies, in node order.
     pub bodies: Vec<Body<'a>>,
+    /// For each node with bodies, its range in `bodies`.
+    body_ranges: FastMap<NodeId, Range<usize>>,
     /// Names this graph (with its bodies) reads but does not define: outer-scope captures.
-    pub captures: HashSet<&'a str>,
+    pub captures: FastSet<&'a str>,
 }
 
 impl<'a> Graph<'a> {
     /// Builds the view of `g` and, recursively, of every graph attribute.
     pub fn new(g: &'a GraphProto) -> Self {
-        let initializers: HashMap<&str, &TensorProto> = g
+        let initializers: FastMap<&str, &TensorProto> = g
             .initializer
             .iter()
             .map(|t| (t.name.as_str(), t))
@@ -67,15 +72,18 @@ impl<'a> Graph<'a> {
             .iter()
             .filter(|v| !initializers.contains_key(v.name.as_str()))
             .collect();
-        let mut value_info: HashMap<&str, &ValueInfoProto> = HashMap::new();
+        let mut value_info: FastMap<&str, &ValueInfoProto> = FastMap::default();
         for v in g.value_info.iter().chain(&g.input).chain(&g.output) {
             value_info.insert(v.name.as_str(), v);
         }
         let nodes: Vec<&NodeProto> = g.node.iter().collect();
         let names = stable_names(&nodes);
-        let mut producer = HashMap::new();
-        let mut consumers: HashMap<&str, Vec<NodeId>> = HashMap::new();
+        let mut producer = FastMap::default();
+        producer.reserve(nodes.len());
+        let mut consumers: FastMap<&str, Vec<NodeId>> = FastMap::default();
+        consumers.reserve(nodes.len());
         let mut bodies = Vec::new();
+        let mut body_ranges = FastMap::default();
         for (id, n) in nodes.iter().enumerate() {
             for (slot, o) in n.output.iter().enumerate() {
                 if !o.is_empty() {
@@ -90,6 +98,7 @@ impl<'a> Graph<'a> {
                     }
                 }
             }
+            let first = bodies.len();
             for a in &n.attribute {
                 for sub in a.g.iter().map(|b| &**b).chain(&a.graphs) {
                     bodies.push(Body {
@@ -99,12 +108,16 @@ impl<'a> Graph<'a> {
                     });
                 }
             }
+            if bodies.len() > first {
+                body_ranges.insert(id, first..bodies.len());
+            }
         }
-        // A body's captures are implicit inputs of its node.
+        // A body's captures are implicit inputs of its node (once per node and name).
+        let mut seen: FastSet<(&str, NodeId)> = FastSet::default();
         for b in &bodies {
             for &c in &b.graph.captures {
                 let v = consumers.entry(c).or_default();
-                if !v.contains(&b.node) {
+                if seen.insert((c, b.node)) && !nodes[b.node].input.iter().any(|i| i == c) {
                     v.push(b.node);
                 }
             }
@@ -120,19 +133,20 @@ impl<'a> Graph<'a> {
             outputs: g.output.iter().collect(),
             value_info,
             bodies,
-            captures: HashSet::new(),
+            body_ranges,
+            captures: FastSet::default(),
         };
         graph.captures = graph.compute_captures();
         graph
     }
 
-    fn compute_captures(&self) -> HashSet<&'a str> {
+    fn compute_captures(&self) -> FastSet<&'a str> {
         let defined = |n: &str| {
             self.producer.contains_key(n)
                 || self.initializers.contains_key(n)
                 || self.proto.input.iter().any(|i| i.name == n)
         };
-        let mut out = HashSet::new();
+        let mut out = FastSet::default();
         for n in &self.nodes {
             for i in &n.input {
                 if !i.is_empty() && !defined(i) {
@@ -164,7 +178,7 @@ impl<'a> Graph<'a> {
                 out.push(i.as_str());
             }
         }
-        for b in self.bodies.iter().filter(|b| b.node == id) {
+        for b in self.bodies_of(id) {
             let mut caps: Vec<&str> = b.graph.captures.iter().copied().collect();
             caps.sort_unstable();
             for c in caps {
@@ -178,7 +192,8 @@ impl<'a> Graph<'a> {
 
     /// Bodies owned by node `id`.
     pub fn bodies_of(&self, id: NodeId) -> impl Iterator<Item = &Body<'a>> {
-        self.bodies.iter().filter(move |b| b.node == id)
+        let range = self.body_ranges.get(&id).cloned().unwrap_or(0..0);
+        self.bodies[range].iter()
     }
 
     /// Number of nodes here and in every nested body.
@@ -217,7 +232,7 @@ fn stable_names(nodes: &[&NodeProto]) -> Vec<String> {
 /// Model-local functions by `(domain, name)`.
 #[derive(Debug, Default)]
 pub struct Functions<'a> {
-    by_id: HashMap<(&'a str, &'a str), &'a FunctionProto>,
+    by_id: FastMap<(&'a str, &'a str), &'a FunctionProto>,
 }
 
 impl<'a> Functions<'a> {

@@ -9,6 +9,7 @@
 
 pub mod dtype;
 pub mod facts;
+pub mod fxhash;
 pub mod graph;
 pub mod load;
 pub mod proto;

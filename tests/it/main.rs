@@ -2,6 +2,7 @@
 //! real files, the real `trtcache` binary and, where it needs them, the project's Python
 //! environment (`scripts/setup-python.sh`) as the reference implementation.
 
+mod analysis;
 mod build;
 mod daemon;
 mod daemon_engine;

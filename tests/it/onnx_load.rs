@@ -46,7 +46,8 @@ fn onnx_backend_corpus_matches_python_onnx() {
         "only {} corpus models",
         expected.len()
     );
-    let bounds = trtcache::cli::opset_bounds();
+    let trt = trtcache::analysis::tables::TrtTable::load("10.15").unwrap();
+    let bounds = trtcache::cli::opset_bounds(&trt);
     let mut failures = Vec::new();
     for e in &expected {
         let path = e["path"].as_str().unwrap();

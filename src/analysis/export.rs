@@ -1,0 +1,258 @@
+//! `--export-subgraphs DIR`: every partition as a standalone ONNX model, plus
+//! `manifest.json` with the execution order and the tensor wiring between them.
+//!
+//! Enters: an [`Analysis`] (graph view, tensor facts, partitions) and its [`Model`]. Leaves:
+//! files in `DIR` (`part-<id>-<provider>.onnx`, `manifest.json`) and the [`Manifest`].
+//! Each exported model carries the nodes, the initializers they read (external data copied
+//! inline), typed inputs/outputs, the value_info known for inner tensors, the model's opset
+//! imports and its local functions, so ONNX Runtime can run the partitions in order.
+
+use std::collections::HashSet;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use prost::Message;
+use serde::Serialize;
+
+use super::shapes::{GraphFacts, SymDim};
+use super::Analysis;
+use crate::onnx::load::external_ref;
+use crate::onnx::proto::{
+    tensor_shape_proto::{dimension, Dimension},
+    type_proto, DataLocation, GraphProto, ModelProto, TensorProto, TensorShapeProto, TypeProto,
+    ValueInfoProto,
+};
+use crate::onnx::Model;
+
+/// Why a partition could not be exported.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("partition {partition}: tensor `{tensor}` has no known element type; run ONNX shape inference on the model first")]
+    UntypedTensor { partition: usize, tensor: String },
+    #[error("initializer `{tensor}`: external data {why}")]
+    ExternalData { tensor: String, why: String },
+}
+
+/// Where a partition input comes from.
+#[derive(Clone, Debug, Serialize)]
+pub struct Wire {
+    pub name: String,
+    /// A partition id, or `null` for a model input.
+    pub from: Option<usize>,
+}
+
+/// One exported partition.
+#[derive(Clone, Debug, Serialize)]
+pub struct ManifestPart {
+    pub id: usize,
+    pub provider: String,
+    pub file: String,
+    pub nodes: usize,
+    pub inputs: Vec<Wire>,
+    pub outputs: Vec<String>,
+}
+
+/// `manifest.json`: run `order` in sequence, feeding each partition its wired inputs.
+#[derive(Clone, Debug, Serialize)]
+pub struct Manifest {
+    pub model: String,
+    pub order: Vec<usize>,
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+    pub partitions: Vec<ManifestPart>,
+}
+
+fn value_info(
+    name: &str,
+    facts: &GraphFacts,
+    declared: Option<&ValueInfoProto>,
+) -> Option<ValueInfoProto> {
+    if let Some(d) =
+        declared.filter(|d| crate::onnx::facts::elem_type_of(d).is_some_and(|t| t.code() != 0))
+    {
+        return Some(d.clone());
+    }
+    let t = facts.get(name)?;
+    let dt = t.dtype?;
+    let shape = t.shape.as_ref().map(|s| TensorShapeProto {
+        dim: s
+            .iter()
+            .map(|d| Dimension {
+                value: match d {
+                    SymDim::Known(v) => Some(dimension::Value::DimValue(*v)),
+                    SymDim::Sym(p) => Some(dimension::Value::DimParam(p.to_string())),
+                    SymDim::Unknown => None,
+                },
+                denotation: String::new(),
+            })
+            .collect(),
+    });
+    Some(ValueInfoProto {
+        name: name.to_string(),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: dt.code(),
+                shape,
+            })),
+            denotation: String::new(),
+        }),
+        ..Default::default()
+    })
+}
+
+/// Copies an external-data initializer's bytes inline.
+fn inline(t: &TensorProto, dir: &Path) -> Result<TensorProto, ExportError> {
+    let err = |why: String| ExportError::ExternalData {
+        tensor: t.name.clone(),
+        why,
+    };
+    let Some(r) = external_ref(t).map_err(err)? else {
+        return Ok(t.clone());
+    };
+    let path = dir.join(&r.location);
+    let io = |source| ExportError::Io {
+        path: path.clone(),
+        source,
+    };
+    let mut f = std::fs::File::open(&path).map_err(io)?;
+    let len = match r.length {
+        Some(l) => l,
+        None => f.metadata().map_err(io)?.len().saturating_sub(r.offset),
+    };
+    f.seek(SeekFrom::Start(r.offset)).map_err(io)?;
+    let mut buf = Vec::new();
+    f.take(len).read_to_end(&mut buf).map_err(io)?;
+    if buf.len() as u64 != len {
+        return Err(err(format!("is {} bytes short", len - buf.len() as u64)));
+    }
+    let mut out = t.clone();
+    out.raw_data = Bytes::from(buf);
+    out.external_data.clear();
+    out.data_location = DataLocation::Default as i32;
+    Ok(out)
+}
+
+/// Writes every partition of `a` into `dir` and returns the manifest (also written).
+pub fn export_subgraphs(
+    a: &Analysis<'_>,
+    model: &Model,
+    dir: &Path,
+) -> Result<Manifest, ExportError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ExportError::Io { path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let g = &a.graph;
+    let cap = &a.capability;
+    let mut producer_part = std::collections::HashMap::new();
+    for p in &cap.partitions {
+        for o in &p.outputs {
+            producer_part.insert(o.as_str(), p.id);
+        }
+    }
+    let mut parts = Vec::new();
+    for p in &cap.partitions {
+        let mut graph = GraphProto {
+            name: format!("{}_part{}_{}", g.proto.name, p.id, p.provider),
+            ..Default::default()
+        };
+        let mut inits_seen = HashSet::new();
+        let mut inner = HashSet::new();
+        for &v in &p.node_ids {
+            let node = g.nodes[v];
+            graph.node.push(node.clone());
+            for r in super::partition::reads(g, v) {
+                if let Some(t) = g.initializers.get(r) {
+                    if a.facts.get(r).is_some_and(|t| t.initializer) && inits_seen.insert(r) {
+                        graph.initializer.push(inline(t, &model.dir)?);
+                    }
+                }
+            }
+            inner.extend(
+                node.output
+                    .iter()
+                    .filter(|o| !o.is_empty())
+                    .map(|o| o.as_str()),
+            );
+        }
+        let typed = |name: &str| {
+            value_info(name, &a.facts, g.value_info.get(name).copied()).ok_or_else(|| {
+                ExportError::UntypedTensor {
+                    partition: p.id,
+                    tensor: name.to_string(),
+                }
+            })
+        };
+        for i in &p.inputs {
+            graph.input.push(typed(i)?);
+        }
+        for o in &p.outputs {
+            graph.output.push(typed(o)?);
+        }
+        let io_names: HashSet<&str> = p
+            .inputs
+            .iter()
+            .chain(&p.outputs)
+            .map(|s| s.as_str())
+            .collect();
+        let mut inner: Vec<&str> = inner
+            .into_iter()
+            .filter(|t| !io_names.contains(t))
+            .collect();
+        inner.sort_unstable();
+        for t in inner {
+            if let Some(vi) = value_info(t, &a.facts, g.value_info.get(t).copied()) {
+                graph.value_info.push(vi);
+            }
+        }
+        let m = ModelProto {
+            ir_version: model.proto.ir_version,
+            opset_import: model.proto.opset_import.clone(),
+            producer_name: "trtcache".into(),
+            producer_version: env!("CARGO_PKG_VERSION").into(),
+            graph: Some(graph),
+            functions: model.proto.functions.clone(),
+            ..Default::default()
+        };
+        let file = format!("part-{}-{}.onnx", p.id, p.provider);
+        let path = dir.join(&file);
+        std::fs::write(&path, m.encode_to_vec()).map_err(io(&path))?;
+        parts.push(ManifestPart {
+            id: p.id,
+            provider: p.provider.clone(),
+            file,
+            nodes: p.node_ids.len(),
+            inputs: p
+                .inputs
+                .iter()
+                .map(|i| Wire {
+                    name: i.clone(),
+                    from: producer_part.get(i.as_str()).copied(),
+                })
+                .collect(),
+            outputs: p.outputs.clone(),
+        });
+    }
+    let manifest = Manifest {
+        model: model.path.display().to_string(),
+        order: parts.iter().map(|p| p.id).collect(),
+        inputs: g.inputs.iter().map(|i| i.name.clone()).collect(),
+        outputs: g.proto.output.iter().map(|o| o.name.clone()).collect(),
+        partitions: parts,
+    };
+    let path = dir.join("manifest.json");
+    let text = serde_json::to_string_pretty(&manifest).map_err(|e| ExportError::Io {
+        path: path.clone(),
+        source: std::io::Error::other(e),
+    })?;
+    std::fs::write(&path, text).map_err(io(&path))?;
+    Ok(manifest)
+}
