@@ -192,29 +192,47 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             // Untimed warm-up: ORT's first session in a process pays one-off set-up costs,
             // and both files should be equally in the page cache.
             drop(ort::session::Session::builder(&env)?.commit_from_file(&raw)?);
-            let via_once = || -> Result<f64, Box<dyn std::error::Error>> {
+            // Each returns (total, [phase ms]): via = connect+acquire, session, run; own =
+            // session, run.
+            type Timed = Result<(f64, [f64; 3]), Box<dyn std::error::Error>>;
+            let ms = |t: Instant| t.elapsed().as_secs_f64() * 1000.0;
+            let via_once = || -> Timed {
                 let t = Instant::now();
                 let mut c = Client::connect(&socket)?;
                 let art = c.acquire_model(&model)?;
+                let acquired = ms(t);
+                let t1 = Instant::now();
                 let mut b = ort::session::Session::builder(&env)?.with_optimization_level(
                     ort::session::builder::GraphOptimizationLevel::Disable,
                 )?;
                 let mut s = art.session(&mut b)?;
+                let session = ms(t1);
+                let t2 = Instant::now();
                 run(&mut s)?;
-                Ok(t.elapsed().as_secs_f64() * 1000.0)
+                Ok((ms(t), [acquired, session, ms(t2)]))
             };
-            let own_once = || -> Result<f64, Box<dyn std::error::Error>> {
+            let own_once = || -> Timed {
                 let t = Instant::now();
                 let mut s = ort::session::Session::builder(&env)?
                     .with_optimization_level(ort::session::builder::GraphOptimizationLevel::All)?
                     .commit_from_file(&raw)?;
+                let session = ms(t);
+                let t2 = Instant::now();
                 run(&mut s)?;
-                Ok(t.elapsed().as_secs_f64() * 1000.0)
+                Ok((ms(t), [0.0, session, ms(t2)]))
             };
             // ABBA order cancels the advantage of going second (warm allocator).
             let (v1, o1, o2, v2) = (via_once()?, own_once()?, own_once()?, via_once()?);
-            let (via, own) = ((v1 + v2) / 2.0, (o1 + o2) / 2.0);
-            println!("{{\"via_trtcache_ms\":{via:.1},\"own_session_ms\":{own:.1}}}");
+            let avg = |a: f64, b: f64| (a + b) / 2.0;
+            let (via, own) = (avg(v1.0, v2.0), avg(o1.0, o2.0));
+            println!(
+                "{{\"via_trtcache_ms\":{via:.1},\"own_session_ms\":{own:.1},\"via_acquire_ms\":{:.2},\"via_session_ms\":{:.1},\"via_run_ms\":{:.1},\"own_session_only_ms\":{:.1},\"own_run_ms\":{:.1}}}",
+                avg(v1.1[0], v2.1[0]),
+                avg(v1.1[1], v2.1[1]),
+                avg(v1.1[2], v2.1[2]),
+                avg(o1.1[1], o2.1[1]),
+                avg(o1.1[2], o2.1[2]),
+            );
         }
         "stable-to-queued" => {
             // Write a model under a hidden name, rename it in (the file is complete and

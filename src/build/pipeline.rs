@@ -5,7 +5,7 @@
 //! Enters: a [`BuildRequest`]. Leaves: a [`BuildOutcome`] with the stored record and, when it
 //! is servable, the artifact's paths. Progress goes to a caller-supplied callback.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
@@ -307,6 +307,7 @@ impl Builder {
         let rt = runtime::load(self.ort_library.as_deref())?;
         let backend = backend(&req.backend)?;
         backend.check(rt)?;
+        let plan = provider_plan(&req.model, &req.backend);
         let staging = self.store.staging_dir()?;
         let started = Instant::now();
         progress(&format!("building with {}", backend.name()));
@@ -358,7 +359,8 @@ impl Builder {
             status: Status::Ready,
             artifact: None,
             backend: backend.name().into(),
-            providers: None,
+            providers: plan.as_ref().map(|p| p.0.clone()),
+            partitions: plan.map(|p| p.1),
             model_path: display_path(&req.model),
             build_ms,
             validation: Some(validation.clone()),
@@ -434,6 +436,58 @@ impl Drop for FlightGuard<'_> {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&self.key);
     }
+}
+
+/// ONNX Runtime's name of an analysis provider.
+fn ort_provider_name(p: &str) -> String {
+    match p {
+        "tensorrt" => "TensorrtExecutionProvider".into(),
+        "cuda" => "CUDAExecutionProvider".into(),
+        "cpu" => "CPUExecutionProvider".into(),
+        other => other.to_string(),
+    }
+}
+
+/// Which provider runs what, as the capability analysis plans it for `backend`'s provider
+/// list: provider → top-level node count, and the provider of each partition in graph order.
+/// `None` (with a warning) when the analysis cannot run; a build never fails on it.
+fn provider_plan(model: &Path, backend: &str) -> Option<(BTreeMap<String, usize>, Vec<String>)> {
+    use crate::analysis::{analyse, Options, Provider};
+    let providers = match backend {
+        "ort-tensorrt" => vec![Provider::TensorRt, Provider::Cuda, Provider::Cpu],
+        "ort-cuda" => vec![Provider::Cuda, Provider::Cpu],
+        _ => vec![Provider::Cpu],
+    };
+    let m = match Model::load(model) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!(model = %model.display(), error = %e, "capability analysis skipped");
+            return None;
+        }
+    };
+    let cap = match analyse(
+        &m,
+        &Options {
+            providers,
+            ..Options::default()
+        },
+    ) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(model = %model.display(), error = %e, "capability analysis failed");
+            return None;
+        }
+    };
+    let mut counts = BTreeMap::new();
+    for n in &cap.nodes {
+        *counts.entry(ort_provider_name(&n.provider)).or_insert(0) += 1;
+    }
+    let parts = cap
+        .partitions
+        .iter()
+        .map(|p| ort_provider_name(&p.provider))
+        .collect();
+    Some((counts, parts))
 }
 
 fn display_path(p: &Path) -> String {

@@ -229,13 +229,9 @@ impl CachedEngine {
                 precision: record.parts.precision.as_str().into(),
                 inputs,
                 outputs,
-                // Provider per partition comes from the capability analysis, which this
-                // build does not have yet; empty rather than guessed.
-                providers: record
-                    .providers
-                    .as_ref()
-                    .map(|p| p.keys().cloned().collect())
-                    .unwrap_or_default(),
+                // Provider per partition, as the capability analysis planned it at build
+                // time (empty for records built before it existed).
+                providers: record.partitions.clone().unwrap_or_default(),
                 validation,
                 files,
                 built_at: record.created,

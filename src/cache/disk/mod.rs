@@ -441,6 +441,7 @@ mod tests {
             artifact: None,
             backend: "ort-cpu".into(),
             providers: None,
+            partitions: None,
             model_path: format!("m{n}.onnx"),
             build_ms: 1,
             validation: None,
