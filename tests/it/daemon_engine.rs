@@ -69,6 +69,13 @@ fn warm_then_serve_serves_the_key_trtcache_key_prints_without_building() {
     assert_eq!(art.metadata.profile, "short");
     assert!(art.metadata.validation.passed);
     assert_eq!(art.metadata.files[0].role, "graph");
+    // The capability analysis's plan for ort-cpu: every partition on the CPU provider.
+    assert!(!art.metadata.providers.is_empty(), "{:?}", art.metadata);
+    assert!(art
+        .metadata
+        .providers
+        .iter()
+        .all(|p| p == "CPUExecutionProvider"));
     // The artifact is the optimized model, not a copy of the file.
     assert_ne!(
         art.graph_bytes().unwrap(),
