@@ -162,6 +162,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let (socket, model, raw) = (a(1)?, a(2)?, a(3)?);
             let dylib = std::env::var("ORT_DYLIB_PATH")?;
             let env = ort::init_from(&dylib)?.build()?;
+            // ort logs at VERBOSE by default (ONNX Runtime formats every verbose message for
+            // tracing to drop); a deployed consumer, like ONNX Runtime's own default and the
+            // Python package, logs warnings. Both paths below share this environment.
+            env.set_log_level(ort::logging::LogLevel::Warning);
             let run = |s: &mut ort::session::Session| -> Result<(), Box<dyn std::error::Error>> {
                 let mut inputs: Vec<(String, ort::value::DynValue)> = Vec::new();
                 for inp in s.inputs() {
