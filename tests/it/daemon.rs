@@ -621,12 +621,14 @@ fn a_model_replaced_during_its_build_cancels_that_build() {
         assert!(t0.elapsed() < Duration::from_secs(240), "{s:?}");
         std::thread::sleep(Duration::from_millis(20));
     };
-    assert_eq!(
-        s.cancelled,
-        1,
+    // At least the old build was cancelled; acquires that raced the watcher (planned on the
+    // old content, built, found the file changed, stored nothing) count as cancelled too.
+    assert!(
+        s.cancelled >= 1,
         "the old build was cancelled: {s:?}\n{}",
         d.log()
     );
+    assert_eq!(s.failures, 0, "a replaced model is not a failure: {s:?}");
     assert_eq!(s.builds, 1, "only the new content was built: {s:?}");
     drop(c);
     assert!(d.stop());
