@@ -10,7 +10,11 @@
 //!   repository and time until the daemon lists it (queued for planning/building).
 //! - `first-inference SOCKET MODEL RAW_MODEL` — a consumer's time to its first inference
 //!   through trtcache (connect + acquire + session + run) against building its own session
-//!   from the raw model file (ORT's default optimisation level) + run.
+//!   from the raw model file at full optimization (`GraphOptimizationLevel::All`) + run. The
+//!   artifact session is opened with optimizations off (an `ort-cpu` artifact is optimized
+//!   already). Inputs: int64 ids of ones / float 0.5, dynamic dims 1 (batch) and 16.
+//! - `bert DIR` — write a BERT-sized encoder (`BertConfig::small()`: 4 layers, hidden 256,
+//!   ~11 M parameters) to `DIR/bert.onnx`.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -146,45 +150,93 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 all.len() as f64 / wall
             );
         }
+        "bert" => {
+            let dir = Path::new(&a(1)?).to_path_buf();
+            std::fs::create_dir_all(&dir)?;
+            write(
+                &trtcache::fixtures::bert::bert(trtcache::fixtures::bert::BertConfig::small()),
+                &dir.join("bert.onnx"),
+            )?;
+        }
         "first-inference" => {
             let (socket, model, raw) = (a(1)?, a(2)?, a(3)?);
             let dylib = std::env::var("ORT_DYLIB_PATH")?;
             let env = ort::init_from(&dylib)?.build()?;
+            // ort logs at VERBOSE by default (ONNX Runtime formats every verbose message for
+            // tracing to drop); a deployed consumer, like ONNX Runtime's own default and the
+            // Python package, logs warnings. Both paths below share this environment.
+            env.set_log_level(ort::logging::LogLevel::Warning);
             let run = |s: &mut ort::session::Session| -> Result<(), Box<dyn std::error::Error>> {
-                let inp = &s.inputs()[0];
-                let width = match inp.dtype() {
-                    ort::value::ValueType::Tensor { shape, .. } => {
-                        shape.last().copied().unwrap_or(1).max(1) as usize
-                    }
-                    _ => 1,
-                };
-                let name = inp.name().to_string();
-                let t = ort::value::Tensor::from_array(([1usize, width], vec![0.5f32; width]))?;
-                s.run(ort::inputs![name => t])?;
+                let mut inputs: Vec<(String, ort::value::DynValue)> = Vec::new();
+                for inp in s.inputs() {
+                    let ort::value::ValueType::Tensor { ty, shape, .. } = inp.dtype() else {
+                        return Err("non-tensor input".into());
+                    };
+                    let dims: Vec<usize> = shape
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &d)| match (d, i) {
+                            (d, _) if d > 0 => d as usize,
+                            (_, 0) => 1,
+                            _ => 16,
+                        })
+                        .collect();
+                    let n: usize = dims.iter().product();
+                    let v: ort::value::DynValue = match ty {
+                        ort::value::TensorElementType::Int64 => {
+                            ort::value::Tensor::from_array((dims, vec![1i64; n]))?.into_dyn()
+                        }
+                        _ => ort::value::Tensor::from_array((dims, vec![0.5f32; n]))?.into_dyn(),
+                    };
+                    inputs.push((inp.name().to_string(), v));
+                }
+                s.run(inputs)?;
                 Ok(())
             };
             // Untimed warm-up: ORT's first session in a process pays one-off set-up costs,
             // and both files should be equally in the page cache.
             drop(ort::session::Session::builder(&env)?.commit_from_file(&raw)?);
-            let via_once = || -> Result<f64, Box<dyn std::error::Error>> {
+            // Each returns (total, [phase ms]): via = connect+acquire, session, run; own =
+            // session, run.
+            type Timed = Result<(f64, [f64; 3]), Box<dyn std::error::Error>>;
+            let ms = |t: Instant| t.elapsed().as_secs_f64() * 1000.0;
+            let via_once = || -> Timed {
                 let t = Instant::now();
                 let mut c = Client::connect(&socket)?;
                 let art = c.acquire_model(&model)?;
-                let mut b = ort::session::Session::builder(&env)?;
+                let acquired = ms(t);
+                let t1 = Instant::now();
+                let mut b = ort::session::Session::builder(&env)?.with_optimization_level(
+                    ort::session::builder::GraphOptimizationLevel::Disable,
+                )?;
                 let mut s = art.session(&mut b)?;
+                let session = ms(t1);
+                let t2 = Instant::now();
                 run(&mut s)?;
-                Ok(t.elapsed().as_secs_f64() * 1000.0)
+                Ok((ms(t), [acquired, session, ms(t2)]))
             };
-            let own_once = || -> Result<f64, Box<dyn std::error::Error>> {
+            let own_once = || -> Timed {
                 let t = Instant::now();
-                let mut s = ort::session::Session::builder(&env)?.commit_from_file(&raw)?;
+                let mut s = ort::session::Session::builder(&env)?
+                    .with_optimization_level(ort::session::builder::GraphOptimizationLevel::All)?
+                    .commit_from_file(&raw)?;
+                let session = ms(t);
+                let t2 = Instant::now();
                 run(&mut s)?;
-                Ok(t.elapsed().as_secs_f64() * 1000.0)
+                Ok((ms(t), [0.0, session, ms(t2)]))
             };
             // ABBA order cancels the advantage of going second (warm allocator).
             let (v1, o1, o2, v2) = (via_once()?, own_once()?, own_once()?, via_once()?);
-            let (via, own) = ((v1 + v2) / 2.0, (o1 + o2) / 2.0);
-            println!("{{\"via_trtcache_ms\":{via:.1},\"own_session_ms\":{own:.1}}}");
+            let avg = |a: f64, b: f64| (a + b) / 2.0;
+            let (via, own) = (avg(v1.0, v2.0), avg(o1.0, o2.0));
+            println!(
+                "{{\"via_trtcache_ms\":{via:.1},\"own_session_ms\":{own:.1},\"via_acquire_ms\":{:.2},\"via_session_ms\":{:.1},\"via_run_ms\":{:.1},\"own_session_only_ms\":{:.1},\"own_run_ms\":{:.1}}}",
+                avg(v1.1[0], v2.1[0]),
+                avg(v1.1[1], v2.1[1]),
+                avg(v1.1[2], v2.1[2]),
+                avg(o1.1[1], o2.1[1]),
+                avg(o1.1[2], o2.1[2]),
+            );
         }
         "stable-to-queued" => {
             // Write a model under a hidden name, rename it in (the file is complete and

@@ -21,7 +21,7 @@ use ort::session::Session;
 
 pub use crate::cache::Artifact;
 use crate::plan::{Precision, ShapeProfile};
-pub use pipeline::{BuildOutcome, BuildRequest, Builder, Source};
+pub use pipeline::{BuildOutcome, BuildRequest, Builder, Source, Watch};
 pub use runtime::{Runtime, RuntimeError};
 
 /// Errors of building, opening and validating artifacts.
@@ -59,6 +59,11 @@ pub enum BuildError {
     Key(#[from] crate::key::KeyError),
     #[error("another build of key {key} failed: {message}")]
     Joined { key: String, message: String },
+    #[error("the build was cancelled")]
+    Cancelled,
+    /// The model's files changed since it was keyed; nothing was stored.
+    #[error("{0}")]
+    Changed(String),
 }
 
 impl BuildError {

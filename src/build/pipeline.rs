@@ -5,7 +5,7 @@
 //! Enters: a [`BuildRequest`]. Leaves: a [`BuildOutcome`] with the stored record and, when it
 //! is servable, the artifact's paths. Progress goes to a caller-supplied callback.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
@@ -64,13 +64,42 @@ pub struct BuildOutcome {
 }
 
 /// Called between steps with a short description (for progress output).
-pub type Progress<'a> = &'a (dyn Fn(&str) + Sync);
+pub type Progress<'a> = &'a dyn Fn(&str);
 
 /// A hook run on the staged artifact before validation (tests use it to prove that a wrong
 /// artifact is caught).
 pub type ArtifactHook = Arc<dyn Fn(&Artifact) + Send + Sync>;
 
 type FlightResult = Result<BuildOutcome, String>;
+
+/// What a caller that may abandon a build (the daemon) asks the pipeline to observe. ONNX
+/// Runtime calls cannot be interrupted, so `cancelled` is polled between phases (after
+/// keying, building and validating); a cancelled build stores nothing.
+#[derive(Clone, Copy)]
+pub struct Watch<'a> {
+    /// The key the caller planned: a model whose key is different now (changed since it was
+    /// planned) fails with [`BuildError::Changed`] instead of building under another key.
+    pub expect: Option<CacheKey>,
+    /// Polled between phases.
+    pub cancelled: &'a (dyn Fn() -> bool + Sync),
+}
+
+impl Watch<'_> {
+    /// Nothing to observe (the CLI).
+    pub fn none() -> Watch<'static> {
+        Watch {
+            expect: None,
+            cancelled: &|| false,
+        }
+    }
+
+    fn check(&self) -> Result<(), BuildError> {
+        if (self.cancelled)() {
+            return Err(BuildError::Cancelled);
+        }
+        Ok(())
+    }
+}
 
 #[derive(Default)]
 struct Flight {
@@ -160,12 +189,29 @@ impl Builder {
         req: &BuildRequest,
         progress: Progress,
     ) -> Result<BuildOutcome, BuildError> {
+        self.build_watched(req, progress, Watch::none())
+    }
+
+    /// [`Builder::build`] observing `watch`: the planned key and cancellation.
+    pub fn build_watched(
+        &self,
+        req: &BuildRequest,
+        progress: Progress,
+        watch: Watch,
+    ) -> Result<BuildOutcome, BuildError> {
         // A backend that cannot run here fails with its precise reason before hashing.
         let rt = runtime::load(self.ort_library.as_deref())?;
         backend(&req.backend)?.check(rt)?;
         progress("hashing model");
         let parts = self.key_parts(req)?;
         let key = parts.key();
+        if let Some(expect) = watch.expect.filter(|e| *e != key) {
+            return Err(BuildError::Changed(format!(
+                "{} changed since it was planned (key {expect}, now {key})",
+                req.model.display()
+            )));
+        }
+        watch.check()?;
         if !req.force {
             if let Some(o) = self.cached(key)? {
                 return Ok(o);
@@ -212,7 +258,7 @@ impl Builder {
         let result = match (req.force, self.cached(key)) {
             (false, Ok(Some(o))) => Ok(o),
             (_, Err(e)) => Err(e),
-            _ => self.build_now(req, parts, key, progress),
+            _ => self.build_now(req, parts, key, progress, watch),
         };
         guard.result = Some(
             result
@@ -256,10 +302,12 @@ impl Builder {
         parts: crate::key::KeyParts,
         key: CacheKey,
         progress: Progress,
+        watch: Watch,
     ) -> Result<BuildOutcome, BuildError> {
         let rt = runtime::load(self.ort_library.as_deref())?;
         let backend = backend(&req.backend)?;
         backend.check(rt)?;
+        let plan = provider_plan(&req.model, &req.backend);
         let staging = self.store.staging_dir()?;
         let started = Instant::now();
         progress(&format!("building with {}", backend.name()));
@@ -268,6 +316,7 @@ impl Builder {
             hook(&artifact);
         }
         let build_ms = started.elapsed().as_millis() as u64;
+        watch.check()?;
         progress("validating against the original model (ORT CPU, optimizations off)");
         let entry = artifact.dir.join(&artifact.entry);
         let validation = {
@@ -282,6 +331,26 @@ impl Builder {
                 req.options.threads,
             )?
         };
+        watch.check()?;
+        // ONNX Runtime read the model by path: what it built from must be what was keyed. A
+        // file replaced or rewritten during the build has another identity, so the memo
+        // misses and it is hashed again; a different key (or a vanished file) stores nothing.
+        match self.key_parts(req).map(|p| p.key()) {
+            Ok(now) if now == key => {}
+            Ok(now) => {
+                return Err(BuildError::Changed(format!(
+                    "{} changed during the build (key {key}, now {now}); nothing stored",
+                    req.model.display()
+                )))
+            }
+            Err(e) => {
+                return Err(BuildError::Changed(format!(
+                    "{} changed during the build ({e}); nothing stored",
+                    req.model.display()
+                )))
+            }
+        }
+        watch.check()?;
         let now = now_secs();
         let mut record = Record {
             format: RECORD_FORMAT,
@@ -290,7 +359,8 @@ impl Builder {
             status: Status::Ready,
             artifact: None,
             backend: backend.name().into(),
-            providers: None,
+            providers: plan.as_ref().map(|p| p.0.clone()),
+            partitions: plan.map(|p| p.1),
             model_path: display_path(&req.model),
             build_ms,
             validation: Some(validation.clone()),
@@ -366,6 +436,58 @@ impl Drop for FlightGuard<'_> {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&self.key);
     }
+}
+
+/// ONNX Runtime's name of an analysis provider.
+fn ort_provider_name(p: &str) -> String {
+    match p {
+        "tensorrt" => "TensorrtExecutionProvider".into(),
+        "cuda" => "CUDAExecutionProvider".into(),
+        "cpu" => "CPUExecutionProvider".into(),
+        other => other.to_string(),
+    }
+}
+
+/// Which provider runs what, as the capability analysis plans it for `backend`'s provider
+/// list: provider → top-level node count, and the provider of each partition in graph order.
+/// `None` (with a warning) when the analysis cannot run; a build never fails on it.
+fn provider_plan(model: &Path, backend: &str) -> Option<(BTreeMap<String, usize>, Vec<String>)> {
+    use crate::analysis::{analyse, Options, Provider};
+    let providers = match backend {
+        "ort-tensorrt" => vec![Provider::TensorRt, Provider::Cuda, Provider::Cpu],
+        "ort-cuda" => vec![Provider::Cuda, Provider::Cpu],
+        _ => vec![Provider::Cpu],
+    };
+    let m = match Model::load(model) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!(model = %model.display(), error = %e, "capability analysis skipped");
+            return None;
+        }
+    };
+    let cap = match analyse(
+        &m,
+        &Options {
+            providers,
+            ..Options::default()
+        },
+    ) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(model = %model.display(), error = %e, "capability analysis failed");
+            return None;
+        }
+    };
+    let mut counts = BTreeMap::new();
+    for n in &cap.nodes {
+        *counts.entry(ort_provider_name(&n.provider)).or_insert(0) += 1;
+    }
+    let parts = cap
+        .partitions
+        .iter()
+        .map(|p| ort_provider_name(&p.provider))
+        .collect();
+    Some((counts, parts))
 }
 
 fn display_path(p: &Path) -> String {

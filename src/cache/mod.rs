@@ -21,7 +21,9 @@ use crate::key::CacheKey;
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("cache {} is in use by {}; stop it (or use another --cache-dir)", dir.display(), pid.map(|p| format!("pid {p}")).unwrap_or_else(|| "another process (pid unknown)".into()))]
+    /// The cache's lock is held: usually by a running `trtcache serve`, which owns its cache
+    /// for as long as it runs (maintenance goes through it or waits until it stops).
+    #[error("cache {} is in use by {} (a running `trtcache serve` daemon, or another trtcache build)\nfix: while a daemon serves this cache, use `trtcache status` to see what it holds and `trtcache warm` to build through it; to run this command, stop the daemon first (e.g. `systemctl stop trtcache`), or point --cache-dir elsewhere", dir.display(), pid.map(|p| format!("pid {p}")).unwrap_or_else(|| "another process (pid unknown)".into()))]
     InUse { dir: PathBuf, pid: Option<u32> },
     #[error("{}: {source}", path.display())]
     Io {

@@ -66,8 +66,13 @@ pub struct Record {
     pub artifact: Option<StoredArtifact>,
     /// `ort-cpu`, `ort-cuda`, `ort-tensorrt`.
     pub backend: String,
-    /// Provider → number of nodes it runs, once the capability analysis reports it.
+    /// Provider → number of top-level nodes it runs, from the capability analysis's plan
+    /// for the backend (ONNX Runtime names, e.g. `CPUExecutionProvider`).
     pub providers: Option<BTreeMap<String, usize>>,
+    /// The provider of each partition, in graph order (same source); absent in records
+    /// written before it existed.
+    #[serde(default)]
+    pub partitions: Option<Vec<String>>,
     /// Model file the build came from (informational, not part of the key).
     pub model_path: String,
     pub build_ms: u64,

@@ -5,8 +5,8 @@
 //! does readiness, watchdog and socket activation. Shutdown happens in one place, [`serve`]:
 //! a watch channel that the accept loop, the watcher and the queue all observe.
 
+pub mod cached;
 pub mod engine;
-pub mod passthrough;
 pub mod queue;
 pub mod repo;
 pub mod server;
@@ -38,13 +38,10 @@ pub enum ServeError {
     Runtime(std::io::Error),
 }
 
-/// The build+cache stage the daemon runs with. THE one line to change when the real
-/// build/cache engine lands: today it is the [`passthrough::OrtPassthrough`] fallback.
+/// The build+cache stage the daemon (and `trtcache warm`/`status` without a daemon) runs
+/// with: [`cached::CachedEngine`] over the cache directory.
 pub fn open_engine(cfg: &Config) -> Result<Arc<dyn Engine>, EngineError> {
-    Ok(Arc::new(passthrough::OrtPassthrough::open(
-        &cfg.cache_dir,
-        cfg.ort_dylib().as_deref(),
-    )?))
+    Ok(Arc::new(cached::open(cfg)?))
 }
 
 fn socket_err(path: &Path, message: impl Into<String>) -> ServeError {

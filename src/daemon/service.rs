@@ -81,11 +81,28 @@ impl Service {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn default_selection(&self, profile: Option<String>, backend: Option<String>) -> Selection {
+    /// The selection an acquire means: the requested profile (the model's default when
+    /// none), the requested backend or else the model's first variant's (its sidecar's first
+    /// backend, else the first configured one), and that backend's precision.
+    fn selection_for(
+        &self,
+        entry: &ModelEntry,
+        profile: Option<String>,
+        backend: Option<String>,
+    ) -> Selection {
+        let variants = self.engine.variants(entry, &self.cfg.backends);
+        let backend = backend
+            .or_else(|| variants.first().map(|v| v.backend.clone()))
+            .unwrap_or_else(|| self.cfg.backends[0].clone());
+        let precision = variants
+            .iter()
+            .find(|v| v.backend == backend)
+            .map(|v| v.precision)
+            .unwrap_or_default();
         Selection {
             profile,
-            backend: backend.unwrap_or_else(|| self.cfg.backends[0].clone()),
-            precision: Precision::default(),
+            backend,
+            precision,
         }
     }
 
@@ -280,7 +297,7 @@ impl Service {
         req: &AcquireRequest,
     ) -> Result<(ArtifactMeta, Vec<File>), Failure> {
         let entry = self.entry(&req.model, req.version)?;
-        let sel = self.default_selection(req.profile.clone(), req.backend.clone());
+        let sel = self.selection_for(&entry, req.profile.clone(), req.backend.clone());
         let planned = self.planned(&entry, &sel).await?;
         let mut hit = true;
         let artifact = match self.ready_artifact(&planned).await {
@@ -468,10 +485,7 @@ impl Service {
         for n in &names {
             entries.push(self.entry(n, None)?);
         }
-        let backends = match &req.backend {
-            Some(b) => vec![b.clone()],
-            None => self.cfg.backends.clone(),
-        };
+
         let limit = req
             .timeout_ms
             .map(Duration::from_millis)
@@ -479,7 +493,20 @@ impl Service {
         let start = Instant::now();
         let mut tasks = Vec::new();
         for e in entries {
-            for sel in self.engine.variants(&e, &backends) {
+            // The model's variants (its sidecar's backends and profiles), narrowed to the
+            // requested backend; a backend none of them uses is built with the defaults.
+            let mut sels: Vec<Selection> = self
+                .engine
+                .variants(&e, &self.cfg.backends)
+                .into_iter()
+                .filter(|s| req.backend.as_ref().is_none_or(|b| &s.backend == b))
+                .collect();
+            if sels.is_empty() {
+                if let Some(b) = &req.backend {
+                    sels.push(self.selection_for(&e, None, Some(b.clone())));
+                }
+            }
+            for sel in sels {
                 let svc = self.clone();
                 let ev = events.clone();
                 let e = e.clone();

@@ -70,8 +70,16 @@ pub async fn run(svc: Arc<Service>, root: PathBuf, mut shutdown: watch::Receiver
     };
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
     let watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
-        // Every event, and every error (overflow included), means "look again".
-        let _ = ev;
+        // Every event that may change a file, and every error (overflow included), means
+        // "look again". Opening and reading a model (builds, key hashing, ONNX Runtime)
+        // raises access events that change nothing; counting them restarted the debounce
+        // for as long as anything read the repository (a stale plan retried every few ms
+        // then kept the rescan from ever running).
+        if let Ok(e) = &ev {
+            if matches!(e.kind, notify::EventKind::Access(_)) {
+                return;
+            }
+        }
         let _ = tx.send(());
     });
     let _watcher = match watcher {

@@ -5,7 +5,6 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use trtcache::fixtures::{models, write, write_external};
@@ -146,7 +145,7 @@ impl Daemon {
                 return list;
             }
             assert!(
-                t0.elapsed() < Duration::from_secs(60),
+                t0.elapsed() < Duration::from_secs(180),
                 "models {names:?} not settled: {list:?}\n{}",
                 self.log()
             );
@@ -155,7 +154,8 @@ impl Daemon {
     }
 
     pub(crate) fn tmp_files(&self) -> Vec<PathBuf> {
-        let tmp = self.cache().join("passthrough/tmp");
+        // The store stages builds and commits in CACHE/tmp.
+        let tmp = self.cache().join("tmp");
         std::fs::read_dir(&tmp)
             .map(|r| r.flatten().map(|e| e.path()).collect())
             .unwrap_or_default()
@@ -171,17 +171,15 @@ impl Drop for Daemon {
     }
 }
 
+/// The test process's ONNX Runtime: one environment per process, shared with the other
+/// modules that load it through the build stage.
 fn ort_env() -> &'static ort::environment::Environment {
-    static ENV: OnceLock<ort::environment::Environment> = OnceLock::new();
-    ENV.get_or_init(|| {
-        ort::init_from(support::ort_dylib())
-            .expect("loading ONNX Runtime")
-            .build()
-            .expect("ORT environment")
-    })
+    &trtcache::build::runtime::load(Some(&support::ort_dylib()))
+        .expect("loading ONNX Runtime")
+        .env
 }
 
-fn run_encoder(session: &mut ort::session::Session, seq: usize) -> Vec<f32> {
+pub(crate) fn run_encoder(session: &mut ort::session::Session, seq: usize) -> Vec<f32> {
     let input: Vec<f32> = (0..seq * 64)
         .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
         .collect();
@@ -190,7 +188,29 @@ fn run_encoder(session: &mut ort::session::Session, seq: usize) -> Vec<f32> {
     out["y"].try_extract_tensor::<f32>().unwrap().1.to_vec()
 }
 
-fn reference(path: &Path, seq: usize) -> Vec<f32> {
+/// An ort session on an acquired artifact, opened the way `ort-cpu` artifacts are meant to be
+/// (optimized offline already: optimizations off).
+pub(crate) fn artifact_session(art: &trtcache_client::Artifact) -> ort::session::Session {
+    let mut b = ort::session::Session::builder(ort_env())
+        .unwrap()
+        .with_optimization_level(ort::session::builder::GraphOptimizationLevel::Disable)
+        .unwrap();
+    art.session(&mut b).unwrap()
+}
+
+/// Outputs of the artifact match the original model's within the fp32 validation tolerance
+/// (an optimized graph fuses and reorders float math, so bytes may differ).
+pub(crate) fn assert_close(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-4 + 1e-3 * w.abs(),
+            "{what}: element {i}: {g} vs {w}"
+        );
+    }
+}
+
+pub(crate) fn reference(path: &Path, seq: usize) -> Vec<f32> {
     let mut s = ort::session::Session::builder(ort_env())
         .unwrap()
         .commit_from_file(path)
@@ -248,15 +268,18 @@ fn copied_moved_and_renamed_models_each_become_ready_once_and_serve_inference() 
     ] {
         let art = c.acquire_model(name).unwrap();
         assert_eq!(art.metadata.model, name);
-        assert_eq!(art.files.len(), if name == "renamed" { 2 } else { 1 });
-        assert_eq!(art.metadata.inputs[0].name, "x");
-        let mut b = ort::session::Session::builder(ort_env()).unwrap();
-        let mut s = art.session(&mut b).unwrap();
-        assert_eq!(
-            run_encoder(&mut s, seq),
-            reference(&original, seq),
-            "{name}"
+        // The ort-cpu artifact: the optimized graph, then its external initializers.
+        assert_eq!(art.metadata.files[0].role, "graph");
+        assert_eq!(art.files.len(), art.metadata.files.len());
+        assert!(
+            art.metadata.validation.passed,
+            "{:?}",
+            art.metadata.validation
         );
+        assert!(art.metadata.validation.max_abs_err.is_some());
+        assert_eq!(art.metadata.inputs[0].name, "x");
+        let mut s = artifact_session(&art);
+        assert_close(&run_encoder(&mut s, seq), &reference(&original, seq), name);
     }
     assert_eq!(
         c.stats().unwrap().builds,
@@ -272,11 +295,12 @@ from trtcache_client import Client
 c = Client(sys.argv[2])
 for name, path in [("copied", sys.argv[3]), ("renamed", sys.argv[4])]:
     art = c.acquire(name, timeout=60)
+    # The client opens an ort-cpu artifact with optimizations off by default.
     sess = art.session(providers=["CPUExecutionProvider"])
     ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     x = np.random.default_rng(0).standard_normal((2, 7, 64)).astype(np.float32)
     a, b = sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0]
-    assert np.array_equal(a, b), (name, np.abs(a - b).max())
+    assert np.allclose(a, b, atol=1e-4, rtol=1e-3), (name, np.abs(a - b).max())
     print(name, art.metadata["key"][:12], len(art.fds))
 "#;
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -435,7 +459,7 @@ fn bad_frames_unknown_requests_and_traversal_names_get_typed_errors() {
     // The misbehaving connection still works, and so does everyone else.
     assert_eq!(raw_call(&mut s, br#"{"op":"list"}"#)["kind"], "models");
     let art = good.acquire_model("enc").unwrap();
-    assert_eq!(art.files.len(), 1);
+    assert!(!art.files.is_empty());
     assert!(d.stop());
 }
 
@@ -572,26 +596,39 @@ fn a_model_replaced_during_its_build_cancels_that_build() {
     }
     write(&models::tiny_encoder(false), &outside.join("m.onnx")).unwrap();
     std::fs::rename(outside.join("m.onnx"), d.models().join("m.onnx")).unwrap();
+    // ONNX Runtime's optimization of the old model cannot be interrupted: the cancelled build
+    // stops (storing nothing) when its current phase ends, which on a loaded 2-core machine
+    // takes a while; the new content builds after it.
     let art = loop {
         match c.acquire_model("m") {
             Ok(a) if a.metadata.inputs[0].shape.len() == 3 => break a,
             Ok(_) | Err(_) => {}
         }
         assert!(
-            t0.elapsed() < Duration::from_secs(60),
+            t0.elapsed() < Duration::from_secs(240),
             "new content never served\n{}",
             d.log()
         );
         std::thread::sleep(Duration::from_millis(50));
     };
-    assert_eq!(art.files.len(), 1);
-    let s = c.stats().unwrap();
-    assert_eq!(
-        s.cancelled,
-        1,
+    assert!(art.metadata.validation.passed);
+    // The artifact is in the store before its job reports done: wait for the queue to settle.
+    let s = loop {
+        let s = c.stats().unwrap();
+        if s.building == 0 && s.queue_depth == 0 {
+            break s;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(240), "{s:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // At least the old build was cancelled; acquires that raced the watcher (planned on the
+    // old content, built, found the file changed, stored nothing) count as cancelled too.
+    assert!(
+        s.cancelled >= 1,
         "the old build was cancelled: {s:?}\n{}",
         d.log()
     );
+    assert_eq!(s.failures, 0, "a replaced model is not a failure: {s:?}");
     assert_eq!(s.builds, 1, "only the new content was built: {s:?}");
     drop(c);
     assert!(d.stop());

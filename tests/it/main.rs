@@ -5,6 +5,7 @@
 mod analysis;
 mod build;
 mod daemon;
+mod daemon_engine;
 mod daemon_system;
 mod keys;
 mod onnx_load;

@@ -58,9 +58,15 @@ class Artifact:
         """An onnxruntime.InferenceSession over this artifact, opened through /proc/self/fd/N.
         A graph with external data is
         opened through a private temp folder of symlinks to /proc/self/fd/N named as the
-        graph expects; the folder is removed once the session exists."""
+        graph expects; the folder is removed once the session exists. An ``ort-cpu`` artifact
+        is already optimized for this machine, so unless ``sess_options`` is given it is opened
+        with graph optimizations off (re-optimizing it gives the same graph, only slower)."""
         import onnxruntime
 
+        if self.metadata.get("backend") == "ort-cpu" and "sess_options" not in ort_kwargs:
+            so = onnxruntime.SessionOptions()
+            so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+            ort_kwargs["sess_options"] = so
         files = self.metadata.get("files", [])
         if len(self.fds) == 1:
             # ONNX Runtime opens the descriptor through /proc: no copy into Python.

@@ -119,6 +119,12 @@ impl SledStore {
         &self.root
     }
 
+    /// Makes every write durable (hit counters and last-use times are written lazily).
+    pub fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush().map_err(|e| self.db_err(e))?;
+        Ok(())
+    }
+
     /// What the last open cleaned up.
     pub fn open_report(&self) -> &OpenReport {
         &self.report
@@ -435,6 +441,7 @@ mod tests {
             artifact: None,
             backend: "ort-cpu".into(),
             providers: None,
+            partitions: None,
             model_path: format!("m{n}.onnx"),
             build_ms: 1,
             validation: None,

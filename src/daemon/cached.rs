@@ -1,0 +1,438 @@
+//! `CachedEngine`: the daemon's [`Engine`] over the build and cache stages. Keys come from
+//! [`Builder::key_parts`] (the code path of `trtcache key` and `trtcache build`, so the three
+//! agree for the same model, sidecar and options), builds from [`Builder::build_watched`]
+//! (build, validate against the original model, store), lookups from the [`SledStore`] with
+//! its cheap integrity checks (a failed, quarantined or incomplete entry is never served).
+//!
+//! Enters: a [`ModelEntry`] and a [`Selection`]; the model's sidecar (flat
+//! `NAME.trtcache.toml`, Triton `NAME/trtcache.toml`) supplies profiles, backends, precision,
+//! tolerances and golden inputs exactly as it does for `trtcache build --sidecar`. Leaves: an
+//! [`Artifact`] (wire metadata plus the stored files, graph first). The store keeps the
+//! configured size with LRU eviction after every store; digests are remembered in
+//! `CACHE_DIR/digests.json`, shared with `trtcache key`.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use trtcache_client::protocol::{ArtifactFile, ArtifactMeta, TensorInfo, Validation};
+
+use super::engine::*;
+use crate::build::validate::{Tolerance, ValidationConfig};
+use crate::build::{runtime, BuildError, BuildOptions, BuildRequest, Builder, Watch};
+use crate::cache::{Lookup, Record, Served, SledStore, Store, StoreError, StoreOptions};
+use crate::key::memo::FileId;
+use crate::key::CacheKey;
+use crate::onnx::facts::{elem_type_of, shape_of, Dim};
+use crate::onnx::Model;
+use crate::plan::{resolve, ModelInputs, Plan, Precision, ProfileArgs, Sidecar};
+
+/// Backend used when neither the sidecar nor the caller names one.
+const DEFAULT_BACKEND: &str = "ort-cpu";
+
+/// The real engine (see the module docs).
+pub struct CachedEngine {
+    builder: Builder,
+    store: Arc<SledStore>,
+    max_bytes: u64,
+}
+
+impl std::fmt::Debug for CachedEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachedEngine")
+            .field("cache", &self.store.root())
+            .field("max_bytes", &self.max_bytes)
+            .finish()
+    }
+}
+
+fn store_err(e: StoreError) -> EngineError {
+    EngineError::Runtime(e.to_string())
+}
+
+/// How a build-stage error reaches the daemon: cancellations and changed files are not
+/// memoised as failures; a model ONNX Runtime cannot build or that fails validation is.
+fn build_err(e: BuildError) -> EngineError {
+    match e {
+        BuildError::Cancelled => EngineError::Cancelled,
+        BuildError::Changed(m) => EngineError::Changed(m),
+        BuildError::Key(crate::key::KeyError::Io { path, source }) => {
+            EngineError::Changed(format!("{}: {source}", path.display()))
+        }
+        BuildError::UnknownBackend(_) => EngineError::NotFound(e.to_string()),
+        BuildError::Runtime(_)
+        | BuildError::ProviderMissing { .. }
+        | BuildError::Store(_)
+        | BuildError::Key(_) => EngineError::Runtime(e.to_string()),
+        BuildError::Io { path, source } => EngineError::Io {
+            path,
+            error: source,
+        },
+        BuildError::Ort { .. }
+        | BuildError::Model { .. }
+        | BuildError::Validation(_)
+        | BuildError::Joined { .. } => EngineError::Invalid(e.to_string()),
+    }
+}
+
+/// The sidecar the repository found for a model (`None`: the model has none).
+fn profile_args(model: &ModelEntry, profile: Option<&str>) -> ProfileArgs {
+    ProfileArgs {
+        profile: profile.filter(|p| *p != "default").map(str::to_string),
+        sidecar: model.sidecar.clone(),
+        no_sidecar: model.sidecar.is_none(),
+        ..Default::default()
+    }
+}
+
+impl CachedEngine {
+    /// Opens the cache at `cache_dir` (taking its lock: one owner per cache), loads ONNX
+    /// Runtime (once per process, from `ort_library` else the documented search), and evicts
+    /// down to `max_bytes` if a smaller limit was configured since the last run.
+    pub fn open(
+        cache_dir: &Path,
+        ort_library: Option<&Path>,
+        max_bytes: u64,
+    ) -> Result<Self, EngineError> {
+        let store = SledStore::open(
+            cache_dir,
+            StoreOptions {
+                max_bytes: Some(max_bytes),
+            },
+        )
+        .map_err(store_err)?;
+        let r = store.open_report();
+        if r.temp_removed + r.records_dropped.len() + r.orphans_removed.len() > 0 {
+            tracing::info!(
+                cache = %cache_dir.display(),
+                temp_removed = r.temp_removed,
+                records_dropped = r.records_dropped.len(),
+                orphans_removed = r.orphans_removed.len(),
+                "cleaned the cache at open"
+            );
+        }
+        let gc = store.gc(max_bytes, false).map_err(store_err)?;
+        if !gc.evicted.is_empty() {
+            tracing::info!(
+                evicted = gc.evicted.len(),
+                max_bytes,
+                "cache over its size limit at open"
+            );
+        }
+        runtime::load(ort_library).map_err(|e| EngineError::Runtime(e.to_string()))?;
+        let store = Arc::new(store);
+        let builder = Builder::new(store.clone(), ort_library.map(Path::to_path_buf))
+            .with_digest_memo(cache_dir.join(crate::cache::DIGEST_MEMO));
+        Ok(CachedEngine {
+            builder,
+            store,
+            max_bytes,
+        })
+    }
+
+    /// The store (for maintenance while the daemon owns the cache).
+    pub fn store(&self) -> &SledStore {
+        &self.store
+    }
+
+    /// The build request for a model and selection, as `trtcache build MODEL --sidecar S
+    /// [--profile P] [--backend B] [--precision X]` makes it, and the resolved plan.
+    fn request(
+        &self,
+        model: &ModelEntry,
+        sel: &Selection,
+    ) -> Result<(BuildRequest, Plan), EngineError> {
+        let m = Model::load(&model.path).map_err(|e| EngineError::Invalid(e.to_string()))?;
+        let args = profile_args(model, sel.profile.as_deref());
+        let plan = resolve(
+            &model.path,
+            &ModelInputs::of(&m),
+            &args,
+            Some(sel.precision),
+        )
+        .map_err(|e| match e {
+            crate::plan::PlanError::NoSuchProfile { .. } => EngineError::NotFound(e.to_string()),
+            e => EngineError::Invalid(format!("{}: {e}", model.path.display())),
+        })?;
+        drop(m);
+        let req = BuildRequest {
+            model: model.path.clone(),
+            backend: sel.backend.clone(),
+            options: BuildOptions {
+                precision: plan.precision,
+                profile: plan.profile.clone(),
+                ..BuildOptions::default()
+            },
+            validation: ValidationConfig {
+                seed: plan.golden.seed,
+                int_range: (plan.golden.int_range[0], plan.golden.int_range[1]),
+                tolerance: Some(Tolerance {
+                    abs: plan.tolerance.atol,
+                    rel: plan.tolerance.rtol,
+                }),
+                golden: plan.golden.npz.clone(),
+            },
+            force: false,
+        };
+        Ok((req, plan))
+    }
+
+    /// Wire metadata and paths of a servable record.
+    fn artifact(
+        &self,
+        planned: &Planned,
+        record: &Record,
+        served: &Served,
+    ) -> Result<Artifact, EngineError> {
+        let Some(stored) = &record.artifact else {
+            return Err(EngineError::Invalid("record has no artifact".into()));
+        };
+        let (inputs, outputs) = io_of(&served.entry)?;
+        let mut files = Vec::new();
+        let mut paths = Vec::new();
+        // Graph first, then its external data (the order clients expect descriptors in).
+        let mut ordered: Vec<_> = stored.files.iter().collect();
+        ordered.sort_by_key(|f| (f.name != stored.entry, f.name.clone()));
+        for f in ordered {
+            files.push(ArtifactFile {
+                role: if f.name == stored.entry {
+                    "graph".into()
+                } else {
+                    "external".into()
+                },
+                name: f.name.clone(),
+                bytes: f.bytes,
+            });
+            paths.push(served.dir.join(&f.name));
+        }
+        let v = record.validation.as_ref();
+        let validation = Validation {
+            passed: v.is_some_and(|v| v.passed),
+            method: match v {
+                Some(v) => format!(
+                    "outputs compared with the original model (ONNX Runtime CPU, optimizations off) on {} (abs tol {:e}, rel tol {:e})",
+                    v.golden.clone().unwrap_or_else(|| format!("seeded random inputs (seed {})", v.seed)),
+                    v.tolerance.abs,
+                    v.tolerance.rel
+                ),
+                None => "not validated".into(),
+            },
+            max_abs_err: v.map(|v| v.outputs.iter().map(|o| o.max_abs).fold(0.0, f64::max)),
+            max_rel_err: v.map(|v| v.outputs.iter().map(|o| o.max_rel).fold(0.0, f64::max)),
+        };
+        Ok(Artifact {
+            metadata: ArtifactMeta {
+                model: planned.model.name.clone(),
+                version: planned.model.version,
+                key: record.key.hex(),
+                backend: record.backend.clone(),
+                profile: planned.profile.clone(),
+                precision: record.parts.precision.as_str().into(),
+                inputs,
+                outputs,
+                // Provider per partition, as the capability analysis planned it at build
+                // time (empty for records built before it existed).
+                providers: record.partitions.clone().unwrap_or_default(),
+                validation,
+                files,
+                built_at: record.created,
+            },
+            paths,
+        })
+    }
+}
+
+/// File-system identity (device, inode, size, mtime, ctime) of a model's graph and sidecar;
+/// `None` for a file that cannot be read.
+fn identity(model: &ModelEntry) -> Vec<Option<FileId>> {
+    std::iter::once(&model.path)
+        .chain(model.sidecar.as_ref())
+        .map(|p| FileId::of(p).ok())
+        .collect()
+}
+
+fn dim_json(d: &Dim) -> serde_json::Value {
+    match d {
+        Dim::Fixed(v) => serde_json::json!(v),
+        Dim::Named(n) => serde_json::json!(n),
+        Dim::Unknown => serde_json::json!(-1),
+    }
+}
+
+/// Inputs (initializers excluded) and outputs of the artifact's graph.
+fn io_of(entry: &Path) -> Result<(Vec<TensorInfo>, Vec<TensorInfo>), EngineError> {
+    let m = Model::load(entry).map_err(|e| EngineError::Invalid(e.to_string()))?;
+    let Some(g) = m.proto.graph.as_ref() else {
+        return Err(EngineError::Invalid(format!(
+            "{}: artifact has no graph",
+            entry.display()
+        )));
+    };
+    let inits: std::collections::HashSet<&str> =
+        g.initializer.iter().map(|t| t.name.as_str()).collect();
+    let info = |v: &crate::onnx::proto::ValueInfoProto| TensorInfo {
+        name: v.name.clone(),
+        dtype: elem_type_of(v)
+            .map(|t| t.name().into_owned())
+            .unwrap_or_else(|| "unknown".into()),
+        shape: shape_of(v)
+            .map(|s| s.iter().map(dim_json).collect())
+            .unwrap_or_default(),
+    };
+    Ok((
+        g.input
+            .iter()
+            .filter(|v| !inits.contains(v.name.as_str()))
+            .map(info)
+            .collect(),
+        g.output.iter().map(info).collect(),
+    ))
+}
+
+impl Engine for CachedEngine {
+    /// One selection per sidecar profile × backend: the sidecar's backends when it lists any,
+    /// else `backends` (the daemon's configured ones, `ort-cpu` by default); the default
+    /// profile when the sidecar declares none; the sidecar's precision.
+    fn variants(&self, model: &ModelEntry, backends: &[String]) -> Vec<Selection> {
+        let sidecar = match model.sidecar.as_deref().map(Sidecar::load).transpose() {
+            Ok(s) => s,
+            Err(e) => {
+                // `plan` reports the same error per variant; build the configured ones.
+                tracing::warn!(model = %model.name, error = %e, "unreadable sidecar");
+                None
+            }
+        };
+        let mut bs: Vec<String> = match &sidecar {
+            Some(s) if !s.backends.is_empty() => s.backends.clone(),
+            _ => backends.to_vec(),
+        };
+        if bs.is_empty() {
+            bs.push(DEFAULT_BACKEND.into());
+        }
+        let profiles: Vec<Option<String>> = match &sidecar {
+            Some(s) if !s.profiles.is_empty() => s.profiles.keys().cloned().map(Some).collect(),
+            _ => vec![None],
+        };
+        let precision = sidecar
+            .as_ref()
+            .and_then(|s| s.precision)
+            .unwrap_or(Precision::Fp32);
+        let mut out = Vec::new();
+        for b in &bs {
+            for p in &profiles {
+                out.push(Selection {
+                    profile: p.clone(),
+                    backend: b.clone(),
+                    precision,
+                });
+            }
+        }
+        out
+    }
+
+    fn plan(&self, model: &ModelEntry, sel: &Selection) -> Result<Planned, EngineError> {
+        if !crate::build::BACKENDS.contains(&sel.backend.as_str()) {
+            return Err(EngineError::NotFound(format!(
+                "unknown backend `{}` (known: {})",
+                sel.backend,
+                crate::build::BACKENDS.join(", ")
+            )));
+        }
+        let (req, plan) = self.request(model, sel)?;
+        let parts = self.builder.key_parts(&req).map_err(build_err)?;
+        Ok(Planned {
+            model: model.clone(),
+            selection: sel.clone(),
+            profile: plan
+                .profile
+                .as_ref()
+                .map(|p| p.name.clone())
+                .or_else(|| sel.profile.clone())
+                .unwrap_or_else(|| "default".into()),
+            key: parts.key(),
+        })
+    }
+
+    fn lookup(&self, planned: &Planned) -> Result<Option<Artifact>, EngineError> {
+        match self.store.lookup(&planned.key).map_err(store_err)? {
+            Lookup::Hit { record, served } => match self.artifact(planned, &record, &served) {
+                Ok(a) => Ok(Some(a)),
+                Err(e) => {
+                    tracing::warn!(key = %planned.key, error = %e, "stored artifact unreadable; treating as missing");
+                    Ok(None)
+                }
+            },
+            Lookup::Unservable { why, .. } => {
+                tracing::debug!(key = %planned.key, %why, "not servable");
+                Ok(None)
+            }
+            Lookup::Miss => Ok(None),
+        }
+    }
+
+    fn build(
+        &self,
+        planned: &Planned,
+        cancel: &CancelToken,
+        progress: &dyn Fn(BuildPhase),
+    ) -> Result<Artifact, EngineError> {
+        progress(BuildPhase::Building);
+        if cancel.is_cancelled() {
+            return Err(EngineError::Cancelled);
+        }
+        // The files as they are before the build: a failure while they change (a copy
+        // rewriting the model in place) is a change, not a broken model.
+        let before = identity(&planned.model);
+        let (req, _) = self.request(&planned.model, &planned.selection)?;
+        let cancelled = || cancel.is_cancelled();
+        let step = |s: &str| {
+            if s.starts_with("validating") {
+                progress(BuildPhase::Validating);
+            } else if s == "storing" {
+                progress(BuildPhase::Storing);
+            }
+        };
+        let watch = Watch {
+            expect: Some(planned.key),
+            cancelled: &cancelled,
+        };
+        let outcome = match self.builder.build_watched(&req, &step, watch) {
+            Ok(o) => o,
+            Err(e) => {
+                return Err(match build_err(e) {
+                    EngineError::Invalid(m) if identity(&planned.model) != before => {
+                        EngineError::Changed(format!(
+                            "`{}` changed while it was being built ({m})",
+                            planned.model.name
+                        ))
+                    }
+                    other => other,
+                })
+            }
+        };
+        match (&outcome.served, &outcome.unservable) {
+            (Some(served), _) => self.artifact(planned, &outcome.record, served),
+            (None, why) => Err(EngineError::Invalid(
+                why.clone()
+                    .unwrap_or_else(|| "the artifact is not servable".into()),
+            )),
+        }
+    }
+
+    fn evict(&self, key: &CacheKey) -> Result<bool, EngineError> {
+        self.store.remove(key).map_err(store_err)
+    }
+
+    fn flush(&self) -> Result<(), EngineError> {
+        // Hit counters are written lazily; make them durable at shutdown.
+        self.store.flush().map_err(store_err)
+    }
+}
+
+/// The cache directory's engine for a daemon config.
+pub fn open(cfg: &crate::config::Config) -> Result<CachedEngine, EngineError> {
+    CachedEngine::open(
+        &cfg.cache_dir,
+        cfg.ort_dylib.as_deref(),
+        cfg.limits.cache_size_bytes,
+    )
+}
