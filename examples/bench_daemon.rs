@@ -1,4 +1,4 @@
-//! Measurement driver for `benches/daemon.sh` (see BENCHMARKS-daemon.md). Modes:
+//! Measurement driver for `benches/daemon.sh` (see BENCHMARKS.md). Modes:
 //!
 //! - `models DIR N` — write N distinct tiny models (flat `mNNNN.onnx`).
 //! - `startup TRTCACHE CONFIG` — spawn `trtcache serve`, time spawn → socket answering
