@@ -172,7 +172,7 @@ pub fn count_nodes(nodes: &[NodeProto]) -> usize {
 /// Collects the facts and warnings for a loaded model.
 pub fn facts(model: &Model, bounds: &[OpsetBounds]) -> Facts {
     let g = model.graph();
-    let initializer_names: std::collections::HashSet<&str> = g
+    let initializer_names: super::fxhash::FastSet<&str> = g
         .initializer
         .iter()
         .map(|t| t.name.as_str())

@@ -3,7 +3,6 @@
 //! other graph attribute) as nested views. Model-local functions are looked up by
 //! `(domain, name)` through [`Functions`].
 
-use std::collections::HashSet;
 use std::ops::Range;
 
 use super::fxhash::{FastMap, FastSet};
@@ -171,7 +170,7 @@ impl<'a> Graph<'a> {
 
     /// Inputs a node reads, explicit and captured by its bodies, without duplicates.
     pub fn node_reads(&self, id: NodeId) -> Vec<&'a str> {
-        let mut seen = HashSet::new();
+        let mut seen: FastSet<&str> = FastSet::default();
         let mut out = Vec::new();
         for i in &self.nodes[id].input {
             if !i.is_empty() && seen.insert(i.as_str()) {
@@ -208,7 +207,7 @@ impl<'a> Graph<'a> {
 }
 
 fn stable_names(nodes: &[&NodeProto]) -> Vec<String> {
-    let taken: HashSet<&str> = nodes
+    let taken: FastSet<&str> = nodes
         .iter()
         .map(|n| n.name.as_str())
         .filter(|n| !n.is_empty())
