@@ -503,6 +503,11 @@ mod tests {
             assert_eq!(mode(f) & 0o040, 0o040, "{}", f.display());
         }
         assert_eq!(mode(&served.dir.join("model.onnx.data")), 0o640);
+        // A blob stored before (0700) is made group-searchable when the store opens.
+        std::fs::set_permissions(&served.dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        drop(s);
+        let _s = SledStore::open(&d.path().join("c"), StoreOptions::default()).unwrap();
+        assert_eq!(mode(&served.dir), 0o750);
     }
 
     #[test]
