@@ -235,6 +235,7 @@ impl CachedEngine {
                 validation,
                 files,
                 built_at: record.created,
+                dir_fd_index: None,
             },
             paths,
         })

@@ -291,7 +291,30 @@ impl Service {
         a.paths.iter().map(File::open).collect()
     }
 
-    /// Acquire: the artifact's metadata and open read-only files.
+    /// A read-only descriptor of the directory holding every file of `a` (`None` when the
+    /// files do not share one directory, or it cannot be opened: the client then uses the
+    /// per-file descriptors alone).
+    fn open_dir(&self, a: &Artifact) -> Option<File> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = a.paths.first()?.parent()?;
+        if a.paths.iter().any(|p| p.parent() != Some(dir)) {
+            return None;
+        }
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY)
+            .open(dir)
+        {
+            Ok(f) => Some(f),
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot open artifact directory");
+                None
+            }
+        }
+    }
+
+    /// Acquire: the artifact's metadata and open read-only files (then the artifact's
+    /// directory, when the request asks for it and `metadata.dir_fd_index` says so).
     pub async fn acquire(
         self: &Arc<Self>,
         req: &AcquireRequest,
@@ -322,7 +345,7 @@ impl Service {
                 self.wait_job(rx, &planned, limit).await?
             }
         };
-        let files = match self.open_files(&artifact) {
+        let mut files = match self.open_files(&artifact) {
             Ok(f) => f,
             Err(e) => {
                 self.lock().ready.remove(&planned.key);
@@ -341,6 +364,13 @@ impl Service {
         let mut meta = artifact.metadata.clone();
         meta.model = entry.name.clone();
         meta.version = entry.version;
+        meta.dir_fd_index = None;
+        if req.dir_fd {
+            if let (Some(d), Ok(i)) = (self.open_dir(&artifact), u32::try_from(files.len())) {
+                meta.dir_fd_index = Some(i);
+                files.push(d);
+            }
+        }
         Ok((meta, files))
     }
 

@@ -1,13 +1,14 @@
 //! The daemon over the real build/cache stage: the key it serves is the key `trtcache key`
 //! prints for the same model and sidecar; `trtcache warm` without a daemon fills the cache
 //! that `trtcache serve` then serves without building; cache maintenance commands name the
-//! daemon when it holds the cache.
+//! daemon when it holds the cache; an acquire that asks for it carries the artifact's
+//! directory descriptor, and both clients open sessions through it (and without it).
 
 use std::process::Command;
 
 use trtcache::fixtures::{models, write};
 
-use crate::daemon::{artifact_session, assert_close, reference, run_encoder, Daemon};
+use crate::daemon::{artifact_session, assert_close, ort_env, reference, run_encoder, Daemon};
 use crate::support;
 
 fn stderr(o: &std::process::Output) -> String {
@@ -133,4 +134,145 @@ fn warm_then_serve_serves_the_key_trtcache_key_prints_without_building() {
         .unwrap()
         .iter()
         .any(|r| r["key"] == warm_key.as_str() && r["status"]["state"] == "ready"));
+}
+
+#[test]
+fn acquire_hands_over_the_artifact_directory_and_both_clients_open_sessions_through_it() {
+    use std::os::unix::fs::MetadataExt;
+    let mut d = Daemon::new();
+    let model = d.models().join("enc.onnx");
+    write(&models::tiny_encoder(false), &model).unwrap();
+    d.start();
+    d.wait_settled(&["enc"]);
+    let mut c = d.client();
+
+    // Asked for: the directory comes last, after one descriptor per file.
+    let art = c.acquire_model("enc").unwrap();
+    let n = art.metadata.files.len();
+    assert!(
+        n >= 2,
+        "an ort-cpu artifact has external data: {:?}",
+        art.metadata
+    );
+    assert_eq!(
+        art.metadata.dir_fd_index,
+        Some(n as u32),
+        "{:?}",
+        art.metadata
+    );
+    assert_eq!(art.files.len(), n);
+    let dir = art.dir.as_ref().expect("directory descriptor");
+    assert!(dir.metadata().unwrap().is_dir());
+    // Every file is in it under its name, as the very inode whose descriptor came.
+    let dpath = art.dir_proc_path().unwrap();
+    for (f, sent) in art.metadata.files.iter().zip(&art.files) {
+        let here = std::fs::metadata(dpath.join(&f.name)).unwrap();
+        let sent = sent.metadata().unwrap();
+        assert_eq!(
+            (here.dev(), here.ino()),
+            (sent.dev(), sent.ino()),
+            "{}",
+            f.name
+        );
+        assert_eq!(here.len(), f.bytes, "{}", f.name);
+    }
+    let graph = art
+        .dir_graph_path()
+        .expect("graph reachable through the directory");
+    assert_eq!(graph, dpath.join(&art.metadata.files[0].name));
+
+    // A session opened in place matches the original model, and keeps working once every
+    // descriptor is closed (ONNX Runtime does not read the files lazily).
+    let mut in_place = ort::session::Session::builder(ort_env())
+        .unwrap()
+        .with_optimization_level(ort::session::builder::GraphOptimizationLevel::Disable)
+        .unwrap()
+        .commit_from_file(&graph)
+        .unwrap();
+    let want = reference(&model, 6);
+    assert_close(&run_encoder(&mut in_place, 6), &want, "in place");
+    let mut via_session = artifact_session(&art);
+    drop(art);
+    assert_close(
+        &run_encoder(&mut in_place, 6),
+        &want,
+        "in place, fds closed",
+    );
+    assert_close(
+        &run_encoder(&mut via_session, 6),
+        &want,
+        "Artifact::session",
+    );
+
+    // Not asked for (an older client): no directory, one descriptor per file, as before.
+    let old = c
+        .acquire(&trtcache_client::AcquireRequest {
+            model: "enc".into(),
+            wait: true,
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(old.metadata.dir_fd_index, None);
+    assert!(old.dir.is_none());
+    assert_eq!(old.files.len(), old.metadata.files.len());
+    assert!(old.dir_graph_path().is_none());
+    assert_close(
+        &run_encoder(&mut artifact_session(&old), 6),
+        &want,
+        "no dir",
+    );
+
+    // A directory that does not hold the sent files (as when it is not searchable, or the
+    // blob is gone) is not used: the session comes from the per-file descriptors.
+    let mut wrong = c.acquire_model("enc").unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    for f in &wrong.metadata.files {
+        std::fs::write(elsewhere.path().join(&f.name), b"not it").unwrap();
+    }
+    wrong.dir = Some(std::fs::File::open(elsewhere.path()).unwrap());
+    assert!(wrong.dir_graph_path().is_none());
+    assert_close(
+        &run_encoder(&mut artifact_session(&wrong), 6),
+        &want,
+        "fallback",
+    );
+
+    // Python: the client asks for the directory, opens the graph in place, falls back
+    // without it; outputs match the original model, also after the descriptors are closed.
+    let script = r#"
+import os, sys, tempfile, numpy as np, onnxruntime as ort
+sys.path.insert(0, sys.argv[1])
+from trtcache_client import Client
+c = Client(sys.argv[2])
+art = c.acquire("enc", timeout=60)
+n = len(art.metadata["files"])
+assert art.metadata["dir_fd_index"] == n, art.metadata
+assert art.dir_fd is not None and len(art.fds) == n
+graph = art.dir_graph_path()
+assert graph == "/proc/self/fd/%d/%s" % (art.dir_fd, art.metadata["files"][0]["name"]), graph
+so = ort.SessionOptions()
+so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+in_place = ort.InferenceSession(graph, sess_options=so, providers=["CPUExecutionProvider"])
+default = art.session(providers=["CPUExecutionProvider"])
+ref = ort.InferenceSession(sys.argv[3], providers=["CPUExecutionProvider"])
+x = np.random.default_rng(1).standard_normal((2, 5, 64)).astype(np.float32)
+want = ref.run(None, {"x": x})[0]
+art.close()
+for what, s in [("in place", in_place), ("session()", default)]:
+    got = s.run(None, {"x": x})[0]
+    assert np.allclose(got, want, atol=1e-4, rtol=1e-3), (what, np.abs(got - want).max())
+other = c.acquire("enc", timeout=60)
+d = tempfile.mkdtemp()
+os.close(other.dir_fd)
+other.dir_fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+assert other.dir_graph_path() is None
+got = other.session(providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+assert np.allclose(got, want, atol=1e-4, rtol=1e-3), ("fallback", np.abs(got - want).max())
+print("dir ok", n)
+"#;
+    let repo = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let out = support::run_python(script, &[&repo.join("clients/python"), &d.socket(), &model]);
+    assert!(out.contains("dir ok"), "{out}");
+    drop(c);
+    assert!(d.stop());
 }

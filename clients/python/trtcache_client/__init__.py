@@ -34,12 +34,42 @@ class TrtcacheError(Exception):
 
 
 class Artifact:
-    """An acquired artifact: `.metadata` (dict) and `.fds` (open read-only descriptors,
-    graph first, in the order of `metadata["files"]`)."""
+    """An acquired artifact: `.metadata` (dict), `.fds` (open read-only descriptors,
+    graph first, in the order of `metadata["files"]`) and `.dir_fd` (a read-only descriptor
+    of the artifact's directory, or None when the daemon sent none)."""
 
-    def __init__(self, metadata, fds):
+    def __init__(self, metadata, fds, dir_fd=None):
         self.metadata = metadata
         self.fds = fds
+        self.dir_fd = dir_fd
+
+    def dir_graph_path(self):
+        """``/proc/self/fd/D/<graph name>`` when the daemon sent the directory and every
+        file opens there as the very file whose descriptor was sent (same device and inode);
+        None otherwise (no directory, not searchable by this uid, a file gone)."""
+        files = self.metadata.get("files", [])
+        if self.dir_fd is None or not files or len(files) != len(self.fds):
+            return None
+        d = "/proc/self/fd/%d" % self.dir_fd
+        for i, (meta, fd) in enumerate(zip(files, self.fds)):
+            name = meta.get("name", "")
+            parts = name.split("/")
+            if not name or os.path.isabs(name) or any(p in ("", ".", "..") for p in parts):
+                return None
+            if i == 0 and len(parts) != 1:
+                return None
+            try:
+                h = os.open(os.path.join(d, name), os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return None  # e.g. EACCES: the directory is not searchable by this uid
+            try:
+                here = os.fstat(h)
+            finally:
+                os.close(h)
+            sent = os.fstat(fd)
+            if (here.st_dev, here.st_ino) != (sent.st_dev, sent.st_ino):
+                return None
+        return os.path.join(d, files[0]["name"])
 
     def graph_bytes(self):
         """The graph file's bytes."""
@@ -55,18 +85,40 @@ class Artifact:
         return b"".join(chunks)
 
     def session(self, **ort_kwargs):
-        """An onnxruntime.InferenceSession over this artifact, opened through /proc/self/fd/N.
-        A graph with external data is
-        opened through a private temp folder of symlinks to /proc/self/fd/N named as the
-        graph expects; the folder is removed once the session exists. An ``ort-cpu`` artifact
+        """An onnxruntime.InferenceSession over this artifact. With the directory descriptor
+        (and `dir_graph_path()` usable) the graph is opened in place as
+        /proc/self/fd/D/<name>, external data found next to it; otherwise through
+        /proc/self/fd/N, a graph with external data through a private temp folder of
+        symlinks to /proc/self/fd/N named as the graph expects (removed once the session
+        exists). ONNX Runtime reads or maps the files while it creates the session, so the
+        session does not need the descriptors afterwards. An ``ort-cpu`` artifact
         is already optimized for this machine, so unless ``sess_options`` is given it is opened
         with graph optimizations off (re-optimizing it gives the same graph, only slower)."""
+        import onnxruntime
+
+        ort_kwargs = self._ort_defaults(ort_kwargs)
+        graph = self.dir_graph_path()
+        if graph is not None:
+            try:
+                return onnxruntime.InferenceSession(graph, **ort_kwargs)
+            except Exception:
+                pass  # e.g. the blob was collected in between: the descriptors still work
+        return self.session_from_files(**ort_kwargs)
+
+    def _ort_defaults(self, ort_kwargs):
         import onnxruntime
 
         if self.metadata.get("backend") == "ort-cpu" and "sess_options" not in ort_kwargs:
             so = onnxruntime.SessionOptions()
             so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-            ort_kwargs["sess_options"] = so
+            ort_kwargs = dict(ort_kwargs, sess_options=so)
+        return ort_kwargs
+
+    def session_from_files(self, **ort_kwargs):
+        """Like `session()`, through the per-file descriptors only (ignores the directory)."""
+        import onnxruntime
+
+        ort_kwargs = self._ort_defaults(ort_kwargs)
         files = self.metadata.get("files", [])
         if len(self.fds) == 1:
             # ONNX Runtime opens the descriptor through /proc: no copy into Python.
@@ -92,12 +144,13 @@ class Artifact:
 
     def close(self):
         """Closes the descriptors."""
-        for fd in self.fds:
+        for fd in self.fds + ([self.dir_fd] if self.dir_fd is not None else []):
             try:
                 os.close(fd)
             except OSError:
                 pass
         self.fds = []
+        self.dir_fd = None
 
     def __enter__(self):
         return self
@@ -170,7 +223,7 @@ class Client:
 
     def acquire(self, model, profile=None, backend=None, wait=True, timeout=None, version=None):
         """A ready artifact; waits for a build when `wait` (up to `timeout` seconds)."""
-        req = {"op": "acquire", "model": model, "wait": bool(wait)}
+        req = {"op": "acquire", "model": model, "wait": bool(wait), "dir_fd": True}
         if profile is not None:
             req["profile"] = profile
         if backend is not None:
@@ -180,11 +233,15 @@ class Client:
         if timeout is not None:
             req["timeout_ms"] = int(timeout * 1000)
         msg, fds = self._call(req)
-        if msg.get("kind") != "artifact":
+        meta = msg.get("metadata") or {}
+        n = len(meta.get("files", []))
+        di = meta.get("dir_fd_index")
+        if msg.get("kind") != "artifact" or di not in (None, n) or len(fds) != n + (di is not None):
             for fd in fds:
                 os.close(fd)
-            raise TrtcacheError("internal", "unexpected response %r" % msg.get("kind"))
-        return Artifact(msg["metadata"], fds)
+            raise TrtcacheError("internal", "unexpected response %r (%d descriptors)" % (msg.get("kind"), len(fds)))
+        dir_fd = fds.pop() if di is not None else None
+        return Artifact(meta, fds, dir_fd)
 
     def build(self, models=None, backend=None, timeout=None, on_progress=None):
         """Builds models (all when None); calls on_progress(event) per event; returns results."""

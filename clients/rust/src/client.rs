@@ -84,13 +84,17 @@ impl From<std::io::Error> for ClientError {
 }
 
 /// An acquired artifact: its metadata and one open read-only file per entry of
-/// `metadata.files` (graph first). The files stay valid after the daemon evicts the entry.
+/// `metadata.files` (graph first), plus, when asked for and sent, the artifact's directory.
+/// The files stay valid after the daemon evicts the entry.
 #[derive(Debug)]
 pub struct Artifact {
     /// What the artifact is.
     pub metadata: ArtifactMeta,
     /// Open files, in the order of `metadata.files`.
     pub files: Vec<File>,
+    /// Read-only descriptor of the directory holding the files under their names (sent when
+    /// the request set `dir_fd` and the daemon supports it).
+    pub dir: Option<File>,
 }
 
 impl Artifact {
@@ -105,6 +109,14 @@ impl Artifact {
         let mut out = Vec::new();
         f.read_to_end(&mut out)?;
         Ok(out)
+    }
+
+    /// `/proc/self/fd/D` path of the artifact's directory, when the daemon sent one.
+    pub fn dir_proc_path(&self) -> Option<PathBuf> {
+        use std::os::fd::AsRawFd;
+        self.dir
+            .as_ref()
+            .map(|d| PathBuf::from(format!("/proc/self/fd/{}", d.as_raw_fd())))
     }
 
     /// `/proc/self/fd/N` paths of the files, usable by libraries that want paths.
@@ -212,31 +224,47 @@ impl Client {
         }
     }
 
-    /// Acquires a ready artifact, waiting for a build when `req.wait` is set.
+    /// Acquires a ready artifact, waiting for a build when `req.wait` is set; with
+    /// `req.dir_fd` the artifact's directory comes too (see [`Artifact::dir`]).
     pub fn acquire(&mut self, req: &AcquireRequest) -> Result<Artifact, ClientError> {
         match self.call(&Request::Acquire(req.clone()))? {
             (Response::Artifact { metadata }, fds) => {
-                if fds.len() != metadata.files.len() {
+                let n = metadata.files.len();
+                let dir_ok = match metadata.dir_fd_index {
+                    None => true,
+                    Some(i) => req.dir_fd && usize::try_from(i).is_ok_and(|i| i == n),
+                };
+                let want = n + usize::from(metadata.dir_fd_index.is_some());
+                if fds.len() != want || !dir_ok {
                     return Err(ClientError::Unexpected(format!(
-                        "{} descriptors for {} files",
+                        "{} descriptors for {n} files (directory descriptor index {:?})",
                         fds.len(),
-                        metadata.files.len()
+                        metadata.dir_fd_index
                     )));
                 }
+                let mut files: Vec<File> = fds.into_iter().map(File::from).collect();
+                let dir = if metadata.dir_fd_index.is_some() {
+                    files.pop()
+                } else {
+                    None
+                };
                 Ok(Artifact {
                     metadata,
-                    files: fds.into_iter().map(File::from).collect(),
+                    files,
+                    dir,
                 })
             }
             (other, _) => Err(unexpected(&other)),
         }
     }
 
-    /// Acquires the default variant of `model`, waiting for it.
+    /// Acquires the default variant of `model`, waiting for it (with the directory
+    /// descriptor, so [`Artifact::session`] can open the graph in place).
     pub fn acquire_model(&mut self, model: &str) -> Result<Artifact, ClientError> {
         self.acquire(&AcquireRequest {
             model: model.into(),
             wait: true,
+            dir_fd: true,
             ..Default::default()
         })
     }

@@ -85,6 +85,12 @@ pub struct AcquireRequest {
     /// Longest wait in milliseconds; the daemon's build timeout when absent.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// Also send a read-only descriptor of the artifact's directory (after the files'
+    /// descriptors; see [`ArtifactMeta::dir_fd_index`]), so a consumer can open the graph as
+    /// `/proc/self/fd/D/<name>` and ONNX Runtime finds the external data next to it. A
+    /// daemon that predates this field ignores it and sends no directory.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dir_fd: bool,
 }
 
 fn yes() -> bool {
@@ -139,7 +145,8 @@ pub enum Response {
         /// The model's state.
         model: ModelStatus,
     },
-    /// Answer to `acquire`: the frame carries `metadata.files.len()` descriptors, in order.
+    /// Answer to `acquire`: the frame carries `metadata.files.len()` descriptors, in order,
+    /// then the directory's descriptor when `metadata.dir_fd_index` is set.
     Artifact {
         /// What the artifact is and how it was validated.
         metadata: ArtifactMeta,
@@ -379,6 +386,12 @@ pub struct ArtifactMeta {
     /// Seconds since the Unix epoch when it was built.
     #[serde(default)]
     pub built_at: u64,
+    /// Position, among the frame's descriptors, of a read-only descriptor of the directory
+    /// holding every file of [`ArtifactMeta::files`] under its `name` (always
+    /// `files.len()`, i.e. last). Present only when the request set
+    /// [`AcquireRequest::dir_fd`] and the daemon could open the directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir_fd_index: Option<u32>,
 }
 
 /// A build progress event.

@@ -1,8 +1,13 @@
-//! `ort` feature: turns an acquired [`Artifact`] into a running `ort` session. A graph with no
-//! external data is opened through `/proc/self/fd/N`; a graph with external data is opened
-//! through a private temporary folder of symlinks (`model.onnx` and each external file's
-//! `location`) pointing at `/proc/self/fd/N`, so ONNX Runtime resolves the data by name while
-//! reading the daemon's read-only descriptors. The folder is removed once the session exists.
+//! `ort` feature: turns an acquired [`Artifact`] into a running `ort` session. When the daemon
+//! sent the artifact's directory (`dir_fd`), the graph is opened in place as
+//! `/proc/self/fd/D/<graph name>`, so ONNX Runtime finds the external data next to it by name
+//! (the fastest way: it reads the files themselves). Otherwise, or when that path is not
+//! usable (the directory is not searchable by this uid, a file there is not the one sent), a
+//! graph with no external data is opened through `/proc/self/fd/N`, and a graph with external
+//! data through a private temporary folder of symlinks (`model.onnx` and each external file's
+//! `location`) pointing at `/proc/self/fd/N`; that folder is removed once the session exists.
+//! ONNX Runtime reads (or maps) everything while it creates the session, so the session does
+//! not need the descriptors afterwards.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -73,9 +78,56 @@ fn plain_relative(name: &str) -> bool {
 }
 
 impl Artifact {
+    /// The graph's path through the directory descriptor, `/proc/self/fd/D/<graph name>`,
+    /// when the daemon sent the directory and every file of the artifact opens there as the
+    /// very file whose descriptor was sent (same device and inode); `None` otherwise (no
+    /// directory, not searchable by this uid, names that are not plain, a file gone).
+    pub fn dir_graph_path(&self) -> Option<PathBuf> {
+        use std::os::unix::fs::MetadataExt;
+        let dir = self.dir_proc_path()?;
+        let graph = self.metadata.files.first()?;
+        if !plain_relative(&graph.name) || graph.name.contains('/') {
+            return None;
+        }
+        if self.files.len() != self.metadata.files.len() {
+            return None;
+        }
+        for (meta, sent) in self.metadata.files.iter().zip(&self.files) {
+            if !plain_relative(&meta.name) {
+                return None;
+            }
+            let here = std::fs::File::open(dir.join(&meta.name))
+                .and_then(|f| f.metadata())
+                .ok()?;
+            let sent = sent.metadata().ok()?;
+            if (here.dev(), here.ino()) != (sent.dev(), sent.ino()) {
+                return None;
+            }
+        }
+        Some(dir.join(&graph.name))
+    }
+
     /// Opens an `ort` session from this artifact with `builder` (providers, threads and
-    /// optimisation level are the caller's choice).
+    /// optimisation level are the caller's choice): in place through the directory
+    /// descriptor when [`Artifact::dir_graph_path`] allows, else through the per-file
+    /// descriptors.
     pub fn session(&self, builder: &mut SessionBuilder) -> Result<Session, SessionError> {
+        if let Some(graph) = self.dir_graph_path() {
+            // A failure here (say the blob was garbage-collected in between) falls back to
+            // the per-file descriptors, which stay valid whatever happens to the directory.
+            if let Ok(s) = builder.commit_from_file(&graph) {
+                return Ok(s);
+            }
+        }
+        self.session_from_files(builder)
+    }
+
+    /// Opens an `ort` session through the per-file descriptors only (symlinks to
+    /// `/proc/self/fd/N` for a graph with external data), ignoring the directory.
+    pub fn session_from_files(
+        &self,
+        builder: &mut SessionBuilder,
+    ) -> Result<Session, SessionError> {
         let procs = self.proc_paths();
         if self.files.len() == 1 {
             // ONNX Runtime opens the descriptor through /proc (no copy into this process).

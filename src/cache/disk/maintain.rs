@@ -8,6 +8,23 @@ use crate::cache::record::{Record, Status};
 use crate::cache::{now_secs, GcReport, Store, StoreError, VerifyReport};
 use crate::key::CacheKey;
 
+/// Blob directories stored before they were made `0750` are `0700`: add group read and
+/// search (never anything for others) so consumers in the daemon's group can open artifact
+/// files through a directory descriptor. A failure only costs them that fast path.
+fn group_searchable(dir: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(m) = std::fs::symlink_metadata(dir) else {
+        return;
+    };
+    let mode = m.permissions().mode() & 0o7777;
+    if m.is_dir() && mode & 0o050 != 0o050 {
+        if let Err(e) = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode | 0o050))
+        {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot make blob directory group-searchable");
+        }
+    }
+}
+
 impl SledStore {
     pub(super) fn reconcile(&self) -> Result<OpenReport, StoreError> {
         let mut rep = OpenReport::default();
@@ -61,6 +78,8 @@ impl SledStore {
                 r.map_err(io(&p))?;
                 tracing::info!(blob = %name, "removed orphan blob");
                 rep.orphans_removed.push(name);
+            } else {
+                group_searchable(&e.path());
             }
         }
         self.records.flush().map_err(|e| self.db_err(e))?;

@@ -11,6 +11,7 @@
 
 use std::fs::File;
 use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
@@ -79,6 +80,15 @@ pub fn hash_file(path: &Path) -> std::io::Result<(String, u64)> {
 
 fn fsync_dir(dir: &Path) -> Result<(), StoreError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
+}
+
+/// Adds `bits` (group permission bits) to an open file's mode; other bits are kept as built.
+fn group_readable(f: &File, bits: u32) -> std::io::Result<()> {
+    let mode = f.metadata()?.permissions().mode() & 0o7777;
+    if mode & bits != bits {
+        f.set_permissions(std::fs::Permissions::from_mode(mode | bits))?;
+    }
+    Ok(())
 }
 
 fn plain_name(name: &str) -> bool {
@@ -297,9 +307,17 @@ impl SledStore {
                 std::fs::copy(&src, &dst).map_err(io(&dst))?;
             }
             File::open(&dst)
-                .and_then(|h| h.sync_all())
+                .and_then(|h| {
+                    group_readable(&h, 0o040)?;
+                    h.sync_all()
+                })
                 .map_err(io(&dst))?;
         }
+        // Searchable by the daemon's group (tempdirs are 0700), so a consumer in that group
+        // can open the files by name through a directory descriptor (`/proc/self/fd/D/NAME`);
+        // never by others.
+        std::fs::set_permissions(staging.path(), std::fs::Permissions::from_mode(0o750))
+            .map_err(io(staging.path()))?;
         fsync_dir(staging.path())?;
         if dest.exists() {
             // A partial or damaged directory of the same digest: replace it.
@@ -464,6 +482,32 @@ mod tests {
 
     fn blobs(root: &Path) -> usize {
         std::fs::read_dir(root.join("blobs")).unwrap().count()
+    }
+
+    #[test]
+    fn blob_directories_are_group_searchable_and_never_open_to_others() {
+        let d = tempfile::tempdir().unwrap();
+        let s = SledStore::open(&d.path().join("c"), StoreOptions::default()).unwrap();
+        let a = artifact(&d.path().join("a"), b"bytes");
+        // A file the build left owner-only still becomes readable by the group.
+        let data = d.path().join("a/model.onnx.data");
+        std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let r = record(1, 10);
+        s.put(r.clone(), Some(&a)).unwrap();
+        let Lookup::Hit { served, .. } = s.lookup(&r.key).unwrap() else {
+            panic!("not served")
+        };
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&served.dir), 0o750, "{}", served.dir.display());
+        for f in &served.files {
+            assert_eq!(mode(f) & 0o040, 0o040, "{}", f.display());
+        }
+        assert_eq!(mode(&served.dir.join("model.onnx.data")), 0o640);
+        // A blob stored before (0700) is made group-searchable when the store opens.
+        std::fs::set_permissions(&served.dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        drop(s);
+        let _s = SledStore::open(&d.path().join("c"), StoreOptions::default()).unwrap();
+        assert_eq!(mode(&served.dir), 0o750);
     }
 
     #[test]
