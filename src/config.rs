@@ -71,6 +71,9 @@ pub struct Limits {
     pub shutdown_grace_secs: u64,
     /// Full rescan of the repository every this many seconds (0: only on events).
     pub rescan_secs: u64,
+    /// Models keyed (loaded and hashed) at once; 0 means one per CPU. Bounds the blocking
+    /// threads a startup scan of a large repository spawns.
+    pub plan_concurrency: usize,
 }
 
 impl Default for Limits {
@@ -85,6 +88,7 @@ impl Default for Limits {
             cache_size_bytes: 50 << 30,
             shutdown_grace_secs: 10,
             rescan_secs: 60,
+            plan_concurrency: 0,
         }
     }
 }

@@ -57,10 +57,16 @@ pub struct Service {
     pub started: Instant,
     state: Mutex<State>,
     generation: AtomicU64,
+    /// Bounds concurrent `plan` calls (`limits.plan_concurrency`).
+    plan_slots: tokio::sync::Semaphore,
 }
 
 impl Service {
     pub fn new(cfg: Config, engine: Arc<dyn Engine>) -> Arc<Self> {
+        let plan_slots = match cfg.limits.plan_concurrency {
+            0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
+            n => n,
+        };
         let queue = Queue::new(
             engine.clone(),
             cfg.limits.build_concurrency,
@@ -74,6 +80,7 @@ impl Service {
             started: Instant::now(),
             state: Mutex::new(State::default()),
             generation: AtomicU64::new(1),
+            plan_slots: tokio::sync::Semaphore::new(plan_slots),
         })
     }
 
@@ -225,6 +232,8 @@ impl Service {
         };
         let engine = self.engine.clone();
         let (e, s) = (entry.clone(), sel.clone());
+        // The semaphore is never closed, so acquiring only waits.
+        let _slot = self.plan_slots.acquire().await.ok();
         let r = tokio::task::spawn_blocking(move || engine.plan(&e, &s))
             .await
             .map_err(|e| fail(ErrorCode::Internal, e.to_string()))?
