@@ -387,7 +387,7 @@ impl Builder {
             record.status = Status::Failed {
                 reason: format!(
                     "validation over tolerance (abs {:e}, rel {:e}): {worst}",
-                    validation.tolerance.abs, validation.tolerance.rel
+                    validation.tolerance.atol, validation.tolerance.rtol
                 ),
             };
             self.store.put(record, None)?

@@ -20,29 +20,8 @@ use serde::{Deserialize, Serialize};
 use super::{BuildError, Runtime};
 use crate::plan::{Precision, ShapeProfile};
 
-/// Allowed error: an element passes when `|actual - reference| <= abs + rel·|reference|`
-/// (numpy's `allclose`, the rule the sidecar's `[tolerances]` document).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Tolerance {
-    pub abs: f64,
-    pub rel: f64,
-}
-
-impl Tolerance {
-    /// Defaults per precision: fp32 1e-4 abs / 1e-3 rel; fp16 1e-2 / 1e-2.
-    pub fn for_precision(p: Precision) -> Self {
-        match p {
-            Precision::Fp32 => Tolerance {
-                abs: 1e-4,
-                rel: 1e-3,
-            },
-            Precision::Fp16 => Tolerance {
-                abs: 1e-2,
-                rel: 1e-2,
-            },
-        }
-    }
-}
+/// Allowed error per element: the sidecar's tolerance type (`atol + rtol·|reference|`).
+pub use crate::plan::Tolerance;
 
 /// How to validate.
 #[derive(Clone, Debug, PartialEq)]
@@ -367,7 +346,7 @@ pub fn compare(name: &str, reference: &[f64], got: &[f64], tol: Tolerance) -> Ou
         e.max_abs = e.max_abs.max(d);
         e.max_rel = e.max_rel.max(rel);
         // A NaN bound (a library caller's NaN tolerance) passes nothing.
-        let bound = tol.abs + tol.rel * r.abs();
+        let bound = tol.atol + tol.rtol * r.abs();
         if bound.is_nan() || d > bound {
             e.mismatched += 1;
         }
@@ -399,7 +378,7 @@ pub fn validate(
     let got = run(candidate, &inputs, model)?;
     let tol = cfg
         .tolerance
-        .unwrap_or_else(|| Tolerance::for_precision(precision));
+        .unwrap_or_else(|| Tolerance::default_for(precision));
     let mut outputs = Vec::new();
     for (name, shape, data) in &want {
         let e = match got.iter().find(|(n, _, _)| n == name) {
@@ -433,8 +412,8 @@ mod tests {
     #[test]
     fn compare_counts_elements_outside_both_tolerances() {
         let tol = Tolerance {
-            abs: 1e-3,
-            rel: 1e-2,
+            atol: 1e-3,
+            rtol: 1e-2,
         };
         let e = compare("y", &[1.0, 100.0, 0.0], &[1.0005, 100.5, 0.0], tol);
         assert!(e.passed, "{e:?}");
@@ -456,7 +435,7 @@ mod tests {
 
     #[test]
     fn unbounded_errors_survive_a_json_round_trip() {
-        let tol = Tolerance::for_precision(Precision::Fp32);
+        let tol = Tolerance::default_for(Precision::Fp32);
         // Zero reference, NaN and infinity against numbers.
         let e = compare("y", &[0.0, 1.0, 2.0], &[0.5, f64::NAN, f64::INFINITY], tol);
         assert_eq!(e.mismatched, 3);

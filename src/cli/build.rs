@@ -218,8 +218,8 @@ pub fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
     }
     // The sidecar's tolerance for the precision (or the precision's default), then flags.
     let tolerance = Tolerance {
-        abs: a.atol.unwrap_or(plan.tolerance.atol),
-        rel: a.rtol.unwrap_or(plan.tolerance.rtol),
+        atol: a.atol.unwrap_or(plan.tolerance.atol),
+        rtol: a.rtol.unwrap_or(plan.tolerance.rtol),
     };
     let req = BuildRequest {
         model: a.model.clone(),
@@ -313,8 +313,8 @@ fn render(o: &BuildOutcome, ort: Option<&str>, dir: &std::path::Path, st: Style)
         };
         out.push_str(&format!(
             "validation {verdict} (abs tol {:e}, rel tol {:e}, {inputs}, shapes {})\n",
-            v.tolerance.abs,
-            v.tolerance.rel,
+            v.tolerance.atol,
+            v.tolerance.rtol,
             v.shapes
                 .iter()
                 .map(|(n, d)| format!(

@@ -166,8 +166,8 @@ impl CachedEngine {
                 seed: plan.golden.seed,
                 int_range: (plan.golden.int_range[0], plan.golden.int_range[1]),
                 tolerance: Some(Tolerance {
-                    abs: plan.tolerance.atol,
-                    rel: plan.tolerance.rtol,
+                    atol: plan.tolerance.atol,
+                    rtol: plan.tolerance.rtol,
                 }),
                 golden: plan.golden.npz.clone(),
             },
@@ -211,8 +211,8 @@ impl CachedEngine {
                 Some(v) => format!(
                     "outputs compared with the original model (ONNX Runtime CPU, optimizations off) on {} (abs tol {:e}, rel tol {:e})",
                     v.golden.clone().unwrap_or_else(|| format!("seeded random inputs (seed {})", v.seed)),
-                    v.tolerance.abs,
-                    v.tolerance.rel
+                    v.tolerance.atol,
+                    v.tolerance.rtol
                 ),
                 None => "not validated".into(),
             },

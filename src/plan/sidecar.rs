@@ -71,7 +71,11 @@ fn shape_set(flag: &str, v: &toml::Value) -> Result<BTreeMap<String, Vec<i64>>, 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Tolerance {
+    /// Absolute part (`abs` in records written before the build stage shared this type).
+    #[serde(alias = "abs")]
     pub atol: f64,
+    /// Relative part (`rel` in older records).
+    #[serde(alias = "rel")]
     pub rtol: f64,
 }
 

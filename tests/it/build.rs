@@ -714,8 +714,8 @@ fn key_and_build_report_the_same_key() {
     let v = &b["record"]["validation"];
     assert_eq!(v["shapes"]["x"], serde_json::json!([3, 5, 64]));
     // The sidecar's tolerance for its precision and its golden seed drive validation.
-    assert_eq!(v["tolerance"]["abs"], 0.05);
-    assert_eq!(v["tolerance"]["rel"], 0.02);
+    assert_eq!(v["tolerance"]["atol"], 0.05);
+    assert_eq!(v["tolerance"]["rtol"], 0.02);
     assert_eq!(v["seed"], 7);
     // The same shapes from flags (another profile name, same shapes): the same key.
     let flags = [
