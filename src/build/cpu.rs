@@ -19,6 +19,20 @@ pub const ENTRY: &str = "model.onnx";
 /// File name of its external initializers.
 pub const DATA: &str = "model.onnx.data";
 
+/// The artifact ONNX Runtime wrote into `out` when saving an optimized model: the graph, and
+/// its external initializers when there are any.
+pub fn optimized_artifact(out: &Path) -> Artifact {
+    let mut files = vec![ENTRY.to_string()];
+    if out.join(DATA).is_file() {
+        files.push(DATA.to_string());
+    }
+    Artifact {
+        dir: out.to_path_buf(),
+        entry: ENTRY.into(),
+        files,
+    }
+}
+
 /// Offline-optimized model for ONNX Runtime's CPU provider.
 #[derive(Debug, Clone, Copy)]
 pub struct OrtCpu;
@@ -90,15 +104,7 @@ impl Backend for OrtCpu {
                 "ONNX Runtime did not write the optimized model",
             ));
         }
-        let mut files = vec![ENTRY.to_string()];
-        if out.join(DATA).is_file() {
-            files.push(DATA.to_string());
-        }
-        Ok(Artifact {
-            dir: out.to_path_buf(),
-            entry: ENTRY.into(),
-            files,
-        })
+        Ok(optimized_artifact(out))
     }
 
     fn open(&self, rt: &Runtime, entry: &Path, opts: &BuildOptions) -> Result<Session, BuildError> {

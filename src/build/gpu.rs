@@ -16,7 +16,7 @@ use ort::ep::{ExecutionProvider, ExecutionProviderDispatch};
 use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
 use ort::session::Session;
 
-use super::cpu::{DATA, ENTRY};
+use super::cpu::{optimized_artifact, DATA, ENTRY};
 use super::{Artifact, Backend, BuildError, BuildOptions, Runtime};
 use crate::plan::{Precision, ShapeProfile};
 
@@ -156,15 +156,7 @@ impl Backend for OrtCuda {
             .commit_from_file(model)
             .map_err(|e| BuildError::ort(stage, model, e))?;
         drop(session);
-        let mut files = vec![ENTRY.to_string()];
-        if out.join(DATA).is_file() {
-            files.push(DATA.to_string());
-        }
-        Ok(Artifact {
-            dir: out.to_path_buf(),
-            entry: ENTRY.into(),
-            files,
-        })
+        Ok(optimized_artifact(out))
     }
 
     fn open(&self, rt: &Runtime, entry: &Path, opts: &BuildOptions) -> Result<Session, BuildError> {
