@@ -195,35 +195,30 @@ fn checkout_roots() -> Vec<PathBuf> {
     out
 }
 
-fn newest_lib(capi: &Path) -> Option<PathBuf> {
-    let mut libs: Vec<PathBuf> = std::fs::read_dir(capi)
+/// Entries of `dir` whose file name starts with `prefix`, sorted; `None` when `dir` cannot be
+/// read.
+fn entries_named(dir: &Path, prefix: &str) -> Option<Vec<PathBuf>> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
         .ok()?
         .filter_map(|e| e.ok())
         .map(|e| e.path())
         .filter(|p| {
             p.file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("libonnxruntime.so."))
+                .is_some_and(|n| n.starts_with(prefix))
         })
         .collect();
-    libs.sort();
-    libs.pop()
+    found.sort();
+    Some(found)
+}
+
+fn newest_lib(capi: &Path) -> Option<PathBuf> {
+    entries_named(capi, "libonnxruntime.so.")?.pop()
 }
 
 fn in_venv(venv: &Path) -> Option<PathBuf> {
-    let lib = venv.join("lib");
-    let mut pys: Vec<PathBuf> = std::fs::read_dir(&lib)
-        .ok()?
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("python3"))
-        })
-        .collect();
-    pys.sort();
-    pys.into_iter()
+    entries_named(&venv.join("lib"), "python3")?
+        .into_iter()
         .rev()
         .find_map(|py| newest_lib(&py.join("site-packages/onnxruntime/capi")))
 }
