@@ -13,6 +13,7 @@ pub mod config;
 pub mod daemon;
 pub mod device;
 pub mod fixtures;
+pub mod fuzzing;
 pub mod key;
 pub mod onnx;
 pub mod plan;

@@ -1,17 +1,8 @@
-//! The daemon's request decoding on arbitrary frame bodies: JSON → typed `Request`, then the
+//! The wire protocol on arbitrary bytes: the stream split into length-prefixed frames by the
+//! client crate's frame reader, each body through the daemon's request parser, then the
 //! model-name check every named request goes through. Must never panic.
+//! The body lives in `trtcache::fuzzing`, shared with the regression test that replays
+//! `fuzz/regressions/protocol_request/`.
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use trtcache_client::protocol::{valid_model_name, Request};
-
-fuzz_target!(|data: &[u8]| {
-    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) {
-        if let Ok(req) = serde_json::from_value::<Request>(v) {
-            let _ = serde_json::to_vec(&req);
-        }
-    }
-    if let Ok(s) = std::str::from_utf8(data) {
-        let _ = valid_model_name(s);
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| trtcache::fuzzing::protocol_request(data));

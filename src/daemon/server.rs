@@ -137,7 +137,7 @@ async fn read_request(
 }
 
 /// Parses a request body, telling malformed frames from unknown requests from bad fields.
-fn parse(body: &[u8]) -> Result<Request, ErrorBody> {
+pub fn parse(body: &[u8]) -> Result<Request, ErrorBody> {
     let error = |code, message: String| ErrorBody { code, message };
     let v: serde_json::Value = serde_json::from_slice(body)
         .map_err(|e| error(ErrorCode::BadFrame, format!("frame is not JSON: {e}")))?;

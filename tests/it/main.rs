@@ -7,6 +7,7 @@ mod build;
 mod daemon;
 mod daemon_engine;
 mod daemon_system;
+mod fuzz_regressions;
 mod keys;
 mod onnx_load;
 mod support;

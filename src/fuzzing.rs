@@ -1,0 +1,97 @@
+//! The bodies of the fuzz targets in `fuzz/`, kept in the library so that the libFuzzer
+//! targets and the regression test (`tests/it/fuzz_regressions.rs`, which replays every input
+//! kept under `fuzz/regressions/TARGET/`) run exactly the same code. Each function must return
+//! for any input: no panic, no hang, bounded memory.
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::OnceLock;
+
+use crate::analysis::{analyse, tables::TrtTable, Options};
+use crate::onnx::{facts::facts, Model};
+use crate::plan::{validate_profile, ModelInputs, Sidecar};
+
+/// The fuzz targets, by the name `cargo fuzz run` takes.
+pub const TARGETS: [(&str, fn(&[u8])); 3] = [
+    ("onnx_inspect", onnx_inspect),
+    ("protocol_request", protocol_request),
+    ("sidecar", sidecar),
+];
+
+/// The frame-size limit the protocol target decodes with (the daemon's default is larger;
+/// a small one makes "too large" reachable from short inputs).
+const FUZZ_MAX_FRAME: u32 = 4096;
+
+/// The longest input the protocol target streams through a socketpair.
+const STREAM_MAX: usize = 64 << 10;
+
+fn table() -> &'static TrtTable {
+    static T: OnceLock<TrtTable> = OnceLock::new();
+    T.get_or_init(|| TrtTable::load("10.15").expect("bundled table"))
+}
+
+/// ONNX decoding + `inspect` facts + capability analysis (shapes, data-dependent shapes,
+/// partitioning) on arbitrary bytes.
+pub fn onnx_inspect(data: &[u8]) {
+    let bytes = bytes::Bytes::copy_from_slice(data);
+    if let Ok(model) = Model::from_bytes("/nonexistent/fuzz.onnx", bytes) {
+        let _ = facts(&model, &crate::cli::opset_bounds(table()));
+        let _ = analyse(&model, &Options::default());
+    }
+}
+
+/// The wire protocol as the daemon reads it: the input is a byte stream on a socket, split
+/// into length-prefixed frames by the client crate's frame reader (oversized and truncated
+/// frames included), each body parsed by the daemon's request parser, every parsed request
+/// re-encoded, and every string checked as a model name.
+pub fn protocol_request(data: &[u8]) {
+    // The whole input is written before anything is read: it must fit in the socketpair's
+    // buffer (about 200 KiB here) or the write would block; `fuzz/run.sh` caps inputs at
+    // 64 KiB. The write end is then closed so the reader sees the end of the stream.
+    if data.len() <= STREAM_MAX {
+        let Ok((mut w, r)) = UnixStream::pair() else {
+            return;
+        };
+        if w.write_all(data).is_ok() {
+            drop(w);
+            while let Ok((body, _fds)) = trtcache_client::frame::read_frame(&r, FUZZ_MAX_FRAME) {
+                if let Ok(req) = crate::daemon::server::parse(&body) {
+                    let _ = serde_json::to_vec(&req);
+                }
+            }
+        }
+    }
+    if let Ok(req) = crate::daemon::server::parse(data) {
+        let _ = serde_json::to_vec(&req);
+    }
+    if let Ok(s) = std::str::from_utf8(data) {
+        let _ = trtcache_client::protocol::valid_model_name(s);
+    }
+}
+
+fn inputs() -> &'static ModelInputs {
+    static INPUTS: OnceLock<ModelInputs> = OnceLock::new();
+    INPUTS.get_or_init(|| {
+        let bytes =
+            prost::Message::encode_to_vec(&crate::fixtures::models::tiny_encoder(false));
+        let model = Model::from_bytes("/nonexistent/m.onnx", bytes.into()).expect("fixture loads");
+        ModelInputs::of(&model)
+    })
+}
+
+/// The sidecar (`MODEL.trtcache.toml`) parser, and every profile it names validated against
+/// the tiny encoder's inputs, on arbitrary text.
+pub fn sidecar(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(s) = Sidecar::parse(Path::new("/nonexistent/m.trtcache.toml"), text) {
+        for name in s.profiles.keys() {
+            if let Ok(Some(p)) = s.profile(Some(name)) {
+                let _ = validate_profile(inputs(), &p);
+            }
+        }
+        let _ = s.profile(None);
+    }
+}
