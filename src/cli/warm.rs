@@ -27,6 +27,12 @@ pub struct WarmArgs {
     pub paths: PathArgs,
     /// Only these models (names in the repository); all when omitted.
     pub model: Vec<String>,
+    /// Also build this model file from outside the repository into the cache (repeatable),
+    /// e.g. a release staged for deployment. Through a running daemon this is an admin
+    /// request (root or the daemon's user), since the daemon reads the file. With --path and
+    /// no model names, only the paths are built.
+    #[arg(long = "path", value_name = "FILE")]
+    pub files: Vec<std::path::PathBuf>,
     /// Give up after this many seconds (the unfinished builds count as failed).
     #[arg(long)]
     pub timeout: Option<u64>,
@@ -117,7 +123,12 @@ pub fn warm(a: WarmArgs) -> anyhow::Result<ExitCode> {
     let timeout = a.timeout.map(Duration::from_secs);
     // With --models the names come from that folder, so the daemon builds exactly those.
     let mut names = a.model.clone();
-    if names.is_empty() && a.paths.models.is_some() {
+    let files = a
+        .files
+        .iter()
+        .map(|p| std::path::absolute(p).with_context(|| format!("resolving {}", p.display())))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if names.is_empty() && a.paths.models.is_some() && files.is_empty() {
         names = repo::scan(&cfg.models)
             .with_context(|| format!("scanning {}", cfg.models.display()))?
             .into_keys()
@@ -131,6 +142,7 @@ pub fn warm(a: WarmArgs) -> anyhow::Result<ExitCode> {
                 models: names,
                 backend: None,
                 timeout_ms: timeout.map(|t| t.as_millis() as u64),
+                paths: files.iter().map(|f| f.display().to_string()).collect(),
             };
             let bars = Bars::new();
             c.build(&req, |p| {
@@ -146,7 +158,7 @@ pub fn warm(a: WarmArgs) -> anyhow::Result<ExitCode> {
                 cfg.socket.display(),
                 cfg.cache_dir.display()
             );
-            local_warm(&cfg, &names, timeout, start)?
+            local_warm(&cfg, &names, &files, timeout, start)?
         }
     };
     let ok = results.iter().all(|r| r.state == VariantState::Ready);
@@ -177,6 +189,7 @@ pub fn warm(a: WarmArgs) -> anyhow::Result<ExitCode> {
 fn local_warm(
     cfg: &Config,
     names: &[String],
+    files: &[std::path::PathBuf],
     timeout: Option<Duration>,
     start: Instant,
 ) -> anyhow::Result<Vec<BuildResult>> {
@@ -199,12 +212,22 @@ fn local_warm(
             c.cancel();
         });
     }
-    let mut out = Vec::new();
-    for m in snapshot
+    let mut entries: Vec<_> = snapshot
         .values()
-        .filter(|m| names.is_empty() || names.contains(&m.name))
-    {
-        let Some(entry) = m.served() else { continue };
+        .filter(|m| {
+            if names.is_empty() {
+                files.is_empty()
+            } else {
+                names.contains(&m.name)
+            }
+        })
+        .filter_map(|m| m.served().cloned())
+        .collect();
+    for f in files {
+        entries.push(repo::entry_for_path(f).map_err(anyhow::Error::msg)?);
+    }
+    let mut out = Vec::new();
+    for entry in &entries {
         for sel in engine.variants(entry, &cfg.backends) {
             let t0 = Instant::now();
             let mut r = BuildResult {

@@ -179,6 +179,36 @@ fn scan_folder(name: &str, dir: &Path) -> Option<RepoModel> {
 }
 
 /// Resolves a directory given on the command line.
+/// A model file outside the repository (an admin's `build` by path, `warm --path`) as a
+/// flat entry named by its canonical path, with `NAME.trtcache.toml` next to it as sidecar.
+pub fn entry_for_path(path: &Path) -> Result<ModelEntry, String> {
+    if !path.is_absolute() {
+        return Err(format!(
+            "`{}` is not an absolute path (the daemon resolves paths itself)",
+            path.display()
+        ));
+    }
+    let path = path
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if !path.is_file() {
+        return Err(format!("{} is not a file", path.display()));
+    }
+    let stem = path
+        .file_name()
+        .and_then(|f| f.to_str())
+        .map(|f| f.strip_suffix(".onnx").unwrap_or(f).to_string())
+        .unwrap_or_default();
+    let sidecar = path.with_file_name(format!("{stem}.trtcache.toml"));
+    Ok(ModelEntry {
+        name: path.display().to_string(),
+        version: 0,
+        path: path.clone(),
+        sidecar: sidecar.is_file().then_some(sidecar),
+        layout: Layout::Flat,
+    })
+}
+
 pub fn canonical_root(p: &Path) -> std::io::Result<PathBuf> {
     let c = fs::canonicalize(p)?;
     if !c.is_dir() {

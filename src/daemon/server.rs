@@ -271,6 +271,13 @@ async fn handle(
                     Err(f) => Err(failure(f)),
                 }
             }
+            Request::Build(b) if !b.paths.is_empty() && !admin => {
+                tracing::warn!(uid = peer.uid, "build from a path refused");
+                Err(error(
+                    ErrorCode::PermissionDenied,
+                    "building from a path needs root or the daemon's user; others name models in the repository",
+                ))
+            }
             Request::Build(b) => {
                 let (tx, mut rx) = mpsc::channel(64);
                 let svc2 = svc.clone();

@@ -230,11 +230,23 @@ impl Service {
             }
             m.generation
         };
+        let r = self.plan_uncached(entry, sel).await;
+        let mut st = self.lock();
+        if let Some(m) = st.models.get_mut(&entry.name) {
+            if m.generation == generation {
+                m.plans.insert(slot, r.clone());
+            }
+        }
+        r
+    }
+
+    /// Plans a variant on the blocking pool, bounded by the planning slots.
+    async fn plan_uncached(&self, entry: &ModelEntry, sel: &Selection) -> Result<Planned, Failure> {
         let engine = self.engine.clone();
         let (e, s) = (entry.clone(), sel.clone());
         // The semaphore is never closed, so acquiring only waits.
         let _slot = self.plan_slots.acquire().await.ok();
-        let r = tokio::task::spawn_blocking(move || engine.plan(&e, &s))
+        tokio::task::spawn_blocking(move || engine.plan(&e, &s))
             .await
             .map_err(|e| fail(ErrorCode::Internal, e.to_string()))?
             .map_err(|e| match e {
@@ -244,14 +256,7 @@ impl Service {
                     ErrorCode::BuildFailed,
                     format!("cannot plan `{}`: {other}", entry.name),
                 ),
-            });
-        let mut st = self.lock();
-        if let Some(m) = st.models.get_mut(&entry.name) {
-            if m.generation == generation {
-                m.plans.insert(slot, r.clone());
-            }
-        }
-        r
+            })
     }
 
     /// Queues a background build and records its artifact as ready when it completes.
@@ -515,14 +520,21 @@ impl Service {
         req: &BuildRequest,
         events: mpsc::Sender<Progress>,
     ) -> Result<Vec<BuildResult>, Failure> {
-        let names: Vec<String> = if req.models.is_empty() {
+        let names: Vec<String> = if req.models.is_empty() && req.paths.is_empty() {
             self.lock().models.keys().cloned().collect()
         } else {
             req.models.clone()
         };
+        // (entry, outside the repository): a path entry is planned afresh each time, since
+        // no watcher tells when its file changes.
         let mut entries = Vec::new();
         for n in &names {
-            entries.push(self.entry(n, None)?);
+            entries.push((self.entry(n, None)?, false));
+        }
+        for p in &req.paths {
+            let e = super::repo::entry_for_path(std::path::Path::new(p))
+                .map_err(|m| fail(ErrorCode::BadRequest, m))?;
+            entries.push((e, true));
         }
 
         let limit = req
@@ -531,7 +543,7 @@ impl Service {
             .unwrap_or(Duration::from_secs(self.cfg.limits.build_timeout_secs));
         let start = Instant::now();
         let mut tasks = Vec::new();
-        for e in entries {
+        for (e, outside) in entries {
             // The model's variants (its sidecar's backends and profiles), narrowed to the
             // requested backend; a backend none of them uses is built with the defaults.
             let mut sels: Vec<Selection> = self
@@ -550,7 +562,7 @@ impl Service {
                 let ev = events.clone();
                 let e = e.clone();
                 tasks.push(tokio::spawn(async move {
-                    svc.build_one(e, sel, ev, start, limit).await
+                    svc.build_one(e, outside, sel, ev, start, limit).await
                 }));
             }
         }
@@ -568,6 +580,7 @@ impl Service {
     async fn build_one(
         self: Arc<Self>,
         entry: ModelEntry,
+        outside: bool,
         sel: Selection,
         events: mpsc::Sender<Progress>,
         start: Instant,
@@ -593,7 +606,12 @@ impl Service {
             seconds: 0.0,
         };
         let _ = events.send(emit("planning")).await;
-        let planned = match self.planned(&entry, &sel).await {
+        let planned = if outside {
+            self.plan_uncached(&entry, &sel).await
+        } else {
+            self.planned(&entry, &sel).await
+        };
+        let planned = match planned {
             Ok(p) => p,
             Err((code, msg)) => {
                 res.code = Some(code);

@@ -7,6 +7,7 @@
 use std::process::Command;
 
 use trtcache::fixtures::{models, write};
+use trtcache_client::protocol::ErrorCode;
 
 use crate::daemon::{artifact_session, assert_close, ort_env, reference, run_encoder, Daemon};
 use crate::support;
@@ -275,4 +276,76 @@ print("dir ok", n)
     assert!(out.contains("dir ok"), "{out}");
     drop(c);
     assert!(d.stop());
+}
+
+#[test]
+fn an_admin_builds_a_file_outside_the_repository_into_the_cache_by_path() {
+    let mut d = Daemon::new();
+    write(&models::tiny_encoder(false), &d.models().join("enc.onnx")).unwrap();
+    let staged = d.root.join("outside/release-2.onnx");
+    write(&models::tiny_encoder(true), &staged).unwrap();
+    d.start();
+    d.wait_settled(&["enc"]);
+
+    // The test runs as the daemon's user, so this admin request is allowed (the other-uid
+    // refusal is in daemon_system's admin test). `warm --path` sends it.
+    let warm = |extra: &[&str]| {
+        let mut cmd = Command::new(support::bin());
+        cmd.args(["warm", "--json", "--config"])
+            .arg(d.config())
+            .arg("--path")
+            .arg(&staged)
+            .args(extra)
+            .env("NO_COLOR", "1");
+        cmd.output().unwrap()
+    };
+    let out = warm(&[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("using the daemon"), "{}", stderr(&out));
+    let first = support::json(&out);
+    assert_eq!(first.as_array().unwrap().len(), 1, "only the path: {first}");
+    assert_eq!(first[0]["model"], staged.display().to_string().as_str());
+    assert_eq!(first[0]["state"], "ready", "{first}");
+    assert_eq!(first[0]["cached"], false, "{first}");
+
+    // The key is the one `trtcache key` prints for the file: a later deploy that copies it
+    // into the repository is served from the cache without a build.
+    let key = support::json(&support::trtcache([
+        "key".to_string(),
+        staged.display().to_string(),
+        "--cache-dir".into(),
+        d.cache().display().to_string(),
+        "--ort-library".into(),
+        support::ort_dylib().display().to_string(),
+        "--json".into(),
+    ]));
+    assert_eq!(key["key"], first[0]["key"], "{key}");
+    let again = support::json(&warm(&[]));
+    assert_eq!(again[0]["cached"], true, "{again}");
+
+    // The file is not served by name, and relative paths or missing files are refused.
+    let mut c = d.client();
+    assert!(c.list().unwrap().iter().all(|m| m.name == "enc"));
+    for bad in ["relative/model.onnx", "/nonexistent/model.onnx"] {
+        let e = c
+            .build(
+                &trtcache_client::protocol::BuildRequest {
+                    paths: vec![bad.into()],
+                    ..Default::default()
+                },
+                |_| {},
+            )
+            .unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::BadRequest), "{bad}: {e}");
+    }
+    std::fs::copy(&staged, d.models().join("release.onnx")).unwrap();
+    let list = d.wait_settled(&["release"]);
+    let rel = list.iter().find(|m| m.name == "release").unwrap();
+    assert_eq!(
+        rel.variants[0].key.as_deref(),
+        first[0]["key"].as_str(),
+        "{rel:?}"
+    );
+    let builds = c.stats().unwrap().builds;
+    assert_eq!(builds, 2, "enc and the staged file, not the deployed copy");
 }

@@ -120,11 +120,16 @@ fn connection_limit_idle_timeout_and_admin_requests_are_enforced() {
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
         let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        write(
+            &models::tiny_encoder(true),
+            &d.root.join("outside/staged.onnx"),
+        )
+        .unwrap();
         let script = r#"
 import sys; sys.path.insert(0, sys.argv[1])
 from trtcache_client import Client, TrtcacheError
 c = Client(sys.argv[2])
-for call in (lambda: c.evict(model="enc"), c.shutdown):
+for call in (lambda: c.evict(model="enc"), c.shutdown, lambda: c.build(paths=[sys.argv[3]])):
     try:
         call(); print("allowed")
     except TrtcacheError as e:
@@ -140,6 +145,7 @@ print(c.status("enc")["name"])
                 .arg(script)
                 .arg(repo.join("clients/python"))
                 .arg(d.socket())
+                .arg(d.root.join("outside/staged.onnx"))
                 .output()
                 .unwrap();
             // The refused connections above may still hold slots for a moment.
@@ -151,7 +157,12 @@ print(c.status("enc")["name"])
         let text = String::from_utf8_lossy(&out.stdout);
         assert_eq!(
             text.lines().collect::<Vec<_>>(),
-            ["permission_denied", "permission_denied", "enc"],
+            [
+                "permission_denied",
+                "permission_denied",
+                "permission_denied",
+                "enc"
+            ],
             "{text}{}",
             String::from_utf8_lossy(&out.stderr)
         );

@@ -243,9 +243,13 @@ class Client:
         dir_fd = fds.pop() if di is not None else None
         return Artifact(meta, fds, dir_fd)
 
-    def build(self, models=None, backend=None, timeout=None, on_progress=None):
-        """Builds models (all when None); calls on_progress(event) per event; returns results."""
+    def build(self, models=None, backend=None, timeout=None, on_progress=None, paths=None):
+        """Builds models (all when None and no paths); calls on_progress(event) per event;
+        returns results. paths: model files outside the repository, by absolute path (admin
+        only: root or the daemon's user)."""
         req = {"op": "build", "models": list(models or [])}
+        if paths:
+            req["paths"] = [str(p) for p in paths]
         if backend is not None:
             req["backend"] = backend
         if timeout is not None:

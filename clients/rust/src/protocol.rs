@@ -109,6 +109,12 @@ pub struct BuildRequest {
     /// Longest wait in milliseconds for all builds together.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// Admin (root or the daemon's user): model files outside the repository, by absolute
+    /// path, to build into the cache, e.g. to warm a release before it is deployed. The
+    /// daemon reads them with its own privileges, hence admin only; a sidecar
+    /// `NAME.trtcache.toml` next to the file is used. Progress and results name the path.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<String>,
 }
 
 /// Output format of [`Request::Stats`].
