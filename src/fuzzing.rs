@@ -12,8 +12,11 @@ use crate::analysis::{analyse, tables::TrtTable, Options};
 use crate::onnx::{facts::facts, Model};
 use crate::plan::{validate_profile, ModelInputs, Sidecar};
 
+/// A fuzz target's body.
+pub type Target = fn(&[u8]);
+
 /// The fuzz targets, by the name `cargo fuzz run` takes.
-pub const TARGETS: [(&str, fn(&[u8])); 3] = [
+pub const TARGETS: [(&str, Target); 3] = [
     ("onnx_inspect", onnx_inspect),
     ("protocol_request", protocol_request),
     ("sidecar", sidecar),
@@ -73,8 +76,7 @@ pub fn protocol_request(data: &[u8]) {
 fn inputs() -> &'static ModelInputs {
     static INPUTS: OnceLock<ModelInputs> = OnceLock::new();
     INPUTS.get_or_init(|| {
-        let bytes =
-            prost::Message::encode_to_vec(&crate::fixtures::models::tiny_encoder(false));
+        let bytes = prost::Message::encode_to_vec(&crate::fixtures::models::tiny_encoder(false));
         let model = Model::from_bytes("/nonexistent/m.onnx", bytes.into()).expect("fixture loads");
         ModelInputs::of(&model)
     })

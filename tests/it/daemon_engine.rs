@@ -301,7 +301,11 @@ fn an_admin_builds_a_file_outside_the_repository_into_the_cache_by_path() {
     };
     let out = warm(&[]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert!(stderr(&out).contains("using the daemon"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("using the daemon"),
+        "{}",
+        stderr(&out)
+    );
     let first = support::json(&out);
     assert_eq!(first.as_array().unwrap().len(), 1, "only the path: {first}");
     assert_eq!(first[0]["model"], staged.display().to_string().as_str());
