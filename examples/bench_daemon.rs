@@ -4,8 +4,15 @@
 //! - `startup TRTCACHE CONFIG` — spawn `trtcache serve`, time spawn → socket answering
 //!   `hello` (READY is sent at the same point), wait until every model is ready, print idle
 //!   RSS, stop it with SIGTERM. Prints one JSON line.
-//! - `latency SOCKET MODEL CLIENTS PER_CLIENT` — CLIENTS threads, each on its own
-//!   connection, acquiring a ready model PER_CLIENT times; p50/p99 per acquire and acquires/s.
+//! - `latency SOCKET MODEL CLIENTS PER_CLIENT [HOW]` — CLIENTS connections acquiring a ready
+//!   model PER_CLIENT times each; p50/p99 per acquire and acquires/s. HOW is how the load is
+//!   driven: `threads` (default; one thread per connection, each sending its next acquire as
+//!   soon as the last is answered: saturates the CPUs, so on 2 cores the tail is the
+//!   scheduler's time slices among 32+ runnable threads), `poll` (one thread multiplexing
+//!   every connection with poll(2), one acquire in flight per connection, as wrk drives HTTP:
+//!   the daemon's latency without the client threads' scheduling), or `paced:RATE` (one
+//!   thread per connection, acquires sent on a fixed schedule totalling RATE per second;
+//!   latency counted from the scheduled send time, so a late send counts against it).
 //! - `stable-to-queued SOCKET MODELS_DIR N` — N times: rename a complete model into the
 //!   repository and time until the daemon lists it (queued for planning/building).
 //! - `first-inference SOCKET MODEL RAW_MODEL` — a consumer's time to its first inference
@@ -30,6 +37,135 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
     }
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
+}
+
+fn acquire_req(model: &str) -> AcquireRequest {
+    AcquireRequest {
+        model: model.into(),
+        wait: false,
+        ..Default::default()
+    }
+}
+
+fn print_latency(clients: usize, how: &str, mut all: Vec<f64>, wall: f64) {
+    all.sort_by(|a, b| a.total_cmp(b));
+    println!(
+        "{{\"clients\":{clients},\"how\":\"{how}\",\"acquires\":{},\"p50_us\":{:.1},\"p99_us\":{:.1},\"max_us\":{:.1},\"acquires_per_s\":{:.0}}}",
+        all.len(),
+        pct(&all, 0.5),
+        pct(&all, 0.99),
+        all.last().copied().unwrap_or(f64::NAN),
+        all.len() as f64 / wall
+    );
+}
+
+/// `latency … poll`: every connection driven from one thread with poll(2).
+fn latency_poll(
+    socket: &str,
+    model: &str,
+    clients: usize,
+    per: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use std::os::fd::AsRawFd;
+    use trtcache_client::protocol::{Request, Response};
+    let req = Request::Acquire(acquire_req(model));
+    let mut conns = (0..clients)
+        .map(|_| Client::connect(socket))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut sent = vec![Instant::now(); clients];
+    let mut left = vec![per; clients];
+    let mut all = Vec::with_capacity(clients * per);
+    let t0 = Instant::now();
+    for (i, c) in conns.iter_mut().enumerate() {
+        sent[i] = Instant::now();
+        c.send(&req)?;
+    }
+    let mut fds: Vec<libc::pollfd> = conns
+        .iter()
+        .map(|c| libc::pollfd {
+            fd: c.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    while left.iter().any(|&n| n > 0) {
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 10_000) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        if n == 0 {
+            return Err("no answer from the daemon within 10 s".into());
+        }
+        for i in 0..clients {
+            if fds[i].revents == 0 {
+                continue;
+            }
+            fds[i].revents = 0;
+            let (resp, descriptors) = conns[i].recv()?;
+            all.push(sent[i].elapsed().as_secs_f64() * 1e6);
+            drop(descriptors);
+            if !matches!(resp, Response::Artifact { .. }) {
+                return Err(format!("unexpected answer {resp:?}").into());
+            }
+            left[i] -= 1;
+            if left[i] > 0 {
+                sent[i] = Instant::now();
+                conns[i].send(&req)?;
+            } else {
+                fds[i].events = 0;
+            }
+        }
+    }
+    print_latency(clients, "poll", all, t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// `latency … paced:RATE`: each connection sends on a fixed schedule.
+fn latency_paced(
+    socket: &str,
+    model: &str,
+    clients: usize,
+    per: usize,
+    rate: f64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let interval = Duration::from_secs_f64(clients as f64 / rate);
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(clients));
+    let t0 = Instant::now();
+    let handles: Vec<_> = (0..clients)
+        .map(|k| {
+            let (s, m, b) = (socket.to_string(), model.to_string(), barrier.clone());
+            std::thread::spawn(move || -> Result<Vec<f64>, String> {
+                let mut c = Client::connect(&s).map_err(|e| e.to_string())?;
+                let req = acquire_req(&m);
+                b.wait();
+                // Stagger the connections across one interval.
+                let start = Instant::now() + interval.mul_f64(k as f64 / clients as f64);
+                let mut lat = Vec::with_capacity(per);
+                for i in 0..per {
+                    let due = start + interval.mul_f64(i as f64);
+                    if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                        std::thread::sleep(wait);
+                    }
+                    let art = c.acquire(&req).map_err(|e| e.to_string())?;
+                    lat.push(due.elapsed().as_secs_f64() * 1e6);
+                    drop(art);
+                }
+                Ok(lat)
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for h in handles {
+        all.extend(h.join().map_err(|_| "client thread panicked")??);
+    }
+    print_latency(
+        clients,
+        &format!("paced:{rate}"),
+        all,
+        t0.elapsed().as_secs_f64(),
+    );
+    Ok(())
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -114,6 +250,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let (socket, model) = (a(1)?, a(2)?);
             let clients: usize = a(3)?.parse()?;
             let per: usize = a(4)?.parse()?;
+            let how = args.get(5).cloned().unwrap_or_else(|| "threads".into());
+            if how == "poll" {
+                return latency_poll(&socket, &model, clients, per);
+            }
+            if let Some(rate) = how.strip_prefix("paced:") {
+                return latency_paced(&socket, &model, clients, per, rate.parse()?);
+            }
             let barrier = std::sync::Arc::new(std::sync::Barrier::new(clients));
             let t0 = Instant::now();
             let handles: Vec<_> = (0..clients)
@@ -142,15 +285,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             for h in handles {
                 all.extend(h.join().map_err(|_| "client thread panicked")??);
             }
-            let wall = t0.elapsed().as_secs_f64();
-            all.sort_by(|a, b| a.total_cmp(b));
-            println!(
-                "{{\"clients\":{clients},\"acquires\":{},\"p50_us\":{:.1},\"p99_us\":{:.1},\"acquires_per_s\":{:.0}}}",
-                all.len(),
-                pct(&all, 0.5),
-                pct(&all, 0.99),
-                all.len() as f64 / wall
-            );
+            print_latency(clients, "threads", all, t0.elapsed().as_secs_f64());
         }
         "bert" => {
             let dir = Path::new(&a(1)?).to_path_buf();

@@ -137,6 +137,15 @@ pub struct Client {
     max_frame: u32,
 }
 
+/// The connection's socket, for callers that multiplex many connections with `poll`/`epoll`
+/// and call [`Client::send`] / [`Client::recv`] when it is ready (a response arrives as one
+/// frame, so `recv` on a readable socket does not wait for the daemon).
+impl std::os::fd::AsRawFd for Client {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.stream.as_raw_fd()
+    }
+}
+
 impl Client {
     /// Connects to the daemon's socket and performs the version handshake.
     pub fn connect(path: impl AsRef<Path>) -> Result<Self, ClientError> {
