@@ -40,6 +40,10 @@ struct Inner {
     client: VecDeque<CacheKey>,
     background: VecDeque<CacheKey>,
     failed: HashMap<CacheKey, (ErrorCode, String)>,
+    /// The last failure of keys whose build failed for a reason outside the model (the
+    /// store: disk full, I/O error). Shown by `status`, never memoised: the next request
+    /// builds again.
+    transient: HashMap<CacheKey, (ErrorCode, String)>,
     closed: bool,
 }
 
@@ -142,7 +146,14 @@ impl Queue {
 
     /// Forgets a memoised failure (after an explicit evict).
     pub fn forget_failure(&self, key: &CacheKey) {
-        self.lock().failed.remove(key);
+        let mut g = self.lock();
+        g.failed.remove(key);
+        g.transient.remove(key);
+    }
+
+    /// The last failure of a key that is retried on the next request (see `Inner::transient`).
+    pub fn transient_failure(&self, key: &CacheKey) -> Option<(ErrorCode, String)> {
+        self.lock().transient.get(key).cloned()
     }
 
     /// The state of a key's job: `None` when no job exists.
@@ -256,8 +267,13 @@ impl Queue {
                 tx.send_replace(JobStatus::Running(p.as_str()));
             })
         });
+        let mut transient = false;
         let result = match tokio::time::timeout(self.timeout, handle).await {
             Ok(Ok(r)) => r.map_err(|e| match e {
+                EngineError::Storage(m) => {
+                    transient = true;
+                    (ErrorCode::BuildFailed, m)
+                }
                 EngineError::Cancelled => (ErrorCode::Cancelled, "the build was cancelled".into()),
                 EngineError::Changed(m) => (ErrorCode::Cancelled, m),
                 other => (ErrorCode::BuildFailed, other.to_string()),
@@ -291,6 +307,7 @@ impl Queue {
                 Ok(_) => {
                     self.stats.builds.fetch_add(1, Ordering::Relaxed);
                     self.stats.build_millis.fetch_add(ms, Ordering::Relaxed);
+                    g.transient.remove(&key);
                 }
                 Err((ErrorCode::Cancelled, _)) => {
                     self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -298,7 +315,11 @@ impl Queue {
                 Err(f) => {
                     self.stats.failures.fetch_add(1, Ordering::Relaxed);
                     self.stats.build_millis.fetch_add(ms, Ordering::Relaxed);
-                    g.failed.insert(key, f.clone());
+                    if transient {
+                        g.transient.insert(key, f.clone());
+                    } else {
+                        g.failed.insert(key, f.clone());
+                    }
                 }
             }
         }
