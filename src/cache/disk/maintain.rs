@@ -159,10 +159,15 @@ impl SledStore {
     fn quarantine(&self, digest: &str) -> Result<(), StoreError> {
         let src = self.blob_dir(digest);
         if src.exists() {
-            let dst = self
-                .root
-                .join("quarantine")
-                .join(format!("{digest}-{}", now_secs()));
+            // Unique: the same digest can be quarantined again within a second (a rebuild
+            // is byte-identical).
+            let q = self.root.join("quarantine");
+            let mut dst = q.join(format!("{digest}-{}", now_secs()));
+            let mut n = 1;
+            while dst.exists() {
+                dst = q.join(format!("{digest}-{}-{n}", now_secs()));
+                n += 1;
+            }
             std::fs::rename(&src, &dst).map_err(io(&src))?;
         }
         Ok(())

@@ -731,6 +731,62 @@ mod tests {
     }
 
     #[test]
+    fn a_put_that_cannot_finish_leaves_the_previous_entry_and_no_blob() {
+        let d = tempfile::tempdir().unwrap();
+        let s = SledStore::open(&d.path().join("c"), StoreOptions::default()).unwrap();
+        let r = s
+            .put(record(1, 1), Some(&artifact(&d.path().join("a"), b"old")))
+            .unwrap();
+        // The manifest cannot be written (what a full disk does to the last write).
+        let records = s.root().join("records");
+        std::fs::remove_dir_all(&records).unwrap();
+        std::fs::write(&records, b"not a directory").unwrap();
+        let new = artifact(&d.path().join("b"), b"new");
+        assert!(s.put(record(1, 2), Some(&new)).is_err());
+        assert_eq!(
+            s.get(&r.key).unwrap(),
+            Some(r.clone()),
+            "previous record back"
+        );
+        assert_eq!(blobs(s.root()), 1, "the new blob is gone");
+        assert!(s.put(record(2, 2), Some(&new)).is_err());
+        assert!(
+            s.get(&record(2, 2).key).unwrap().is_none(),
+            "no partial entry"
+        );
+        assert_eq!(blobs(s.root()), 1);
+    }
+
+    #[test]
+    fn an_index_that_lost_records_is_refused_and_repair_rebuilds_it() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("c");
+        let (r1, r2) = {
+            let s = SledStore::open(&root, StoreOptions::default()).unwrap();
+            let r1 = s
+                .put(record(1, 1), Some(&artifact(&d.path().join("a"), b"one")))
+                .unwrap();
+            let r2 = s
+                .put(record(2, 1), Some(&artifact(&d.path().join("b"), b"two")))
+                .unwrap();
+            // What a truncated log reads as: the index silently lost a record.
+            s.records.remove(r2.key.0).unwrap();
+            (r1, r2)
+        };
+        let e = SledStore::open(&root, StoreOptions::default()).unwrap_err();
+        assert!(matches!(e, StoreError::IndexDamaged { .. }), "{e}");
+        assert!(e.to_string().contains("verify --repair"), "{e}");
+        assert_eq!(blobs(&root), 2, "nothing deleted as an orphan");
+        let (s, rep) = SledStore::repair(&root, StoreOptions::default()).unwrap();
+        assert!(rep.damaged);
+        assert_eq!(rep.recovered.len(), 2);
+        assert!(rep.moved_to.as_ref().unwrap().is_dir(), "old index kept");
+        for r in [&r1, &r2] {
+            assert!(matches!(s.lookup(&r.key).unwrap(), Lookup::Hit { .. }));
+        }
+    }
+
+    #[test]
     fn artifact_names_must_be_plain() {
         let d = tempfile::tempdir().unwrap();
         let s = SledStore::open(&d.path().join("c"), StoreOptions::default()).unwrap();
