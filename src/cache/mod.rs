@@ -216,6 +216,8 @@ pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
     }
     // SAFETY: statvfs returned 0, so it filled `st`.
     let st = unsafe { st.assume_init() };
+    // fsblkcnt_t and c_ulong are 32 bits on some targets.
+    #[allow(clippy::unnecessary_cast)]
     Ok(st.f_bavail as u64 * st.f_frsize as u64)
 }
 

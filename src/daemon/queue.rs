@@ -1,7 +1,8 @@
 //! The build queue: single-flight per cache key (any number of waiters share one build),
 //! bounded concurrency (a semaphore sized from the config), client-requested builds ahead of
 //! background ones, a timeout per build, cancellation, and a failure memo (a key that failed
-//! is not rebuilt; a changed model or config has a new key). Builds run on tokio's blocking
+//! is not rebuilt; a changed model or config has a new key). A failure of the store itself
+//! (disk full, I/O error) is shown but not memoised: the next request builds again. Builds run on tokio's blocking
 //! pool; their outcome reaches waiters through a `watch` channel per job.
 
 use std::collections::{HashMap, VecDeque};
@@ -436,6 +437,56 @@ mod tests {
         assert_eq!(code, ErrorCode::BuildFailed);
         assert!(msg.contains("b does not build"), "{msg}");
         assert_eq!(engine.started.lock().unwrap().len(), 4);
+    }
+
+    /// Fails with a storage error first (a full disk), then as a broken model.
+    struct FullDiskEngine(Mutex<u32>);
+
+    impl Engine for FullDiskEngine {
+        fn variants(&self, _: &ModelEntry, _: &[String]) -> Vec<Selection> {
+            Vec::new()
+        }
+        fn plan(&self, _: &ModelEntry, _: &Selection) -> Result<Planned, EngineError> {
+            Err(EngineError::Runtime("unused".into()))
+        }
+        fn lookup(&self, _: &Planned) -> Result<Option<Artifact>, EngineError> {
+            Ok(None)
+        }
+        fn build(
+            &self,
+            _: &Planned,
+            _: &CancelToken,
+            _: &dyn Fn(BuildPhase),
+        ) -> Result<Artifact, EngineError> {
+            let mut n = self.0.lock().unwrap();
+            *n += 1;
+            Err(match *n {
+                1 => EngineError::Storage("no space left on the file system holding /c".into()),
+                _ => EngineError::Invalid("broken model".into()),
+            })
+        }
+        fn evict(&self, _: &CacheKey) -> Result<bool, EngineError> {
+            Ok(false)
+        }
+    }
+
+    #[tokio::test]
+    async fn storage_failures_are_reported_but_not_memoised() {
+        let engine = Arc::new(FullDiskEngine(Mutex::new(0)));
+        let q = Queue::new(engine.clone(), 1, Duration::from_secs(60));
+        tokio::spawn(q.clone().run());
+        let p = planned("a", 1);
+        let (code, msg) = done(q.submit(&p, true).unwrap()).await.unwrap_err();
+        assert_eq!(code, ErrorCode::BuildFailed);
+        assert!(msg.contains("no space left"), "{msg}");
+        assert!(q.failure(&p.key).is_none(), "not memoised");
+        assert!(q.transient_failure(&p.key).is_some(), "but shown");
+        // The next request builds again; a model failure is memoised as before.
+        let (_, msg) = done(q.submit(&p, true).unwrap()).await.unwrap_err();
+        assert_eq!(msg, "broken model");
+        assert_eq!(*engine.0.lock().unwrap(), 2);
+        assert!(q.submit(&p, true).is_err(), "memoised");
+        assert_eq!(*engine.0.lock().unwrap(), 2);
     }
 
     #[tokio::test]
