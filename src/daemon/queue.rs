@@ -2,8 +2,9 @@
 //! bounded concurrency (a semaphore sized from the config), client-requested builds ahead of
 //! background ones, a timeout per build, cancellation, and a failure memo (a key that failed
 //! is not rebuilt; a changed model or config has a new key). A failure of the store itself
-//! (disk full, I/O error) is shown but not memoised: the next request builds again. Builds run on tokio's blocking
-//! pool; their outcome reaches waiters through a `watch` channel per job.
+//! (disk full, I/O error) is shown but not memoised: the next request builds again. Builds
+//! run on tokio's blocking pool; their outcome reaches waiters through a `watch` channel per
+//! job.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
