@@ -1,5 +1,5 @@
 //! The cache maintenance commands: `trtcache ls`, `rm KEY`, `gc [--max-size SIZE]
-//! [--dry-run]`, `verify`; each with `--json`. Also the shared `--cache-dir` argument.
+//! [--dry-run]`, `verify [--repair]`; each with `--json`. Also the shared `--cache-dir` argument.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
