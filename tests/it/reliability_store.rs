@@ -535,10 +535,10 @@ fn a_full_disk_fails_the_build_clearly_keeps_serving_and_builds_once_space_is_ba
     drop(art);
     // A client asking for b while the disk is still full gets the same clear error, not a
     // memoised one: the build was tried again.
-    let builds_before = c.stats().unwrap().failures;
+    let failures_before = c.stats().unwrap().failures;
     let e = c.acquire_model("b").unwrap_err();
     assert!(e.to_string().contains("no space left"), "{e}");
-    assert!(c.stats().unwrap().failures > builds_before, "retried");
+    assert!(c.stats().unwrap().failures > failures_before, "retried");
     no_partial_entry(&cache, &key_b, blobs);
 
     // Space back: the next request builds it.
