@@ -311,7 +311,10 @@ impl Builder {
         let staging = self.store.staging_dir()?;
         let started = Instant::now();
         progress(&format!("building with {}", backend.name()));
-        let artifact = backend.build(rt, &req.model, &req.options, staging.path())?;
+        let artifact = match backend.build(rt, &req.model, &req.options, staging.path()) {
+            Ok(a) => a,
+            Err(e) => return Err(disk_full(staging.path(), &req.model, e)),
+        };
         if let Some(hook) = &self.hook {
             hook(&artifact);
         }
@@ -451,6 +454,28 @@ fn ort_provider_name(p: &str) -> String {
 /// Which provider runs what, as the capability analysis plans it for `backend`'s provider
 /// list: provider → top-level node count, and the provider of each partition in graph order.
 /// `None` (with a warning) when the analysis cannot run; a build never fails on it.
+/// Space the staging file system must have left for a failed backend build not to be blamed
+/// on it (ONNX Runtime reports a failed write without the errno).
+const FULL_SLACK: u64 = 1 << 20;
+
+/// A backend failure while the cache's file system is (nearly) full is that, not a broken
+/// model: ONNX Runtime says only "Failed to write ..." when it hits ENOSPC. Judged before the
+/// staging directory (and its partial files) is removed: less than max(1 MiB, the model's
+/// size) left means the artifact could not have fit.
+fn disk_full(staging: &Path, model: &Path, e: BuildError) -> BuildError {
+    let need = std::fs::metadata(model)
+        .map(|m| m.len())
+        .unwrap_or(0)
+        .max(FULL_SLACK);
+    match crate::cache::free_bytes(staging) {
+        Ok(free) if free < need => BuildError::Store(crate::cache::StoreError::Full {
+            path: staging.parent().unwrap_or(staging).to_path_buf(),
+            detail: format!("{free} bytes free while the backend wrote the artifact ({e})"),
+        }),
+        _ => e,
+    }
+}
+
 fn provider_plan(model: &Path, backend: &str) -> Option<(BTreeMap<String, usize>, Vec<String>)> {
     use crate::analysis::{analyse, Options, Provider};
     let providers = match backend {

@@ -37,6 +37,27 @@ pub enum StoreError {
     BadRecord { key: String, message: String },
     #[error("artifact file `{name}` is not a plain file name inside the artifact directory")]
     BadArtifact { name: String },
+    /// The file system holding the cache is full (ENOSPC or EDQUOT): a condition of the
+    /// machine, not of the model; nothing was stored and the next attempt may succeed.
+    #[error("no space left on the file system holding {}: {detail}\nfix: free space there (e.g. `trtcache gc --max-size SIZE`, or delete other files), or point --cache-dir at a larger disk; nothing was stored", path.display())]
+    Full { path: PathBuf, detail: String },
+    /// The sled index is missing, truncated or corrupt (sled reads a damaged log as shorter
+    /// or empty, so this is detected from the record manifests under `records/`). Nothing
+    /// was changed: blobs and manifests are intact.
+    #[error("cache index {}/db is damaged: {detail}\nfix: run `trtcache verify --repair --cache-dir {}` (moves the damaged index aside and rebuilds it from the stored artifacts; models are not touched)", dir.display(), dir.display())]
+    IndexDamaged { dir: PathBuf, detail: String },
+}
+
+impl StoreError {
+    /// Whether this is the file system running out of space (a transient condition).
+    pub fn is_full(&self) -> bool {
+        matches!(self, StoreError::Full { .. })
+    }
+}
+
+/// Whether an I/O error means the file system is out of space or quota.
+pub fn is_no_space(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
 }
 
 /// What [`Store::lookup`] found for a key.
@@ -65,6 +86,24 @@ pub struct VerifyReport {
     pub ok: usize,
     /// (key, why) of every record quarantined by this run.
     pub quarantined: Vec<(String, String)>,
+}
+
+/// Result of [`SledStore::repair`] (`trtcache verify --repair`).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct RepairReport {
+    /// Whether the index was damaged (else nothing was rebuilt and `verify` ran as usual).
+    pub damaged: bool,
+    /// Why the index was judged damaged.
+    pub reason: Option<String>,
+    /// Where the damaged index was moved (kept for inspection; delete it once satisfied).
+    pub moved_to: Option<PathBuf>,
+    /// Keys re-indexed from their manifests after their files re-hashed clean.
+    pub recovered: Vec<String>,
+    /// (key or manifest, why) of entries that could not be recovered; their models are
+    /// rebuilt on the next request.
+    pub dropped: Vec<(String, String)>,
+    /// Blob directories no recoverable record names, moved to `quarantine/` (not deleted).
+    pub unreferenced_blobs: Vec<String>,
 }
 
 /// Result of [`Store::gc`].
@@ -162,6 +201,24 @@ pub fn parse_size(s: &str) -> Option<u64> {
         return None;
     }
     Some((v * mult as f64).round() as u64)
+}
+
+/// Bytes an unprivileged writer can still allocate on the file system holding `path`.
+pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a NUL-terminated path and `st` is written by statvfs before it is read.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: statvfs returned 0, so it filled `st`.
+    let st = unsafe { st.assume_init() };
+    // fsblkcnt_t and c_ulong are 32 bits on some targets.
+    #[allow(clippy::unnecessary_cast)]
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
 }
 
 /// Seconds since the Unix epoch.

@@ -1,5 +1,5 @@
 //! The cache maintenance commands: `trtcache ls`, `rm KEY`, `gc [--max-size SIZE]
-//! [--dry-run]`, `verify`; each with `--json`. Also the shared `--cache-dir` argument.
+//! [--dry-run]`, `verify [--repair]`; each with `--json`. Also the shared `--cache-dir` argument.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -85,9 +85,21 @@ pub struct GcArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(
+    after_help = "A damaged index (other commands stop with `cache index DIR/db is damaged`): \
+`trtcache verify --repair` moves it aside to DIR/db.corrupt-<unix time> (kept; delete it once \
+satisfied), rebuilds the index from DIR/records/<key>.json and the blobs whose files re-hash \
+clean, lists entries it could not recover (their models are rebuilt on the next request), and \
+moves blob directories nothing names to DIR/quarantine/. The model repository is never \
+touched. Stop the daemon first: it owns the cache while it runs."
+)]
 pub struct VerifyArgs {
     #[command(flatten)]
     pub cache: CacheArgs,
+    /// If the cache index is damaged, move it aside and rebuild it from the stored record
+    /// manifests and artifacts; then verify as usual.
+    #[arg(long)]
+    pub repair: bool,
     /// Print one JSON object instead of the human report.
     #[arg(long)]
     pub json: bool,
@@ -228,10 +240,20 @@ struct VerifyOut<'a> {
     #[serde(flatten)]
     report: &'a crate::cache::VerifyReport,
     passed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    repair: Option<&'a crate::cache::RepairReport>,
 }
 
 pub fn verify(a: VerifyArgs) -> anyhow::Result<ExitCode> {
-    let (store, dir) = open_store(&a.cache, None)?;
+    let (store, dir, repair) = if a.repair {
+        let dir = a.cache.dir();
+        let (store, rep) = SledStore::repair(&dir, StoreOptions::default())
+            .with_context(|| format!("repairing cache {}", dir.display()))?;
+        (store, dir, Some(rep))
+    } else {
+        let (store, dir) = open_store(&a.cache, None)?;
+        (store, dir, None)
+    };
     let rep = store.verify().context("verifying the cache")?;
     let passed = rep.quarantined.is_empty();
     if a.json {
@@ -239,11 +261,38 @@ pub fn verify(a: VerifyArgs) -> anyhow::Result<ExitCode> {
             "{}",
             serde_json::to_string_pretty(&VerifyOut {
                 report: &rep,
-                passed
+                passed,
+                repair: repair.as_ref(),
             })?
         );
     } else {
         let st = Style::stdout();
+        match &repair {
+            Some(r) if r.damaged => {
+                println!(
+                    "repaired the index of {}: {}",
+                    dir.display(),
+                    r.reason.as_deref().unwrap_or("damaged")
+                );
+                if let Some(m) = &r.moved_to {
+                    println!("  damaged index kept at {}", m.display());
+                }
+                println!(
+                    "  {} records recovered, {} dropped, {} unreferenced blobs moved to quarantine/",
+                    r.recovered.len(),
+                    r.dropped.len(),
+                    r.unreferenced_blobs.len()
+                );
+                for (k, why) in &r.dropped {
+                    println!("  {} {k}: {why}", st.bad("dropped"));
+                }
+            }
+            Some(_) => println!(
+                "the index of {} is intact: nothing to repair",
+                dir.display()
+            ),
+            None => {}
+        }
         println!(
             "verified {} artifacts in {}: {} ok, {} quarantined",
             rep.checked,

@@ -19,7 +19,7 @@ use trtcache_client::protocol::{ArtifactFile, ArtifactMeta, TensorInfo, Validati
 use super::engine::*;
 use crate::build::validate::{Tolerance, ValidationConfig};
 use crate::build::{runtime, BuildError, BuildOptions, BuildRequest, Builder, Watch};
-use crate::cache::{Lookup, Record, Served, SledStore, Store, StoreError, StoreOptions};
+use crate::cache::{Lookup, Record, Served, SledStore, Status, Store, StoreError, StoreOptions};
 use crate::key::memo::FileId;
 use crate::key::CacheKey;
 use crate::onnx::facts::{elem_type_of, shape_of, Dim};
@@ -59,10 +59,11 @@ fn build_err(e: BuildError) -> EngineError {
             EngineError::Changed(format!("{}: {source}", path.display()))
         }
         BuildError::UnknownBackend(_) => EngineError::NotFound(e.to_string()),
-        BuildError::Runtime(_)
-        | BuildError::ProviderMissing { .. }
-        | BuildError::Store(_)
-        | BuildError::Key(_) => EngineError::Runtime(e.to_string()),
+        // The store failing (a full disk, an I/O error) says nothing about the model.
+        BuildError::Store(_) => EngineError::Storage(e.to_string()),
+        BuildError::Runtime(_) | BuildError::ProviderMissing { .. } | BuildError::Key(_) => {
+            EngineError::Runtime(e.to_string())
+        }
         BuildError::Io { path, source } => EngineError::Io {
             path,
             error: source,
@@ -189,6 +190,7 @@ impl CachedEngine {
         let (inputs, outputs) = io_of(&served.entry)?;
         let mut files = Vec::new();
         let mut paths = Vec::new();
+        let mut stamps = Vec::new();
         // Graph first, then its external data (the order clients expect descriptors in).
         let mut ordered: Vec<_> = stored.files.iter().collect();
         ordered.sort_by_key(|f| (f.name != stored.entry, f.name.clone()));
@@ -202,7 +204,10 @@ impl CachedEngine {
                 name: f.name.clone(),
                 bytes: f.bytes,
             });
-            paths.push(served.dir.join(&f.name));
+            let p = served.dir.join(&f.name);
+            let m = std::fs::metadata(&p).map_err(EngineError::io(&p))?;
+            stamps.push(FileStamp::of(&m));
+            paths.push(p);
         }
         let v = record.validation.as_ref();
         let validation = Validation {
@@ -238,6 +243,7 @@ impl CachedEngine {
                 dir_fd_index: None,
             },
             paths,
+            stamps,
         })
     }
 }
@@ -353,17 +359,41 @@ impl Engine for CachedEngine {
         })
     }
 
+    /// The daemon calls this when it has no artifact for the key in memory: at its first
+    /// request after a start, or after the files it serves changed. So the artifact is
+    /// re-hashed here (once per load, not per acquire): the stamps taken first, then every
+    /// byte checked against the record. A mismatch, or files missing or of the wrong size,
+    /// quarantines the entry (files moved to `quarantine/`) and answers `None`: the daemon
+    /// rebuilds it.
     fn lookup(&self, planned: &Planned) -> Result<Option<Artifact>, EngineError> {
+        let quarantine = |why: &str| {
+            tracing::warn!(key = %planned.key, %why, "stored artifact damaged: quarantined, will rebuild");
+            if let Err(e) = self.store.quarantine_key(&planned.key, why) {
+                tracing::warn!(key = %planned.key, error = %e, "cannot quarantine");
+            }
+        };
         match self.store.lookup(&planned.key).map_err(store_err)? {
             Lookup::Hit { record, served } => match self.artifact(planned, &record, &served) {
-                Ok(a) => Ok(Some(a)),
+                Ok(a) => match record.artifact.as_ref().map(|s| self.store.check_hashes(s)) {
+                    Some(Err(why)) => {
+                        quarantine(&why);
+                        Ok(None)
+                    }
+                    _ => Ok(Some(a)),
+                },
                 Err(e) => {
                     tracing::warn!(key = %planned.key, error = %e, "stored artifact unreadable; treating as missing");
                     Ok(None)
                 }
             },
-            Lookup::Unservable { why, .. } => {
-                tracing::debug!(key = %planned.key, %why, "not servable");
+            Lookup::Unservable { why, record } => {
+                // A ready record that failed the cheap checks: its files were truncated or
+                // removed under us.
+                if record.status == Status::Ready {
+                    quarantine(&why);
+                } else {
+                    tracing::debug!(key = %planned.key, %why, "not servable");
+                }
                 Ok(None)
             }
             Lookup::Miss => Ok(None),

@@ -1,8 +1,10 @@
 //! The build queue: single-flight per cache key (any number of waiters share one build),
 //! bounded concurrency (a semaphore sized from the config), client-requested builds ahead of
 //! background ones, a timeout per build, cancellation, and a failure memo (a key that failed
-//! is not rebuilt; a changed model or config has a new key). Builds run on tokio's blocking
-//! pool; their outcome reaches waiters through a `watch` channel per job.
+//! is not rebuilt; a changed model or config has a new key). A failure of the store itself
+//! (disk full, I/O error) is shown but not memoised: the next request builds again. Builds
+//! run on tokio's blocking pool; their outcome reaches waiters through a `watch` channel per
+//! job.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -40,6 +42,10 @@ struct Inner {
     client: VecDeque<CacheKey>,
     background: VecDeque<CacheKey>,
     failed: HashMap<CacheKey, (ErrorCode, String)>,
+    /// The last failure of keys whose build failed for a reason outside the model (the
+    /// store: disk full, I/O error). Shown by `status`, never memoised: the next request
+    /// builds again.
+    transient: HashMap<CacheKey, (ErrorCode, String)>,
     closed: bool,
 }
 
@@ -142,7 +148,14 @@ impl Queue {
 
     /// Forgets a memoised failure (after an explicit evict).
     pub fn forget_failure(&self, key: &CacheKey) {
-        self.lock().failed.remove(key);
+        let mut g = self.lock();
+        g.failed.remove(key);
+        g.transient.remove(key);
+    }
+
+    /// The last failure of a key that is retried on the next request (see `Inner::transient`).
+    pub fn transient_failure(&self, key: &CacheKey) -> Option<(ErrorCode, String)> {
+        self.lock().transient.get(key).cloned()
     }
 
     /// The state of a key's job: `None` when no job exists.
@@ -256,8 +269,13 @@ impl Queue {
                 tx.send_replace(JobStatus::Running(p.as_str()));
             })
         });
+        let mut transient = false;
         let result = match tokio::time::timeout(self.timeout, handle).await {
             Ok(Ok(r)) => r.map_err(|e| match e {
+                EngineError::Storage(m) => {
+                    transient = true;
+                    (ErrorCode::BuildFailed, m)
+                }
                 EngineError::Cancelled => (ErrorCode::Cancelled, "the build was cancelled".into()),
                 EngineError::Changed(m) => (ErrorCode::Cancelled, m),
                 other => (ErrorCode::BuildFailed, other.to_string()),
@@ -291,6 +309,7 @@ impl Queue {
                 Ok(_) => {
                     self.stats.builds.fetch_add(1, Ordering::Relaxed);
                     self.stats.build_millis.fetch_add(ms, Ordering::Relaxed);
+                    g.transient.remove(&key);
                 }
                 Err((ErrorCode::Cancelled, _)) => {
                     self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -298,7 +317,11 @@ impl Queue {
                 Err(f) => {
                     self.stats.failures.fetch_add(1, Ordering::Relaxed);
                     self.stats.build_millis.fetch_add(ms, Ordering::Relaxed);
-                    g.failed.insert(key, f.clone());
+                    if transient {
+                        g.transient.insert(key, f.clone());
+                    } else {
+                        g.failed.insert(key, f.clone());
+                    }
                 }
             }
         }
@@ -415,6 +438,56 @@ mod tests {
         assert_eq!(code, ErrorCode::BuildFailed);
         assert!(msg.contains("b does not build"), "{msg}");
         assert_eq!(engine.started.lock().unwrap().len(), 4);
+    }
+
+    /// Fails with a storage error first (a full disk), then as a broken model.
+    struct FullDiskEngine(Mutex<u32>);
+
+    impl Engine for FullDiskEngine {
+        fn variants(&self, _: &ModelEntry, _: &[String]) -> Vec<Selection> {
+            Vec::new()
+        }
+        fn plan(&self, _: &ModelEntry, _: &Selection) -> Result<Planned, EngineError> {
+            Err(EngineError::Runtime("unused".into()))
+        }
+        fn lookup(&self, _: &Planned) -> Result<Option<Artifact>, EngineError> {
+            Ok(None)
+        }
+        fn build(
+            &self,
+            _: &Planned,
+            _: &CancelToken,
+            _: &dyn Fn(BuildPhase),
+        ) -> Result<Artifact, EngineError> {
+            let mut n = self.0.lock().unwrap();
+            *n += 1;
+            Err(match *n {
+                1 => EngineError::Storage("no space left on the file system holding /c".into()),
+                _ => EngineError::Invalid("broken model".into()),
+            })
+        }
+        fn evict(&self, _: &CacheKey) -> Result<bool, EngineError> {
+            Ok(false)
+        }
+    }
+
+    #[tokio::test]
+    async fn storage_failures_are_reported_but_not_memoised() {
+        let engine = Arc::new(FullDiskEngine(Mutex::new(0)));
+        let q = Queue::new(engine.clone(), 1, Duration::from_secs(60));
+        tokio::spawn(q.clone().run());
+        let p = planned("a", 1);
+        let (code, msg) = done(q.submit(&p, true).unwrap()).await.unwrap_err();
+        assert_eq!(code, ErrorCode::BuildFailed);
+        assert!(msg.contains("no space left"), "{msg}");
+        assert!(q.failure(&p.key).is_none(), "not memoised");
+        assert!(q.transient_failure(&p.key).is_some(), "but shown");
+        // The next request builds again; a model failure is memoised as before.
+        let (_, msg) = done(q.submit(&p, true).unwrap()).await.unwrap_err();
+        assert_eq!(msg, "broken model");
+        assert_eq!(*engine.0.lock().unwrap(), 2);
+        assert!(q.submit(&p, true).is_err(), "memoised");
+        assert_eq!(*engine.0.lock().unwrap(), 2);
     }
 
     #[tokio::test]

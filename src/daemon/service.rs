@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use trtcache_client::protocol::*;
 
-use super::engine::{Artifact, Engine, EngineError, ModelEntry, Planned, Selection};
+use super::engine::{Artifact, Engine, EngineError, FileStamp, ModelEntry, Planned, Selection};
 use super::queue::{JobStatus, Queue};
 use super::repo::{RepoModel, Snapshot};
 use crate::config::Config;
@@ -305,6 +305,26 @@ impl Service {
         a.paths.iter().map(File::open).collect()
     }
 
+    /// Whether the opened files are still the ones the engine last checked (one `fstat`
+    /// each): a write, truncation or replacement since changes the stamp.
+    fn unchanged(&self, a: &Artifact, files: &[File]) -> Result<(), String> {
+        if a.stamps.is_empty() {
+            return Ok(());
+        }
+        for ((f, p), want) in files.iter().zip(&a.paths).zip(&a.stamps) {
+            let now = f.metadata().map_err(|e| format!("{}: {e}", p.display()))?;
+            if FileStamp::of(&now) != *want {
+                return Err(format!(
+                    "{} changed since it was verified ({} bytes, verified {})",
+                    p.display(),
+                    now.len(),
+                    want.len
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// A read-only descriptor of the directory holding every file of `a` (`None` when the
     /// files do not share one directory, or it cannot be opened: the client then uses the
     /// per-file descriptors alone).
@@ -337,36 +357,61 @@ impl Service {
         let sel = self.selection_for(&entry, req.profile.clone(), req.backend.clone());
         let planned = self.planned(&entry, &sel).await?;
         let mut hit = true;
-        let artifact = match self.ready_artifact(&planned).await {
-            Some(a) => a,
-            None => {
-                if let Some(f) = self.queue.failure(&planned.key) {
-                    return Err(f);
+        // A file changed under the daemon is never handed out: the engine re-checks it (a
+        // full hash), quarantining it when damaged, and the loop builds or serves again.
+        let mut rechecks = 0;
+        let (artifact, mut files) = loop {
+            let artifact = match self.ready_artifact(&planned).await {
+                Some(a) => a,
+                None => {
+                    if let Some(f) = self.queue.failure(&planned.key) {
+                        return Err(f);
+                    }
+                    if !req.wait {
+                        self.submit_tracked(&planned);
+                        return Err(fail(
+                            ErrorCode::NotReady,
+                            format!("`{}` is not built yet", req.model),
+                        ));
+                    }
+                    hit = false;
+                    let rx = self.queue.submit(&planned, true)?;
+                    let limit = req
+                        .timeout_ms
+                        .map(Duration::from_millis)
+                        .unwrap_or(Duration::from_secs(self.cfg.limits.build_timeout_secs));
+                    self.wait_job(rx, &planned, limit).await?
                 }
-                if !req.wait {
-                    self.submit_tracked(&planned);
+            };
+            let files = match self.open_files(&artifact) {
+                Ok(f) => f,
+                Err(e) if rechecks < 2 => {
+                    tracing::warn!(key = %planned.key, error = %e, "artifact files vanished; checking the store");
+                    self.lock().ready.remove(&planned.key);
+                    rechecks += 1;
+                    continue;
+                }
+                Err(e) => {
+                    self.lock().ready.remove(&planned.key);
                     return Err(fail(
                         ErrorCode::NotReady,
-                        format!("`{}` is not built yet", req.model),
+                        format!("artifact files vanished ({e}); retry to rebuild"),
                     ));
                 }
-                hit = false;
-                let rx = self.queue.submit(&planned, true)?;
-                let limit = req
-                    .timeout_ms
-                    .map(Duration::from_millis)
-                    .unwrap_or(Duration::from_secs(self.cfg.limits.build_timeout_secs));
-                self.wait_job(rx, &planned, limit).await?
-            }
-        };
-        let mut files = match self.open_files(&artifact) {
-            Ok(f) => f,
-            Err(e) => {
-                self.lock().ready.remove(&planned.key);
-                return Err(fail(
-                    ErrorCode::NotReady,
-                    format!("artifact files vanished ({e}); retry to rebuild"),
-                ));
+            };
+            match self.unchanged(&artifact, &files) {
+                Ok(()) => break (artifact, files),
+                Err(why) => {
+                    tracing::warn!(key = %planned.key, %why, "served artifact changed on disk; checking it");
+                    self.lock().ready.remove(&planned.key);
+                    if rechecks >= 2 {
+                        return Err(fail(
+                            ErrorCode::NotReady,
+                            format!("the artifact keeps changing on disk ({why}); retry"),
+                        ));
+                    }
+                    rechecks += 1;
+                }
             }
         };
         let c = if hit {
@@ -451,7 +496,11 @@ impl Service {
                         }
                         JobStatus::Done(_) => {}
                     }
-                } else if let Some((_, msg)) = self.queue.failure(&p.key) {
+                } else if let Some((_, msg)) = self
+                    .queue
+                    .failure(&p.key)
+                    .or_else(|| self.queue.transient_failure(&p.key))
+                {
                     v.state = VariantState::Failed;
                     v.reason = Some(msg);
                 }

@@ -10,4 +10,5 @@ mod daemon_system;
 mod fuzz_regressions;
 mod keys;
 mod onnx_load;
+mod reliability_store;
 mod support;

@@ -4,10 +4,17 @@
 //! them while a builder or daemon holds this store's lock.
 //!
 //! Layout of a cache dir: `lock` (owner pid, flock), `db/` (sled), `blobs/<digest>/<files>`,
-//! `tmp/` (staging and commits in progress), `quarantine/` (what `verify` moved aside).
-//! Writes go to `tmp/`, are fsynced, renamed into `blobs/`, then indexed, so a crash leaves at
-//! worst leftovers that the next [`SledStore::open`] removes: temp files, records whose blob
-//! is gone, blobs no record names ([`maintain`] holds reconcile, verify and gc).
+//! `records/<key>.json` (each record as stored, outside sled), `tmp/` (staging and commits in
+//! progress), `quarantine/` (what `verify` moved aside).
+//! Writes go to `tmp/`, are fsynced, renamed into `blobs/`, then indexed, then the record's
+//! manifest is written, so a crash leaves at worst leftovers that the next
+//! [`SledStore::open`] removes: temp files, records whose blob is gone, blobs no record names
+//! ([`maintain`] holds reconcile, verify, repair and gc).
+//!
+//! The manifests exist because sled reads a truncated or corrupt log as a shorter (often
+//! empty) index without an error: a manifest whose key the index lacks means the index lost
+//! it, and open refuses (rather than deleting the "orphan" blobs) until
+//! [`SledStore::repair`] rebuilds the index from the manifests and the blobs.
 
 use std::fs::File;
 use std::io::Read;
@@ -55,10 +62,54 @@ pub struct SledStore {
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
-    move |source| StoreError::Io {
-        path: path.to_path_buf(),
-        source,
+    move |source| {
+        if super::is_no_space(&source) {
+            StoreError::Full {
+                path: path.to_path_buf(),
+                detail: source.to_string(),
+            }
+        } else {
+            StoreError::Io {
+                path: path.to_path_buf(),
+                source,
+            }
+        }
     }
+}
+
+/// A sled error as a store error: out of space is [`StoreError::Full`], corruption is
+/// [`StoreError::IndexDamaged`].
+fn sled_err(root: &Path, e: sled::Error) -> StoreError {
+    match e {
+        sled::Error::Io(source) => io(&root.join("db"))(source),
+        sled::Error::Corruption { at, .. } => StoreError::IndexDamaged {
+            dir: root.to_path_buf(),
+            detail: match at {
+                Some(at) => format!("sled found corrupted data at {at:?}"),
+                None => "sled found corrupted data".into(),
+            },
+        },
+        e => StoreError::Db {
+            path: root.join("db"),
+            message: e.to_string(),
+        },
+    }
+}
+
+/// Writes `bytes` to `path` durably: a temp file in the same directory, fsynced, renamed,
+/// then the directory fsynced.
+fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .tempfile_in(dir)
+        .map_err(io(dir))?;
+    tmp.write_all(bytes)
+        .and_then(|_| tmp.as_file().sync_all())
+        .map_err(io(path))?;
+    tmp.persist(path).map_err(|e| io(path)(e.error))?;
+    fsync_dir(dir)
 }
 
 /// SHA-256 (hex) and size of a file.
@@ -101,17 +152,12 @@ impl SledStore {
     pub fn open(root: &Path, opts: StoreOptions) -> Result<Self, StoreError> {
         std::fs::create_dir_all(root).map_err(io(root))?;
         let lock = DirLock::acquire(root)?;
-        for sub in ["blobs", "tmp", "quarantine"] {
+        for sub in ["blobs", "tmp", "quarantine", "records"] {
             let p = root.join(sub);
             std::fs::create_dir_all(&p).map_err(io(&p))?;
         }
-        let dbp = root.join("db");
-        let db_err = |e: sled::Error| StoreError::Db {
-            path: dbp.clone(),
-            message: e.to_string(),
-        };
-        let db = sled::open(&dbp).map_err(db_err)?;
-        let records = db.open_tree(RECORDS_TREE).map_err(db_err)?;
+        let db = sled::open(root.join("db")).map_err(|e| sled_err(root, e))?;
+        let records = db.open_tree(RECORDS_TREE).map_err(|e| sled_err(root, e))?;
         let mut store = Self {
             root: root.to_path_buf(),
             db,
@@ -141,9 +187,30 @@ impl SledStore {
     }
 
     fn db_err(&self, e: sled::Error) -> StoreError {
-        StoreError::Db {
-            path: self.root.join("db"),
+        sled_err(&self.root, e)
+    }
+
+    /// The manifest of a key's record (`records/<key>.json`).
+    fn manifest_path(&self, key: &CacheKey) -> PathBuf {
+        self.root
+            .join("records")
+            .join(format!("{}.json", key.hex()))
+    }
+
+    /// Writes a record's manifest: what [`SledStore::repair`] rebuilds the index from.
+    fn write_manifest(&self, r: &Record) -> Result<(), StoreError> {
+        let v = serde_json::to_vec_pretty(r).map_err(|e| StoreError::BadRecord {
+            key: r.key.hex(),
             message: e.to_string(),
+        })?;
+        write_durably(&self.manifest_path(&r.key), &v)
+    }
+
+    fn remove_manifest(&self, key: &CacheKey) -> Result<(), StoreError> {
+        let p = self.manifest_path(key);
+        match std::fs::remove_file(&p) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(&p)(e)),
+            _ => Ok(()),
         }
     }
 
@@ -334,6 +401,35 @@ impl SledStore {
         Ok(stored)
     }
 
+    /// Best effort after a failed put: the previous record (or none) back in the index,
+    /// the new blob gone unless something else names it.
+    fn undo_put(&self, record: &Record, previous: Option<&Record>) {
+        let restored = match previous {
+            Some(p) => self.write_record(p),
+            None => self
+                .records
+                .remove(record.key.0)
+                .and_then(|_| self.records.flush())
+                .map(|_| ())
+                .map_err(|e| self.db_err(e)),
+        };
+        if let Err(e) = restored {
+            tracing::warn!(key = %record.key, error = %e, "cannot undo a failed cache write");
+        }
+        if previous.is_none() {
+            let _ = self.remove_manifest(&record.key);
+        }
+        if let Some(a) = &record.artifact {
+            if previous
+                .and_then(|p| p.artifact.as_ref())
+                .map(|p| &p.digest)
+                != Some(&a.digest)
+            {
+                let _ = self.remove_blob_if_unused(&a.digest, &record.key);
+            }
+        }
+    }
+
     fn digest_in_use(&self, digest: &str, except: &CacheKey) -> Result<bool, StoreError> {
         Ok(self
             .all_records()?
@@ -380,7 +476,16 @@ impl Store for SledStore {
             None => None,
         };
         record.format = RECORD_FORMAT;
-        self.write_record(&record)?;
+        // The manifest goes after the index: a manifest always names a record the index
+        // holds (or held, if the index was since damaged). Either failing (a full disk)
+        // undoes the put, so no partial entry stays behind.
+        if let Err(e) = self
+            .write_record(&record)
+            .and_then(|_| self.write_manifest(&record))
+        {
+            self.undo_put(&record, previous.as_ref());
+            return Err(e);
+        }
         if let Some(old) = previous.and_then(|p| p.artifact) {
             if record.artifact.as_ref().map(|a| &a.digest) != Some(&old.digest) {
                 self.remove_blob_if_unused(&old.digest, &record.key)?;
@@ -405,6 +510,8 @@ impl Store for SledStore {
         let Some(r) = self.read_record(key)? else {
             return Ok(false);
         };
+        // Manifest first: one without an index entry would read as a damaged index.
+        self.remove_manifest(key)?;
         self.records.remove(key.0).map_err(|e| self.db_err(e))?;
         self.records.flush().map_err(|e| self.db_err(e))?;
         if let Some(a) = r.artifact {
@@ -621,6 +728,62 @@ mod tests {
         let keys: Vec<_> = s.list().unwrap().into_iter().map(|r| r.key).collect();
         assert_eq!(keys, vec![r1.key]);
         assert!(s.get(&r0.key).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_put_that_cannot_finish_leaves_the_previous_entry_and_no_blob() {
+        let d = tempfile::tempdir().unwrap();
+        let s = SledStore::open(&d.path().join("c"), StoreOptions::default()).unwrap();
+        let r = s
+            .put(record(1, 1), Some(&artifact(&d.path().join("a"), b"old")))
+            .unwrap();
+        // The manifest cannot be written (what a full disk does to the last write).
+        let records = s.root().join("records");
+        std::fs::remove_dir_all(&records).unwrap();
+        std::fs::write(&records, b"not a directory").unwrap();
+        let new = artifact(&d.path().join("b"), b"new");
+        assert!(s.put(record(1, 2), Some(&new)).is_err());
+        assert_eq!(
+            s.get(&r.key).unwrap(),
+            Some(r.clone()),
+            "previous record back"
+        );
+        assert_eq!(blobs(s.root()), 1, "the new blob is gone");
+        assert!(s.put(record(2, 2), Some(&new)).is_err());
+        assert!(
+            s.get(&record(2, 2).key).unwrap().is_none(),
+            "no partial entry"
+        );
+        assert_eq!(blobs(s.root()), 1);
+    }
+
+    #[test]
+    fn an_index_that_lost_records_is_refused_and_repair_rebuilds_it() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("c");
+        let (r1, r2) = {
+            let s = SledStore::open(&root, StoreOptions::default()).unwrap();
+            let r1 = s
+                .put(record(1, 1), Some(&artifact(&d.path().join("a"), b"one")))
+                .unwrap();
+            let r2 = s
+                .put(record(2, 1), Some(&artifact(&d.path().join("b"), b"two")))
+                .unwrap();
+            // What a truncated log reads as: the index silently lost a record.
+            s.records.remove(r2.key.0).unwrap();
+            (r1, r2)
+        };
+        let e = SledStore::open(&root, StoreOptions::default()).unwrap_err();
+        assert!(matches!(e, StoreError::IndexDamaged { .. }), "{e}");
+        assert!(e.to_string().contains("verify --repair"), "{e}");
+        assert_eq!(blobs(&root), 2, "nothing deleted as an orphan");
+        let (s, rep) = SledStore::repair(&root, StoreOptions::default()).unwrap();
+        assert!(rep.damaged);
+        assert_eq!(rep.recovered.len(), 2);
+        assert!(rep.moved_to.as_ref().unwrap().is_dir(), "old index kept");
+        for r in [&r1, &r2] {
+            assert!(matches!(s.lookup(&r.key).unwrap(), Lookup::Hit { .. }));
+        }
     }
 
     #[test]
