@@ -1,0 +1,567 @@
+//! Crash safety: the real daemon SIGKILLed at random moments while it plans, builds,
+//! validates and stores artifacts, restarted each time; after every kill the cache must hold
+//! no corrupt, half-written or orphaned entry and what it serves must still match the original
+//! models. And consumers SIGKILLed mid-acquire must cost the daemon nothing (no leaked
+//! descriptor or connection slot).
+//!
+//! The delays come from a seeded generator; the seed is printed and `TRTCACHE_CRASH_SEED`
+//! replays a run.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use trtcache::fixtures::{models, random_f32, tensor_f32, write, write_external};
+use trtcache_client::protocol::VariantState;
+
+use crate::daemon::{artifact_session, assert_close, reference, run_encoder, Daemon};
+use crate::support;
+
+/// splitmix64: small, seedable, good enough to spread kill times.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+fn seed() -> u64 {
+    std::env::var("TRTCACHE_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        })
+}
+
+/// Writes `path` elsewhere and renames it in, so the daemon never sees a half-written model
+/// (partial model files are the model-folder race test's subject, not this one's).
+fn place(d: &Daemon, rel: &str, write_to: impl FnOnce(&Path)) {
+    let stage = d.root.join("outside").join(format!("stage-{}", rel.replace('/', "_")));
+    let _ = std::fs::remove_dir_all(&stage);
+    std::fs::create_dir_all(&stage).unwrap();
+    let name = Path::new(rel).file_name().unwrap();
+    write_to(&stage.join(name));
+    let dst = d.models().join(rel);
+    if rel.contains('/') {
+        // A model folder (graph + external data): replace the whole folder.
+        let dir = dst.parent().unwrap();
+        let old = d.root.join("outside").join("old");
+        let _ = std::fs::remove_dir_all(&old);
+        if dir.exists() {
+            std::fs::rename(dir, &old).unwrap();
+        }
+        std::fs::rename(&stage, dir).unwrap();
+        let _ = std::fs::remove_dir_all(&old);
+    } else {
+        std::fs::rename(stage.join(name), &dst).unwrap();
+        std::fs::remove_dir_all(&stage).unwrap();
+    }
+}
+
+/// The encoders compared against their originals, and where each one's file is.
+const ENCODERS: [(&str, &str); 2] = [("enc", "enc.onnx"), ("ext", "ext/model.onnx")];
+const NAMES: [&str; 3] = ["enc", "ext", "wide"];
+
+/// New weights for every model, so each round has builds and cache writes to do: a tiny
+/// encoder, one with external data (a two-file artifact) and a wider one whose artifact takes
+/// longer to hash, copy and fsync.
+fn write_models(d: &Daemon, gen: u64) {
+    let mut enc = models::tiny_encoder(false);
+    enc.graph.as_mut().unwrap().initializer[3] =
+        tensor_f32("fc.bias", &[64], &random_f32(1000 + gen, 64, 0.5));
+    place(d, "enc.onnx", |p| write(&enc, p).unwrap());
+    let mut ext = models::tiny_encoder(false);
+    ext.graph.as_mut().unwrap().initializer[2] = tensor_f32(
+        "fc.weight",
+        &[64, 64],
+        &random_f32(2000 + gen, 64 * 64, 0.125),
+    );
+    place(d, "ext/model.onnx", |p| {
+        write_external(&ext, p, "model.onnx.data", 128).unwrap()
+    });
+    let mut wide = models::big_weights(3, 768);
+    wide.graph.as_mut().unwrap().initializer[0] =
+        tensor_f32("w0", &[768, 768], &random_f32(3000 + gen, 768 * 768, 0.02));
+    place(d, "wide.onnx", |p| write(&wide, p).unwrap());
+}
+
+fn spawn_daemon(d: &Daemon) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(d.root.join("daemon.log"))
+        .unwrap();
+    Command::new(support::bin())
+        .args(["-v", "serve", "--config"])
+        .arg(d.config())
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("LISTEN_FDS")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawning trtcache serve")
+}
+
+fn sigkill(child: &mut Child) {
+    // SAFETY: signalling our own child, which has not been reaped yet.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+}
+
+/// What a kill left behind, looked at before anything reopens the cache.
+struct Scene {
+    /// Staging dirs in `tmp/` (`build-*` while a build runs, `commit-*` while a blob is
+    /// written) and whether each had files in it.
+    staged: Vec<(String, bool)>,
+    /// The daemon's log since this start.
+    log: String,
+}
+
+fn scene(d: &Daemon, log_from: usize) -> Scene {
+    let staged = d
+        .tmp_files()
+        .iter()
+        .map(|p| {
+            let full = std::fs::read_dir(p).map(|mut r| r.next().is_some()).unwrap_or(false);
+            (p.file_name().unwrap().to_string_lossy().into_owned(), full)
+        })
+        .collect();
+    let log = d.log();
+    Scene {
+        staged,
+        log: log[log_from.min(log.len())..].to_string(),
+    }
+}
+
+/// Which phase the kill interrupted, from what it left behind (`orphans`: blobs the next open
+/// found unindexed) and the daemon's last lifecycle line.
+fn phase(s: &Scene, orphans: usize) -> &'static str {
+    if orphans > 0 {
+        return "blob renamed, not yet indexed";
+    }
+    if s.staged.iter().any(|(n, _)| n.starts_with("commit-")) {
+        return "blob write";
+    }
+    if let Some((_, full)) = s.staged.iter().find(|(n, _)| n.starts_with("build-")) {
+        return if *full {
+            "validation/store"
+        } else {
+            "build (optimizing)"
+        };
+    }
+    let at = |pat: &str| s.log.rfind(pat);
+    match (at(" ready socket="), at("build started"), at("build ready")) {
+        (None, _, _) => "startup (open, ORT load, scan)",
+        (Some(_), Some(b), r) if r.is_none_or(|r| r < b) => "planning (key, staging)",
+        (Some(_), _, Some(_)) => "between builds or idle",
+        (Some(_), _, None) => "planning (key, staging)",
+    }
+}
+
+/// Parses `trtcache: cleaned DIR: A temp leftovers, B records without files, C orphan blobs`.
+fn cleaned(stderr: &str) -> (usize, usize, usize) {
+    let Some(line) = stderr.lines().find(|l| l.contains("trtcache: cleaned")) else {
+        return (0, 0, 0);
+    };
+    let nums: Vec<usize> = line
+        .rsplit(": ")
+        .next()
+        .unwrap()
+        .split(", ")
+        .map(|part| part.split(' ').next().unwrap().parse().unwrap())
+        .collect();
+    (nums[0], nums[1], nums[2])
+}
+
+/// The cache after a crash, as `verify` (the first open after it) and the folder itself see
+/// it. Returns what the open cleaned.
+fn check_cache(d: &Daemon, round: usize) -> (usize, usize, usize) {
+    let cache = d.cache();
+    let out = support::trtcache([
+        "verify".as_ref(),
+        "--json".as_ref(),
+        "--cache-dir".as_ref(),
+        cache.as_os_str(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "round {round}: verify failed: {stderr}\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let v = support::json(&out);
+    assert_eq!(v["passed"], true, "round {round}: {v}");
+    assert_eq!(
+        v["quarantined"].as_array().unwrap().len(),
+        0,
+        "round {round}: {v}"
+    );
+    let c = cleaned(&stderr);
+    // A blob is renamed into place before its record is indexed, so a kill can leave temp
+    // files and an unnamed blob (both cleaned at open); a record whose files are gone would
+    // mean it was indexed too early.
+    assert_eq!(c.1, 0, "round {round}: records without files: {stderr}");
+
+    // The folder itself, after that open: nothing staged, nothing quarantined, exactly the
+    // blobs the records name, each complete.
+    assert!(
+        d.tmp_files().is_empty(),
+        "round {round}: tmp leftovers after open: {:?}",
+        d.tmp_files()
+    );
+    let quarantine: Vec<_> = std::fs::read_dir(cache.join("quarantine"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(quarantine.is_empty(), "round {round}: {quarantine:?}");
+    let allowed: BTreeSet<&str> = [
+        "lock",
+        "db",
+        "blobs",
+        "tmp",
+        "quarantine",
+        trtcache::cache::DIGEST_MEMO,
+        "trtcache.sock",
+    ]
+    .into();
+    for e in std::fs::read_dir(&cache).unwrap().flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        assert!(
+            allowed.contains(n.as_str()),
+            "round {round}: stray file in the cache folder: {n}"
+        );
+    }
+    let memo = cache.join(trtcache::cache::DIGEST_MEMO);
+    if memo.exists() {
+        serde_json::from_slice::<serde_json::Value>(&std::fs::read(&memo).unwrap())
+            .unwrap_or_else(|e| panic!("round {round}: digest memo is not JSON: {e}"));
+    }
+    let ls = support::trtcache([
+        "ls".as_ref(),
+        "--json".as_ref(),
+        "--cache-dir".as_ref(),
+        cache.as_os_str(),
+    ]);
+    assert!(ls.status.success(), "{}", String::from_utf8_lossy(&ls.stderr));
+    let records = support::json(&ls);
+    let mut named: BTreeMap<String, Vec<(String, u64)>> = BTreeMap::new();
+    for r in records.as_array().unwrap() {
+        let status = &r["status"];
+        assert!(
+            status["state"] == "ready",
+            "round {round}: a crash left a record that is not ready: {r}"
+        );
+        let a = &r["artifact"];
+        let files = a["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                (
+                    f["name"].as_str().unwrap().to_string(),
+                    f["bytes"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        named.insert(a["digest"].as_str().unwrap().to_string(), files);
+    }
+    let on_disk: BTreeSet<String> = std::fs::read_dir(cache.join("blobs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        on_disk,
+        named.keys().cloned().collect::<BTreeSet<_>>(),
+        "round {round}: blobs on disk vs blobs the records name"
+    );
+    for (digest, files) in &named {
+        let dir = cache.join("blobs").join(digest);
+        let mut present: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        present.sort();
+        let mut want: Vec<String> = files.iter().map(|f| f.0.clone()).collect();
+        want.sort();
+        assert_eq!(present, want, "round {round}: blob {digest}");
+    }
+    c
+}
+
+/// Waits until the daemon serves every model ready, then compares the encoders' artifacts
+/// with their original files.
+fn check_serving(d: &Daemon, round: usize) {
+    let list = d.wait_settled(&NAMES);
+    for n in NAMES {
+        let m = list.iter().find(|m| m.name == n).unwrap();
+        assert!(
+            m.variants.iter().all(|v| v.state == VariantState::Ready),
+            "round {round}: {n} not ready: {m:?}\n{}",
+            d.log()
+        );
+    }
+    let mut c = d.client();
+    for (name, rel) in ENCODERS {
+        let art = c.acquire_model(name).unwrap();
+        assert!(art.metadata.validation.passed);
+        let mut s = artifact_session(&art);
+        assert_close(
+            &run_encoder(&mut s, 7),
+            &reference(&d.models().join(rel), 7),
+            &format!("round {round}: {name}"),
+        );
+    }
+    let wide = c.acquire_model("wide").unwrap();
+    assert!(!wide.files.is_empty());
+}
+
+#[test]
+fn twenty_four_sigkills_during_builds_and_cache_writes_leave_a_consistent_cache() {
+    const ROUNDS: usize = 24;
+    let seed = seed();
+    eprintln!("crash test seed {seed} (TRTCACHE_CRASH_SEED={seed} replays it)");
+    let mut rng = Rng(seed);
+    let mut d = Daemon::new();
+    let t_all = Instant::now();
+
+    // Calibration: how long a start plus all three builds takes here, to spread the kills
+    // over that span. It is also the first check that the models build and serve.
+    write_models(&d, 0);
+    let t0 = Instant::now();
+    let mut child = spawn_daemon(&d);
+    d.child = None;
+    let settle = {
+        // `wait_settled` needs the socket up; it polls.
+        let t = Instant::now();
+        while trtcache_client::Client::connect(d.socket()).is_err() {
+            assert!(t.elapsed() < Duration::from_secs(60), "{}", d.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        check_serving(&d, 0);
+        t0.elapsed()
+    };
+    sigkill(&mut child);
+    check_cache(&d, 0);
+    eprintln!("calibration: start + 3 builds took {settle:?}");
+    let span = (settle.as_millis() as u64 * 5 / 4).max(200);
+
+    let mut phases: BTreeMap<String, usize> = BTreeMap::new();
+    let mut cleaned_total = (0, 0, 0);
+    for round in 1..=ROUNDS {
+        // New content most rounds; some rounds restart on the same content, so builds that a
+        // kill interrupted are picked up again.
+        if round % 3 != 0 {
+            write_models(&d, round as u64);
+        }
+        let log_from = d.log().len();
+        let delay = Duration::from_millis(rng.below(span));
+        let mut child = spawn_daemon(&d);
+        if round % 6 == 0 {
+            // Restart to completion: the models end up ready and serve the originals'
+            // outputs, then the kill lands on an idle daemon.
+            while trtcache_client::Client::connect(d.socket()).is_err() {
+                assert!(
+                    child.try_wait().unwrap().is_none(),
+                    "daemon exited: {}",
+                    d.log()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            check_serving(&d, round);
+        } else {
+            std::thread::sleep(delay);
+        }
+        if child.try_wait().unwrap().is_some() {
+            panic!("round {round}: daemon exited by itself: {}", d.log());
+        }
+        sigkill(&mut child);
+        let sc = scene(&d, log_from);
+        let c = check_cache(&d, round);
+        let ph = phase(&sc, c.2).to_string();
+        eprintln!(
+            "round {round}: killed after {delay:?} in {ph}; open cleaned {} temp, {} orphan blobs",
+            c.0, c.2
+        );
+        cleaned_total.0 += c.0;
+        cleaned_total.2 += c.2;
+        *phases.entry(ph).or_default() += 1;
+    }
+
+    // The last restart: everything ready, outputs match, a clean stop, a clean cache.
+    d.start();
+    check_serving(&d, ROUNDS + 1);
+    assert!(d.stop(), "clean exit: {}", d.log());
+    let c = check_cache(&d, ROUNDS + 1);
+    assert_eq!((c.0, c.2), (0, 0), "a clean stop leaves nothing to clean");
+    eprintln!(
+        "{ROUNDS} kills in {:?}; phases {phases:?}; opens cleaned {} temp leftovers and {} orphan blobs",
+        t_all.elapsed(),
+        cleaned_total.0,
+        cleaned_total.2
+    );
+}
+
+/// Descriptors the daemon has open.
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+}
+
+fn fd_list(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            std::fs::read_link(e.path())
+                .map(|l| l.display().to_string())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// A raw consumer: hello, then acquires in a loop in the given manner, printing `go` once
+/// connected; the test SIGKILLs it at a random moment.
+const CONSUMER: &str = r#"
+import socket, struct, sys, json, array
+path, model, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(path)
+def send(obj):
+    b = json.dumps(obj).encode()
+    s.sendall(struct.pack(">I", len(b)) + b)
+def recv():
+    fds = array.array("i")
+    hdr, anc, _, _ = s.recvmsg(4, socket.CMSG_SPACE(64 * fds.itemsize))
+    for level, typ, data in anc:
+        if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+    n = struct.unpack(">I", hdr)[0]
+    body = b""
+    while len(body) < n:
+        chunk, anc, _, _ = s.recvmsg(n - len(body), socket.CMSG_SPACE(64 * fds.itemsize))
+        for level, typ, data in anc:
+            if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+                fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+        body += chunk
+    return json.loads(body), list(fds)
+send({"op": "hello", "version": 1})
+recv()
+print("go", flush=True)
+acq = {"op": "acquire", "model": model, "dir_fd": True}
+if mode == "unread":
+    # Asks and never reads: the answer and its descriptors sit in the socket when it dies.
+    while True:
+        send(acq)
+        import time; time.sleep(0.001)
+elif mode == "half":
+    # Dies with half a request written.
+    b = json.dumps(acq).encode()
+    s.sendall(struct.pack(">I", len(b)) + b[: len(b) // 2])
+    import time; time.sleep(60)
+else:
+    # Acquires (a build to wait for, or a hit) as fast as it can, holding the descriptors.
+    held = []
+    while True:
+        send(acq)
+        _, fds = recv()
+        held.append(fds)
+"#;
+
+#[test]
+fn consumers_killed_mid_acquire_leak_nothing_in_the_daemon() {
+    let seed = seed();
+    eprintln!("consumer-kill seed {seed} (TRTCACHE_CRASH_SEED={seed} replays it)");
+    let mut rng = Rng(seed);
+    let mut d = Daemon::new();
+    write_models(&d, 0);
+    d.start();
+    check_serving(&d, 0);
+    let pid = d.child.as_ref().unwrap().id();
+    let mut c = d.client();
+    let base_conns = c.stats().unwrap().connections;
+    let base_fds = fd_count(pid);
+    eprintln!("baseline: {base_fds} daemon fds, {base_conns} connections");
+
+    const KILLS: usize = 24;
+    let modes = ["loop", "unread", "half", "building"];
+    let mut peak_fds = base_fds;
+    let t0 = Instant::now();
+    for i in 0..KILLS {
+        let mode = modes[i % modes.len()];
+        let model = if mode == "building" {
+            // New content: the consumer's acquire waits for this build when it dies.
+            write_models(&d, 100 + i as u64);
+            "wide"
+        } else {
+            "enc"
+        };
+        let mut p = Command::new(support::python())
+            .arg("-c")
+            .arg(CONSUMER)
+            .arg(d.socket())
+            .arg(model)
+            .arg(if mode == "building" { "loop" } else { mode })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(p.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "go", "consumer {i} did not connect");
+        std::thread::sleep(Duration::from_millis(rng.below(150)));
+        peak_fds = peak_fds.max(fd_count(pid));
+        sigkill(&mut p);
+        // Everyone else is still served, at once.
+        let t = Instant::now();
+        let art = c.acquire_model("enc").unwrap();
+        assert!(!art.files.is_empty());
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "acquire took {:?} after consumer {i} ({mode}) died",
+            t.elapsed()
+        );
+    }
+    eprintln!(
+        "{KILLS} consumers killed in {:?}; peak {peak_fds} daemon fds",
+        t0.elapsed()
+    );
+    // Once the builds the dead consumers waited for are done, the daemon is back where it
+    // started: same connections, same descriptors.
+    d.wait_settled(&NAMES);
+    let t = Instant::now();
+    loop {
+        let conns = c.stats().unwrap().connections;
+        let fds = fd_count(pid);
+        if conns == base_conns && fds == base_fds {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "daemon holds {fds} fds (baseline {base_fds}) and {conns} connections (baseline {base_conns}): {:?}",
+            fd_list(pid)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(c);
+    check_serving(&d, 1);
+    assert!(d.stop(), "clean exit: {}", d.log());
+}
