@@ -50,7 +50,10 @@ fn seed() -> u64 {
 /// Writes `path` elsewhere and renames it in, so the daemon never sees a half-written model
 /// (partial model files are the model-folder race test's subject, not this one's).
 fn place(d: &Daemon, rel: &str, write_to: impl FnOnce(&Path)) {
-    let stage = d.root.join("outside").join(format!("stage-{}", rel.replace('/', "_")));
+    let stage = d
+        .root
+        .join("outside")
+        .join(format!("stage-{}", rel.replace('/', "_")));
     let _ = std::fs::remove_dir_all(&stage);
     std::fs::create_dir_all(&stage).unwrap();
     let name = Path::new(rel).file_name().unwrap();
@@ -137,7 +140,9 @@ fn scene(d: &Daemon, log_from: usize) -> Scene {
         .tmp_files()
         .iter()
         .map(|p| {
-            let full = std::fs::read_dir(p).map(|mut r| r.next().is_some()).unwrap_or(false);
+            let full = std::fs::read_dir(p)
+                .map(|mut r| r.next().is_some())
+                .unwrap_or(false);
             (p.file_name().unwrap().to_string_lossy().into_owned(), full)
         })
         .collect();
@@ -184,7 +189,9 @@ fn record_phase(phases: &mut BTreeMap<String, usize>, round: usize, when: &str, 
 
 /// The daemon's `cleaned the cache at open` line: (temp, records dropped, orphans).
 fn daemon_cleaned(log: &str) -> Option<(usize, usize, usize)> {
-    let line = log.lines().find(|l| l.contains("cleaned the cache at open"))?;
+    let line = log
+        .lines()
+        .find(|l| l.contains("cleaned the cache at open"))?;
     let field = |name: &str| -> usize {
         line.split(&format!("{name}="))
             .nth(1)
@@ -312,7 +319,11 @@ fn check_cache(d: &Daemon, round: usize) -> ((usize, usize, usize), BTreeSet<Str
         "--cache-dir".as_ref(),
         cache.as_os_str(),
     ]);
-    assert!(ls.status.success(), "{}", String::from_utf8_lossy(&ls.stderr));
+    assert!(
+        ls.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ls.stderr)
+    );
     let records = support::json(&ls);
     let mut named: BTreeMap<String, Vec<(String, u64)>> = BTreeMap::new();
     let mut keys = BTreeSet::new();
@@ -406,6 +417,16 @@ fn thirty_sigkills_during_builds_and_cache_writes_leave_a_consistent_cache() {
     eprintln!("crash test seed {seed} (TRTCACHE_CRASH_SEED={seed} replays it)");
     let mut rng = Rng(seed);
     let mut d = Daemon::new();
+    // A size limit of about three rounds' artifacts: later rounds evict (gc after each put
+    // and at open), so kills also land in evictions.
+    let mut cfg = std::fs::read_to_string(d.config()).unwrap();
+    assert!(
+        cfg.trim_end()
+            .ends_with("rescan_secs = 2\nmax_frame_bytes = 65536"),
+        "{cfg}"
+    );
+    cfg.push_str("cache_size_bytes = 25165824\n");
+    std::fs::write(d.config(), cfg).unwrap();
     let t_all = Instant::now();
 
     // Calibration: how long a start plus all three builds takes here, to spread the kills
@@ -432,7 +453,7 @@ fn thirty_sigkills_during_builds_and_cache_writes_leave_a_consistent_cache() {
     let mut phases: BTreeMap<String, usize> = BTreeMap::new();
     let mut cleaned_total = (0, 0, 0);
     let mut acked_total = 0;
-    let mut acked = BTreeSet::new();
+    let mut acked: std::collections::VecDeque<Vec<String>> = Default::default();
     let mut pending: Option<(usize, Scene, String)> = None;
     for round in 1..=ROUNDS {
         // New content most rounds; some rounds restart on the same content, so builds that a
@@ -464,11 +485,17 @@ fn thirty_sigkills_during_builds_and_cache_writes_leave_a_consistent_cache() {
                 let extra = rng.below(3);
                 let seen = wait_for_commit(&d, &mut child, span * 3, false);
                 std::thread::sleep(Duration::from_millis(extra));
-                format!("{extra} ms after a commit {}", if seen { "began" } else { "(none seen)" })
+                format!(
+                    "{extra} ms after a commit {}",
+                    if seen { "began" } else { "(none seen)" }
+                )
             }
             2 => {
                 let seen = wait_for_commit(&d, &mut child, span * 3, true);
-                format!("as a commit {}", if seen { "renamed" } else { "(none seen)" })
+                format!(
+                    "as a commit {}",
+                    if seen { "renamed" } else { "(none seen)" }
+                )
             }
             _ => {
                 let delay = rng.below(span);
@@ -485,25 +512,39 @@ fn thirty_sigkills_during_builds_and_cache_writes_leave_a_consistent_cache() {
         // by dropping a record whose files were missing.
         let daemon_open = daemon_cleaned(&sc.log);
         if let Some((_, dropped, orphans)) = daemon_open {
-            assert_eq!(dropped, 0, "round {round}: daemon open dropped records:\n{}", sc.log);
+            assert_eq!(
+                dropped, 0,
+                "round {round}: daemon open dropped records:\n{}",
+                sc.log
+            );
             if let Some((r, scene, when)) = pending.take() {
                 record_phase(&mut phases, r, &when, phase(&scene, orphans));
             }
         }
-        acked.extend(acknowledged(&sc.log));
-        acked_total += acknowledged(&sc.log).len();
+        // Keys reported built by this start and the one before; older ones may have been
+        // evicted since (the cache has a size limit).
+        acked.push_back(acknowledged(&sc.log));
+        if acked.len() > 2 {
+            acked.pop_front();
+        }
+        acked_total += acked.back().unwrap().len();
         if round % 5 == 2 {
             // Some crashes are not looked at: the next daemon opens the cache exactly as the
             // kill left it, as it would under systemd's restart.
             if let Some((r, scene, when)) = pending.replace((round, sc, when)) {
-                record_phase(&mut phases, r, &when, phase(&scene, 0) + " (recovered unseen)");
+                record_phase(
+                    &mut phases,
+                    r,
+                    &when,
+                    phase(&scene, 0) + " (recovered unseen)",
+                );
             }
             continue;
         }
         let (c, keys) = check_cache(&d, round);
-        // Every build the daemon reported done, in this round or any earlier one, is still
-        // in the cache: a reported build survives any later kill.
-        for k in &acked {
+        // Every build the daemon reported done is still in the cache: a reported build
+        // survives the kill.
+        for k in acked.iter().flatten() {
             assert!(
                 keys.contains(k),
                 "round {round}: {k} was reported built before a kill but is not in the cache"
@@ -514,19 +555,32 @@ fn thirty_sigkills_during_builds_and_cache_writes_leave_a_consistent_cache() {
             record_phase(&mut phases, r, &when, phase(&scene, c.2));
         }
         record_phase(&mut phases, round, &when, phase(&sc, c.2));
-        eprintln!("round {round}: open cleaned {} temp, {} orphan blobs", c.0, c.2);
+        eprintln!(
+            "round {round}: open cleaned {} temp, {} orphan blobs",
+            c.0, c.2
+        );
         cleaned_total.0 += c.0;
         cleaned_total.2 += c.2;
     }
 
     if let Some((r, scene, when)) = pending.take() {
-        record_phase(&mut phases, r, &when, phase(&scene, 0) + " (recovered unseen)");
+        record_phase(
+            &mut phases,
+            r,
+            &when,
+            phase(&scene, 0) + " (recovered unseen)",
+        );
     }
     // The last restart: everything ready, outputs match, a clean stop, a clean cache.
     d.start();
     check_serving(&d, ROUNDS + 1);
     assert!(d.stop(), "clean exit: {}", d.log());
-    let (c, _) = check_cache(&d, ROUNDS + 1);
+    let (c, keys) = check_cache(&d, ROUNDS + 1);
+    eprintln!(
+        "{} entries left in the cache ({} builds reported in all: the size limit evicted the rest)",
+        keys.len(),
+        acked_total
+    );
     assert_eq!((c.0, c.2), (0, 0), "a clean stop leaves nothing to clean");
     eprintln!(
         "{ROUNDS} kills in {:?}; phases {phases:?}; {acked_total} builds reported before a kill \
@@ -539,7 +593,9 @@ fn thirty_sigkills_during_builds_and_cache_writes_leave_a_consistent_cache() {
 
 /// Descriptors the daemon has open.
 fn fd_count(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
 }
 
 fn fd_list(pid: u32) -> Vec<String> {
@@ -668,10 +724,9 @@ fn consumers_killed_mid_acquire_leak_nothing_in_the_daemon() {
         std::thread::sleep(Duration::from_millis(rng.below(most)));
         peak_fds = peak_fds.max(fd_count(pid));
         if mode == "building"
-            && c.list()
-                .unwrap()
-                .iter()
-                .any(|m| m.name == "wide" && m.variants.iter().any(|v| v.state != VariantState::Ready))
+            && c.list().unwrap().iter().any(|m| {
+                m.name == "wide" && m.variants.iter().any(|v| v.state != VariantState::Ready)
+            })
         {
             killed_waiting += 1;
         }
