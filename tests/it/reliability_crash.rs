@@ -120,6 +120,25 @@ fn spawn_daemon(d: &Daemon) -> Child {
         .expect("spawning trtcache serve")
 }
 
+/// Waits until the daemon answers on its socket (a stale socket file from a killed one
+/// refuses connections until the new daemon replaces it).
+fn wait_up(d: &Daemon, child: &mut Child) {
+    let t = Instant::now();
+    while trtcache_client::Client::connect(d.socket()).is_err() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "daemon exited: {}",
+            d.log()
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "daemon not up: {}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn sigkill(child: &mut Child) {
     // SAFETY: signalling our own child, which has not been reaped yet.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
@@ -435,16 +454,10 @@ fn thirty_sigkills_during_builds_and_cache_writes_leave_a_consistent_cache() {
     let t0 = Instant::now();
     let mut child = spawn_daemon(&d);
     d.child = None;
-    let settle = {
-        // `wait_settled` needs the socket up; it polls.
-        let t = Instant::now();
-        while trtcache_client::Client::connect(d.socket()).is_err() {
-            assert!(t.elapsed() < Duration::from_secs(60), "{}", d.log());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        check_serving(&d, 0);
-        t0.elapsed()
-    };
+    wait_up(&d, &mut child);
+    d.wait_settled(&NAMES);
+    let settle = t0.elapsed();
+    check_serving(&d, 0);
     sigkill(&mut child);
     let _ = check_cache(&d, 0);
     eprintln!("calibration: start + 3 builds took {settle:?}");
@@ -455,6 +468,7 @@ fn thirty_sigkills_during_builds_and_cache_writes_leave_a_consistent_cache() {
     let mut acked_total = 0;
     let mut acked: std::collections::VecDeque<Vec<String>> = Default::default();
     let mut pending: Option<(usize, Scene, String)> = None;
+    let (mut waiter_errors, mut waiter_served) = (Vec::new(), 0);
     for round in 1..=ROUNDS {
         // New content most rounds; some rounds restart on the same content, so builds that a
         // kill interrupted are picked up again.
@@ -463,18 +477,26 @@ fn thirty_sigkills_during_builds_and_cache_writes_leave_a_consistent_cache() {
         }
         let log_from = d.log().len();
         let mut child = spawn_daemon(&d);
+        // A consumer waiting on the wide model's build when the daemon dies must get an
+        // answer (an error, or the artifact if it was quick), not hang.
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let waiter = (round % 2 == 1).then(|| {
+            let (socket, stop) = (d.socket(), stop.clone());
+            std::thread::spawn(move || loop {
+                if let Ok(mut c) = trtcache_client::Client::connect(&socket) {
+                    return Some(c.acquire_model("wide").map(|_| ()));
+                }
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            })
+        });
         let when = match round % 6 {
             0 => {
                 // Restart to completion: the models end up ready and serve the originals'
                 // outputs, then the kill lands on an idle daemon.
-                while trtcache_client::Client::connect(d.socket()).is_err() {
-                    assert!(
-                        child.try_wait().unwrap().is_none(),
-                        "daemon exited: {}",
-                        d.log()
-                    );
-                    std::thread::sleep(Duration::from_millis(20));
-                }
+                wait_up(&d, &mut child);
                 check_serving(&d, round);
                 "once serving".to_string()
             }
@@ -507,6 +529,22 @@ fn thirty_sigkills_during_builds_and_cache_writes_leave_a_consistent_cache() {
             panic!("round {round}: daemon exited by itself: {}", d.log());
         }
         sigkill(&mut child);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(w) = waiter {
+            let t = Instant::now();
+            while !w.is_finished() {
+                assert!(
+                    t.elapsed() < Duration::from_secs(10),
+                    "round {round}: a consumer hangs on a killed daemon"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            match w.join().unwrap() {
+                Some(Err(e)) => waiter_errors.push(e.to_string()),
+                Some(Ok(())) => waiter_served += 1,
+                None => {}
+            }
+        }
         let sc = scene(&d, log_from);
         // The daemon's own open after an unchecked crash (below) cleans what it left: never
         // by dropping a record whose files were missing.
@@ -577,9 +615,20 @@ fn thirty_sigkills_during_builds_and_cache_writes_leave_a_consistent_cache() {
     assert!(d.stop(), "clean exit: {}", d.log());
     let (c, keys) = check_cache(&d, ROUNDS + 1);
     eprintln!(
-        "{} entries left in the cache ({} builds reported in all: the size limit evicted the rest)",
+        "consumers waiting when the daemon died: {waiter_served} served before, {} got errors {:?}",
+        waiter_errors.len(),
+        waiter_errors.iter().collect::<BTreeSet<_>>()
+    );
+    let blob_bytes: u64 = std::fs::read_dir(d.cache().join("blobs"))
+        .unwrap()
+        .flatten()
+        .flat_map(|b| std::fs::read_dir(b.path()).unwrap().flatten())
+        .map(|f| f.metadata().unwrap().len())
+        .sum();
+    eprintln!(
+        "{} entries ({blob_bytes} bytes of blobs) left in the cache; {acked_total} builds \
+         reported in all (the size limit evicted the rest)",
         keys.len(),
-        acked_total
     );
     assert_eq!((c.0, c.2), (0, 0), "a clean stop leaves nothing to clean");
     eprintln!(
