@@ -817,3 +817,27 @@ fn consumers_killed_mid_acquire_leak_nothing_in_the_daemon() {
     check_serving(&d, 1);
     assert!(d.stop(), "clean exit: {}", d.log());
 }
+
+/// The one leftover the kills above found outside `tmp/`: the digest memo is written to a
+/// temp file next to the index and renamed, and a writer killed in between (the daemon, or a
+/// `trtcache key`, which takes no lock) left `.digests.*.tmp` for good. The next open now
+/// removes a dead writer's temp file and keeps a live one's (held under `flock`).
+#[test]
+fn a_dead_memo_writers_temp_file_is_removed_at_open_and_a_live_ones_kept() {
+    use std::os::fd::AsRawFd;
+    let d = Daemon::new();
+    let cache = d.cache();
+    let dead = cache.join(".digests.Ab12Cd.tmp");
+    std::fs::write(&dead, b"{\"scheme\":\"tr").unwrap();
+    let live = cache.join(".digests.Ef34Gh.tmp");
+    let held = std::fs::File::create(&live).unwrap();
+    // SAFETY: flock on a valid, owned file descriptor.
+    assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let out = support::trtcache(["verify".as_ref(), "--cache-dir".as_ref(), cache.as_os_str()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(cleaned(&stderr), (1, 0, 0), "{stderr}");
+    assert!(!dead.exists(), "a dead writer's temp file is removed");
+    assert!(live.exists(), "a live writer's temp file is kept");
+    drop(held);
+}
