@@ -96,9 +96,9 @@ fn write_models(d: &Daemon, gen: u64) {
     place(d, "ext/model.onnx", |p| {
         write_external(&ext, p, "model.onnx.data", 128).unwrap()
     });
-    let mut wide = models::big_weights(3, 768);
+    let mut wide = models::big_weights(3, 512);
     wide.graph.as_mut().unwrap().initializer[0] =
-        tensor_f32("w0", &[768, 768], &random_f32(3000 + gen, 768 * 768, 0.02));
+        tensor_f32("w0", &[512, 512], &random_f32(3000 + gen, 512 * 512, 0.02));
     place(d, "wide.onnx", |p| write(&wide, p).unwrap());
 }
 
@@ -225,15 +225,27 @@ fn daemon_cleaned(log: &str) -> Option<(usize, usize, usize)> {
     ))
 }
 
-/// Polls `tmp/` until a blob commit is staged (`commit-*`), and with `renamed` until it is
-/// gone again (renamed into `blobs/`). Gives up after `limit_ms`; returns whether it saw one.
-fn wait_for_commit(d: &Daemon, child: &mut Child, limit_ms: u64, renamed: bool) -> bool {
+/// Polls `tmp/` until a staging directory named `prefix*` appears (`build-` while a build
+/// and its validation run, `commit-` while a blob is written), and with `gone` until it is
+/// gone again (a commit renamed into `blobs/`). Gives up after `limit_ms`; returns whether
+/// it saw one. `left`: what an unchecked crash left there before this start (not this
+/// daemon's).
+fn wait_for_staging(
+    d: &Daemon,
+    left: &BTreeSet<String>,
+    child: &mut Child,
+    limit_ms: u64,
+    prefix: &str,
+    gone: bool,
+) -> bool {
     let tmp = d.cache().join("tmp");
     let staged = || {
         std::fs::read_dir(&tmp)
             .map(|r| {
-                r.flatten()
-                    .any(|e| e.file_name().to_string_lossy().starts_with("commit-"))
+                r.flatten().any(|e| {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    n.starts_with(prefix) && !left.contains(&n)
+                })
             })
             .unwrap_or(false)
     };
@@ -245,7 +257,7 @@ fn wait_for_commit(d: &Daemon, child: &mut Child, limit_ms: u64, renamed: bool) 
         }
         std::thread::sleep(Duration::from_micros(100));
     }
-    if renamed {
+    if gone {
         while staged() && t.elapsed() < limit {
             std::thread::sleep(Duration::from_micros(50));
         }
@@ -436,8 +448,9 @@ fn thirty_sigkills_during_builds_and_cache_writes_leave_a_consistent_cache() {
     eprintln!("crash test seed {seed} (TRTCACHE_CRASH_SEED={seed} replays it)");
     let mut rng = Rng(seed);
     let mut d = Daemon::new();
-    // A size limit of about three rounds' artifacts: later rounds evict (gc after each put
-    // and at open), so kills also land in evictions.
+    // A size limit of about three rounds' artifacts (the wide one is ~6 MB): later rounds
+    // evict (gc after each put and at open), so kills also land in evictions, while the last
+    // two rounds' builds always fit.
     let mut cfg = std::fs::read_to_string(d.config()).unwrap();
     assert!(
         cfg.trim_end()
@@ -476,6 +489,11 @@ fn thirty_sigkills_during_builds_and_cache_writes_leave_a_consistent_cache() {
             write_models(&d, round as u64);
         }
         let log_from = d.log().len();
+        let left: BTreeSet<String> = d
+            .tmp_files()
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
         let mut child = spawn_daemon(&d);
         // A consumer waiting on the wide model's build when the daemon dies must get an
         // answer (an error, or the artifact if it was quick), not hang.
@@ -500,12 +518,12 @@ fn thirty_sigkills_during_builds_and_cache_writes_leave_a_consistent_cache() {
                 check_serving(&d, round);
                 "once serving".to_string()
             }
-            // Aimed at the store's short windows, which random delays rarely hit: while a
-            // blob is staged (links, fsyncs, rename), and right after its rename (before or
-            // while its record is indexed).
+            // Aimed at the short windows random delays rarely hit: while a blob is staged
+            // (links, fsyncs, rename), right after its rename (before or while its record
+            // is indexed), and (round 5 mod 6) while a build or its validation runs.
             1 | 4 => {
                 let extra = rng.below(3);
-                let seen = wait_for_commit(&d, &mut child, span * 3, false);
+                let seen = wait_for_staging(&d, &left, &mut child, span * 3, "commit-", false);
                 std::thread::sleep(Duration::from_millis(extra));
                 format!(
                     "{extra} ms after a commit {}",
@@ -513,10 +531,19 @@ fn thirty_sigkills_during_builds_and_cache_writes_leave_a_consistent_cache() {
                 )
             }
             2 => {
-                let seen = wait_for_commit(&d, &mut child, span * 3, true);
+                let seen = wait_for_staging(&d, &left, &mut child, span * 3, "commit-", true);
                 format!(
                     "as a commit {}",
                     if seen { "renamed" } else { "(none seen)" }
+                )
+            }
+            5 => {
+                let extra = rng.below(40);
+                let seen = wait_for_staging(&d, &left, &mut child, span * 3, "build-", false);
+                std::thread::sleep(Duration::from_millis(extra));
+                format!(
+                    "{extra} ms after a build {}",
+                    if seen { "began" } else { "(none seen)" }
                 )
             }
             _ => {
@@ -609,6 +636,23 @@ fn thirty_sigkills_during_builds_and_cache_writes_leave_a_consistent_cache() {
             phase(&scene, 0) + " (recovered unseen)",
         );
     }
+    // What the daemons complained about across the kills (printed, for the record).
+    let log = d.log();
+    let mut complaints: BTreeMap<String, usize> = BTreeMap::new();
+    for l in log
+        .lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+    {
+        // Drop the timestamp and key-like fields so repeats group.
+        let msg: String = l
+            .split_whitespace()
+            .skip(1)
+            .filter(|w| !w.starts_with("key=") && !w.contains("/tmp/"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        *complaints.entry(msg).or_default() += 1;
+    }
+    eprintln!("daemon warnings and errors across the kills: {complaints:#?}");
     // The last restart: everything ready, outputs match, a clean stop, a clean cache.
     d.start();
     check_serving(&d, ROUNDS + 1);
