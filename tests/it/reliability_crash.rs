@@ -885,3 +885,106 @@ fn a_dead_memo_writers_temp_file_is_removed_at_open_and_a_live_ones_kept() {
     assert!(live.exists(), "a live writer's temp file is kept");
     drop(held);
 }
+
+/// A consumer killed while its acquire waits for a build must give its connection back at
+/// once, not when the build ends: a TensorRT build takes minutes (the wait is bounded only by
+/// `build_timeout_secs`, an hour by default), and consumers that crash-loop while waiting
+/// would otherwise pile up connections until `max_connections` refuses everyone.
+#[test]
+fn consumers_killed_while_waiting_for_a_build_free_their_connections_during_it() {
+    let mut d = Daemon::new();
+    d.start();
+    // ~128 MiB of weights: the build takes seconds, long enough to watch during it.
+    place(&d, "big.onnx", |p| {
+        write(&models::big_weights(8, 2048), p).unwrap()
+    });
+    let mut c = d.client();
+    let t0 = Instant::now();
+    while c.stats().unwrap().building == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "never started building"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let base = c.stats().unwrap().connections;
+    const WAITERS: usize = 4;
+    let mut ps: Vec<Child> = (0..WAITERS)
+        .map(|_| {
+            Command::new(support::python())
+                .arg("-c")
+                .arg(CONSUMER)
+                .arg(d.socket())
+                .arg("big")
+                .arg("loop")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for p in &mut ps {
+        let mut line = String::new();
+        BufReader::new(p.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "go");
+    }
+    // Each sent its acquire right after `go`; give the daemon a moment to read them (if it
+    // has not, the kill closes an idle connection and this test proves less, never fails).
+    std::thread::sleep(Duration::from_millis(300));
+    let s = c.stats().unwrap();
+    assert_eq!(s.connections, base + WAITERS as u64, "{s:?}");
+    assert!(
+        s.building >= 1,
+        "the build ended before the consumers were killed: {s:?}"
+    );
+    for p in &mut ps {
+        sigkill(p);
+    }
+    let t = Instant::now();
+    loop {
+        let s = c.stats().unwrap();
+        if s.connections == base {
+            assert!(
+                s.building >= 1,
+                "the dead consumers' connections were freed only when the build ended: {s:?}"
+            );
+            eprintln!(
+                "{WAITERS} dead waiters' connections freed {:?} after the kill, the build still running",
+                t.elapsed()
+            );
+            break;
+        }
+        assert!(
+            s.building >= 1,
+            "the build ended while {} dead consumers still held connections: {s:?}",
+            s.connections - base
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // A consumer that only shut down its writing side after asking still reads: it gets
+    // the artifact once the build is done.
+    let mut raw = std::os::unix::net::UnixStream::connect(d.socket()).unwrap();
+    let call = |s: &mut std::os::unix::net::UnixStream, body: &[u8]| {
+        use std::io::Write;
+        s.write_all(&(body.len() as u32).to_be_bytes()).unwrap();
+        s.write_all(body).unwrap();
+    };
+    let read = |s: &mut std::os::unix::net::UnixStream| -> serde_json::Value {
+        use std::io::Read;
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).unwrap();
+        let mut buf = vec![0u8; u32::from_be_bytes(len) as usize];
+        s.read_exact(&mut buf).unwrap();
+        serde_json::from_slice(&buf).unwrap()
+    };
+    call(&mut raw, br#"{"op":"hello","version":1}"#);
+    assert_eq!(read(&mut raw)["kind"], "hello");
+    call(&mut raw, br#"{"op":"acquire","model":"big"}"#);
+    raw.shutdown(std::net::Shutdown::Write).unwrap();
+    let v = read(&mut raw);
+    assert_eq!(v["kind"], "artifact", "{v}");
+    drop(c);
+    assert!(d.stop(), "clean exit: {}", d.log());
+}
