@@ -4,8 +4,10 @@
 //! models. And consumers SIGKILLed mid-acquire must cost the daemon nothing (no leaked
 //! descriptor or connection slot).
 //!
-//! The delays come from a seeded generator; the seed is printed and `TRTCACHE_CRASH_SEED`
-//! replays a run.
+//! Random kills spread over a start and its builds; aimed kills land in the store's short
+//! windows (blob staged, blob renamed but not yet indexed) and in builds. The delays come
+//! from a seeded generator; the seed is printed and `TRTCACHE_CRASH_SEED` replays the delays
+//! (where they land still depends on the machine's timing).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
