@@ -255,6 +255,12 @@ async fn handle(
                 let r = tokio::select! {
                     r = svc.acquire(&a) => r,
                     _ = wait_true(shutdown.clone()) => Err((ErrorCode::ShuttingDown, "the daemon is shutting down".into())),
+                    // A consumer that dies while its acquire waits for a build (minutes for
+                    // TensorRT) must not hold its connection slot until the build ends.
+                    _ = hung_up(&s) => {
+                        tracing::info!(uid = peer.uid, model = %a.model, "client gone while its acquire waited; connection closed");
+                        return;
+                    }
                 };
                 match r {
                     Ok((metadata, files)) => {
@@ -323,6 +329,54 @@ async fn handle(
         let resp = result.unwrap_or_else(|e| e);
         if write_response(&mut s, &resp, &[]).await.is_err() {
             return;
+        }
+    }
+}
+
+/// Resolves when the peer has closed its socket (or reset it). Peeks, so a request the peer
+/// queued behind the current one stays in the socket; once one is queued, or once the peer
+/// has only shut down its writing side (it still reads the answer), this never resolves.
+async fn hung_up(s: &UnixStream) {
+    loop {
+        if s.readable().await.is_err() {
+            return;
+        }
+        let mut b = [0u8; 1];
+        let r = s.try_io(tokio::io::Interest::READABLE, || {
+            // SAFETY: a one-byte receive into a valid buffer on this stream's open descriptor.
+            let n = unsafe {
+                libc::recv(
+                    s.as_raw_fd(),
+                    b.as_mut_ptr().cast(),
+                    1,
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            if n < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(n)
+            }
+        });
+        match r {
+            // End of stream: gone, unless it only shut down its writing side and still
+            // reads (then both directions are not shut and there is no POLLHUP).
+            Ok(0) => {
+                let mut p = libc::pollfd {
+                    fd: s.as_raw_fd(),
+                    events: 0,
+                    revents: 0,
+                };
+                // SAFETY: poll on one valid pollfd, without waiting.
+                let n = unsafe { libc::poll(&mut p, 1, 0) };
+                if n < 0 || p.revents & libc::POLLHUP != 0 {
+                    return;
+                }
+                std::future::pending::<()>().await
+            }
+            Ok(_) => std::future::pending::<()>().await,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(_) => return,
         }
     }
 }

@@ -32,6 +32,43 @@ const LRU_REFRESH_NS: i128 = 3600 * 1_000_000_000;
 /// Default racy margin.
 pub const DEFAULT_RACY: Duration = Duration::from_millis(100);
 
+/// Temp files of [`DigestMemo::save`]: `.digests.XXXXXX.tmp` next to the memo.
+const TEMP_PREFIX: &str = ".digests.";
+const TEMP_SUFFIX: &str = ".tmp";
+
+/// Removes memo temp files that a writer killed between create and rename left in `dir`.
+/// `trtcache key` writes the memo without the cache's lock, so a temp file may be a live
+/// writer's: each writer holds a `flock` on its temp file until the rename, and only files
+/// whose lock can be taken (the writer is gone) are removed. Returns how many were.
+pub fn remove_dead_temps(dir: &Path) -> usize {
+    use std::os::fd::AsRawFd;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if !(name.starts_with(TEMP_PREFIX) && name.ends_with(TEMP_SUFFIX)) {
+            continue;
+        }
+        let Ok(f) = std::fs::File::open(e.path()) else {
+            continue;
+        };
+        // SAFETY: flock on a valid, owned file descriptor.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            continue; // a live writer's
+        }
+        match std::fs::remove_file(e.path()) {
+            Ok(()) => removed += 1,
+            Err(err) => {
+                tracing::warn!(path = %e.path().display(), error = %err, "cannot remove digest memo temp file")
+            }
+        }
+    }
+    removed
+}
+
 /// Identity of a file's content as the file system reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileId {
@@ -213,10 +250,19 @@ impl DigestMemo {
         let dir = self.path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir).map_err(io)?;
         let mut tmp = tempfile::Builder::new()
-            .prefix(".digests.")
-            .suffix(".tmp")
+            .prefix(TEMP_PREFIX)
+            .suffix(TEMP_SUFFIX)
             .tempfile_in(dir)
             .map_err(io)?;
+        // Held until the file is renamed (or this process dies): tells a cache open that
+        // the temp file is not a dead writer's leftover (`remove_dead_temps`).
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: flock on a valid, owned file descriptor.
+            if unsafe { libc::flock(tmp.as_file().as_raw_fd(), libc::LOCK_EX) } != 0 {
+                return Err(io(std::io::Error::last_os_error()));
+            }
+        }
         let bytes = serde_json::to_vec(&self.file).map_err(|e| io(std::io::Error::other(e)))?;
         tmp.write_all(&bytes).map_err(io)?;
         tmp.as_file().sync_all().map_err(io)?;
@@ -275,5 +321,24 @@ mod tests {
         }
         m.save().unwrap();
         assert_eq!(DigestMemo::open(&p).len(), 2);
+    }
+
+    #[test]
+    fn dead_writers_temp_files_are_removed_live_ones_kept() {
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let dead = dir.path().join(".digests.AAAAAA.tmp");
+        std::fs::write(&dead, b"{\"half").unwrap();
+        let live = dir.path().join(".digests.BBBBBB.tmp");
+        let held = std::fs::File::create(&live).unwrap();
+        // SAFETY: flock on a valid, owned file descriptor.
+        assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX) }, 0);
+        std::fs::write(dir.path().join("digests.json"), b"{}").unwrap();
+        assert_eq!(remove_dead_temps(dir.path()), 1);
+        assert!(!dead.exists());
+        assert!(live.exists(), "a live writer's temp file is kept");
+        assert!(dir.path().join("digests.json").exists());
+        drop(held);
+        assert_eq!(remove_dead_temps(dir.path()), 1);
     }
 }

@@ -10,5 +10,6 @@ mod daemon_system;
 mod fuzz_regressions;
 mod keys;
 mod onnx_load;
+mod reliability_crash;
 mod reliability_store;
 mod support;

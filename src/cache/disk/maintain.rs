@@ -97,6 +97,9 @@ impl SledStore {
                 }
             }
         }
+        // The digest memo is written next to the index (temp file, then rename); a writer
+        // killed in between leaves its temp file behind.
+        rep.temp_removed += crate::key::memo::remove_dead_temps(&self.root);
         let mut named = BTreeSet::new();
         for r in self.all_records()? {
             if let (Status::Ready, Some(a)) = (&r.status, &r.artifact) {
