@@ -245,9 +245,16 @@ impl Service {
                     format!("cannot plan `{}`: {other}", entry.name),
                 ),
             });
+        // Failures are remembered only for the model's own variants: a client naming endless
+        // made-up backends or profiles must not grow this map (those fail before any hashing).
+        let keep = r.is_ok()
+            || self
+                .engine
+                .variants(entry, &self.cfg.backends)
+                .contains(sel);
         let mut st = self.lock();
         if let Some(m) = st.models.get_mut(&entry.name) {
-            if m.generation == generation {
+            if keep && m.generation == generation {
                 m.plans.insert(slot, r.clone());
             }
         }

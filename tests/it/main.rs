@@ -9,4 +9,5 @@ mod daemon_engine;
 mod daemon_system;
 mod keys;
 mod onnx_load;
+mod reliability_hostile;
 mod support;
