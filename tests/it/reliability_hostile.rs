@@ -485,11 +485,11 @@ fn hostile_clients_storm_leaves_good_clients_served_and_resources_bounded() {
                         break;
                     }
                     last_round = idle_stop.load(Ordering::Relaxed);
-                    // Replace the ended ones, a hundred per round.
+                    // Replace the ended ones, up to three hundred per round.
                     while conns.len() < IDLE_CONNECTIONS && !last_round {
                         conns.push(open(opened));
                         opened += 1;
-                        if opened % 100 == 0 {
+                        if opened % 300 == 0 {
                             break;
                         }
                     }
@@ -870,5 +870,105 @@ fn only_the_sockets_group_may_connect() {
     let mut c = d.client();
     assert_eq!(c.list().unwrap().len(), 1);
     drop(c);
+    assert!(d.stop());
+}
+
+#[test]
+fn at_the_connection_limit_the_longest_idle_connection_makes_room() {
+    let mut d = Daemon::new();
+    write(&models::tiny_encoder(false), &d.models().join("enc.onnx")).unwrap();
+    let cfg = std::fs::read_to_string(d.config()).unwrap().replace(
+        "[limits]\n",
+        "[limits]\nmax_connections = 4\nidle_timeout_secs = 120\nreclaim_idle_secs = 1\n",
+    );
+    std::fs::write(d.config(), cfg).unwrap();
+    d.start();
+    // A leaky client fills every slot with greeted connections and forgets them.
+    let mut leaked: Vec<UnixStream> = (0..4).map(|_| raw(&d.socket())).collect();
+    let t0 = Instant::now();
+    // A new client is refused at first, then (once the leaked ones have idled a second) takes
+    // the oldest one's slot, well before the two-minute idle timeout.
+    let mut c = loop {
+        match Client::connect(d.socket()) {
+            Ok(c) => break c,
+            Err(e) if e.code() == Some(ErrorCode::Busy) => {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(30),
+                    "locked out by idle connections: {}",
+                    d.log()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("connect: {e}"),
+        }
+    };
+    eprintln!("admitted after {:.2?}", t0.elapsed());
+    assert!(c.acquire_model("enc").is_ok());
+    // The first leaked connection (the longest idle) was told why it was closed.
+    match read_frame(&mut leaked[0], Duration::from_secs(10)) {
+        Got::Frame(v) => assert_eq!(code(&v), "idle_timeout", "{v}"),
+        other => panic!("reclaimed connection saw {other:?}"),
+    }
+    assert!(matches!(
+        read_frame(&mut leaked[0], Duration::from_secs(10)),
+        Got::Closed
+    ));
+    // The others still work.
+    for s in &mut leaked[1..] {
+        assert_eq!(call(s, br#"{"op":"list"}"#)["kind"], "models");
+    }
+    drop(c);
+    drop(leaked);
+    assert!(d.stop());
+}
+
+#[test]
+fn a_refused_client_reads_busy_not_a_broken_pipe() {
+    let mut d = Daemon::new();
+    // One slot, never reclaimed (reclaim_idle_secs = idle_timeout_secs).
+    let cfg = std::fs::read_to_string(d.config()).unwrap().replace(
+        "[limits]\n",
+        "[limits]\nmax_connections = 1\nidle_timeout_secs = 120\nreclaim_idle_secs = 120\n",
+    );
+    std::fs::write(d.config(), cfg).unwrap();
+    d.start();
+    let _holder = raw(&d.socket());
+    // The daemon writes `busy` and closes at once, often before the client has sent its
+    // `hello`: the clients must report the `busy` they were sent, not the broken pipe.
+    for i in 0..200 {
+        match Client::connect(d.socket()) {
+            Err(e) => assert_eq!(e.code(), Some(ErrorCode::Busy), "attempt {i}: {e}"),
+            Ok(_) => panic!("attempt {i}: admitted past the limit"),
+        }
+    }
+    let script = r#"
+import sys; sys.path.insert(0, sys.argv[1])
+from trtcache_client import Client, TrtcacheError
+seen = {}
+for _ in range(200):
+    try:
+        Client(sys.argv[2]); what = "admitted"
+    except TrtcacheError as e:
+        what = e.code
+    except OSError as e:
+        what = type(e).__name__
+    seen[what] = seen.get(what, 0) + 1
+print(seen)
+"#;
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(crate::support::python())
+        .arg("-c")
+        .arg(script)
+        .arg(repo.join("clients/python"))
+        .arg(d.socket())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(text.trim(), "{'busy': 200}", "python client saw {text}");
     assert!(d.stop());
 }
