@@ -286,6 +286,7 @@ mod tests {
         assert!(Config::from_toml("modelz = 1", Path::new("x")).is_err());
         assert!(Config::from_toml("[limits]\nmax_connections = 0", Path::new("x")).is_err());
         assert!(Config::from_toml("socket_mode = \"999\"", Path::new("x")).is_err());
+        assert!(Config::from_toml("[limits]\nframe_timeout_secs = 0", Path::new("x")).is_err());
         let c = Config::from_toml("socket_mode = \"0600\"", Path::new("x")).unwrap();
         assert_eq!(c.socket_mode_bits().unwrap(), 0o600);
     }

@@ -103,9 +103,9 @@ pub fn raise_nofile(max_connections: usize) {
     let want = (max_connections as u64)
         .saturating_mul(2)
         .saturating_add(64);
-    if (lim.rlim_cur as u64) < want {
+    if lim.rlim_cur < want {
         tracing::warn!(
-            open_files = lim.rlim_cur as u64,
+            open_files = lim.rlim_cur,
             max_connections,
             "the open-files limit is low for limits.max_connections; raise LimitNOFILE"
         );

@@ -310,10 +310,10 @@ fn hostile_clients_storm_leaves_good_clients_served_and_resources_bounded() {
         "random bytes",
         Box::new(|socket, tally| {
             let mut n = Noise(0x9e3779b97f4a7c15);
-            for i in 0..100 {
+            for i in 0..100u32 {
                 let len = 1 + (n.next() % 300) as usize;
                 let mut junk = n.bytes(len);
-                if i % 2 == 0 && junk.len() > 4 {
+                if i.is_multiple_of(2) && junk.len() > 4 {
                     // A plausible small length, so the junk reaches the JSON parser.
                     junk[..4].copy_from_slice(&(len as u32 - 4).to_be_bytes());
                 }
@@ -433,7 +433,7 @@ fn hostile_clients_storm_leaves_good_clients_served_and_resources_bounded() {
             Box::new(move |socket, tally| {
                 let open = |i: usize| {
                     let mut s = UnixStream::connect(&socket).unwrap();
-                    if i % 2 == 0 {
+                    if i.is_multiple_of(2) {
                         let _ = s.write_all(&framed(br#"{"op":"hello","version":1}"#));
                     }
                     (i, s, Vec::<String>::new())
@@ -478,7 +478,11 @@ fn hostile_clients_storm_leaves_good_clients_served_and_resources_bounded() {
                             .contains(&what.as_str()),
                             "idle connection {i} saw {what}"
                         );
-                        let kind = if i % 2 == 0 { "greeted" } else { "silent" };
+                        let kind = if i.is_multiple_of(2) {
+                            "greeted"
+                        } else {
+                            "silent"
+                        };
                         tally.add(format!("idle {kind}: {what}"));
                     }
                     if last_round {
@@ -489,7 +493,7 @@ fn hostile_clients_storm_leaves_good_clients_served_and_resources_bounded() {
                     while conns.len() < IDLE_CONNECTIONS && !last_round {
                         conns.push(open(opened));
                         opened += 1;
-                        if opened % 300 == 0 {
+                        if opened.is_multiple_of(300) {
                             break;
                         }
                     }
@@ -609,8 +613,12 @@ fn hostile_clients_storm_leaves_good_clients_served_and_resources_bounded() {
                 assert_eq!(code(&v), "not_found", "{v}");
                 tally.add("missing model/version: not_found");
             }
-            for i in 0..1000 {
-                let field = if i % 2 == 0 { "backend" } else { "profile" };
+            for i in 0..1000u32 {
+                let field = if i.is_multiple_of(2) {
+                    "backend"
+                } else {
+                    "profile"
+                };
                 let junk = n.word(60_000);
                 let v = call(
                     &mut s,
@@ -681,7 +689,6 @@ fn hostile_clients_storm_leaves_good_clients_served_and_resources_bounded() {
             eprintln!("never-reads client dropped after {held:.1?}");
         }),
     );
-    drop(spawn);
 
     // Every attacker but the idle holder finishes on its own; then the idle ones leave.
     let mut idle_holder = None;
