@@ -522,11 +522,15 @@ impl Service {
         req: &BuildRequest,
         events: mpsc::Sender<Progress>,
     ) -> Result<Vec<BuildResult>, Failure> {
-        let names: Vec<String> = if req.models.is_empty() {
+        let mut names: Vec<String> = if req.models.is_empty() {
             self.lock().models.keys().cloned().collect()
         } else {
             req.models.clone()
         };
+        // A name listed many times is built (and reported) once: a 1 MiB request must not
+        // fan out into hundreds of thousands of tasks and progress frames.
+        let mut seen = std::collections::HashSet::new();
+        names.retain(|n| seen.insert(n.clone()));
         let mut entries = Vec::new();
         for n in &names {
             entries.push(self.entry(n, None)?);
