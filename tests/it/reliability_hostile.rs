@@ -999,3 +999,56 @@ print(seen)
     assert_eq!(text.trim(), "{'busy': 200}", "python client saw {text}");
     assert!(d.stop());
 }
+
+#[test]
+fn the_daemon_raises_its_soft_open_files_limit() {
+    use std::os::unix::process::CommandExt;
+    let mut d = Daemon::new();
+    // As under systemd's default (soft 1024): a soft limit far below max_connections.
+    let mut cmd = Command::new(crate::support::bin());
+    cmd.args(["serve", "--config"])
+        .arg(d.config())
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("LISTEN_FDS")
+        .stderr(std::fs::File::create(d.root.join("daemon.log")).unwrap());
+    // SAFETY: setrlimit in the child before exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut l = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut l);
+            l.rlim_cur = l.rlim_max.min(256);
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &l) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    d.child = Some(cmd.spawn().unwrap());
+    let t0 = Instant::now();
+    while Client::connect(d.socket()).is_err() {
+        assert!(
+            d.child.as_mut().unwrap().try_wait().unwrap().is_none(),
+            "daemon exited: {}",
+            d.log()
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "daemon did not come up"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pid = d.child.as_ref().unwrap().id();
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let v: Vec<&str> = line.split_whitespace().collect();
+    let (soft, hard) = (v[3], v[4]);
+    eprintln!("daemon open-files limit: soft {soft}, hard {hard}");
+    assert_eq!(soft, hard, "{line}");
+    assert!(d.stop());
+}
