@@ -61,8 +61,17 @@ pub struct Limits {
     pub max_frame_bytes: u32,
     /// A connection idle this long (seconds) is closed.
     pub idle_timeout_secs: u64,
-    /// Connections served at once; more are refused with `busy`.
+    /// Connections served at once; more are refused with `busy` unless one can be reclaimed
+    /// (`reclaim_idle_secs`).
     pub max_connections: usize,
+    /// Longest time (seconds) to receive one request frame once its first byte arrived, and to
+    /// send one response frame: a client trickling bytes (or not reading) is closed after this.
+    pub frame_timeout_secs: u64,
+    /// At `max_connections`, a new connection takes the slot of the connection that has waited
+    /// longest for its next request, if that wait is at least this many seconds (a leaked or
+    /// idle pool must not lock everyone out until `idle_timeout_secs`). Set it to
+    /// `idle_timeout_secs` or more to never reclaim.
+    pub reclaim_idle_secs: u64,
     /// Quiet time (milliseconds) a model file must stay unchanged before it is built.
     pub debounce_ms: u64,
     /// Cache size limit in bytes (enforced by the cache stage's GC).
@@ -84,6 +93,8 @@ impl Default for Limits {
             max_frame_bytes: 1 << 20,
             idle_timeout_secs: 300,
             max_connections: 1024,
+            frame_timeout_secs: 10,
+            reclaim_idle_secs: 5,
             debounce_ms: 500,
             cache_size_bytes: 50 << 30,
             shutdown_grace_secs: 10,
@@ -215,12 +226,13 @@ impl Config {
     fn validate(&self) -> Result<(), ConfigError> {
         self.socket_mode_bits()?;
         let l = &self.limits;
-        let positive: [(&'static str, u64); 5] = [
+        let positive: [(&'static str, u64); 6] = [
             ("limits.build_concurrency", l.build_concurrency as u64),
             ("limits.max_connections", l.max_connections as u64),
             ("limits.max_frame_bytes", l.max_frame_bytes as u64),
             ("limits.build_timeout_secs", l.build_timeout_secs),
             ("limits.idle_timeout_secs", l.idle_timeout_secs),
+            ("limits.frame_timeout_secs", l.frame_timeout_secs),
         ];
         for (key, v) in positive {
             if v == 0 {
@@ -274,6 +286,7 @@ mod tests {
         assert!(Config::from_toml("modelz = 1", Path::new("x")).is_err());
         assert!(Config::from_toml("[limits]\nmax_connections = 0", Path::new("x")).is_err());
         assert!(Config::from_toml("socket_mode = \"999\"", Path::new("x")).is_err());
+        assert!(Config::from_toml("[limits]\nframe_timeout_secs = 0", Path::new("x")).is_err());
         let c = Config::from_toml("socket_mode = \"0600\"", Path::new("x")).unwrap();
         assert_eq!(c.socket_mode_bits().unwrap(), 0o600);
     }

@@ -104,6 +104,7 @@ fn bind(cfg: &Config) -> Result<std::os::unix::net::UnixListener, ServeError> {
 /// Runs the daemon until SIGTERM, SIGINT or an admin `shutdown`; returns once builds are
 /// cancelled (within the grace period), the store is flushed and the socket removed.
 pub fn serve(cfg: Config) -> Result<(), ServeError> {
+    server::raise_nofile(cfg.limits.max_connections);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("trtcache")

@@ -3,14 +3,15 @@
 //! the [`Service`], and writes responses, attaching an artifact's files as `SCM_RIGHTS`
 //! descriptors. Protocol types and framing come from `trtcache_client`.
 
+use std::collections::HashMap;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch, Notify, Semaphore};
 use trtcache_client::frame;
 use trtcache_client::protocol::*;
 
@@ -23,6 +24,94 @@ struct Peer {
     pid: Option<i32>,
 }
 
+/// One connection as the accept loop sees it: since when it has been waiting for the first
+/// byte of its next request (None while a frame arrives or a request runs), and how to tell it
+/// to give its slot up.
+#[derive(Default)]
+struct Conn {
+    waiting_since: std::sync::Mutex<Option<Instant>>,
+    reclaim: Notify,
+}
+
+impl Conn {
+    fn set_waiting(&self, on: bool) {
+        *self.waiting_since.lock().unwrap_or_else(|e| e.into_inner()) = on.then(Instant::now);
+    }
+    fn waiting_since(&self) -> Option<Instant> {
+        *self.waiting_since.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The live connections, so that at the limit the longest-idle one can be reclaimed.
+#[derive(Default)]
+struct Conns {
+    next: AtomicU64,
+    live: std::sync::Mutex<HashMap<u64, Arc<Conn>>>,
+}
+
+impl Conns {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Conn>>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Tells the connection that has waited longest for a request (at least `min`) to close.
+    fn reclaim_one(&self, min: Duration) -> bool {
+        let now = Instant::now();
+        let oldest = self
+            .lock()
+            .values()
+            .filter_map(|c| Some((c.waiting_since()?, c.clone())))
+            .filter(|(t, _)| now.duration_since(*t) >= min)
+            .min_by_key(|(t, _)| *t);
+        match oldest {
+            Some((_, c)) => {
+                c.set_waiting(false);
+                c.reclaim.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Raises the soft open-files limit to the hard one (systemd's default soft limit is 1024,
+/// below `max_connections` plus the descriptors each acquire opens): out of descriptors,
+/// `accept` fails and every client waits in the backlog. Warns when even the hard limit is
+/// short of the connection limit.
+pub fn raise_nofile(max_connections: usize) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a local rlimit.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let old = lim.rlim_cur;
+            lim.rlim_cur = lim.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+                tracing::debug!(from = old, to = lim.rlim_cur, "raised the open-files limit");
+            } else {
+                lim.rlim_cur = old;
+            }
+        }
+    }
+    // Each connection holds one descriptor, an acquire briefly a few more; the cache and the
+    // runtime need some of their own.
+    let want = (max_connections as u64)
+        .saturating_mul(2)
+        .saturating_add(64);
+    if lim.rlim_cur < want {
+        tracing::warn!(
+            open_files = lim.rlim_cur,
+            max_connections,
+            "the open-files limit is low for limits.max_connections; raise LimitNOFILE"
+        );
+    }
+}
+
 /// Accepts connections until `shutdown` turns true.
 pub async fn accept_loop(
     svc: Arc<Service>,
@@ -31,6 +120,8 @@ pub async fn accept_loop(
     stop: watch::Sender<bool>,
 ) {
     let slots = Arc::new(Semaphore::new(svc.cfg.limits.max_connections));
+    let conns = Arc::new(Conns::default());
+    let reclaim_after = Duration::from_secs(svc.cfg.limits.reclaim_idle_secs);
     loop {
         let conn = tokio::select! {
             r = listener.accept() => r,
@@ -44,26 +135,41 @@ pub async fn accept_loop(
                 continue;
             }
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
+        let mut permit = slots.clone().try_acquire_owned().ok();
+        if permit.is_none() && conns.reclaim_one(reclaim_after) {
+            // The reclaimed connection only has to notice and drop its permit.
+            permit = tokio::time::timeout(Duration::from_secs(1), slots.clone().acquire_owned())
+                .await
+                .ok()
+                .and_then(Result::ok);
+        }
+        let Some(permit) = permit else {
             tracing::warn!(
                 limit = svc.cfg.limits.max_connections,
                 "connection refused: too many connections"
             );
             tokio::spawn(async move {
                 let mut s = stream;
-                let _ =
-                    write_response(&mut s, &error(ErrorCode::Busy, "too many connections"), &[])
-                        .await;
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(1),
+                    write_response(&mut s, &error(ErrorCode::Busy, "too many connections"), &[]),
+                )
+                .await;
             });
             continue;
         };
         let svc = svc.clone();
         let stop = stop.clone();
         let shutdown = shutdown.clone();
+        let conns = conns.clone();
         tokio::spawn(async move {
+            let id = conns.next.fetch_add(1, Ordering::Relaxed);
+            let conn = Arc::new(Conn::default());
+            conns.lock().insert(id, conn.clone());
             svc.counters.connections.fetch_add(1, Ordering::Relaxed);
-            handle(svc.clone(), stream, stop, shutdown).await;
+            handle(svc.clone(), stream, stop, shutdown, &conn).await;
             svc.counters.connections.fetch_sub(1, Ordering::Relaxed);
+            conns.lock().remove(&id);
             drop(permit);
         });
     }
@@ -103,37 +209,81 @@ async fn write_response(
     s.write_all(&bytes[sent..]).await
 }
 
+/// [`write_response`] within the frame deadline: a peer that stops reading loses its
+/// connection rather than holding a slot.
+async fn respond(
+    s: &mut UnixStream,
+    limit: Duration,
+    resp: &Response,
+    fds: &[std::os::fd::RawFd],
+) -> std::io::Result<()> {
+    tokio::time::timeout(limit, write_response(s, resp, fds))
+        .await
+        .unwrap_or_else(|_| {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "peer did not read the response",
+            ))
+        })
+}
+
 enum ReadOutcome {
     Frame(Vec<u8>),
     Closed,
     TooLarge(u32),
     Idle,
+    /// The frame started but did not complete within the frame deadline.
+    Slow,
+    /// The accept loop gave this idle connection's slot to a new one.
+    Reclaimed,
 }
 
+/// Reads one request frame: up to `idle` for its first byte (while the connection counts as
+/// waiting, so it can be reclaimed), then up to `frame` for the rest. The body grows as bytes
+/// arrive, so a length prefix alone reserves no memory.
 async fn read_request(
     s: &mut UnixStream,
     max: u32,
     idle: Duration,
+    frame: Duration,
+    conn: &Conn,
 ) -> std::io::Result<ReadOutcome> {
-    let mut len = [0u8; 4];
-    match tokio::time::timeout(idle, s.read_exact(&mut len)).await {
+    let mut first = [0u8; 1];
+    conn.set_waiting(true);
+    let r = tokio::select! {
+        r = tokio::time::timeout(idle, s.read(&mut first)) => r,
+        _ = conn.reclaim.notified() => return Ok(ReadOutcome::Reclaimed),
+    };
+    conn.set_waiting(false);
+    match r {
         Err(_) => return Ok(ReadOutcome::Idle),
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-            return Ok(ReadOutcome::Closed)
+        Ok(Ok(0)) => return Ok(ReadOutcome::Closed),
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return Err(e),
+    }
+    let rest = async {
+        let mut len = [first[0], 0, 0, 0];
+        match s.read_exact(&mut len[1..]).await {
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Ok(ReadOutcome::Closed)
+            }
+            r => r?,
+        };
+        let len = u32::from_be_bytes(len);
+        if len > max {
+            return Ok(ReadOutcome::TooLarge(len));
         }
-        Ok(r) => {
-            r?;
-        }
-    }
-    let len = u32::from_be_bytes(len);
-    if len > max {
-        return Ok(ReadOutcome::TooLarge(len));
-    }
-    let mut body = vec![0u8; len as usize];
-    match tokio::time::timeout(idle, s.read_exact(&mut body)).await {
-        Err(_) => Ok(ReadOutcome::Idle),
-        Ok(r) => r.map(|_| ReadOutcome::Frame(body)),
-    }
+        let mut body = Vec::with_capacity((len as usize).min(64 << 10));
+        (&mut *s).take(len.into()).read_to_end(&mut body).await?;
+        Ok(if body.len() < len as usize {
+            ReadOutcome::Closed
+        } else {
+            ReadOutcome::Frame(body)
+        })
+    };
+    tokio::time::timeout(frame, rest)
+        .await
+        .unwrap_or(Ok(ReadOutcome::Slow))
 }
 
 /// Parses a request body, telling malformed frames from unknown requests from bad fields.
@@ -163,6 +313,7 @@ async fn handle(
     mut s: UnixStream,
     stop: watch::Sender<bool>,
     shutdown: watch::Receiver<bool>,
+    conn: &Conn,
 ) {
     let peer = match s.peer_cred() {
         Ok(c) => Peer {
@@ -183,9 +334,10 @@ async fn handle(
     let admin = peer.uid == 0 || peer.uid == me;
     let limits = &svc.cfg.limits;
     let idle = Duration::from_secs(limits.idle_timeout_secs);
+    let deadline = Duration::from_secs(limits.frame_timeout_secs);
     let mut greeted = false;
     loop {
-        let body = match read_request(&mut s, limits.max_frame_bytes, idle).await {
+        let body = match read_request(&mut s, limits.max_frame_bytes, idle, deadline, conn).await {
             Ok(ReadOutcome::Frame(b)) => b,
             Ok(ReadOutcome::Closed) => return,
             Ok(ReadOutcome::TooLarge(n)) => {
@@ -194,13 +346,41 @@ async fn handle(
                     limits.max_frame_bytes
                 );
                 tracing::warn!(uid = peer.uid, "{msg}; closing");
-                let _ = write_response(&mut s, &error(ErrorCode::FrameTooLarge, msg), &[]).await;
+                let _ = respond(&mut s, deadline, &error(ErrorCode::FrameTooLarge, msg), &[]).await;
+                return;
+            }
+            Ok(ReadOutcome::Slow) => {
+                tracing::warn!(
+                    uid = peer.uid,
+                    "request frame not completed in time; closing"
+                );
+                let msg = format!(
+                    "request frame not completed within {} s",
+                    limits.frame_timeout_secs
+                );
+                let _ = respond(&mut s, deadline, &error(ErrorCode::IdleTimeout, msg), &[]).await;
+                return;
+            }
+            Ok(ReadOutcome::Reclaimed) => {
+                tracing::info!(uid = peer.uid, "idle connection closed to make room");
+                // Best effort: an idle peer has room for one small frame, and waiting here
+                // would keep the new connection waiting for this slot.
+                if let Ok(b) = frame::encode(&error(
+                    ErrorCode::IdleTimeout,
+                    "idle connection closed to make room (max_connections)",
+                )) {
+                    let _ = s.try_write(&b);
+                }
                 return;
             }
             Ok(ReadOutcome::Idle) => {
-                let _ =
-                    write_response(&mut s, &error(ErrorCode::IdleTimeout, "idle too long"), &[])
-                        .await;
+                let _ = respond(
+                    &mut s,
+                    deadline,
+                    &error(ErrorCode::IdleTimeout, "idle too long"),
+                    &[],
+                )
+                .await;
                 return;
             }
             Err(e) => {
@@ -213,15 +393,16 @@ async fn handle(
             Err(body) => {
                 tracing::info!(uid = peer.uid, code = %body.code, "rejected request: {}", body.message);
                 let resp = Response::Error(body);
-                if write_response(&mut s, &resp, &[]).await.is_err() {
+                if respond(&mut s, deadline, &resp, &[]).await.is_err() {
                     return;
                 }
                 continue;
             }
         };
         if *shutdown.borrow() && !matches!(req, Request::Hello { .. }) {
-            let _ = write_response(
+            let _ = respond(
                 &mut s,
+                deadline,
                 &error(ErrorCode::ShuttingDown, "the daemon is shutting down"),
                 &[],
             )
@@ -266,7 +447,7 @@ async fn handle(
                     Ok((metadata, files)) => {
                         tracing::debug!(model = %metadata.model, key = %metadata.key, "acquire");
                         let fds: Vec<_> = files.iter().map(|f| f.as_raw_fd()).collect();
-                        if write_response(&mut s, &Response::Artifact { metadata }, &fds)
+                        if respond(&mut s, deadline, &Response::Artifact { metadata }, &fds)
                             .await
                             .is_err()
                         {
@@ -289,7 +470,7 @@ async fn handle(
                 let svc2 = svc.clone();
                 let task = tokio::spawn(async move { svc2.build(&b, tx).await });
                 while let Some(p) = rx.recv().await {
-                    if write_response(&mut s, &Response::Progress(p), &[])
+                    if respond(&mut s, deadline, &Response::Progress(p), &[])
                         .await
                         .is_err()
                     {
@@ -327,7 +508,7 @@ async fn handle(
             }
         };
         let resp = result.unwrap_or_else(|e| e);
-        if write_response(&mut s, &resp, &[]).await.is_err() {
+        if respond(&mut s, deadline, &resp, &[]).await.is_err() {
             return;
         }
     }

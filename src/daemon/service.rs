@@ -231,9 +231,16 @@ impl Service {
             m.generation
         };
         let r = self.plan_uncached(entry, sel).await;
+        // Failures are remembered only for the model's own variants: a client naming endless
+        // made-up backends or profiles must not grow this map (those fail before any hashing).
+        let keep = r.is_ok()
+            || self
+                .engine
+                .variants(entry, &self.cfg.backends)
+                .contains(sel);
         let mut st = self.lock();
         if let Some(m) = st.models.get_mut(&entry.name) {
-            if m.generation == generation {
+            if keep && m.generation == generation {
                 m.plans.insert(slot, r.clone());
             }
         }
@@ -569,11 +576,15 @@ impl Service {
         req: &BuildRequest,
         events: mpsc::Sender<Progress>,
     ) -> Result<Vec<BuildResult>, Failure> {
-        let names: Vec<String> = if req.models.is_empty() && req.paths.is_empty() {
+        let mut names: Vec<String> = if req.models.is_empty() && req.paths.is_empty() {
             self.lock().models.keys().cloned().collect()
         } else {
             req.models.clone()
         };
+        // A name listed many times is built (and reported) once: a 1 MiB request must not
+        // fan out into hundreds of thousands of tasks and progress frames.
+        let mut seen = std::collections::HashSet::new();
+        names.retain(|n| seen.insert(n.clone()));
         // (entry, outside the repository): a path entry is planned afresh each time, since
         // no watcher tells when its file changes.
         let mut entries = Vec::new();

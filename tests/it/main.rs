@@ -11,5 +11,6 @@ mod fuzz_regressions;
 mod keys;
 mod onnx_load;
 mod reliability_crash;
+mod reliability_hostile;
 mod reliability_store;
 mod support;

@@ -209,7 +209,19 @@ class Client:
         return msg, fds
 
     def _call(self, obj):
-        self._send(obj)
+        try:
+            self._send(obj)
+        except (BrokenPipeError, ConnectionResetError) as broken:
+            # The daemon may have answered and closed before reading (`busy` at its
+            # connection limit): its error frame says why, the broken pipe does not.
+            try:
+                self._recv()
+            except TrtcacheError as answer:
+                if answer.code != "connection":
+                    raise answer from broken
+            except OSError:
+                pass
+            raise
         return self._recv()
 
     # -- requests ----------------------------------------------------------------

@@ -208,7 +208,21 @@ impl Client {
     }
 
     fn call(&mut self, req: &Request) -> Result<(Response, Vec<OwnedFd>), ClientError> {
-        self.send(req)?;
+        if let Err(e) = self.send(req) {
+            // The daemon may have answered and closed before reading (`busy` at its
+            // connection limit): its error frame says why, the broken pipe does not.
+            if let ClientError::Frame(FrameError::Io(io)) = &e {
+                if matches!(
+                    io.kind(),
+                    std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+                ) {
+                    if let Err(server @ ClientError::Server { .. }) = self.recv() {
+                        return Err(server);
+                    }
+                }
+            }
+            return Err(e);
+        }
         self.recv()
     }
 

@@ -225,6 +225,8 @@ pub enum ErrorCode {
     /// Too many connections.
     Busy,
     /// The connection was idle longer than the server allows.
+    /// Also sent when a request frame was not completed in time, or when an idle connection
+    /// is closed to make room at the connection limit.
     IdleTimeout,
     /// The daemon is shutting down.
     ShuttingDown,
