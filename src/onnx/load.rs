@@ -75,6 +75,40 @@ impl Model {
         Self::from_parts(path, bytes, proto)
     }
 
+    /// Loads a model by reading the file into memory instead of mapping it: for a file that
+    /// another process may truncate or rewrite in place while it is in use (a watched
+    /// repository), where reading a shrunken map would kill the process with SIGBUS. A
+    /// file that shrinks while it is read gives a decode error, like any truncated file.
+    pub fn read(path: impl AsRef<Path>) -> Result<Self, OnnxError> {
+        let path = path.as_ref().to_path_buf();
+        let opts = LoadOptions::default();
+        let open = |err| OnnxError::Open {
+            path: path.clone(),
+            err,
+        };
+        let meta = std::fs::metadata(&path).map_err(open)?;
+        if meta.is_dir() {
+            return Err(OnnxError::IsDirectory { path });
+        }
+        if meta.len() > opts.max_model_bytes {
+            return Err(OnnxError::TooLarge {
+                path,
+                size: meta.len(),
+                limit: opts.max_model_bytes,
+            });
+        }
+        let mut buf = Vec::with_capacity(meta.len() as usize);
+        std::io::Read::read_to_end(
+            &mut std::io::Read::take(File::open(&path).map_err(open)?, opts.max_model_bytes),
+            &mut buf,
+        )
+        .map_err(open)?;
+        if buf.is_empty() {
+            return Err(OnnxError::Empty { path });
+        }
+        Self::from_bytes(path, Bytes::from(buf))
+    }
+
     /// Builds a model from bytes already in memory (tests, fuzzing, sockets). External data
     /// resolves relative to `path`'s folder.
     pub fn from_bytes(path: impl AsRef<Path>, bytes: Bytes) -> Result<Self, OnnxError> {
