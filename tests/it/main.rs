@@ -10,3 +10,4 @@ mod daemon_system;
 mod keys;
 mod onnx_load;
 mod support;
+mod reliability_races;
