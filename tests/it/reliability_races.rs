@@ -16,7 +16,7 @@ use trtcache_client::Client;
 use crate::daemon::{artifact_session, ort_env, Daemon};
 use crate::support;
 
-const WIDTH: i64 = 512;
+const WIDTH: i64 = 1024;
 
 /// `big_weights` with its first weight drawn from `seed`: same shapes, other outputs, other key.
 fn variant(layers: usize, width: i64, seed: u64) -> ModelProto {
@@ -136,11 +136,11 @@ fn contents_swapped_during_builds_are_never_served_under_another_contents_key() 
     let mut d = Daemon::new();
     d.start();
     let outside = d.root.join("outside");
-    // Three contents of ~3 MiB each: a build takes long enough to be overtaken by a swap.
+    // Three contents of ~16 MiB each.
     let contents: Vec<PathBuf> = (0..3)
         .map(|i| {
             let p = outside.join(format!("c{i}.onnx"));
-            write(&variant(3, WIDTH, 500 + i), &p).unwrap();
+            write(&variant(4, WIDTH, 500 + i), &p).unwrap();
             p
         })
         .collect();
@@ -191,17 +191,29 @@ fn contents_swapped_during_builds_are_never_served_under_another_contents_key() 
     };
     let t0 = Instant::now();
     let swaps = 12;
+    let mut mid_phase = 0;
     let mut c = d.client();
     for i in 0..swaps {
         let k = i % 3;
         install(&contents[k], &target, i % 2 == 1, &scratch);
-        // Wait a varying time: sometimes until a build is running, sometimes not at all.
-        let delay = Duration::from_millis([0, 120, 400, 900][i % 4]);
+        // The next swap comes at once, or once the daemon is planning (hashing), building or
+        // validating this content (or after a few seconds, if it never gets there).
+        let phase = [None, Some("building"), Some("validating"), Some("planning")][i % 4];
         let w0 = Instant::now();
-        while w0.elapsed() < delay {
+        while let Some(phase) = phase {
             alive(&mut d);
-            let _ = c.list();
-            std::thread::sleep(Duration::from_millis(20));
+            let l = c.list().unwrap();
+            if l.iter()
+                .flat_map(|m| &m.variants)
+                .any(|v| v.phase.as_deref() == Some(phase))
+            {
+                mid_phase += 1;
+                break;
+            }
+            if w0.elapsed() > Duration::from_secs(10) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
         }
     }
     let last = (swaps - 1) % 3;
@@ -212,7 +224,7 @@ fn contents_swapped_during_builds_are_never_served_under_another_contents_key() 
     let (served, unknown) = checker.join().expect("checker saw a wrong artifact");
     let s = wait_idle(&mut c, Duration::from_secs(240));
     eprintln!(
-        "swaps {swaps}: {served} acquires checked, {} of unknown content, {:.1} s; stats {s:?}",
+        "swaps {swaps} ({mid_phase} in the middle of a phase): {served} acquires checked, {} of unknown content, {:.1} s; stats {s:?}",
         unknown.len(),
         t0.elapsed().as_secs_f64()
     );
@@ -250,7 +262,8 @@ fn slow_copy(bytes: &[u8], path: &Path, chunks: usize, pause: impl Fn(usize) -> 
 #[test]
 fn a_slowly_copied_model_is_not_planned_or_built_before_it_is_stable() {
     let mut d = Daemon::new();
-    let debounce = 800u64;
+    // A long debounce, so that scheduling noise on a loaded machine stays far below it.
+    let debounce = 1500u64;
     set_debounce(&d, debounce);
     d.start();
     let outside = d.root.join("outside");
@@ -260,8 +273,8 @@ fn a_slowly_copied_model_is_not_planned_or_built_before_it_is_stable() {
     let key = cli_key(&d, &full);
     let want = reference_big(&full, WIDTH);
 
-    // Phase 1: 16 pieces, pauses of a quarter debounce and one of three quarters. The daemon
-    // must not even list the model until the copy is done.
+    // Phase 1: 16 pieces, pauses of a tenth of the debounce and one of half of it. The
+    // daemon must not even list the model until the copy is done.
     let target = d.models().join("slow.onnx");
     let watcher = {
         let socket = d.socket();
@@ -283,7 +296,7 @@ fn a_slowly_copied_model_is_not_planned_or_built_before_it_is_stable() {
     };
     let t0 = Instant::now();
     slow_copy(&bytes, &target, 16, |i| {
-        Duration::from_millis(if i == 7 { debounce * 3 / 4 } else { debounce / 4 })
+        Duration::from_millis(if i == 7 { debounce / 2 } else { debounce / 10 })
     });
     let copied = t0.elapsed();
     let seen = watcher.join().unwrap();
@@ -306,7 +319,7 @@ fn a_slowly_copied_model_is_not_planned_or_built_before_it_is_stable() {
     let s = wait_idle(&mut c, Duration::from_secs(120));
     assert_eq!((s.builds, s.failures), (1, 0), "built once, when complete: {s:?}");
 
-    // Phase 2: a pause of three debounces halfway. The half file is stable by definition and
+    // Phase 2: a pause of two debounces halfway. The half file is stable by definition and
     // may be looked at (it does not parse, or parses to other content with another key); it
     // is never served as the full model, and the full one becomes ready afterwards.
     let target2 = d.models().join("slow2.onnx");
@@ -316,7 +329,7 @@ fn a_slowly_copied_model_is_not_planned_or_built_before_it_is_stable() {
     let key2 = cli_key(&d, &full2);
     let want2 = reference_big(&full2, WIDTH);
     slow_copy(&bytes2, &target2, 4, |i| {
-        Duration::from_millis(if i == 1 { debounce * 3 } else { debounce / 4 })
+        Duration::from_millis(if i == 1 { debounce * 2 } else { debounce / 10 })
     });
     let art = wait_served(&mut d, "slow2", &key2, Duration::from_secs(120));
     assert!(close(&run_big(&mut artifact_session(&art), WIDTH), &want2));
@@ -384,21 +397,20 @@ fn a_model_truncated_in_place_while_hashed_and_built_does_not_kill_the_daemon() 
     let mut d = Daemon::new();
     d.start();
     let outside = d.root.join("outside");
-    // ~64 MiB inline: hashing and copying it take long enough to be cut under.
+    // ~48 MiB inline: hashing and copying it take long enough to be cut under. Each round
+    // has its own content, so each one is hashed and built afresh.
     let src = outside.join("big.onnx");
-    write(&variant(16, 1024, 3), &src).unwrap();
-    let size = std::fs::metadata(&src).unwrap().len();
-    let key = cli_key(&d, &src);
     let target = d.models().join("big.onnx");
     let mut c = d.client();
-    // Each round rewrites the file in place (new mtime: the digest memo misses, so it is
-    // hashed again), waits until the daemon is in the named phase with it, and truncates it
-    // to a third there: while it is hashed (planning), copied and built, or validated.
+    // Each round copies the file in place, waits until the daemon is in the named phase
+    // with it, and truncates it to a third there: while it is hashed (planning), copied and
+    // built, or validated.
     let mut hit = Vec::new();
-    for (round, phase) in ["planning", "building", "validating", "planning", "building"]
+    for (round, phase) in ["planning", "building", "validating", "planning"]
         .into_iter()
         .enumerate()
     {
+        write(&variant(12, 1024, 30 + round as u64), &src).unwrap();
         std::fs::copy(&src, &target).unwrap();
         let t0 = Instant::now();
         let reached = loop {
@@ -408,7 +420,7 @@ fn a_model_truncated_in_place_while_hashed_and_built_does_not_kill_the_daemon() 
                 .iter()
                 .flat_map(|m| &m.variants)
                 .any(|v| v.phase.as_deref() == Some(phase));
-            if now || t0.elapsed() > Duration::from_secs(30) {
+            if now || t0.elapsed() > Duration::from_secs(20) {
                 break now;
             }
             std::thread::sleep(Duration::from_millis(2));
@@ -417,7 +429,7 @@ fn a_model_truncated_in_place_while_hashed_and_built_does_not_kill_the_daemon() 
             .write(true)
             .open(&target)
             .unwrap()
-            .set_len(size / 3)
+            .set_len(std::fs::metadata(&src).unwrap().len() / 3)
             .unwrap();
         hit.push((phase, reached));
         // Let the daemon trip over the truncated file, then check it is alive and answers.
@@ -436,6 +448,7 @@ fn a_model_truncated_in_place_while_hashed_and_built_does_not_kill_the_daemon() 
         "too few rounds hit their phase: {hit:?}"
     );
     // The full file again: served, with the file's key.
+    let key = cli_key(&d, &src);
     std::fs::copy(&src, &target).unwrap();
     let art = wait_served(&mut d, "big", &key, Duration::from_secs(240));
     assert!(art.metadata.validation.passed);
