@@ -97,16 +97,27 @@ impl Model {
                 limit: opts.max_model_bytes,
             });
         }
-        let mut buf = Vec::with_capacity(meta.len() as usize);
-        std::io::Read::read_to_end(
-            &mut std::io::Read::take(File::open(&path).map_err(open)?, opts.max_model_bytes),
-            &mut buf,
-        )
-        .map_err(open)?;
-        if buf.is_empty() {
+        let size = meta.len() as usize;
+        if size == 0 {
             return Err(OnnxError::Empty { path });
         }
-        Self::from_bytes(path, Bytes::from(buf))
+        // Into an anonymous map, not the heap: a model is tens to thousands of MiB, and the
+        // allocator keeps freed blocks that large in its arenas (the daemon's RSS grew by
+        // hundreds of MiB over a few builds); a map goes back to the system when dropped.
+        let mut buf = memmap2::MmapMut::map_anon(size).map_err(open)?;
+        let mut file = File::open(&path).map_err(open)?;
+        let mut got = 0;
+        while got < size {
+            match std::io::Read::read(&mut file, &mut buf[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(open(e)),
+            }
+        }
+        // A file that shrank since its size was taken decodes as the truncated file it is.
+        let bytes = Bytes::from_owner(buf.make_read_only().map_err(open)?).slice(..got);
+        Self::from_bytes(path, bytes)
     }
 
     /// Builds a model from bytes already in memory (tests, fuzzing, sockets). External data
