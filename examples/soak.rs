@@ -11,7 +11,7 @@
 //! ```text
 //! benches/soak.sh --minutes 10            # builds the release binary and this example
 //! cargo run --release --example soak -- --minutes 10 [--clients 8] [--models 8]
-//!     [--interval 10] [--sample 25] [--cache-mib 64] [--trtcache target/release/trtcache]
+//!     [--interval 10] [--sample 25] [--cache-mib 128] [--trtcache target/release/trtcache]
 //!     [--keep DIR]
 //! ```
 //!
@@ -54,7 +54,7 @@ fn args() -> Res<Args> {
             .map(|d| d.join("trtcache"))
             .ok_or("no trtcache next to this example")?,
         keep: None,
-        cache_mib: 64,
+        cache_mib: 128,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -102,8 +102,11 @@ fn content(kind: Kind, seed: u64) -> trtcache::onnx::proto::ModelProto {
             let mut m = models::big_weights(6, BIG_WIDTH);
             let w = BIG_WIDTH as usize;
             if let Some(g) = m.graph.as_mut() {
-                g.initializer[0] =
-                    tensor_f32("w0", &[BIG_WIDTH, BIG_WIDTH], &random_f32(seed, w * w, 0.05));
+                g.initializer[0] = tensor_f32(
+                    "w0",
+                    &[BIG_WIDTH, BIG_WIDTH],
+                    &random_f32(seed, w * w, 0.05),
+                );
             }
             m
         }
@@ -178,6 +181,20 @@ fn fd_targets(pid: u32) -> Vec<String> {
         .unwrap_or_default();
     v.sort();
     v
+}
+
+/// The fewest descriptors over a second (an acquire in flight holds an artifact's files for
+/// a moment), with what they point at.
+fn settled_fds(pid: u32) -> (u64, Vec<String>) {
+    let mut best = (u64::MAX, Vec::new());
+    for _ in 0..10 {
+        let t = fd_targets(pid);
+        if (t.len() as u64) < best.0 {
+            best = (t.len() as u64, t);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    best
 }
 
 /// Entries of `b` not in `a` (as multisets).
@@ -273,7 +290,13 @@ fn client_loop(
             None => match Client::connect(&socket) {
                 Ok(c) => client.insert(c),
                 Err(e) => {
-                    *shared.window.lock().unwrap().errors.entry(format!("connect: {e}")).or_default() += 1;
+                    *shared
+                        .window
+                        .lock()
+                        .unwrap()
+                        .errors
+                        .entry(format!("connect: {e}"))
+                        .or_default() += 1;
                     std::thread::sleep(Duration::from_millis(50));
                     continue;
                 }
@@ -344,8 +367,16 @@ fn client_loop(
             }
             Err(e) => {
                 // Expected under churn: not_found (removed), cancelled (replaced mid-build).
-                let code = e.code().map_or_else(|| format!("io: {e}"), |c| format!("{c:?}"));
-                *shared.window.lock().unwrap().errors.entry(code).or_default() += 1;
+                let code = e
+                    .code()
+                    .map_or_else(|| format!("io: {e}"), |c| format!("{c:?}"));
+                *shared
+                    .window
+                    .lock()
+                    .unwrap()
+                    .errors
+                    .entry(code)
+                    .or_default() += 1;
                 if e.code().is_none() {
                     client = None;
                 }
@@ -433,7 +464,11 @@ fn main() -> Res<()> {
         }
         None => tmp.path().to_path_buf(),
     };
-    let (models_dir, cache, outside) = (root.join("models"), root.join("cache"), root.join("outside"));
+    let (models_dir, cache, outside) = (
+        root.join("models"),
+        root.join("cache"),
+        root.join("outside"),
+    );
     for d in [&models_dir, &cache, &outside] {
         std::fs::create_dir_all(d)?;
     }
@@ -448,9 +483,16 @@ fn main() -> Res<()> {
         std::fs::copy(&p, models_dir.join(format!("{n}.onnx")))?;
     }
     let mut pool = Vec::new();
-    for (i, kind) in [Kind::Tiny, Kind::Tiny, Kind::Tiny, Kind::Tiny, Kind::Big, Kind::Big]
-        .into_iter()
-        .enumerate()
+    for (i, kind) in [
+        Kind::Tiny,
+        Kind::Tiny,
+        Kind::Tiny,
+        Kind::Tiny,
+        Kind::Big,
+        Kind::Big,
+    ]
+    .into_iter()
+    .enumerate()
     {
         let p = outside.join(format!("pool{i}.onnx"));
         contents.make(&a.trtcache, kind, 8000 + i as u64, &p, &keycache)?;
@@ -473,7 +515,7 @@ fn main() -> Res<()> {
     )?;
     let log = std::fs::File::create(root.join("daemon.log"))?;
     let child = Command::new(&a.trtcache)
-        .args(["serve", "--config"])
+        .args(["-v", "serve", "--config"])
         .arg(&config)
         .env_remove("NOTIFY_SOCKET")
         .env_remove("LISTEN_FDS")
@@ -518,6 +560,8 @@ fn main() -> Res<()> {
         root.display()
     );
 
+    // Descriptors with only the admin connection, before any client or churn.
+    let (fd_base, fd_base_set) = settled_fds(pid);
     let shared = Arc::new(Shared::default());
     let stop_clients = Arc::new(AtomicBool::new(false));
     let stop_churn = Arc::new(AtomicBool::new(false));
@@ -532,13 +576,14 @@ fn main() -> Res<()> {
                 stop_clients.clone(),
             );
             let (steady_n, sample) = (a.models, a.sample);
-            std::thread::spawn(move || client_loop(s, n, steady_n, c, sh, st, 1 + i as u64 * 7919, sample))
+            std::thread::spawn(move || {
+                client_loop(s, n, steady_n, c, sh, st, 1 + i as u64 * 7919, sample)
+            })
         })
         .collect();
     // Baseline with every client connected and no churn yet.
     std::thread::sleep(Duration::from_secs(2));
     let (fd_start, rss_start) = (fds(pid), rss_kib(pid));
-    let fd_start_set = fd_targets(pid);
     let churn = {
         let ch = Churn {
             bin: a.trtcache.clone(),
@@ -554,7 +599,18 @@ fn main() -> Res<()> {
 
     println!(
         "{:>6} {:>8} {:>9} {:>9} {:>10} {:>7} {:>8} {:>5} {:>6} {:>6} {:>5} {:>5}  errors",
-        "t_s", "acq/s", "p50_ms", "p99_ms", "churn_p99", "churn", "rss_MiB", "fds", "builds", "cancel", "fail", "queue"
+        "t_s",
+        "acq/s",
+        "p50_ms",
+        "p99_ms",
+        "churn_p99",
+        "churn",
+        "rss_MiB",
+        "fds",
+        "builds",
+        "cancel",
+        "fail",
+        "queue"
     );
     let started = Instant::now();
     let total = Duration::from_secs_f64(a.minutes * 60.0);
@@ -563,7 +619,11 @@ fn main() -> Res<()> {
     let mut last_acq = 0;
     let mut last_t = Instant::now();
     while started.elapsed() < total {
-        std::thread::sleep(Duration::from_secs(a.interval).min(total.saturating_sub(started.elapsed())).max(Duration::from_millis(100)));
+        std::thread::sleep(
+            Duration::from_secs(a.interval)
+                .min(total.saturating_sub(started.elapsed()))
+                .max(Duration::from_millis(100)),
+        );
         let w = std::mem::take(&mut *shared.window.lock().unwrap());
         let now_acq = shared.acquires.load(Ordering::Relaxed);
         let dt = last_t.elapsed().as_secs_f64();
@@ -620,7 +680,6 @@ fn main() -> Res<()> {
     // Past the debounce and any acquire that was waiting on a build.
     std::thread::sleep(Duration::from_secs(3));
     let (fd_end, rss_end) = (fds(pid), rss_kib(pid));
-    let fd_end_set = fd_targets(pid);
     stop_clients.store(true, Ordering::SeqCst);
     for c in clients {
         c.join().map_err(|_| "client thread panicked")?;
@@ -628,9 +687,12 @@ fn main() -> Res<()> {
     let final_stats = admin.stats()?;
     drop(admin);
     std::thread::sleep(Duration::from_millis(500));
-    let fd_no_clients = fds(pid);
+    // The clients' connections close; then descriptors again, as at the start.
+    let (fd_after, fd_after_set) = settled_fds(pid);
     let exit_ok = stop_daemon(child)?;
     let tmp_left = std::fs::read_dir(cache.join("tmp")).map_or(0, |r| r.count());
+    let log = std::fs::read_to_string(root.join("daemon.log")).unwrap_or_default();
+    let failed: Vec<&str> = log.lines().filter(|l| l.contains("build failed")).collect();
 
     let secs = started.elapsed().as_secs_f64();
     let acq = shared.acquires.load(Ordering::Relaxed);
@@ -644,26 +706,66 @@ fn main() -> Res<()> {
         mean(&rss_series[..third.min(rss_series.len())]),
         mean(&rss_series[rss_series.len().saturating_sub(third)..]),
     );
-    let fd_leak = fd_end > fd_start + 2;
+    let fd_leak = fd_after > fd_base;
     let rss_growing = rss_last > rss_first * 1.5 + 16.0;
     println!();
-    println!("duration           {secs:.0} s, {} clients, {} churn operations", a.clients, shared.churn_ops.load(Ordering::Relaxed));
+    println!(
+        "duration           {secs:.0} s, {} clients, {} churn operations",
+        a.clients,
+        shared.churn_ops.load(Ordering::Relaxed)
+    );
     println!("acquires           {acq} ({:.0}/s)", acq as f64 / secs);
-    println!("steady acquire     p50 {:.2} ms, p99 {:.2} ms, max {:.1} ms ({} acquires)", pct(&all, 0.5), pct(&all, 0.99), all.last().copied().unwrap_or(f64::NAN), all.len());
-    println!("errors (expected under churn) {:?}", shared.errors_total.lock().unwrap());
+    println!(
+        "steady acquire     p50 {:.2} ms, p99 {:.2} ms, max {:.1} ms ({} acquires)",
+        pct(&all, 0.5),
+        pct(&all, 0.99),
+        all.last().copied().unwrap_or(f64::NAN),
+        all.len()
+    );
+    println!(
+        "errors (expected under churn) {:?}",
+        shared.errors_total.lock().unwrap()
+    );
     println!("daemon             {final_stats:?}");
-    println!("outputs compared   {} sampled artifacts matched their content's outputs", shared.compared.load(Ordering::Relaxed));
-    println!("violations         {} {:?}", violations.len(), violations.iter().take(10).collect::<Vec<_>>());
-    println!("descriptors        start {fd_start}, end {fd_end} (same clients connected), {fd_no_clients} after they left; series {fd_series:?}");
-    println!("descriptors added  {:?}", added(&fd_start_set, &fd_end_set));
+    println!(
+        "outputs compared   {} sampled artifacts matched their content's outputs",
+        shared.compared.load(Ordering::Relaxed)
+    );
+    println!(
+        "failed builds      {} in the daemon log{}",
+        failed.len(),
+        failed
+            .iter()
+            .take(5)
+            .map(|l| format!("\n  {l}"))
+            .collect::<String>()
+    );
+    println!(
+        "violations         {} {:?}",
+        violations.len(),
+        violations.iter().take(10).collect::<Vec<_>>()
+    );
+    println!("descriptors        {fd_base} before the clients and churn, {fd_after} after (churn stopped, builds idle, clients gone); with clients: start {fd_start}, end {fd_end}; series {fd_series:?}");
+    println!(
+        "descriptors added  {:?}",
+        added(&fd_base_set, &fd_after_set)
+    );
     println!("rss MiB            start {:.1}, end {:.1}; first third {rss_first:.1}, last third {rss_last:.1}", rss_start as f64 / 1024.0, rss_end as f64 / 1024.0);
-    println!("shutdown           exit {}, {} temp entries left in the cache", if exit_ok { "0" } else { "FAILED" }, tmp_left);
+    println!(
+        "shutdown           exit {}, {} temp entries left in the cache",
+        if exit_ok { "0" } else { "FAILED" },
+        tmp_left
+    );
     let ok = violations.is_empty() && !fd_leak && exit_ok && tmp_left == 0 && acq > 0;
     println!(
         "verdict            {}{}{}",
         if ok { "PASS" } else { "FAIL" },
         if fd_leak { " (descriptor leak)" } else { "" },
-        if rss_growing { " (RSS grew by more than half: look at the series)" } else { "" }
+        if rss_growing {
+            " (RSS grew by more than half: look at the series)"
+        } else {
+            ""
+        }
     );
     if a.keep.is_none() {
         drop(tmp);

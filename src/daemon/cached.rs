@@ -462,6 +462,17 @@ impl Engine for CachedEngine {
         drop(staging);
         match (&outcome.served, &outcome.unservable) {
             (Some(served), _) => self.artifact(planned, &outcome.record, served),
+            // Built and validated, then gone before it could be served: the size limit
+            // evicted it (a concurrent build's store), or it was removed. Nothing is wrong
+            // with the model, so this must not be remembered as its failure (the soak found
+            // keys failed for good this way); waiters are told to ask again.
+            (None, why) if outcome.record.status == crate::cache::Status::Ready => {
+                Err(EngineError::Changed(format!(
+                    "the artifact of `{}` was removed right after its build ({}); ask again",
+                    planned.model.name,
+                    why.as_deref().unwrap_or("not servable")
+                )))
+            }
             (None, why) => Err(EngineError::Invalid(
                 why.clone()
                     .unwrap_or_else(|| "the artifact is not servable".into()),

@@ -254,6 +254,17 @@ impl Service {
         r
     }
 
+    /// Drops a variant's plan if it still has `key`, so that it is computed again.
+    fn forget_plan(&self, entry: &ModelEntry, sel: &Selection, key: CacheKey) {
+        let mut st = self.lock();
+        if let Some(m) = st.models.get_mut(&entry.name) {
+            let slot = (entry.version, sel.clone());
+            if matches!(m.plans.get(&slot), Some(Ok(p)) if p.key == key) {
+                m.plans.remove(&slot);
+            }
+        }
+    }
+
     /// Queues a background build and records its artifact as ready when it completes.
     fn submit_tracked(self: &Arc<Self>, p: &Planned) {
         let Ok(mut rx) = self.queue.submit(p, false) else {
@@ -351,7 +362,19 @@ impl Service {
                     .timeout_ms
                     .map(Duration::from_millis)
                     .unwrap_or(Duration::from_secs(self.cfg.limits.build_timeout_secs));
-                self.wait_job(rx, &planned, limit).await?
+                match self.wait_job(rx, &planned, limit).await {
+                    Ok(a) => a,
+                    Err(f) => {
+                        // Cancelled, often because the file no longer hashes to the plan's
+                        // key (rewritten before the watcher applied it): the next acquire
+                        // plans from the file again instead of building the stale key over
+                        // and over (each try copies the model).
+                        if f.0 == ErrorCode::Cancelled {
+                            self.forget_plan(&entry, &sel, planned.key);
+                        }
+                        return Err(f);
+                    }
+                }
             }
         };
         let mut files = match self.open_files(&artifact) {

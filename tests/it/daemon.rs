@@ -671,7 +671,11 @@ fn a_model_rewritten_with_identical_bytes_during_its_build_still_becomes_ready()
     let key = loop {
         let s = c.status("m").unwrap();
         // Ready after the daemon saw the rewrite (not the first build finishing first).
-        if let Some(v) = s.variants.first().filter(|v| v.state == VariantState::Ready) {
+        if let Some(v) = s
+            .variants
+            .first()
+            .filter(|v| v.state == VariantState::Ready)
+        {
             if d.log().contains("model changed") {
                 break v.key.clone().unwrap();
             }

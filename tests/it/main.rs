@@ -9,5 +9,5 @@ mod daemon_engine;
 mod daemon_system;
 mod keys;
 mod onnx_load;
-mod support;
 mod reliability_races;
+mod support;

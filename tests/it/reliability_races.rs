@@ -90,7 +90,12 @@ fn alive(d: &mut Daemon) {
 }
 
 /// Polls until acquiring `name` serves `key` (the current file's), or panics after `limit`.
-fn wait_served(d: &mut Daemon, name: &str, key: &str, limit: Duration) -> trtcache_client::Artifact {
+fn wait_served(
+    d: &mut Daemon,
+    name: &str,
+    key: &str,
+    limit: Duration,
+) -> trtcache_client::Artifact {
     let t0 = Instant::now();
     loop {
         alive(d);
@@ -147,7 +152,11 @@ fn contents_swapped_during_builds_are_never_served_under_another_contents_key() 
     let keys: Vec<String> = contents.iter().map(|p| cli_key(&d, p)).collect();
     let refs: Vec<Vec<f32>> = contents.iter().map(|p| reference_big(p, WIDTH)).collect();
     assert!(keys[0] != keys[1] && keys[1] != keys[2] && keys[0] != keys[2]);
-    let by_key: HashMap<&str, usize> = keys.iter().enumerate().map(|(i, k)| (k.as_str(), i)).collect();
+    let by_key: HashMap<&str, usize> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (k.as_str(), i))
+        .collect();
     let target = d.models().join("m.onnx");
     let scratch = outside.join("scratch.onnx");
 
@@ -218,8 +227,15 @@ fn contents_swapped_during_builds_are_never_served_under_another_contents_key() 
     }
     let last = (swaps - 1) % 3;
     let art = wait_served(&mut d, "m", &keys[last], Duration::from_secs(240));
-    assert!(close(&run_big(&mut artifact_session(&art), WIDTH), &refs[last]));
-    assert_eq!(cli_key(&d, &target), art.metadata.key, "served = `trtcache key` of the file");
+    assert!(close(
+        &run_big(&mut artifact_session(&art), WIDTH),
+        &refs[last]
+    ));
+    assert_eq!(
+        cli_key(&d, &target),
+        art.metadata.key,
+        "served = `trtcache key` of the file"
+    );
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let (served, unknown) = checker.join().expect("checker saw a wrong artifact");
     let s = wait_idle(&mut c, Duration::from_secs(240));
@@ -242,7 +258,11 @@ fn contents_swapped_during_builds_are_never_served_under_another_contents_key() 
     assert_eq!(c.stats().unwrap().failures, 0, "a swap is never a failure");
     drop(c);
     assert!(d.stop(), "{}", d.log());
-    assert!(d.tmp_files().is_empty(), "temp files left: {:?}", d.tmp_files());
+    assert!(
+        d.tmp_files().is_empty(),
+        "temp files left: {:?}",
+        d.tmp_files()
+    );
 }
 
 /// Writes `bytes` to `path` in `chunks` pieces, sleeping `pause(i)` after piece `i`.
@@ -317,7 +337,11 @@ fn a_slowly_copied_model_is_not_planned_or_built_before_it_is_stable() {
     assert!(close(&run_big(&mut artifact_session(&art), WIDTH), &want));
     let mut c = d.client();
     let s = wait_idle(&mut c, Duration::from_secs(120));
-    assert_eq!((s.builds, s.failures), (1, 0), "built once, when complete: {s:?}");
+    assert_eq!(
+        (s.builds, s.failures),
+        (1, 0),
+        "built once, when complete: {s:?}"
+    );
 
     // Phase 2: a pause of two debounces halfway. The half file is stable by definition and
     // may be looked at (it does not parse, or parses to other content with another key); it
@@ -361,7 +385,11 @@ fn a_model_deleted_during_its_build_leaves_no_served_entry() {
         .iter()
         .any(|m| m.variants.iter().any(|v| v.state == VariantState::Building))
     {
-        assert!(t0.elapsed() < Duration::from_secs(60), "never built\n{}", d.log());
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "never built\n{}",
+            d.log()
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     std::fs::remove_file(d.models().join("gone.onnx")).unwrap();
@@ -381,7 +409,11 @@ fn a_model_deleted_during_its_build_leaves_no_served_entry() {
     assert_eq!(s.failures, 0, "a deleted model is not a failure: {s:?}");
     drop(c);
     assert!(d.stop(), "{}", d.log());
-    assert!(d.tmp_files().is_empty(), "temp files left: {:?}", d.tmp_files());
+    assert!(
+        d.tmp_files().is_empty(),
+        "temp files left: {:?}",
+        d.tmp_files()
+    );
     // The store holds at most a valid cache entry for that content: a restart with the
     // model back serves it, with its own key and outputs.
     std::fs::copy(&src, d.models().join("gone.onnx")).unwrap();
@@ -440,7 +472,8 @@ fn a_model_truncated_in_place_while_hashed_and_built_does_not_kill_the_daemon() 
             .unwrap_or_else(|e| panic!("round {round}: {e}\n{}", d.log()));
         eprintln!(
             "round {round}: truncated in phase {phase} (reached: {reached}): {:?}",
-            l.first().map(|m| (&m.variants[0].state, &m.variants[0].reason))
+            l.first()
+                .map(|m| (&m.variants[0].state, &m.variants[0].reason))
         );
     }
     assert!(
@@ -456,5 +489,48 @@ fn a_model_truncated_in_place_while_hashed_and_built_does_not_kill_the_daemon() 
     eprintln!("stats {s:?}");
     drop(c);
     assert!(d.stop(), "{}", d.log());
-    assert!(d.tmp_files().is_empty(), "temp files left: {:?}", d.tmp_files());
+    assert!(
+        d.tmp_files().is_empty(),
+        "temp files left: {:?}",
+        d.tmp_files()
+    );
+}
+
+#[test]
+fn an_artifact_evicted_right_after_its_build_is_not_remembered_as_a_failure() {
+    // A cache limit below one artifact: every build is evicted by its own store. The soak
+    // found such keys failed for good (`build_failed` to every later acquire).
+    let mut d = Daemon::new();
+    let c = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(
+        d.config(),
+        c.replace("[limits]\n", "[limits]\ncache_size_bytes = 4096\n"),
+    )
+    .unwrap();
+    write(&models::tiny_encoder(false), &d.models().join("enc.onnx")).unwrap();
+    d.start();
+    let mut c = d.client();
+    for round in 0..2 {
+        let e = c.acquire_model("enc").unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::Cancelled), "round {round}: {e}");
+        assert!(e.to_string().contains("ask again"), "{e}");
+    }
+    let s = wait_idle(&mut c, Duration::from_secs(60));
+    eprintln!("{s:?}");
+    assert_eq!(s.failures, 0, "{s:?}");
+    assert!(s.cancelled >= 2, "each acquire built again: {s:?}");
+    // With room again (a restart with the default limit), it is served.
+    drop(c);
+    assert!(d.stop());
+    std::fs::write(d.config(), &c_default(&d)).unwrap();
+    d.start();
+    let art = d.client().acquire_model("enc").unwrap();
+    assert!(art.metadata.validation.passed);
+    assert!(d.stop());
+}
+
+fn c_default(d: &Daemon) -> String {
+    std::fs::read_to_string(d.config())
+        .unwrap()
+        .replace("cache_size_bytes = 4096\n", "")
 }
