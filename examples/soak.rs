@@ -271,16 +271,31 @@ impl Contents {
     }
 }
 
-fn client_loop(
+/// One client thread's setup.
+struct Worker {
     socket: PathBuf,
+    /// Steady names first, then churned ones.
     names: Vec<String>,
     steady: usize,
     contents: Arc<Contents>,
     shared: Arc<Shared>,
     stop: Arc<AtomicBool>,
     seed: u64,
+    /// Run one acquire in this many in ONNX Runtime.
     sample: u64,
-) {
+}
+
+fn client_loop(w: Worker) {
+    let Worker {
+        socket,
+        names,
+        steady,
+        contents,
+        shared,
+        stop,
+        seed,
+        sample,
+    } = w;
     let mut rng = Rng(seed);
     let mut client: Option<Client> = None;
     let mut n = 0u64;
@@ -339,7 +354,7 @@ fn client_loop(
                         .push(format!("{}: artifact {} not validated", names[i], m.key));
                 }
                 n += 1;
-                if n % sample == 0 {
+                if n.is_multiple_of(sample) {
                     let outputs = (|| -> Res<Vec<f32>> {
                         // ort-cpu artifacts are optimized already: optimizations off.
                         let mut b = ort::session::Session::builder(ort_env())?
@@ -568,17 +583,17 @@ fn main() -> Res<()> {
     let names: Vec<String> = steady.iter().chain(&churn_names).cloned().collect();
     let clients: Vec<_> = (0..a.clients)
         .map(|i| {
-            let (s, n, c, sh, st) = (
-                socket.clone(),
-                names.clone(),
-                contents.clone(),
-                shared.clone(),
-                stop_clients.clone(),
-            );
-            let (steady_n, sample) = (a.models, a.sample);
-            std::thread::spawn(move || {
-                client_loop(s, n, steady_n, c, sh, st, 1 + i as u64 * 7919, sample)
-            })
+            let w = Worker {
+                socket: socket.clone(),
+                names: names.clone(),
+                steady: a.models,
+                contents: contents.clone(),
+                shared: shared.clone(),
+                stop: stop_clients.clone(),
+                seed: 1 + i as u64 * 7919,
+                sample: a.sample,
+            };
+            std::thread::spawn(move || client_loop(w))
         })
         .collect();
     // Baseline with every client connected and no churn yet.

@@ -522,7 +522,7 @@ fn an_artifact_evicted_right_after_its_build_is_not_remembered_as_a_failure() {
     // With room again (a restart with the default limit), it is served.
     drop(c);
     assert!(d.stop());
-    std::fs::write(d.config(), &c_default(&d)).unwrap();
+    std::fs::write(d.config(), c_default(&d)).unwrap();
     d.start();
     let art = d.client().acquire_model("enc").unwrap();
     assert!(art.metadata.validation.passed);
