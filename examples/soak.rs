@@ -246,6 +246,8 @@ struct Shared {
     compared: AtomicU64,
     churn_ops: AtomicU64,
     errors_total: Mutex<BTreeMap<String, u64>>,
+    /// The first message seen for each error code.
+    error_example: Mutex<BTreeMap<String, String>>,
     all_steady_ms: Mutex<Vec<f64>>,
 }
 
@@ -385,6 +387,12 @@ fn client_loop(w: Worker) {
                 let code = e
                     .code()
                     .map_or_else(|| format!("io: {e}"), |c| format!("{c:?}"));
+                shared
+                    .error_example
+                    .lock()
+                    .unwrap()
+                    .entry(code.clone())
+                    .or_insert_with(|| e.to_string());
                 *shared
                     .window
                     .lock()
@@ -420,10 +428,16 @@ fn churn_loop(ch: Churn, contents: Arc<Contents>, shared: Arc<Shared>, stop: Arc
         let path = ch.models.join(format!("{name}.onnx"));
         let pick = rng.next(6);
         let src = if pick == 5 {
-            // A content never seen: a new key, so a build.
+            // A content never seen: a new key, so a build (one in three a big one, which
+            // builds for about a second and is often replaced while it does).
             fresh += 1;
+            let kind = if fresh % 3 == 0 {
+                Kind::Big
+            } else {
+                Kind::Tiny
+            };
             let p = ch.outside.join(format!("fresh{}.onnx", fresh % 4));
-            if let Err(e) = contents.make(&ch.bin, Kind::Tiny, 900_000 + fresh, &p, &ch.keycache) {
+            if let Err(e) = contents.make(&ch.bin, kind, 900_000 + fresh, &p, &ch.keycache) {
                 eprintln!("churn: making a content: {e}");
                 continue;
             }
@@ -741,6 +755,9 @@ fn main() -> Res<()> {
         "errors (expected under churn) {:?}",
         shared.errors_total.lock().unwrap()
     );
+    for (code, msg) in shared.error_example.lock().unwrap().iter() {
+        println!("  e.g. {code}: {msg}");
+    }
     println!("daemon             {final_stats:?}");
     println!(
         "outputs compared   {} sampled artifacts matched their content's outputs",
