@@ -431,7 +431,7 @@ fn churn_loop(ch: Churn, contents: Arc<Contents>, shared: Arc<Shared>, stop: Arc
             // A content never seen: a new key, so a build (one in three a big one, which
             // builds for about a second and is often replaced while it does).
             fresh += 1;
-            let kind = if fresh % 3 == 0 {
+            let kind = if fresh.is_multiple_of(3) {
                 Kind::Big
             } else {
                 Kind::Tiny
