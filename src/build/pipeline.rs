@@ -227,7 +227,7 @@ impl Builder {
         if let Some(expect) = watch.expect.filter(|e| *e != key) {
             return Err(BuildError::Changed(format!(
                 "{} changed since it was planned (key {expect}, now {key})",
-                req.model.display()
+                watch.snapshot_of.unwrap_or(&req.model).display()
             )));
         }
         watch.check()?;

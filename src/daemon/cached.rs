@@ -484,6 +484,13 @@ impl Engine for CachedEngine {
         self.store.remove(key).map_err(store_err)
     }
 
+    fn touch(&self, key: &CacheKey) {
+        // A lookup counts a hit and stamps the record's last use (written lazily).
+        if let Err(e) = self.store.lookup(key) {
+            tracing::debug!(key = %key, error = %e, "recording a use failed");
+        }
+    }
+
     fn flush(&self) -> Result<(), EngineError> {
         // Hit counters are written lazily; make them durable at shutdown.
         self.store.flush().map_err(store_err)

@@ -38,7 +38,14 @@ struct ModelState {
 struct State {
     models: BTreeMap<String, ModelState>,
     ready: HashMap<CacheKey, Artifact>,
+    /// When each ready artifact's use was last passed on to the store ([`Engine::touch`]).
+    touched: HashMap<CacheKey, Instant>,
 }
+
+/// How often a hot artifact's use is passed on to the store. Hits are served from memory;
+/// without this the store's LRU eviction saw only build times and evicted the most used
+/// artifacts first (the soak rebuilt every steady model again and again).
+const TOUCH_EVERY: Duration = Duration::from_secs(5);
 
 /// Counters not owned by the queue.
 #[derive(Default)]
@@ -289,8 +296,21 @@ impl Service {
 
     /// A ready artifact from memory or, failing that, from the engine's store.
     async fn ready_artifact(&self, p: &Planned) -> Option<Artifact> {
-        if let Some(a) = self.lock().ready.get(&p.key) {
-            return Some(a.clone());
+        {
+            let mut st = self.lock();
+            if let Some(a) = st.ready.get(&p.key).cloned() {
+                let now = Instant::now();
+                let due = st
+                    .touched
+                    .get(&p.key)
+                    .is_none_or(|t| now.duration_since(*t) >= TOUCH_EVERY);
+                if due {
+                    st.touched.insert(p.key, now);
+                    let (engine, key) = (self.engine.clone(), p.key);
+                    tokio::task::spawn_blocking(move || engine.touch(&key));
+                }
+                return Some(a);
+            }
         }
         let engine = self.engine.clone();
         let pc = p.clone();

@@ -534,3 +534,53 @@ fn c_default(d: &Daemon) -> String {
         .unwrap()
         .replace("cache_size_bytes = 4096\n", "")
 }
+
+fn tiny(seed: u64) -> ModelProto {
+    let mut m = models::tiny_encoder(false);
+    if let Some(g) = m.graph.as_mut() {
+        g.initializer[3] = tensor_f32("fc.bias", &[64], &random_f32(seed, 64, 0.5));
+    }
+    m
+}
+
+#[test]
+fn the_store_evicts_the_least_recently_acquired_artifact_not_the_oldest_build() {
+    // Room for two tiny artifacts (~34 KB each). Acquires are served from the daemon's
+    // memory; the soak found the store never heard of them, so its LRU eviction removed the
+    // most used artifacts first and they were rebuilt again and again.
+    let mut d = Daemon::new();
+    let c = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(
+        d.config(),
+        c.replace("[limits]\n", "[limits]\ncache_size_bytes = 80000\n"),
+    )
+    .unwrap();
+    write(&tiny(1), &d.models().join("hot.onnx")).unwrap();
+    d.start();
+    d.wait_settled(&["hot"]);
+    let mut c = d.client();
+    // Last-use stamps are in seconds: each step is more than a second after the last.
+    let tick = || std::thread::sleep(Duration::from_millis(1100));
+    tick();
+    write(&tiny(2), &d.models().join("cold.onnx")).unwrap();
+    d.wait_settled(&["cold"]);
+    tick();
+    for _ in 0..3 {
+        c.acquire_model("hot").unwrap();
+    }
+    tick();
+    write(&tiny(3), &d.models().join("new.onnx")).unwrap();
+    d.wait_settled(&["new"]);
+    let builds = wait_idle(&mut c, Duration::from_secs(60)).builds;
+    assert_eq!(builds, 3, "{}", d.log());
+    // `hot` was used after `cold` was built: `cold` went, `hot` is still served as is.
+    let a = c
+        .acquire_model("hot")
+        .unwrap_or_else(|e| panic!("the hot artifact was evicted: {e}"));
+    assert!(a.metadata.validation.passed);
+    let s = c.stats().unwrap();
+    eprintln!("{s:?}");
+    assert_eq!(s.builds, 3, "hot was not rebuilt: {s:?}");
+    drop(c);
+    assert!(d.stop());
+}
