@@ -141,8 +141,8 @@ fn contents_swapped_during_builds_are_never_served_under_another_contents_key() 
     let mut d = Daemon::new();
     d.start();
     let outside = d.root.join("outside");
-    // Three contents of ~16 MiB each.
-    let contents: Vec<PathBuf> = (0..3)
+    // Six contents of ~16 MiB each (each built once while swaps overtake it, then revisited).
+    let contents: Vec<PathBuf> = (0..6)
         .map(|i| {
             let p = outside.join(format!("c{i}.onnx"));
             write(&variant(4, WIDTH, 500 + i), &p).unwrap();
@@ -151,7 +151,8 @@ fn contents_swapped_during_builds_are_never_served_under_another_contents_key() 
         .collect();
     let keys: Vec<String> = contents.iter().map(|p| cli_key(&d, p)).collect();
     let refs: Vec<Vec<f32>> = contents.iter().map(|p| reference_big(p, WIDTH)).collect();
-    assert!(keys[0] != keys[1] && keys[1] != keys[2] && keys[0] != keys[2]);
+    let distinct: std::collections::HashSet<&String> = keys.iter().collect();
+    assert_eq!(distinct.len(), keys.len());
     let by_key: HashMap<&str, usize> = keys
         .iter()
         .enumerate()
@@ -199,33 +200,34 @@ fn contents_swapped_during_builds_are_never_served_under_another_contents_key() 
         })
     };
     let t0 = Instant::now();
-    let swaps = 12;
+    let swaps = 18;
     let mut mid_phase = 0;
     let mut c = d.client();
     for i in 0..swaps {
-        let k = i % 3;
+        let k = i % contents.len();
         install(&contents[k], &target, i % 2 == 1, &scratch);
         // The next swap comes at once, or once the daemon is planning (hashing), building or
-        // validating this content (or after a few seconds, if it never gets there).
+        // validating this content (or once it is ready: a content built before is a hit).
         let phase = [None, Some("building"), Some("validating"), Some("planning")][i % 4];
         let w0 = Instant::now();
         while let Some(phase) = phase {
             alive(&mut d);
             let l = c.list().unwrap();
-            if l.iter()
-                .flat_map(|m| &m.variants)
-                .any(|v| v.phase.as_deref() == Some(phase))
-            {
+            let vs: Vec<_> = l.iter().flat_map(|m| &m.variants).collect();
+            if vs.iter().any(|v| v.phase.as_deref() == Some(phase)) {
                 mid_phase += 1;
                 break;
             }
-            if w0.elapsed() > Duration::from_secs(10) {
+            let ready = vs
+                .iter()
+                .any(|v| v.state == VariantState::Ready && v.key.as_deref() == Some(&keys[k]));
+            if ready || w0.elapsed() > Duration::from_secs(10) {
                 break;
             }
             std::thread::sleep(Duration::from_millis(2));
         }
     }
-    let last = (swaps - 1) % 3;
+    let last = (swaps - 1) % contents.len();
     let art = wait_served(&mut d, "m", &keys[last], Duration::from_secs(240));
     assert!(close(
         &run_big(&mut artifact_session(&art), WIDTH),
