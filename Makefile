@@ -35,3 +35,7 @@ bench: setup
 
 fuzz:
 	fuzz/run.sh 60
+
+# The 10-minute soak (not part of `test`): see RELIABILITY.md and docs/daemon.md.
+soak: setup
+	benches/soak.sh --minutes 10

@@ -82,6 +82,9 @@ pub struct Watch<'a> {
     pub expect: Option<CacheKey>,
     /// Polled between phases.
     pub cancelled: &'a (dyn Fn() -> bool + Sync),
+    /// The repository file the model being built is a private snapshot of (the daemon
+    /// builds from a copy): the record names it instead of the snapshot.
+    pub snapshot_of: Option<&'a Path>,
 }
 
 impl Watch<'_> {
@@ -90,6 +93,7 @@ impl Watch<'_> {
         Watch {
             expect: None,
             cancelled: &|| false,
+            snapshot_of: None,
         }
     }
 
@@ -114,6 +118,8 @@ pub struct Builder {
     digest: DigestOptions,
     flights: Mutex<HashMap<CacheKey, Arc<Flight>>>,
     hook: Option<ArtifactHook>,
+    /// Read model files into memory instead of mapping them (see [`Model::read`]).
+    read_models: bool,
 }
 
 impl std::fmt::Debug for Builder {
@@ -132,7 +138,15 @@ impl Builder {
             digest: DigestOptions::default(),
             flights: Mutex::new(HashMap::new()),
             hook: None,
+            read_models: false,
         }
+    }
+
+    /// Reads model files into memory instead of mapping them when keying: for files in a
+    /// repository that other processes may rewrite in place (see [`Model::read`]).
+    pub fn with_read_models(mut self) -> Self {
+        self.read_models = true;
+        self
     }
 
     /// Runs `hook` on every staged artifact before it is validated.
@@ -159,7 +173,12 @@ impl Builder {
     pub fn key_parts(&self, req: &BuildRequest) -> Result<KeyParts, BuildError> {
         backend(&req.backend)?;
         let rt = runtime::load(self.ort_library.as_deref())?;
-        let model = Model::load(&req.model).map_err(|e| BuildError::Model {
+        let model = if self.read_models {
+            Model::read(&req.model)
+        } else {
+            Model::load(&req.model)
+        }
+        .map_err(|e| BuildError::Model {
             path: req.model.clone(),
             message: e.to_string(),
         })?;
@@ -208,7 +227,7 @@ impl Builder {
         if let Some(expect) = watch.expect.filter(|e| *e != key) {
             return Err(BuildError::Changed(format!(
                 "{} changed since it was planned (key {expect}, now {key})",
-                req.model.display()
+                watch.snapshot_of.unwrap_or(&req.model).display()
             )));
         }
         watch.check()?;
@@ -364,7 +383,7 @@ impl Builder {
             backend: backend.name().into(),
             providers: plan.as_ref().map(|p| p.0.clone()),
             partitions: plan.map(|p| p.1),
-            model_path: display_path(&req.model),
+            model_path: display_path(watch.snapshot_of.unwrap_or(&req.model)),
             build_ms,
             validation: Some(validation.clone()),
             created: now,

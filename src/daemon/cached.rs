@@ -31,7 +31,10 @@ const DEFAULT_BACKEND: &str = "ort-cpu";
 
 /// The real engine (see the module docs).
 pub struct CachedEngine {
+    /// Keys repository files (digest memo; files read, never mapped).
     builder: Builder,
+    /// Builds private snapshots (no memo: each snapshot is a new file).
+    snap_builder: Builder,
     store: Arc<SledStore>,
     max_bytes: u64,
 }
@@ -122,9 +125,12 @@ impl CachedEngine {
         runtime::load(ort_library).map_err(|e| EngineError::Runtime(e.to_string()))?;
         let store = Arc::new(store);
         let builder = Builder::new(store.clone(), ort_library.map(Path::to_path_buf))
-            .with_digest_memo(cache_dir.join(crate::cache::DIGEST_MEMO));
+            .with_digest_memo(cache_dir.join(crate::cache::DIGEST_MEMO))
+            .with_read_models();
+        let snap_builder = Builder::new(store.clone(), ort_library.map(Path::to_path_buf));
         Ok(CachedEngine {
             builder,
+            snap_builder,
             store,
             max_bytes,
         })
@@ -142,7 +148,8 @@ impl CachedEngine {
         model: &ModelEntry,
         sel: &Selection,
     ) -> Result<(BuildRequest, Plan), EngineError> {
-        let m = Model::load(&model.path).map_err(|e| EngineError::Invalid(e.to_string()))?;
+        // Read, not mapped: a repository file truncated in place would fault a map.
+        let m = Model::read(&model.path).map_err(|e| EngineError::Invalid(e.to_string()))?;
         let args = profile_args(model, sel.profile.as_deref());
         let plan = resolve(
             &model.path,
@@ -248,13 +255,72 @@ impl CachedEngine {
     }
 }
 
-/// File-system identity (device, inode, size, mtime, ctime) of a model's graph and sidecar;
-/// `None` for a file that cannot be read.
-fn identity(model: &ModelEntry) -> Vec<Option<FileId>> {
-    std::iter::once(&model.path)
-        .chain(model.sidecar.as_ref())
-        .map(|p| FileId::of(p).ok())
-        .collect()
+/// File-system identity (device, inode, size, mtime, ctime) of each file; `None` for a file
+/// that cannot be read.
+fn identity<'a>(files: impl IntoIterator<Item = &'a Path>) -> Vec<Option<FileId>> {
+    files.into_iter().map(|p| FileId::of(p).ok()).collect()
+}
+
+/// Copies a model's graph and external-data files into `dir`, keeping their names relative
+/// to the graph, and returns the copy's graph path. The build runs on the copy: ONNX Runtime
+/// and the key read files by path (and map external data), so a repository file replaced
+/// or rewritten in place during a build would otherwise be built under the key of other
+/// content, or kill the daemon with SIGBUS when a mapped file shrinks. Files are read with
+/// plain reads here; a file that changes while it is copied is reported as
+/// [`EngineError::Changed`] (the key check would catch the mixed copy anyway).
+fn snapshot(model: &ModelEntry, dir: &Path) -> Result<std::path::PathBuf, EngineError> {
+    let changed = |why: String| {
+        EngineError::Changed(format!(
+            "`{}` changed since it was planned ({why})",
+            model.name
+        ))
+    };
+    let graph = Model::read(&model.path).map_err(|e| changed(e.to_string()))?;
+    let files: Vec<&Path> = std::iter::once(model.path.as_path())
+        .chain(graph.external_files.iter().map(|f| f.path.as_path()))
+        .collect();
+    let before = identity(files.iter().copied());
+    let name = model
+        .path
+        .file_name()
+        .ok_or_else(|| changed("no file name".into()))?;
+    let copy = dir.join(name);
+    // The copy goes to the cache's staging folder: running out of space there is the cache's
+    // condition (reported as such and never remembered as the model's failure).
+    let full = |path: &Path, e: std::io::Error| {
+        EngineError::Storage(
+            StoreError::Full {
+                path: path.to_path_buf(),
+                detail: e.to_string(),
+            }
+            .to_string(),
+        )
+    };
+    std::fs::write(&copy, &graph.bytes).map_err(|e| {
+        if crate::cache::is_no_space(&e) {
+            full(dir, e)
+        } else {
+            EngineError::io(&copy)(e)
+        }
+    })?;
+    for f in &graph.external_files {
+        // The loader checked every location stays inside the model's folder.
+        let to = dir.join(&f.location);
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent).map_err(EngineError::io(parent))?;
+        }
+        std::fs::copy(&f.path, &to).map_err(|e| {
+            if crate::cache::is_no_space(&e) {
+                full(dir, e)
+            } else {
+                changed(format!("{}: {e}", f.path.display()))
+            }
+        })?;
+    }
+    if identity(files.iter().copied()) != before || before.iter().any(Option::is_none) {
+        return Err(changed("rewritten while it was copied".into()));
+    }
+    Ok(copy)
 }
 
 fn dim_json(d: &Dim) -> serde_json::Value {
@@ -410,10 +476,23 @@ impl Engine for CachedEngine {
         if cancel.is_cancelled() {
             return Err(EngineError::Cancelled);
         }
-        // The files as they are before the build: a failure while they change (a copy
-        // rewriting the model in place) is a change, not a broken model.
-        let before = identity(&planned.model);
-        let (req, _) = self.request(&planned.model, &planned.selection)?;
+        // Build from a private copy (see `snapshot`); planning succeeded on the content the
+        // key names, so a copy that no longer plans is a change, not a broken model.
+        let staging = self.store.staging_dir().map_err(store_err)?;
+        let copy = snapshot(&planned.model, staging.path())?;
+        let entry = ModelEntry {
+            path: copy,
+            ..planned.model.clone()
+        };
+        let (req, _) = self
+            .request(&entry, &planned.selection)
+            .map_err(|e| match e {
+                EngineError::Runtime(_) | EngineError::Io { .. } => e,
+                other => EngineError::Changed(format!(
+                    "`{}` no longer plans as it did ({other})",
+                    planned.model.name
+                )),
+            })?;
         let cancelled = || cancel.is_cancelled();
         let step = |s: &str| {
             if s.starts_with("validating") {
@@ -422,26 +501,31 @@ impl Engine for CachedEngine {
                 progress(BuildPhase::Storing);
             }
         };
+        // The copy's key must be the planned one (else: Changed, nothing stored); past that
+        // check, a failure belongs to the content the key names and is memoised.
         let watch = Watch {
             expect: Some(planned.key),
             cancelled: &cancelled,
+            snapshot_of: Some(&planned.model.path),
         };
-        let outcome = match self.builder.build_watched(&req, &step, watch) {
-            Ok(o) => o,
-            Err(e) => {
-                return Err(match build_err(e) {
-                    EngineError::Invalid(m) if identity(&planned.model) != before => {
-                        EngineError::Changed(format!(
-                            "`{}` changed while it was being built ({m})",
-                            planned.model.name
-                        ))
-                    }
-                    other => other,
-                })
-            }
-        };
+        let outcome = self
+            .snap_builder
+            .build_watched(&req, &step, watch)
+            .map_err(build_err)?;
+        drop(staging);
         match (&outcome.served, &outcome.unservable) {
             (Some(served), _) => self.artifact(planned, &outcome.record, served),
+            // Built and validated, then gone before it could be served: the size limit
+            // evicted it (a concurrent build's store), or it was removed. Nothing is wrong
+            // with the model, so this must not be remembered as its failure (the soak found
+            // keys failed for good this way); waiters are told to ask again.
+            (None, why) if outcome.record.status == crate::cache::Status::Ready => {
+                Err(EngineError::Changed(format!(
+                    "the artifact of `{}` was removed right after its build ({}); ask again",
+                    planned.model.name,
+                    why.as_deref().unwrap_or("not servable")
+                )))
+            }
             (None, why) => Err(EngineError::Invalid(
                 why.clone()
                     .unwrap_or_else(|| "the artifact is not servable".into()),
@@ -451,6 +535,13 @@ impl Engine for CachedEngine {
 
     fn evict(&self, key: &CacheKey) -> Result<bool, EngineError> {
         self.store.remove(key).map_err(store_err)
+    }
+
+    fn touch(&self, key: &CacheKey) {
+        // A lookup counts a hit and stamps the record's last use (written lazily).
+        if let Err(e) = self.store.lookup(key) {
+            tracing::debug!(key = %key, error = %e, "recording a use failed");
+        }
     }
 
     fn flush(&self) -> Result<(), EngineError> {

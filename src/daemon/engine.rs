@@ -199,6 +199,10 @@ pub trait Engine: Send + Sync + 'static {
     ) -> Result<Artifact, EngineError>;
     /// Removes one artifact; whether it existed.
     fn evict(&self, key: &CacheKey) -> Result<bool, EngineError>;
+    /// Records a use of a ready artifact served from the daemon's memory, so that the
+    /// store's least-recently-used eviction sees it (the daemon calls it at most every
+    /// few seconds per key).
+    fn touch(&self, _key: &CacheKey) {}
     /// Flushes the store (called on shutdown).
     fn flush(&self) -> Result<(), EngineError> {
         Ok(())

@@ -265,9 +265,19 @@ impl Queue {
         let j = job.clone();
         let handle = tokio::task::spawn_blocking(move || {
             let tx = j.tx.clone();
-            engine.build(&j.planned, &j.cancel, &|p| {
+            let r = engine.build(&j.planned, &j.cancel, &|p| {
                 tx.send_replace(JobStatus::Running(p.as_str()));
-            })
+            });
+            // A build allocates and frees hundreds of MiB (ONNX Runtime sessions, model
+            // bytes) on blocking-pool threads, each with its own malloc arena; glibc keeps
+            // what is freed in those arenas, and the daemon's RSS ratcheted up with every
+            // build in the soak. Hand it back.
+            #[cfg(all(target_os = "linux", target_env = "gnu"))]
+            // SAFETY: malloc_trim only releases free memory; callable from any thread.
+            unsafe {
+                libc::malloc_trim(0);
+            }
+            r
         });
         let mut transient = false;
         let result = match tokio::time::timeout(self.timeout, handle).await {

@@ -38,7 +38,14 @@ struct ModelState {
 struct State {
     models: BTreeMap<String, ModelState>,
     ready: HashMap<CacheKey, Artifact>,
+    /// When each ready artifact's use was last passed on to the store ([`Engine::touch`]).
+    touched: HashMap<CacheKey, Instant>,
 }
+
+/// How often a hot artifact's use is passed on to the store. Hits are served from memory;
+/// without this the store's LRU eviction saw only build times and evicted the most used
+/// artifacts first (the soak rebuilt every steady model again and again).
+const TOUCH_EVERY: Duration = Duration::from_secs(5);
 
 /// Counters not owned by the queue.
 #[derive(Default)]
@@ -266,6 +273,17 @@ impl Service {
             })
     }
 
+    /// Drops a variant's plan if it still has `key`, so that it is computed again.
+    fn forget_plan(&self, entry: &ModelEntry, sel: &Selection, key: CacheKey) {
+        let mut st = self.lock();
+        if let Some(m) = st.models.get_mut(&entry.name) {
+            let slot = (entry.version, sel.clone());
+            if matches!(m.plans.get(&slot), Some(Ok(p)) if p.key == key) {
+                m.plans.remove(&slot);
+            }
+        }
+    }
+
     /// Queues a background build and records its artifact as ready when it completes.
     fn submit_tracked(self: &Arc<Self>, p: &Planned) {
         let Ok(mut rx) = self.queue.submit(p, false) else {
@@ -290,8 +308,21 @@ impl Service {
 
     /// A ready artifact from memory or, failing that, from the engine's store.
     async fn ready_artifact(&self, p: &Planned) -> Option<Artifact> {
-        if let Some(a) = self.lock().ready.get(&p.key) {
-            return Some(a.clone());
+        {
+            let mut st = self.lock();
+            if let Some(a) = st.ready.get(&p.key).cloned() {
+                let now = Instant::now();
+                let due = st
+                    .touched
+                    .get(&p.key)
+                    .is_none_or(|t| now.duration_since(*t) >= TOUCH_EVERY);
+                if due {
+                    st.touched.insert(p.key, now);
+                    let (engine, key) = (self.engine.clone(), p.key);
+                    tokio::task::spawn_blocking(move || engine.touch(&key));
+                }
+                return Some(a);
+            }
         }
         let engine = self.engine.clone();
         let pc = p.clone();
@@ -387,7 +418,19 @@ impl Service {
                         .timeout_ms
                         .map(Duration::from_millis)
                         .unwrap_or(Duration::from_secs(self.cfg.limits.build_timeout_secs));
-                    self.wait_job(rx, &planned, limit).await?
+                    match self.wait_job(rx, &planned, limit).await {
+                        Ok(a) => a,
+                        Err(f) => {
+                            // Cancelled, often because the file no longer hashes to the
+                            // plan's key (rewritten before the watcher applied it): the next
+                            // acquire plans from the file again instead of building the stale
+                            // key over and over (each try copies the model).
+                            if f.0 == ErrorCode::Cancelled {
+                                self.forget_plan(&entry, &sel, planned.key);
+                            }
+                            return Err(f);
+                        }
+                    }
                 }
             };
             let files = match self.open_files(&artifact) {

@@ -30,31 +30,75 @@ pub fn default_threads() -> usize {
 
 /// Tree digests of several byte slices (whole files), chunks spread over `threads` threads.
 pub fn tree_digests(files: &[&[u8]], threads: usize) -> Vec<[u8; 32]> {
+    let inputs: Vec<Input> = files.iter().map(|d| Input::Bytes(d)).collect();
+    tree_digests_of(&inputs, threads).expect("hashing bytes in memory does no I/O")
+}
+
+/// What [`tree_digests_of`] hashes: bytes in memory, or an open file of a known size read
+/// chunk by chunk with positional reads. Files are read, never mapped: a file another
+/// process truncates while it is hashed gives an error, where a shrunken map would kill the
+/// process with SIGBUS.
+pub enum Input<'a> {
+    Bytes(&'a [u8]),
+    File(&'a std::fs::File, u64),
+}
+
+impl Input<'_> {
+    /// Bytes to hash.
+    pub fn len(&self) -> u64 {
+        match self {
+            Input::Bytes(d) => d.len() as u64,
+            Input::File(_, n) => *n,
+        }
+    }
+
+    /// Whether there is nothing to hash.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// [`tree_digests`] over [`Input`]s; the first read error (a file that shrank) fails it.
+pub fn tree_digests_of(files: &[Input], threads: usize) -> std::io::Result<Vec<[u8; 32]>> {
+    let chunks = |n: u64| n.div_ceil(CHUNK as u64) as usize;
     let jobs: Vec<(usize, usize)> = files
         .iter()
         .enumerate()
-        .flat_map(|(f, d)| (0..d.len().div_ceil(CHUNK)).map(move |c| (f, c)))
+        .flat_map(|(f, d)| (0..chunks(d.len())).map(move |c| (f, c)))
         .collect();
     let mut leaves: Vec<Vec<[u8; 32]>> = files
         .iter()
-        .map(|d| vec![[0u8; 32]; d.len().div_ceil(CHUNK)])
+        .map(|d| vec![[0u8; 32]; chunks(d.len())])
         .collect();
     let threads = threads.clamp(1, jobs.len().max(1));
     if threads == 1 {
+        let mut buf = Vec::new();
         for &(f, c) in &jobs {
-            leaves[f][c] = leaf(files[f], c);
+            leaves[f][c] = leaf(&files[f], c, &mut buf)?;
         }
     } else {
         let next = AtomicUsize::new(0);
         let done = Mutex::new(Vec::with_capacity(jobs.len()));
+        let failed = Mutex::new(None);
         std::thread::scope(|s| {
             for _ in 0..threads {
                 s.spawn(|| {
                     let mut mine = Vec::new();
+                    let mut buf = Vec::new();
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         let Some(&(f, c)) = jobs.get(i) else { break };
-                        mine.push((f, c, leaf(files[f], c)));
+                        match leaf(&files[f], c, &mut buf) {
+                            Ok(h) => mine.push((f, c, h)),
+                            Err(e) => {
+                                if let Ok(mut x) = failed.lock() {
+                                    x.get_or_insert(e);
+                                }
+                                // Stop every thread: the result is an error anyway.
+                                next.store(jobs.len(), Ordering::Relaxed);
+                                break;
+                            }
+                        }
                     }
                     if let Ok(mut d) = done.lock() {
                         d.extend(mine);
@@ -62,20 +106,32 @@ pub fn tree_digests(files: &[&[u8]], threads: usize) -> Vec<[u8; 32]> {
                 });
             }
         });
+        if let Some(e) = failed.into_inner().ok().flatten() {
+            return Err(e);
+        }
         for (f, c, h) in done.into_inner().unwrap_or_default() {
             leaves[f][c] = h;
         }
     }
-    files
+    Ok(files
         .iter()
         .zip(leaves)
-        .map(|(d, l)| root(d.len() as u64, &l))
-        .collect()
+        .map(|(d, l)| root(d.len(), &l))
+        .collect())
 }
 
-fn leaf(data: &[u8], c: usize) -> [u8; 32] {
-    let end = ((c + 1) * CHUNK).min(data.len());
-    Sha256::digest(&data[c * CHUNK..end]).into()
+fn leaf(data: &Input, c: usize, buf: &mut Vec<u8>) -> std::io::Result<[u8; 32]> {
+    let start = (c * CHUNK) as u64;
+    let end = ((c + 1) as u64 * CHUNK as u64).min(data.len());
+    match data {
+        Input::Bytes(d) => Ok(Sha256::digest(&d[start as usize..end as usize]).into()),
+        Input::File(f, _) => {
+            use std::os::unix::fs::FileExt;
+            buf.resize((end - start) as usize, 0);
+            f.read_exact_at(buf, start)?;
+            Ok(Sha256::digest(&buf[..]).into())
+        }
+    }
 }
 
 fn root(size: u64, leaves: &[[u8; 32]]) -> [u8; 32] {
@@ -144,6 +200,28 @@ mod tests {
         assert_eq!(many[1], tree_digests(&[&b], 1)[0]);
         assert_eq!(many[2], tree_digests(&[&e], 1)[0]);
         assert_ne!(many[0], many[1]);
+    }
+
+    #[test]
+    fn files_read_match_bytes_and_a_shrunken_file_is_an_error() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("f");
+        let data: Vec<u8> = (0..(CHUNK * 2 + 7)).map(|i| (i % 13) as u8).collect();
+        std::fs::write(&p, &data).unwrap();
+        let f = std::fs::File::open(&p).unwrap();
+        for threads in [1, 3] {
+            let got = tree_digests_of(&[Input::File(&f, data.len() as u64)], threads).unwrap();
+            assert_eq!(got[0], tree_digests(&[&data], 1)[0]);
+        }
+        // Truncated after its size was taken (a copy rewriting it in place).
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(CHUNK as u64)
+            .unwrap();
+        let e = tree_digests_of(&[Input::File(&f, data.len() as u64)], 2).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::digest::{default_threads, plain_sha256, tree_digests};
+use super::digest::{default_threads, plain_sha256, tree_digests_of, Input};
 use super::memo::{now_ns, DigestMemo, FileId};
 use super::versions::{find_onnxruntime_version, tensorrt_version};
 use super::{hex, BackendId, ExternalDigest, KeyError, KeyParts, ModelDigest, KEY_FORMAT};
@@ -112,9 +112,9 @@ pub fn model_digest_with(
     enum Source {
         Graph,
         Empty,
-        Map(usize),
+        File(usize, u64),
     }
-    let mut maps = Vec::new();
+    let mut open_files = Vec::new();
     let mut todo = Vec::new();
     for (i, s) in slots.iter().enumerate() {
         if s.digest.is_some() {
@@ -129,26 +129,32 @@ pub fn model_digest_with(
             source,
         };
         let file = std::fs::File::open(s.path).map_err(io)?;
-        if file.metadata().map_err(io)?.len() == 0 {
+        let size = file.metadata().map_err(io)?.len();
+        if size == 0 {
             todo.push((i, Source::Empty));
             continue;
         }
-        // SAFETY: read-only map; a file truncated while mapped would fault (models are
-        // written elsewhere and renamed into place, see docs/keys.md).
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-        maps.push(map);
-        todo.push((i, Source::Map(maps.len() - 1)));
+        // Read, not mapped: the daemon hashes files in a watched repository, and a file
+        // truncated in place while mapped would kill it with SIGBUS.
+        open_files.push(file);
+        todo.push((i, Source::File(open_files.len() - 1, size)));
     }
-    let slices: Vec<&[u8]> = todo
+    let inputs: Vec<Input> = todo
         .iter()
         .map(|(_, src)| match src {
-            Source::Graph => &model.bytes[..],
-            Source::Empty => &[][..],
-            Source::Map(j) => &maps[*j][..],
+            Source::Graph => Input::Bytes(&model.bytes[..]),
+            Source::Empty => Input::Bytes(&[][..]),
+            Source::File(j, size) => Input::File(&open_files[*j], *size),
         })
         .collect();
-    report.hashed_bytes = slices.iter().map(|s| s.len() as u64).sum();
-    let digests = tree_digests(&slices, report.threads);
+    report.hashed_bytes = inputs.iter().map(|s| s.len()).sum();
+    let digests = tree_digests_of(&inputs, report.threads).map_err(|source| {
+        // Which file failed is not reported by the hasher; name the model.
+        KeyError::Io {
+            path: model.path.clone(),
+            source,
+        }
+    })?;
     for ((i, _), d) in todo.iter().zip(digests) {
         let s = &mut slots[*i];
         let h = hex(&d);

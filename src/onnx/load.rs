@@ -75,6 +75,51 @@ impl Model {
         Self::from_parts(path, bytes, proto)
     }
 
+    /// Loads a model by reading the file into memory instead of mapping it: for a file that
+    /// another process may truncate or rewrite in place while it is in use (a watched
+    /// repository), where reading a shrunken map would kill the process with SIGBUS. A
+    /// file that shrinks while it is read gives a decode error, like any truncated file.
+    pub fn read(path: impl AsRef<Path>) -> Result<Self, OnnxError> {
+        let path = path.as_ref().to_path_buf();
+        let opts = LoadOptions::default();
+        let open = |err| OnnxError::Open {
+            path: path.clone(),
+            err,
+        };
+        let meta = std::fs::metadata(&path).map_err(open)?;
+        if meta.is_dir() {
+            return Err(OnnxError::IsDirectory { path });
+        }
+        if meta.len() > opts.max_model_bytes {
+            return Err(OnnxError::TooLarge {
+                path,
+                size: meta.len(),
+                limit: opts.max_model_bytes,
+            });
+        }
+        let size = meta.len() as usize;
+        if size == 0 {
+            return Err(OnnxError::Empty { path });
+        }
+        // Into an anonymous map, not the heap: a model is tens to thousands of MiB, and the
+        // allocator keeps freed blocks that large in its arenas (the daemon's RSS grew by
+        // hundreds of MiB over a few builds); a map goes back to the system when dropped.
+        let mut buf = memmap2::MmapMut::map_anon(size).map_err(open)?;
+        let mut file = File::open(&path).map_err(open)?;
+        let mut got = 0;
+        while got < size {
+            match std::io::Read::read(&mut file, &mut buf[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(open(e)),
+            }
+        }
+        // A file that shrank since its size was taken decodes as the truncated file it is.
+        let bytes = Bytes::from_owner(buf.make_read_only().map_err(open)?).slice(..got);
+        Self::from_bytes(path, bytes)
+    }
+
     /// Builds a model from bytes already in memory (tests, fuzzing, sockets). External data
     /// resolves relative to `path`'s folder.
     pub fn from_bytes(path: impl AsRef<Path>, bytes: Bytes) -> Result<Self, OnnxError> {

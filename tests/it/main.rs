@@ -12,5 +12,6 @@ mod keys;
 mod onnx_load;
 mod reliability_crash;
 mod reliability_hostile;
+mod reliability_races;
 mod reliability_store;
 mod support;
