@@ -238,6 +238,29 @@ impl Service {
             m.generation
         };
         let r = self.plan_uncached(entry, sel).await;
+        if matches!(&r, Err((ErrorCode::BuildFailed, _))) {
+            // The file is not what the watcher last saw settle (deleted, rewritten in place,
+            // still being written): planning read a moving file, which says nothing about
+            // the model. Not remembered; the watcher's next pass brings a fresh generation.
+            match self.changed_since_scan(entry) {
+                Some(false) => {}
+                Some(true) => {
+                    return Err(fail(
+                        ErrorCode::NotReady,
+                        format!(
+                            "`{}` changed on disk since it was scanned; it is planned again once it is stable",
+                            entry.name
+                        ),
+                    ))
+                }
+                None => {
+                    return Err(fail(
+                        ErrorCode::NotFound,
+                        format!("model `{}` was removed from the repository", entry.name),
+                    ))
+                }
+            }
+        }
         // Failures are remembered only for the model's own variants: a client naming endless
         // made-up backends or profiles must not grow this map (those fail before any hashing).
         let keep = r.is_ok()
@@ -252,6 +275,23 @@ impl Service {
             }
         }
         r
+    }
+
+    /// Whether the model's graph file differs (size or mtime) from what the repository scan
+    /// recorded for it; `None` when it is gone. A file the scan did not fingerprint counts as
+    /// unchanged.
+    fn changed_since_scan(&self, entry: &ModelEntry) -> Option<bool> {
+        let now = std::fs::metadata(&entry.path).ok()?;
+        let now = (now.len(), now.modified().ok());
+        let st = self.lock();
+        let m = st.models.get(&entry.name)?;
+        Some(
+            m.repo
+                .fingerprint
+                .iter()
+                .find(|(p, _, _)| p == &entry.path)
+                .is_some_and(|(_, len, mtime)| now != (*len, *mtime)),
+        )
     }
 
     /// Plans a variant on the blocking pool, bounded by the planning slots.
