@@ -586,3 +586,51 @@ fn the_store_evicts_the_least_recently_acquired_artifact_not_the_oldest_build() 
     drop(c);
     assert!(d.stop());
 }
+
+/// A plan that fails because the file moved under it (deleted, or rewritten in place, before
+/// the watcher's debounce applied the change) says nothing about the model: it is answered
+/// `not_found` / `not_ready` and not remembered, where it used to be `build_failed`. A backend
+/// the daemon does not build by default makes the acquire plan afresh from the file.
+#[test]
+fn a_plan_that_reads_a_moving_file_is_not_a_model_failure() {
+    let mut d = Daemon::new();
+    set_debounce(&d, 30_000);
+    let c = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(
+        d.config(),
+        c.replace("rescan_secs = 2", "rescan_secs = 600"),
+    )
+    .unwrap();
+    let m = d.models().join("m.onnx");
+    write(&models::tiny_encoder(false), &m).unwrap();
+    d.start();
+    d.wait_settled(&["m"]);
+    let mut c = d.client();
+    let acquire = |c: &mut Client, backend: &str| {
+        c.acquire(&trtcache_client::AcquireRequest {
+            model: "m".into(),
+            backend: Some(backend.into()),
+            wait: false,
+            ..Default::default()
+        })
+        .map(|_| ())
+        .unwrap_err()
+    };
+
+    // Rewritten in place with bytes that do not parse: the plan fails on a file that is not
+    // what the scan saw settle.
+    std::fs::write(&m, b"not a model, a half-written one").unwrap();
+    let e = acquire(&mut c, "ort-cuda");
+    assert_eq!(e.code(), Some(ErrorCode::NotReady), "{e}");
+    assert!(e.to_string().contains("changed on disk"), "{e}");
+
+    // Deleted: the plan cannot open the file.
+    std::fs::remove_file(&m).unwrap();
+    let e = acquire(&mut c, "ort-tensorrt");
+    assert_eq!(e.code(), Some(ErrorCode::NotFound), "{e}");
+
+    // The model's own variant, planned while the file was settled, still serves its
+    // artifact (the cache's copy, not the moving file).
+    assert!(c.acquire_model("m").is_ok());
+    alive(&mut d);
+}
