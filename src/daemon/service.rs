@@ -160,6 +160,18 @@ impl Service {
                     },
                 );
             }
+            // Forget artifacts no current plan names (removed or changed models): with models
+            // coming and going these maps would otherwise grow by one entry per key ever
+            // served. A changed model whose content is the same finds its key in the store
+            // again (one lookup).
+            let live: std::collections::HashSet<CacheKey> = st
+                .models
+                .values()
+                .flat_map(|m| m.plans.values())
+                .filter_map(|p| p.as_ref().ok().map(|p| p.key))
+                .collect();
+            st.ready.retain(|k, _| live.contains(k));
+            st.touched.retain(|k, _| live.contains(k));
         }
         for k in &cancel {
             self.queue.cancel(k);
@@ -851,6 +863,12 @@ impl Service {
     /// Current counters.
     pub fn stats(&self) -> Stats {
         let q = &self.queue.stats;
+        // One lock: a second `self.lock()` in the literal below would deadlock (temporaries
+        // live to the end of the statement).
+        let (models, artifacts_in_memory) = {
+            let st = self.lock();
+            (st.models.len() as u64, st.ready.len() as u64)
+        };
         Stats {
             hits: self.counters.hits.load(Ordering::Relaxed),
             misses: self.counters.misses.load(Ordering::Relaxed),
@@ -860,9 +878,10 @@ impl Service {
             build_seconds: q.build_millis.load(Ordering::Relaxed) as f64 / 1000.0,
             queue_depth: self.queue.depth(),
             building: q.running.load(Ordering::Relaxed),
-            models: self.lock().models.len() as u64,
+            models,
             connections: self.counters.connections.load(Ordering::Relaxed),
             uptime_seconds: self.started.elapsed().as_secs_f64(),
+            artifacts_in_memory,
         }
     }
 }

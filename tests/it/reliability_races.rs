@@ -634,3 +634,55 @@ fn a_plan_that_reads_a_moving_file_is_not_a_model_failure() {
     assert!(c.acquire_model("m").is_ok());
     alive(&mut d);
 }
+
+/// Removed models' artifacts leave the daemon's memory (they stay in the cache until GC):
+/// with models coming and going, the in-memory map must not keep one entry per key ever
+/// served.
+#[test]
+fn removed_models_artifacts_are_forgotten_from_memory() {
+    let mut d = Daemon::new();
+    let names: Vec<String> = (0..6).map(|i| format!("m{i}")).collect();
+    for (i, n) in names.iter().enumerate() {
+        write(
+            &variant(1, 8, i as u64 + 1),
+            &d.models().join(format!("{n}.onnx")),
+        )
+        .unwrap();
+    }
+    d.start();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    d.wait_settled(&refs);
+    let mut c = d.client();
+    for n in &names {
+        c.acquire_model(n).unwrap();
+    }
+    assert_eq!(c.stats().unwrap().artifacts_in_memory, 6);
+    for n in &names[2..] {
+        std::fs::remove_file(d.models().join(format!("{n}.onnx"))).unwrap();
+    }
+    let t0 = Instant::now();
+    loop {
+        let (models, held) = (
+            c.list().unwrap().len(),
+            c.stats().unwrap().artifacts_in_memory,
+        );
+        if models == 2 && held == 2 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "{models} models listed, {held} artifacts in memory\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The two that stay are still served, and the cache kept the removed ones' artifacts.
+    for n in &names[..2] {
+        c.acquire_model(n).unwrap();
+    }
+    assert_eq!(
+        std::fs::read_dir(d.cache().join("blobs")).unwrap().count(),
+        6
+    );
+    alive(&mut d);
+}

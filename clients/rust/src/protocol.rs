@@ -470,6 +470,10 @@ pub struct Stats {
     pub connections: u64,
     /// Seconds since the daemon started.
     pub uptime_seconds: f64,
+    /// Ready artifacts the daemon holds in memory (for the current models' plans); absent
+    /// (0) from daemons that predate it.
+    #[serde(default)]
+    pub artifacts_in_memory: u64,
 }
 
 impl Stats {
@@ -530,6 +534,12 @@ impl Stats {
             self.building.to_string(),
         );
         one("models", "gauge", "Models served.", self.models.to_string());
+        one(
+            "artifacts_in_memory",
+            "gauge",
+            "Ready artifacts held in memory for the current models.",
+            self.artifacts_in_memory.to_string(),
+        );
         one(
             "connections",
             "gauge",
