@@ -121,15 +121,17 @@ fn latency_poll(
     Ok(())
 }
 
-/// `latency … paced:RATE`: each connection sends on a fixed schedule.
-fn latency_paced(
+/// `latency … threads` (`rate` None: each connection sends its next acquire as soon as the
+/// last is answered, latency from the send) and `latency … paced:RATE` (each connection sends
+/// on a fixed schedule, latency from the scheduled time).
+fn latency_threads(
     socket: &str,
     model: &str,
     clients: usize,
     per: usize,
-    rate: f64,
+    rate: Option<f64>,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let interval = Duration::from_secs_f64(clients as f64 / rate);
+    let interval = rate.map(|r| Duration::from_secs_f64(clients as f64 / r));
     let barrier = std::sync::Arc::new(std::sync::Barrier::new(clients));
     let t0 = Instant::now();
     let handles: Vec<_> = (0..clients)
@@ -139,11 +141,15 @@ fn latency_paced(
                 let mut c = Client::connect(&s).map_err(|e| e.to_string())?;
                 let req = acquire_req(&m);
                 b.wait();
-                // Stagger the connections across one interval.
-                let start = Instant::now() + interval.mul_f64(k as f64 / clients as f64);
+                // Paced connections are staggered across one interval.
+                let start = Instant::now()
+                    + interval.map_or(Duration::ZERO, |i| i.mul_f64(k as f64 / clients as f64));
                 let mut lat = Vec::with_capacity(per);
                 for i in 0..per {
-                    let due = start + interval.mul_f64(i as f64);
+                    let due = match interval {
+                        Some(iv) => start + iv.mul_f64(i as f64),
+                        None => Instant::now(),
+                    };
                     if let Some(wait) = due.checked_duration_since(Instant::now()) {
                         std::thread::sleep(wait);
                     }
@@ -159,12 +165,8 @@ fn latency_paced(
     for h in handles {
         all.extend(h.join().map_err(|_| "client thread panicked")??);
     }
-    print_latency(
-        clients,
-        &format!("paced:{rate}"),
-        all,
-        t0.elapsed().as_secs_f64(),
-    );
+    let how = rate.map_or("threads".to_string(), |r| format!("paced:{r}"));
+    print_latency(clients, &how, all, t0.elapsed().as_secs_f64());
     Ok(())
 }
 
@@ -255,37 +257,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 return latency_poll(&socket, &model, clients, per);
             }
             if let Some(rate) = how.strip_prefix("paced:") {
-                return latency_paced(&socket, &model, clients, per, rate.parse()?);
+                return latency_threads(&socket, &model, clients, per, Some(rate.parse()?));
             }
-            let barrier = std::sync::Arc::new(std::sync::Barrier::new(clients));
-            let t0 = Instant::now();
-            let handles: Vec<_> = (0..clients)
-                .map(|_| {
-                    let (s, m, b) = (socket.clone(), model.clone(), barrier.clone());
-                    std::thread::spawn(move || -> Result<Vec<f64>, String> {
-                        let mut c = Client::connect(&s).map_err(|e| e.to_string())?;
-                        let req = AcquireRequest {
-                            model: m,
-                            wait: false,
-                            ..Default::default()
-                        };
-                        b.wait();
-                        let mut lat = Vec::with_capacity(per);
-                        for _ in 0..per {
-                            let t = Instant::now();
-                            let art = c.acquire(&req).map_err(|e| e.to_string())?;
-                            lat.push(t.elapsed().as_secs_f64() * 1e6);
-                            drop(art);
-                        }
-                        Ok(lat)
-                    })
-                })
-                .collect();
-            let mut all = Vec::new();
-            for h in handles {
-                all.extend(h.join().map_err(|_| "client thread panicked")??);
-            }
-            print_latency(clients, "threads", all, t0.elapsed().as_secs_f64());
+            latency_threads(&socket, &model, clients, per, None)?;
         }
         "bert" => {
             let dir = Path::new(&a(1)?).to_path_buf();
