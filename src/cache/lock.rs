@@ -22,10 +22,7 @@ impl DirLock {
     /// Takes the lock on `dir/lock` without waiting.
     pub fn acquire(dir: &Path) -> Result<Self, StoreError> {
         let path = dir.join("lock");
-        let io = |source| StoreError::Io {
-            path: path.clone(),
-            source,
-        };
+        let io = |source| StoreError::io(&path, source);
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)

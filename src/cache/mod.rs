@@ -49,6 +49,22 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// An I/O error at `path`: out of space or quota is [`StoreError::Full`], anything else
+    /// [`StoreError::Io`].
+    pub fn io(path: &Path, source: std::io::Error) -> Self {
+        if is_no_space(&source) {
+            StoreError::Full {
+                path: path.to_path_buf(),
+                detail: source.to_string(),
+            }
+        } else {
+            StoreError::Io {
+                path: path.to_path_buf(),
+                source,
+            }
+        }
+    }
+
     /// Whether this is the file system running out of space (a transient condition).
     pub fn is_full(&self) -> bool {
         matches!(self, StoreError::Full { .. })

@@ -287,18 +287,10 @@ fn snapshot(model: &ModelEntry, dir: &Path) -> Result<std::path::PathBuf, Engine
     let copy = dir.join(name);
     // The copy goes to the cache's staging folder: running out of space there is the cache's
     // condition (reported as such and never remembered as the model's failure).
-    let full = |path: &Path, e: std::io::Error| {
-        EngineError::Storage(
-            StoreError::Full {
-                path: path.to_path_buf(),
-                detail: e.to_string(),
-            }
-            .to_string(),
-        )
-    };
+    let full = |e: std::io::Error| EngineError::Storage(StoreError::io(dir, e).to_string());
     std::fs::write(&copy, &graph.bytes).map_err(|e| {
         if crate::cache::is_no_space(&e) {
-            full(dir, e)
+            full(e)
         } else {
             EngineError::io(&copy)(e)
         }
@@ -311,7 +303,7 @@ fn snapshot(model: &ModelEntry, dir: &Path) -> Result<std::path::PathBuf, Engine
         }
         std::fs::copy(&f.path, &to).map_err(|e| {
             if crate::cache::is_no_space(&e) {
-                full(dir, e)
+                full(e)
             } else {
                 changed(format!("{}: {e}", f.path.display()))
             }

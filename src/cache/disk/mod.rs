@@ -62,19 +62,7 @@ pub struct SledStore {
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
-    move |source| {
-        if super::is_no_space(&source) {
-            StoreError::Full {
-                path: path.to_path_buf(),
-                detail: source.to_string(),
-            }
-        } else {
-            StoreError::Io {
-                path: path.to_path_buf(),
-                source,
-            }
-        }
-    }
+    move |source| StoreError::io(path, source)
 }
 
 /// A sled error as a store error: out of space is [`StoreError::Full`], corruption is
