@@ -126,6 +126,25 @@ impl Daemon {
         }
     }
 
+    /// Polls `list` on `c` until some model has a variant building (panics after 60 s).
+    pub(crate) fn wait_building(&self, c: &mut Client) {
+        let t0 = Instant::now();
+        loop {
+            let l = c.list().unwrap();
+            if l.iter()
+                .any(|m| m.variants.iter().any(|v| v.state == VariantState::Building))
+            {
+                return;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "never started building: {l:?}\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Polls `list` until every named model has all variants in a final state.
     pub(crate) fn wait_settled(&self, names: &[&str]) -> Vec<trtcache_client::ModelStatus> {
         let mut c = self.client();
@@ -580,20 +599,8 @@ fn a_model_replaced_during_its_build_cancels_that_build() {
     write(&models::big_weights(8, 2048), &outside.join("m.onnx")).unwrap();
     std::fs::rename(outside.join("m.onnx"), d.models().join("m.onnx")).unwrap();
     let mut c = d.client();
+    d.wait_building(&mut c);
     let t0 = Instant::now();
-    loop {
-        let l = c.list().unwrap();
-        if l.iter()
-            .any(|m| m.variants.iter().any(|v| v.state == VariantState::Building))
-        {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "never started building: {l:?}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
     write(&models::tiny_encoder(false), &outside.join("m.onnx")).unwrap();
     std::fs::rename(outside.join("m.onnx"), d.models().join("m.onnx")).unwrap();
     // ONNX Runtime's optimization of the old model cannot be interrupted: the cancelled build
@@ -647,19 +654,7 @@ fn a_model_rewritten_with_identical_bytes_during_its_build_still_becomes_ready()
     write(&models::big_weights(8, 2048), &outside.join("m.onnx")).unwrap();
     std::fs::copy(outside.join("m.onnx"), d.models().join("m.onnx")).unwrap();
     let mut c = d.client();
-    let t0 = Instant::now();
-    while !c
-        .list()
-        .unwrap()
-        .iter()
-        .any(|m| m.variants.iter().any(|v| v.state == VariantState::Building))
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "never started building"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    d.wait_building(&mut c);
     // A deploy script copies the same file again: new mtime, same bytes, same key.
     std::fs::copy(outside.join("m.onnx"), d.models().join("m.onnx")).unwrap();
     // `cp` truncates and rewrites in place: when the copy stalls for longer than the debounce

@@ -380,20 +380,8 @@ fn a_model_deleted_during_its_build_leaves_no_served_entry() {
     std::fs::copy(&src, outside.join("x.onnx")).unwrap();
     std::fs::rename(outside.join("x.onnx"), d.models().join("gone.onnx")).unwrap();
     let mut c = d.client();
+    d.wait_building(&mut c);
     let t0 = Instant::now();
-    while !c
-        .list()
-        .unwrap()
-        .iter()
-        .any(|m| m.variants.iter().any(|v| v.state == VariantState::Building))
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "never built\n{}",
-            d.log()
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
     std::fs::remove_file(d.models().join("gone.onnx")).unwrap();
     while c.list().unwrap().iter().any(|m| m.name == "gone") {
         assert!(t0.elapsed() < Duration::from_secs(60), "still listed");
