@@ -45,6 +45,11 @@ pub struct Config {
     /// Backends built in the background for every model; the first is the default for
     /// acquires that name none.
     pub backends: Vec<String>,
+    /// `ort-cpu` artifacts: initializers of at least this many bytes go to the external data
+    /// file (memory-mapped, shared between consumers), smaller ones stay in the graph file
+    /// (faster session creation). Part of the cache key, as `trtcache build
+    /// --external-min-size`; the default matches it.
+    pub external_min_bytes: u64,
     /// Limits.
     pub limits: Limits,
 }
@@ -154,6 +159,7 @@ impl Default for Config {
             socket_group: None,
             ort_dylib: None,
             backends: vec!["ort-cpu".into()],
+            external_min_bytes: crate::build::DEFAULT_EXTERNAL_MIN_BYTES,
             limits: Limits::default(),
         }
     }

@@ -1,9 +1,13 @@
 //! The `ort-cpu` backend: the model optimized offline for this CPU SKU by ONNX Runtime and
 //! saved, with its prepacked constant initializers next to it; served with optimizations
-//! disabled, so session creation skips graph rewriting and weight prepacking.
+//! disabled, so session creation skips graph rewriting. (ONNX Runtime still packs the weights
+//! while it creates the session, to find the saved copy by the packed bytes' hash; the saved
+//! copies then replace the heap ones, so the packed weights are file pages shared between
+//! consumer processes rather than private memory. They do not make the session faster.)
 //!
-//! Enters: a model file (external data included). Leaves: `model.onnx` plus, when ORT writes
-//! any, `model.onnx.data` (external initializers, prepacked ones included) in the staging
+//! Enters: a model file (external data included). Leaves: `model.onnx` (with the
+//! initializers under [`BuildOptions::external_min_bytes`]) plus, when ORT writes any,
+//! `model.onnx.data` (the larger initializers, prepacked ones included) in the staging
 //! directory. The external initializers file is always named explicitly: without it ORT
 //! writes an optimized model that points at a data file it never wrote.
 
@@ -86,6 +90,11 @@ impl Backend for OrtCpu {
             .with_config_entry(
                 "session.optimized_model_external_initializers_file_name",
                 DATA,
+            )
+            .map_err(|e| BuildError::ort(stage, model, e))?
+            .with_config_entry(
+                "session.optimized_model_external_initializers_min_size_in_bytes",
+                opts.external_min_bytes.to_string(),
             )
             .map_err(|e| BuildError::ort(stage, model, e))?;
         if opts.prepack {

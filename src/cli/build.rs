@@ -36,6 +36,11 @@ pub struct BuildOptionArgs {
     /// Do not save prepacked constant initializers with the ort-cpu artifact.
     #[arg(long)]
     pub no_prepack: bool,
+    /// ort-cpu: initializers of at least this size go to the artifact's external data file
+    /// (memory-mapped, shared between consumers); smaller ones stay in the graph file, which
+    /// makes sessions open faster. A size such as 256K, 1M or 0 (everything external).
+    #[arg(long, default_value = "256K", value_parser = parse_bytes)]
+    pub external_min_size: u64,
     /// TensorRT builder optimization level (0-5).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(0..=5))]
     pub trt_opt_level: u8,
@@ -57,6 +62,7 @@ impl BuildOptionArgs {
             profile: plan.profile.clone(),
             opt_level: self.opt_level,
             prepack: !self.no_prepack,
+            external_min_bytes: self.external_min_size,
             trt_builder_level: self.trt_opt_level,
             device_id: self.device,
             extra: parse_extra(&self.options)?,
@@ -148,6 +154,10 @@ pub struct BuildArgs {
 
 pub fn parse_precision(s: &str) -> Result<Precision, String> {
     s.parse().map_err(|e: crate::plan::PlanError| e.to_string())
+}
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    crate::cache::parse_size(s).ok_or_else(|| format!("`{s}` is not a size (e.g. 256K, 1M, 0)"))
 }
 
 fn parse_opt_level(s: &str) -> Result<OptLevel, String> {

@@ -37,6 +37,8 @@ pub struct CachedEngine {
     snap_builder: Builder,
     store: Arc<SledStore>,
     max_bytes: u64,
+    /// [`BuildOptions::external_min_bytes`] for every build (config `external_min_bytes`).
+    external_min_bytes: u64,
 }
 
 impl std::fmt::Debug for CachedEngine {
@@ -96,6 +98,7 @@ impl CachedEngine {
         cache_dir: &Path,
         ort_library: Option<&Path>,
         max_bytes: u64,
+        external_min_bytes: u64,
     ) -> Result<Self, EngineError> {
         let store = SledStore::open(
             cache_dir,
@@ -133,6 +136,7 @@ impl CachedEngine {
             snap_builder,
             store,
             max_bytes,
+            external_min_bytes,
         })
     }
 
@@ -168,6 +172,7 @@ impl CachedEngine {
             options: BuildOptions {
                 precision: plan.precision,
                 profile: plan.profile.clone(),
+                external_min_bytes: self.external_min_bytes,
                 ..BuildOptions::default()
             },
             validation: ValidationConfig {
@@ -548,5 +553,6 @@ pub fn open(cfg: &crate::config::Config) -> Result<CachedEngine, EngineError> {
         &cfg.cache_dir,
         cfg.ort_dylib.as_deref(),
         cfg.limits.cache_size_bytes,
+        cfg.external_min_bytes,
     )
 }

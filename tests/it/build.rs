@@ -86,7 +86,7 @@ fn external_data_artifact_is_one_unit_with_its_data_file() {
         256,
     )
     .unwrap();
-    let (v, out) = build_json(&m, &d.path().join("cache"), &[]);
+    let (v, out) = build_json(&m, &d.path().join("cache"), &["--external-min-size", "1K"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let files: Vec<String> = v["record"]["artifact"]["files"]
         .as_array()
@@ -107,6 +107,57 @@ print(s.run(None, {'input_ids': ids, 'attention_mask': ids})[0].shape)
 "#;
     let shape = run_python(script, &[Path::new(entry)]);
     assert_eq!(shape.trim(), "(1, 8, 64)");
+}
+
+/// Prints `inline external` counts of an artifact's initializers, failing when one is on the
+/// wrong side of the threshold (bytes as stored: raw data or external length).
+const SPLIT: &str = r#"
+import sys, onnx
+m = onnx.load(sys.argv[1], load_external_data=False)
+limit = int(sys.argv[2]); inline = external = 0
+for t in m.graph.initializer:
+    ext = {e.key: e.value for e in t.external_data}
+    if ext:
+        assert int(ext["length"]) >= limit, (t.name, ext)
+        external += 1
+    else:
+        n = len(t.raw_data) or 4 * (len(t.float_data) + len(t.int32_data)) or 8 * len(t.int64_data)
+        assert n < limit, (t.name, n)
+        inline += 1
+print(inline, external)
+"#;
+
+#[test]
+fn external_min_size_splits_initializers_between_graph_and_data_file() {
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("bert.onnx");
+    write(&bert::bert(bert::BertConfig::tiny()), &m).unwrap();
+    let cache = d.path().join("cache");
+    let mut keys = Vec::new();
+    for (size, limit, data_file) in [("20K", 20480, true), ("256K", 262144, false)] {
+        let (v, out) = build_json(&m, &cache, &["--external-min-size", size]);
+        assert!(out.status.success(), "{size}: {}", stderr(&out));
+        assert_eq!(v["record"]["validation"]["passed"], true, "{size}: {v}");
+        let files = v["artifact"]["files"].as_array().unwrap();
+        assert_eq!(files.len(), if data_file { 2 } else { 1 }, "{size}: {v}");
+        let entry = PathBuf::from(v["artifact"]["entry"].as_str().unwrap());
+        let counts = run_python(SPLIT, &[&entry, Path::new(&limit.to_string())]);
+        let counts: Vec<usize> = counts
+            .split_whitespace()
+            .map(|n| n.parse().unwrap())
+            .collect();
+        assert!(
+            counts[0] > 0,
+            "{size}: small initializers stay in the graph"
+        );
+        assert_eq!(counts[1] > 0, data_file, "{size}: {counts:?}");
+        keys.push(v["key"].clone());
+    }
+    // The default is 256K: a build without the flag is the second one, from the cache.
+    let (v, _) = build_json(&m, &cache, &[]);
+    assert_eq!(v["key"], keys[1]);
+    assert_eq!(v["source"], "cached");
+    assert_ne!(keys[0], keys[1]);
 }
 
 #[test]
@@ -158,7 +209,8 @@ fn corrupted_blob_is_quarantined_by_verify_and_never_served() {
     let m = d.path().join("m.onnx");
     write(&models::tiny_encoder(false), &m).unwrap();
     let cache = d.path().join("cache");
-    let (v, _) = build_json(&m, &cache, &[]);
+    // Every initializer external, so the artifact has a data file to damage.
+    let (v, _) = build_json(&m, &cache, &["--external-min-size", "0"]);
     let data = PathBuf::from(v["artifact"]["files"][1].as_str().unwrap());
     // Same size, one byte flipped: the cheap checks cannot see it, verify must.
     let mut bytes = std::fs::read(&data).unwrap();
@@ -179,7 +231,8 @@ fn corrupted_blob_is_quarantined_by_verify_and_never_served() {
     ]));
     assert_eq!(ls[0]["status"]["state"], "quarantined");
     // Not served: the next build rebuilds, and the new artifact is intact.
-    let (again, out) = build_json(&m, &cache, &[]);
+    let (again, out) = build_json(&m, &cache, &["--external-min-size", "0"]);
+    assert_eq!(again["key"], v["key"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(again["source"], "built");
     let out = trtcache(["verify", "--cache-dir", cache.to_str().unwrap(), "--json"]);
@@ -669,6 +722,7 @@ fn key_and_build_report_the_same_key() {
         &["--opt-shapes", "x:2x8x64", "--precision", "fp16"],
         &["--opt-shapes", "x:2x8x64", "--opt-level", "extended"],
         &["--opt-shapes", "x:2x8x64", "--no-prepack"],
+        &["--opt-shapes", "x:2x8x64", "--external-min-size", "1K"],
         &["--opt-shapes", "x:2x8x64", "-o", "label=blue"],
     ];
     let mut keys = Vec::new();

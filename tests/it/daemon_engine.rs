@@ -143,6 +143,10 @@ fn acquire_hands_over_the_artifact_directory_and_both_clients_open_sessions_thro
     let mut d = Daemon::new();
     let model = d.models().join("enc.onnx");
     write(&models::tiny_encoder(false), &model).unwrap();
+    // The encoder's weights are small: every initializer external, so the artifact is a
+    // graph plus its data file (the config key the daemon passes to its builds).
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(d.config(), format!("external_min_bytes = 1024\n{cfg}")).unwrap();
     d.start();
     d.wait_settled(&["enc"]);
     let mut c = d.client();
