@@ -5,9 +5,13 @@
 //! hidden 64, as many layers as reach 20,000 nodes). Medians of N runs in this one process;
 //! prints a Markdown table with the node counts of the raw model and of the artifact.
 //!
+//! The `-fixed` cases build the dynamic model with a fixed-shape profile (min = opt = max), which
+//! the `ort-cpu` backend bakes into the artifact; the raw model keeps its dynamic inputs, as a
+//! user would open it. The `-static` case is the comparison with the dims fixed on both sides.
+//!
 //! `cargo bench --bench session -- [--runs N] [--base] [--threads N] [--dir DIR]
-//! [--opt-level extended,all] [--cases bert,base,chain,bert20k,bert20k-static] [--bert-nodes 20000]`
-//! (benches/session.sh wraps it with the ONNX Runtime environment).
+//! [--opt-level extended,all] [--cases bert,bert-fixed,base,chain,bert20k,bert20k-static,bert20k-fixed]
+//! [--bert-nodes 20000]` (benches/session.sh wraps it with the ONNX Runtime environment).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,6 +22,7 @@ use trtcache::build::{cpu, runtime, BuildRequest, Builder, OptLevel};
 use trtcache::cache::{SledStore, StoreOptions};
 use trtcache::fixtures::{bert, models, write, write_external};
 use trtcache::onnx::proto::ModelProto;
+use trtcache::plan::ShapeProfile;
 
 fn node_count(m: &ModelProto) -> usize {
     m.graph.as_ref().map_or(0, |g| g.node.len())
@@ -62,6 +67,20 @@ fn bert_20k(target: usize) -> (ModelProto, usize) {
     (bert::bert_exported(cfg(layers)), layers)
 }
 
+/// The profile that fixes `input_ids` and `attention_mask` to `[batch, seq]`.
+fn fixed_profile(batch: i64, seq: i64) -> ShapeProfile {
+    let shapes: std::collections::BTreeMap<String, Vec<i64>> = ["input_ids", "attention_mask"]
+        .iter()
+        .map(|n| (n.to_string(), vec![batch, seq]))
+        .collect();
+    ShapeProfile {
+        name: format!("fixed_{batch}x{seq}"),
+        min: shapes.clone(),
+        opt: shapes.clone(),
+        max: shapes,
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
@@ -98,7 +117,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .split(',')
         .map(|s| OptLevel::parse(s).ok_or_else(|| format!("--opt-level: `{s}`")))
         .collect::<Result<_, _>>()?;
-    let wanted = get("--cases").unwrap_or_else(|| "bert,chain,bert20k,bert20k-static".into());
+    let wanted = get("--cases")
+        .unwrap_or_else(|| "bert,bert-fixed,chain,bert20k,bert20k-static,bert20k-fixed".into());
     let want = |c: &str| wanted.split(',').any(|w| w == c);
     let keep = get("--dir").map(PathBuf::from);
     let tmp = tempfile::tempdir()?;
@@ -112,11 +132,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?);
     let builder = Builder::new(store, None);
 
-    let mut cases: Vec<(String, PathBuf)> = Vec::new();
-    if want("bert") {
+    let mut cases: Vec<(String, PathBuf, Option<ShapeProfile>)> = Vec::new();
+    if want("bert") || want("bert-fixed") {
         let small = dir.join("bert_small.onnx");
         write(&bert::bert(bert::BertConfig::small()), &small)?;
-        cases.push(("BERT-like 4 layers, hidden 256".into(), small));
+        if want("bert") {
+            cases.push(("BERT-like 4 layers, hidden 256".into(), small.clone(), None));
+        }
+        if want("bert-fixed") {
+            cases.push((
+                "BERT-like 4 layers, hidden 256, profile fixed at [1, 16]".into(),
+                small,
+                Some(fixed_profile(1, 16)),
+            ));
+        }
     }
     if with_base || want("base") {
         let d = dir.join("bert_base");
@@ -131,19 +160,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         cases.push((
             "BERT-base-like 12 layers, hidden 768 (external data)".into(),
             p,
+            None,
         ));
     }
     if want("chain") {
         let chain = dir.join("long_chain_20000.onnx");
         write(&models::long_chain(20_000), &chain)?;
-        cases.push(("long chain, 20,000 nodes".into(), chain));
+        cases.push(("long chain, 20,000 nodes".into(), chain, None));
     }
-    for static_dims in [false, true] {
-        if !want(if static_dims {
-            "bert20k-static"
-        } else {
-            "bert20k"
-        }) {
+    for case in ["bert20k", "bert20k-static", "bert20k-fixed"] {
+        if !want(case) {
             continue;
         }
         let target = get("--bert-nodes")
@@ -152,16 +178,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (mut m, layers) = bert_20k(target);
         let mut name =
             format!("export-style BERT-like {layers} layers, hidden 64, ~{target} nodes");
-        let p = if static_dims {
-            fix_dims(&mut m, 1, 128);
-            name.push_str(", static [1, 128]");
-            dir.join("bert_exported_20k_static.onnx")
-        } else {
-            name.push_str(", dynamic [batch, seq]");
-            dir.join("bert_exported_20k.onnx")
+        let (p, profile) = match case {
+            "bert20k-static" => {
+                fix_dims(&mut m, 1, 128);
+                name.push_str(", static [1, 128]");
+                (dir.join("bert_exported_20k_static.onnx"), None)
+            }
+            "bert20k-fixed" => {
+                name.push_str(", dynamic [batch, seq], profile fixed at [1, 128]");
+                (
+                    dir.join("bert_exported_20k.onnx"),
+                    Some(fixed_profile(1, 128)),
+                )
+            }
+            _ => {
+                name.push_str(", dynamic [batch, seq]");
+                (dir.join("bert_exported_20k.onnx"), None)
+            }
         };
         write(&m, &p)?;
-        cases.push((name, p));
+        cases.push((name, p, profile));
     }
 
     println!(
@@ -176,10 +212,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     println!("| model | artifact opt level | nodes raw → artifact | raw model, optimization All (ms) | cached artifact, optimizations off (ms) | speed-up | build (ms) | validation |");
     println!("|---|---|---|---|---|---|---|---|");
-    for (name, path) in &cases {
+    for (name, path, profile) in &cases {
         for level in &levels {
             let mut req = BuildRequest::new(path, "ort-cpu");
             req.options.threads = threads;
+            req.options.profile = profile.clone();
             req.options.opt_level = *level;
             let quiet = |_: &str| {};
             let out = builder.build(&req, &quiet)?;

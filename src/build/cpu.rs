@@ -11,12 +11,16 @@
 //! directory. The external initializers file is always named explicitly: without it ORT
 //! writes an optimized model that points at a data file it never wrote.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 
 use super::{Artifact, Backend, BuildError, BuildOptions, Runtime};
+use crate::onnx::facts::Dim;
+use crate::onnx::Model;
+use crate::plan::{ModelInputs, ShapeProfile};
 
 /// File name of the optimized graph inside the artifact.
 pub const ENTRY: &str = "model.onnx";
@@ -35,6 +39,35 @@ pub fn optimized_artifact(out: &Path) -> Artifact {
         entry: ENTRY.into(),
         files,
     }
+}
+
+/// The named dimensions `profile` fixes, by name: a dimension is fixed when the profile's
+/// min and max agree at its position in every input that uses the name (ONNX Runtime
+/// overrides free dimensions by name, model-wide). A name the profile leaves free anywhere,
+/// gives two sizes, or that an input outside the profile uses, stays free; so do unnamed
+/// dimensions. Empty when nothing can be fixed.
+pub fn fixed_dims(inputs: &ModelInputs, profile: &ShapeProfile) -> BTreeMap<String, i64> {
+    let mut fixed: BTreeMap<String, Option<i64>> = BTreeMap::new();
+    for input in &inputs.0 {
+        let Some(dims) = &input.shape else { continue };
+        let min = profile.min.get(&input.name);
+        let max = profile.max.get(&input.name);
+        for (i, d) in dims.iter().enumerate() {
+            let Dim::Named(name) = d else { continue };
+            let size = match (min.and_then(|m| m.get(i)), max.and_then(|m| m.get(i))) {
+                (Some(lo), Some(hi)) if lo == hi && *lo > 0 => Some(*lo),
+                _ => None,
+            };
+            let slot = fixed.entry(name.clone()).or_insert(size);
+            if *slot != size {
+                *slot = None;
+            }
+        }
+    }
+    fixed
+        .into_iter()
+        .filter_map(|(name, size)| size.map(|s| (name, s)))
+        .collect()
 }
 
 /// Offline-optimized model for ONNX Runtime's CPU provider.
@@ -97,6 +130,25 @@ impl Backend for OrtCpu {
                 opts.external_min_bytes.to_string(),
             )
             .map_err(|e| BuildError::ort(stage, model, e))?;
+        if let (true, Some(profile)) = (opts.specialize, &opts.profile) {
+            let m = Model::load(model).map_err(|e| BuildError::Model {
+                path: model.to_path_buf(),
+                message: e.to_string(),
+            })?;
+            let dims = fixed_dims(&ModelInputs::of(&m), profile);
+            drop(m);
+            if !dims.is_empty() {
+                tracing::info!(
+                    ?dims,
+                    "specializing the artifact to the profile's fixed dimensions"
+                );
+            }
+            for (name, size) in &dims {
+                b = b
+                    .with_dimension_override(name, *size)
+                    .map_err(|e| BuildError::ort(stage, model, e))?;
+            }
+        }
         if opts.prepack {
             b = b
                 .with_config_entry("session.save_external_prepacked_constant_initializers", "1")
@@ -137,4 +189,84 @@ pub fn open_raw(
         .map_err(|e| BuildError::ort("open model", model, e))?
         .commit_from_file(model)
         .map_err(|e| BuildError::ort("open model", model, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::InputSig;
+
+    fn input(name: &str, dims: &[&str]) -> InputSig {
+        InputSig {
+            name: name.into(),
+            dtype: Some("int64".into()),
+            shape: Some(
+                dims.iter()
+                    .map(|d| match d.parse() {
+                        Ok(v) => Dim::Fixed(v),
+                        Err(_) if d.is_empty() => Dim::Unknown,
+                        Err(_) => Dim::Named(d.to_string()),
+                    })
+                    .collect(),
+            ),
+        }
+    }
+
+    fn profile(shapes: &[(&str, &[i64], &[i64])]) -> ShapeProfile {
+        ShapeProfile {
+            name: "p".into(),
+            min: shapes
+                .iter()
+                .map(|(n, lo, _)| (n.to_string(), lo.to_vec()))
+                .collect(),
+            opt: shapes
+                .iter()
+                .map(|(n, lo, _)| (n.to_string(), lo.to_vec()))
+                .collect(),
+            max: shapes
+                .iter()
+                .map(|(n, _, hi)| (n.to_string(), hi.to_vec()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn fixed_dims_takes_names_the_profile_pins_everywhere() {
+        let ids = ModelInputs(vec![
+            input("ids", &["batch", "seq"]),
+            input("mask", &["batch", "seq"]),
+        ]);
+        // Both pinned in both inputs.
+        let p = profile(&[
+            ("ids", &[1, 128], &[1, 128]),
+            ("mask", &[1, 128], &[1, 128]),
+        ]);
+        let want: BTreeMap<String, i64> = [("batch".into(), 1), ("seq".into(), 128)].into();
+        assert_eq!(fixed_dims(&ids, &p), want);
+        // A range leaves that name free; the pinned one still counts.
+        let p = profile(&[("ids", &[1, 1], &[1, 512]), ("mask", &[1, 1], &[1, 512])]);
+        assert_eq!(fixed_dims(&ids, &p), [("batch".into(), 1)].into());
+        // Two sizes for one name, or a range in one input: free.
+        let p = profile(&[
+            ("ids", &[1, 128], &[1, 128]),
+            ("mask", &[2, 128], &[2, 512]),
+        ]);
+        assert!(fixed_dims(&ids, &p).is_empty());
+        // An input the profile does not name keeps its names free.
+        let p = profile(&[("ids", &[1, 128], &[1, 128])]);
+        assert!(fixed_dims(&ids, &p).is_empty());
+    }
+
+    #[test]
+    fn fixed_dims_ignores_unnamed_and_fixed_dimensions() {
+        let ins = ModelInputs(vec![input("x", &["", "8", "n"])]);
+        let p = profile(&[("x", &[4, 8, 3], &[4, 8, 3])]);
+        assert_eq!(fixed_dims(&ins, &p), [("n".into(), 3)].into());
+        let none = ModelInputs(vec![InputSig {
+            name: "x".into(),
+            dtype: None,
+            shape: None,
+        }]);
+        assert!(fixed_dims(&none, &p).is_empty());
+    }
 }

@@ -150,6 +150,11 @@ pub struct BuildOptions {
     /// (memory-mapped at load, shared between processes); smaller ones stay inside the graph
     /// file (parsed with it, no per-tensor open and map). See [`DEFAULT_EXTERNAL_MIN_BYTES`].
     pub external_min_bytes: u64,
+    /// `ort-cpu`: bake the profile's fixed dimensions (min = max) into the artifact, so ONNX
+    /// Runtime folds the shape arithmetic and plans static tensors (see
+    /// [`cpu::fixed_dims`]). The artifact then accepts only those sizes, like a TensorRT
+    /// engine built for the profile.
+    pub specialize: bool,
     /// TensorRT builder optimization level, 0–5 (TensorRT's default is 3).
     pub trt_builder_level: u8,
     /// GPU ordinal for the GPU backends.
@@ -170,6 +175,7 @@ impl Default for BuildOptions {
             opt_level: OptLevel::All,
             prepack: true,
             external_min_bytes: DEFAULT_EXTERNAL_MIN_BYTES,
+            specialize: true,
             trt_builder_level: 3,
             device_id: 0,
             extra: BTreeMap::new(),
@@ -185,6 +191,7 @@ impl BuildOptions {
         "opt_level",
         "prepack",
         "external_min_bytes",
+        "specialize",
         "device_id",
         "trt_builder_optimization_level",
         "trt_ep_context_embed_mode",
@@ -203,6 +210,7 @@ impl BuildOptions {
                     "external_min_bytes".into(),
                     self.external_min_bytes.to_string(),
                 );
+                m.insert("specialize".into(), self.specialize.to_string());
             }
             "ort-cuda" => {
                 m.insert("opt_level".into(), self.opt_level.for_cuda().name().into());

@@ -41,6 +41,11 @@ pub struct BuildOptionArgs {
     /// makes sessions open faster. A size such as 256K, 1M or 0 (everything external).
     #[arg(long, default_value = "256K", value_parser = parse_bytes)]
     pub external_min_size: u64,
+    /// ort-cpu: do not bake the profile's fixed dimensions (min = max) into the artifact. By
+    /// default they are baked in, so ONNX Runtime folds the shape arithmetic and sessions open
+    /// much faster, and the artifact accepts only those sizes (like a TensorRT engine).
+    #[arg(long)]
+    pub no_specialize: bool,
     /// TensorRT builder optimization level (0-5).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(0..=5))]
     pub trt_opt_level: u8,
@@ -63,6 +68,7 @@ impl BuildOptionArgs {
             opt_level: self.opt_level,
             prepack: !self.no_prepack,
             external_min_bytes: self.external_min_size,
+            specialize: !self.no_specialize,
             trt_builder_level: self.trt_opt_level,
             device_id: self.device,
             extra: parse_extra(&self.options)?,

@@ -160,6 +160,66 @@ fn external_min_size_splits_initializers_between_graph_and_data_file() {
     assert_ne!(keys[0], keys[1]);
 }
 
+/// Prints an artifact's count of `Shape` nodes and each input's dims (`name:d0xd1…`, names for
+/// free ones).
+const DIMS: &str = r#"
+import sys, onnx
+m = onnx.load(sys.argv[1], load_external_data=False)
+init = {t.name for t in m.graph.initializer}
+ins = [i.name + ":" + "x".join(str(d.dim_value or d.dim_param) for d in i.type.tensor_type.shape.dim)
+       for i in m.graph.input if i.name not in init]
+print(sum(n.op_type == "Shape" for n in m.graph.node), " ".join(ins))
+"#;
+
+#[test]
+fn a_fixed_profile_is_baked_into_the_cpu_artifact() {
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("bert.onnx");
+    // Export-style: the reshapes take their sizes from Shape → Gather → Concat at run time.
+    write(&bert::bert_exported(bert::BertConfig::tiny()), &m).unwrap();
+    let cache = d.path().join("cache");
+    let fixed = ["--opt-shapes", "input_ids:1x16,attention_mask:1x16"];
+    let range = [
+        "--min-shapes",
+        "input_ids:1x1,attention_mask:1x1",
+        "--opt-shapes",
+        "input_ids:1x16,attention_mask:1x16",
+        "--max-shapes",
+        "input_ids:4x64,attention_mask:4x64",
+    ];
+    let mut seen = Vec::new();
+    for (what, args) in [
+        ("fixed", fixed.to_vec()),
+        (
+            "fixed, --no-specialize",
+            [&fixed[..], &["--no-specialize"]].concat(),
+        ),
+        ("range", range.to_vec()),
+    ] {
+        let (v, out) = build_json(&m, &cache, &args);
+        assert!(out.status.success(), "{what}: {}", stderr(&out));
+        assert_eq!(v["record"]["validation"]["passed"], true, "{what}: {v}");
+        let entry = PathBuf::from(v["artifact"]["entry"].as_str().unwrap());
+        let got = run_python(DIMS, &[&entry]);
+        let (nodes, dims) = got.trim().split_once(' ').unwrap();
+        seen.push((
+            v["key"].as_str().unwrap().to_string(),
+            nodes.parse::<usize>().unwrap(),
+            dims.to_string(),
+        ));
+    }
+    assert_eq!(seen[0].2, "input_ids:1x16 attention_mask:1x16", "{seen:?}");
+    assert_eq!(
+        seen[1].2, "input_ids:batchxseq attention_mask:batchxseq",
+        "{seen:?}"
+    );
+    assert_eq!(seen[2].2, seen[1].2, "a range stays free: {seen:?}");
+    // The shape arithmetic folded away; left free, the graph still reads shapes at run time.
+    assert_eq!(seen[0].1, 0, "{seen:?}");
+    assert!(seen[1].1 > 0, "{seen:?}");
+    assert!(seen[0].0 != seen[1].0 && seen[1].0 != seen[2].0, "{seen:?}");
+}
+
 #[test]
 fn bert_fixture_is_valid_onnx() {
     let d = tempfile::tempdir().unwrap();
