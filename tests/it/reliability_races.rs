@@ -500,11 +500,28 @@ fn an_artifact_evicted_right_after_its_build_is_not_remembered_as_a_failure() {
     write(&models::tiny_encoder(false), &d.models().join("enc.onnx")).unwrap();
     d.start();
     let mut c = d.client();
-    for round in 0..2 {
-        let e = c.acquire_model("enc").unwrap_err();
-        assert_eq!(e.code(), Some(ErrorCode::Cancelled), "round {round}: {e}");
-        assert!(e.to_string().contains("ask again"), "{e}");
+    // Each acquire builds, stores, and sees its artifact evicted: `cancelled`, "ask again".
+    // An acquire may also be served: the daemon's rescan can look the key up in the instant
+    // between the store's write and its eviction, and that artifact was whole when handed out
+    // (its descriptors stay valid). Nothing else is acceptable.
+    let mut cancelled = 0;
+    for round in 0..8 {
+        match c.acquire_model("enc") {
+            Ok(a) => assert!(a.metadata.validation.passed, "round {round}"),
+            Err(e) => {
+                assert_eq!(e.code(), Some(ErrorCode::Cancelled), "round {round}: {e}");
+                assert!(e.to_string().contains("ask again"), "{e}");
+                cancelled += 1;
+                if cancelled == 2 {
+                    break;
+                }
+            }
+        }
     }
+    assert_eq!(
+        cancelled, 2,
+        "builds evicted by their own store were not reported"
+    );
     let s = wait_idle(&mut c, Duration::from_secs(60));
     eprintln!("{s:?}");
     assert_eq!(s.failures, 0, "{s:?}");
