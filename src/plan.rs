@@ -271,6 +271,8 @@ pub struct Plan {
     /// Tolerance for `precision`.
     pub tolerance: Tolerance,
     pub golden: GoldenSettings,
+    /// The sidecar's `specialize` (`None` when it does not say).
+    pub specialize: Option<bool>,
     /// The sidecar used, if any.
     pub sidecar: Option<PathBuf>,
 }
@@ -325,6 +327,7 @@ pub fn resolve(
             .as_ref()
             .map(|s| s.golden.clone())
             .unwrap_or_default(),
+        specialize: sidecar.as_ref().and_then(|s| s.specialize),
         sidecar: sidecar.map(|s| s.path),
     })
 }

@@ -43,7 +43,8 @@ pub struct BuildOptionArgs {
     pub external_min_size: u64,
     /// ort-cpu: do not bake the profile's fixed dimensions (min = max) into the artifact. By
     /// default they are baked in, so ONNX Runtime folds the shape arithmetic and sessions open
-    /// much faster, and the artifact accepts only those sizes (like a TensorRT engine).
+    /// much faster, and the artifact accepts only those sizes (like a TensorRT engine). The
+    /// sidecar's `specialize = false` does the same for one model.
     #[arg(long)]
     pub no_specialize: bool,
     /// TensorRT builder optimization level (0-5).
@@ -68,7 +69,7 @@ impl BuildOptionArgs {
             opt_level: self.opt_level,
             prepack: !self.no_prepack,
             external_min_bytes: self.external_min_size,
-            specialize: !self.no_specialize,
+            specialize: !self.no_specialize && plan.specialize.unwrap_or(true),
             trt_builder_level: self.trt_opt_level,
             device_id: self.device,
             extra: parse_extra(&self.options)?,

@@ -173,6 +173,7 @@ impl CachedEngine {
                 precision: plan.precision,
                 profile: plan.profile.clone(),
                 external_min_bytes: self.external_min_bytes,
+                specialize: plan.specialize.unwrap_or(true),
                 ..BuildOptions::default()
             },
             validation: ValidationConfig {

@@ -7,6 +7,7 @@
 //! precision = "fp16"                 # fp32 (default) or fp16
 //! backends = ["ort-tensorrt", "ort-cpu"]
 //! default_profile = "small"          # needed when several profiles exist
+//! specialize = false                 # ort-cpu: keep fixed profile dims free (default true)
 //!
 //! [profiles.small]                   # shapes as tables ...
 //! min = { ids = [1, 1],   mask = [1, 1] }
@@ -136,6 +137,7 @@ struct SidecarFile {
     #[serde(default)]
     backends: Vec<String>,
     default_profile: Option<String>,
+    specialize: Option<bool>,
     #[serde(default)]
     profiles: BTreeMap<String, ProfileSpec>,
     #[serde(default)]
@@ -152,6 +154,9 @@ pub struct Sidecar {
     pub precision: Option<Precision>,
     pub backends: Vec<String>,
     pub default_profile: Option<String>,
+    /// `ort-cpu`: whether a profile's fixed dimensions are baked into the artifact (`None`:
+    /// the command's default, yes).
+    pub specialize: Option<bool>,
     /// Profiles by name, unvalidated (validation needs the model: [`super::validate_profile`]).
     pub profiles: BTreeMap<String, ShapeProfile>,
     pub tolerances: HashMap<Precision, Tolerance>,
@@ -295,6 +300,7 @@ impl Sidecar {
             precision,
             backends: f.backends,
             default_profile: f.default_profile,
+            specialize: f.specialize,
             profiles,
             tolerances,
             golden,
@@ -346,6 +352,7 @@ mod tests {
 precision = "fp16"
 backends = ["ort-tensorrt", "ort-cpu"]
 default_profile = "small"
+specialize = false
 [profiles.small]
 min = { x = [1, 1, 64] }
 opt = { x = [2, 16, 64] }
@@ -366,6 +373,7 @@ int_range = [0, 5]
         let s = Sidecar::parse(Path::new("/m/model.trtcache.toml"), FULL).unwrap();
         assert_eq!(s.precision, Some(Precision::Fp16));
         assert_eq!(s.backends, ["ort-tensorrt", "ort-cpu"]);
+        assert_eq!(s.specialize, Some(false));
         let p = s.profile(None).unwrap().unwrap();
         assert_eq!(p.name, "small");
         assert_eq!(p.max["x"], [8, 128, 64]);

@@ -218,6 +218,18 @@ fn a_fixed_profile_is_baked_into_the_cpu_artifact() {
     assert_eq!(seen[0].1, 0, "{seen:?}");
     assert!(seen[1].1 > 0, "{seen:?}");
     assert!(seen[0].0 != seen[1].0 && seen[1].0 != seen[2].0, "{seen:?}");
+
+    // The sidecar can say the same for one model (the daemon builds from the sidecar): its
+    // fixed profile left free is the `--no-specialize` build, from the cache.
+    std::fs::write(
+        d.path().join("bert.trtcache.toml"),
+        "specialize = false\n[profiles.serve]\nopt = \"input_ids:1x16,attention_mask:1x16\"\n",
+    )
+    .unwrap();
+    let (v, out) = build_json(&m, &cache, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(v["key"].as_str(), Some(seen[1].0.as_str()), "{v}");
+    assert_eq!(v["source"], "cached");
 }
 
 #[test]
