@@ -357,3 +357,39 @@ fn an_admin_builds_a_file_outside_the_repository_into_the_cache_by_path() {
     let builds = c.stats().unwrap().builds;
     assert_eq!(builds, 2, "enc and the staged file, not the deployed copy");
 }
+
+#[test]
+fn a_model_served_with_a_fixed_profile_gets_an_artifact_specialized_to_it() {
+    let mut d = Daemon::new();
+    let model = d.models().join("fixed.onnx");
+    write(&models::tiny_encoder(false), &model).unwrap();
+    std::fs::write(
+        d.models().join("fixed.trtcache.toml"),
+        "[profiles.serve]\nopt = \"x:1x6x64\"\n",
+    )
+    .unwrap();
+    d.start();
+    d.wait_settled(&["fixed"]);
+    let mut c = d.client();
+    let art = c.acquire_model("fixed").unwrap();
+    assert_eq!(art.metadata.profile, "serve");
+    // The artifact's own inputs say what it accepts: the profile's sizes, no free names.
+    assert_eq!(
+        serde_json::to_value(&art.metadata.inputs[0].shape).unwrap(),
+        serde_json::json!([1, 6, 64]),
+        "{:?}",
+        art.metadata
+    );
+    let mut s = artifact_session(&art);
+    assert_close(
+        &run_encoder(&mut s, 6),
+        &reference(&model, 6),
+        "specialized",
+    );
+    // Another size is refused by ONNX Runtime, as a TensorRT engine built for the profile
+    // would refuse it.
+    let other = ort::value::Tensor::from_array(([1usize, 7, 64], vec![0.5f32; 7 * 64])).unwrap();
+    assert!(s.run(ort::inputs!["x" => other]).is_err());
+    drop(c);
+    assert!(d.stop());
+}
