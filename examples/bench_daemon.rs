@@ -307,10 +307,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             // Untimed warm-up: ORT's first session in a process pays one-off set-up costs,
             // and both files should be equally in the page cache.
             drop(ort::session::Session::builder(&env)?.commit_from_file(&raw)?);
-            // And one untimed acquire from another connection: the daemon's first hand-out of
-            // an artifact it has not served since it built or loaded it re-hashes the files
-            // (tens of ms, once per daemon lifetime, not per consumer).
-            drop(Client::connect(&socket)?.acquire_model(&model)?);
+
             // Each returns (total, [phase ms]): via = connect+acquire, session, run; own =
             // session, run.
             type Timed = Result<(f64, [f64; 3]), Box<dyn std::error::Error>>;

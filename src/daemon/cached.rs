@@ -400,6 +400,11 @@ impl Engine for CachedEngine {
         out
     }
 
+    fn default_profile(&self, model: &ModelEntry) -> Option<String> {
+        let sidecar = Sidecar::load(model.sidecar.as_deref()?).ok()?;
+        sidecar.profile(None).ok().flatten().map(|p| p.name)
+    }
+
     fn plan(&self, model: &ModelEntry, sel: &Selection) -> Result<Planned, EngineError> {
         if !crate::build::BACKENDS.contains(&sel.backend.as_str()) {
             return Err(EngineError::NotFound(format!(

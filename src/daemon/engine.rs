@@ -185,6 +185,12 @@ pub trait Engine: Send + Sync + 'static {
     /// The selections built in the background for a model: one per configured backend and
     /// per profile the model declares.
     fn variants(&self, model: &ModelEntry, backends: &[String]) -> Vec<Selection>;
+    /// The profile an acquire that names none gets, when the model says which (its sidecar's
+    /// `default_profile` or only profile), so that it shares the plan and artifact of the
+    /// variant built in the background. `None`: the model has no named profiles.
+    fn default_profile(&self, _model: &ModelEntry) -> Option<String> {
+        None
+    }
     /// Key and plan for a model file and a selection; blocking (hashes the file).
     fn plan(&self, model: &ModelEntry, sel: &Selection) -> Result<Planned, EngineError>;
     /// A ready, validated artifact for this key, after cheap integrity checks.

@@ -114,7 +114,9 @@ impl Service {
             .map(|v| v.precision)
             .unwrap_or_default();
         Selection {
-            profile,
+            // Named, so an acquire that names no profile shares the background variant's
+            // plan instead of planning (reading the model) again.
+            profile: profile.or_else(|| self.engine.default_profile(entry)),
             backend,
             precision,
         }
@@ -312,17 +314,20 @@ impl Service {
         let (e, s) = (entry.clone(), sel.clone());
         // The semaphore is never closed, so acquiring only waits.
         let _slot = self.plan_slots.acquire().await.ok();
-        tokio::task::spawn_blocking(move || engine.plan(&e, &s))
+        let planned = tokio::task::spawn_blocking(move || engine.plan(&e, &s))
             .await
-            .map_err(|e| fail(ErrorCode::Internal, e.to_string()))?
-            .map_err(|e| match e {
-                EngineError::NotFound(m) => fail(ErrorCode::NotFound, m),
-                EngineError::Cancelled => fail(ErrorCode::Cancelled, "cancelled"),
-                other => fail(
-                    ErrorCode::BuildFailed,
-                    format!("cannot plan `{}`: {other}", entry.name),
-                ),
-            })
+            .map_err(|e| fail(ErrorCode::Internal, e.to_string()))?;
+        if let Ok(p) = &planned {
+            tracing::info!(model = %entry.name, version = entry.version, profile = ?sel.profile, backend = %sel.backend, key = %p.key, "planned");
+        }
+        planned.map_err(|e| match e {
+            EngineError::NotFound(m) => fail(ErrorCode::NotFound, m),
+            EngineError::Cancelled => fail(ErrorCode::Cancelled, "cancelled"),
+            other => fail(
+                ErrorCode::BuildFailed,
+                format!("cannot plan `{}`: {other}", entry.name),
+            ),
+        })
     }
 
     /// Drops a variant's plan if it still has `key`, so that it is computed again.

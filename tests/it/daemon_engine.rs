@@ -370,9 +370,20 @@ fn a_model_served_with_a_fixed_profile_gets_an_artifact_specialized_to_it() {
     .unwrap();
     d.start();
     d.wait_settled(&["fixed"]);
+    let planned = |d: &Daemon| {
+        d.log()
+            .lines()
+            .filter(|l| l.contains("planned") && l.contains("fixed"))
+            .count()
+    };
+    let before = planned(&d);
+    assert!(before >= 1, "{}", d.log());
     let mut c = d.client();
     let art = c.acquire_model("fixed").unwrap();
     assert_eq!(art.metadata.profile, "serve");
+    // Naming no profile is naming the default one: the background variant's plan serves it
+    // (planning again reads the whole model, 49 ms for a 44 MB BERT).
+    assert_eq!(planned(&d), before, "{}", d.log());
     // The artifact's own inputs say what it accepts: the profile's sizes, no free names.
     assert_eq!(
         serde_json::to_value(&art.metadata.inputs[0].shape).unwrap(),
