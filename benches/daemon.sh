@@ -71,16 +71,28 @@ TOML
 "$T" serve --config "$W/big/config.toml" 2>/dev/null & PID=$!
 until [ -S "$W/big/cache/trtcache.sock" ]; do sleep 0.05; done
 "$T" warm --config "$W/big/config.toml" >/dev/null 2>&1
-: > "$W/first.jsonl"; : > "$W/fixed.jsonl"
+: > "$W/first.jsonl"; : > "$W/fixed.jsonl"; : > "$W/py.jsonl"; : > "$W/pyfixed.jsonl"
 for _ in $(seq "$RUNS"); do
   "$B" first-inference "$W/big/cache/trtcache.sock" bert "$W/big/models/bert.onnx" | tee -a "$W/first.jsonl" >&2
   "$B" first-inference "$W/big/cache/trtcache.sock" bert_fixed "$W/big/models/bert.onnx" | tee -a "$W/fixed.jsonl" >&2
+  # The same through the Python client (its session defaults; see benches/consumer.py).
+  "$PY" benches/first_inference.py "$W/big/cache/trtcache.sock" bert "$W/big/models/bert.onnx" | tee -a "$W/py.jsonl" >&2
+  "$PY" benches/first_inference.py "$W/big/cache/trtcache.sock" bert_fixed "$W/big/models/bert.onnx" | tee -a "$W/pyfixed.jsonl" >&2
 done
 kill "$PID"; wait "$PID" || true; PID=
 
 via=$(median via_trtcache_ms < "$W/first.jsonl"); own=$(median own_session_ms < "$W/first.jsonl")
 files=$(median via_files_ms < "$W/first.jsonl")
 fvia=$(median via_trtcache_ms < "$W/fixed.jsonl"); fown=$(median own_session_ms < "$W/fixed.jsonl")
+pvia=$(median via_trtcache_ms < "$W/py.jsonl"); pown=$(median own_session_ms < "$W/py.jsonl")
+pfvia=$(median via_trtcache_ms < "$W/pyfixed.jsonl"); pfown=$(median own_session_ms < "$W/pyfixed.jsonl")
+PYROWS="| Python client: first inference via trtcache | $pvia ms | — |
+| &nbsp;&nbsp;of which session from the artifact | $(median via_session_ms < "$W/py.jsonl") ms | — |
+| Python: own session from the raw model (onnxruntime defaults) + first inference | $pown ms | — |
+| Python client: ratio own / via trtcache | $("$PY" -c "print(round($pown/$pvia,2))")× | ≥ 3× |
+| Python client: median of the per-run ratios | $(pratio < "$W/py.jsonl")× | ≥ 3× |
+| Python client, profile fixed at [1, 16]: via trtcache | $pfvia ms | — |
+| Python client, profile fixed at [1, 16]: ratio own / via trtcache | $("$PY" -c "print(round($pfown/$pfvia,2))")× | ≥ 3× |"
 if [ "$ONLY" = first ]; then
 cat <<MD
 Machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), no GPU; engine: CachedEngine (ort-cpu).
@@ -103,6 +115,7 @@ Command: benches/daemon.sh $RUNS first (medians of $RUNS runs).
 | first inference, own session from the raw model, same run | $fown ms | — |
 | ratio own / via trtcache, profile fixed at [1, 16] | $("$PY" -c "print(round($fown/$fvia,2))")× | ≥ 3× |
 | median of the per-run ratios, profile fixed at [1, 16] | $(pratio < "$W/fixed.jsonl")× | ≥ 3× |
+$PYROWS
 MD
 exit 0
 fi
@@ -132,4 +145,5 @@ Command: benches/daemon.sh $RUNS (medians of $RUNS runs).
 | ratio own / via trtcache | $("$PY" -c "print(round($own/$via,2))")× | ≥ 3× |
 | first inference via trtcache, profile fixed at [1, 16] | $fvia ms | — |
 | ratio own / via trtcache, profile fixed at [1, 16] | $("$PY" -c "print(round($fown/$fvia,2))")× | ≥ 3× |
+$PYROWS
 MD

@@ -52,14 +52,7 @@ fn fix_dims(m: &mut ModelProto, batch: i64, seq: i64) {
 /// The export-style encoder (hidden 64, 2 heads, intermediate 128, vocabulary 1000) with as
 /// many layers as bring it closest to `target` nodes.
 fn bert_20k(target: usize) -> (ModelProto, usize) {
-    let cfg = |layers| bert::BertConfig {
-        layers,
-        hidden: 64,
-        heads: 2,
-        intermediate: 128,
-        vocab: 1000,
-        max_positions: 128,
-    };
+    let cfg = bert::BertConfig::narrow;
     let one = node_count(&bert::bert_exported(cfg(1)));
     let per = node_count(&bert::bert_exported(cfg(2))) - one;
     let fixed = one - per;

@@ -172,6 +172,9 @@ impl Backend for OrtCpu {
         base_builder(rt, entry, opts.threads)?
             .with_optimization_level(GraphOptimizationLevel::Disable)
             .map_err(|e| BuildError::ort("open artifact", entry, e))?
+            // As the clients open artifacts: weights packed on the intra-op threads.
+            .with_config_entry("session.prepack.enable_parallel", "1")
+            .map_err(|e| BuildError::ort("open artifact", entry, e))?
             .commit_from_file(entry)
             .map_err(|e| BuildError::ort("open artifact", entry, e))
     }

@@ -314,7 +314,12 @@ from trtcache_client import Client
 c = Client(sys.argv[2])
 for name, path in [("copied", sys.argv[3]), ("renamed", sys.argv[4])]:
     art = c.acquire(name, timeout=60)
-    # The client opens an ort-cpu artifact with optimizations off by default.
+    # The client opens an ort-cpu artifact with optimizations off by default, weights packed
+    # in parallel, and (the encoder's batch and seq are free) no memory-reuse planning.
+    so = art._ort_defaults({})["sess_options"]
+    assert so.graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    assert so.get_session_config_entry("session.prepack.enable_parallel") == "1"
+    assert art.free_dims() and so.enable_mem_reuse is False
     sess = art.session(providers=["CPUExecutionProvider"])
     ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     x = np.random.default_rng(0).standard_normal((2, 7, 64)).astype(np.float32)

@@ -401,6 +401,20 @@ fn a_model_served_with_a_fixed_profile_gets_an_artifact_specialized_to_it() {
     // would refuse it.
     let other = ort::value::Tensor::from_array(([1usize, 7, 64], vec![0.5f32; 7 * 64])).unwrap();
     assert!(s.run(ort::inputs!["x" => other]).is_err());
+    // The Python client sees no free dimension and keeps ONNX Runtime's memory-reuse plan.
+    let script = r#"
+import sys, numpy as np
+sys.path.insert(0, sys.argv[1])
+from trtcache_client import Client
+art = Client(sys.argv[2]).acquire("fixed")
+assert not art.free_dims(), art.metadata["inputs"]
+assert art._ort_defaults({})["sess_options"].enable_mem_reuse is True
+y = art.session(providers=["CPUExecutionProvider"]).run(None, {"x": np.ones((1, 6, 64), np.float32)})[0]
+print(y.shape)
+"#;
+    let repo = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let out = support::run_python(script, &[&repo.join("clients/python"), &d.socket()]);
+    assert_eq!(out.trim(), "(1, 6, 64)");
     drop(c);
     assert!(d.stop());
 }
