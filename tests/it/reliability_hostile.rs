@@ -908,8 +908,13 @@ fn at_the_connection_limit_the_longest_idle_connection_makes_room() {
     );
     std::fs::write(d.config(), cfg).unwrap();
     d.start();
-    // A leaky client fills every slot with greeted connections and forgets them.
-    let mut leaked: Vec<UnixStream> = (0..4).map(|_| raw(&d.socket())).collect();
+    // A leaky client fills every slot with greeted connections and forgets them. The first
+    // goes idle well before the others: connections greeted back to back start waiting in
+    // whatever order the daemon's tasks get to run, and this test is about which one is
+    // longest idle, not about microseconds (a full local run once saw another one reclaimed).
+    let mut leaked: Vec<UnixStream> = vec![raw(&d.socket())];
+    std::thread::sleep(Duration::from_millis(300));
+    leaked.extend((1..4).map(|_| raw(&d.socket())));
     let t0 = Instant::now();
     // A new client is refused at first, then (once the leaked ones have idled a second) takes
     // the oldest one's slot, well before the two-minute idle timeout.
