@@ -228,7 +228,7 @@ fn local_warm(
     }
     let mut out = Vec::new();
     for entry in &entries {
-        for sel in engine.variants(entry, &cfg.backends) {
+        for sel in engine.variants(entry, &cfg.backends).selections {
             let t0 = Instant::now();
             let mut r = BuildResult {
                 model: entry.name.clone(),
@@ -369,7 +369,7 @@ fn local_status(cfg: &Config, only: Option<&str>) -> anyhow::Result<Vec<ModelSta
     {
         let Some(entry) = m.served() else { continue };
         let mut variants = Vec::new();
-        for sel in engine.variants(entry, &cfg.backends) {
+        for sel in engine.variants(entry, &cfg.backends).selections {
             let mut v = VariantStatus {
                 profile: sel.profile.clone().unwrap_or_else(|| "default".into()),
                 backend: sel.backend.clone(),

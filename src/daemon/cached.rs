@@ -363,7 +363,7 @@ impl Engine for CachedEngine {
     /// One selection per sidecar profile × backend: the sidecar's backends when it lists any,
     /// else `backends` (the daemon's configured ones, `ort-cpu` by default); the default
     /// profile when the sidecar declares none; the sidecar's precision.
-    fn variants(&self, model: &ModelEntry, backends: &[String]) -> Vec<Selection> {
+    fn variants(&self, model: &ModelEntry, backends: &[String]) -> Variants {
         let sidecar = match model.sidecar.as_deref().map(Sidecar::load).transpose() {
             Ok(s) => s,
             Err(e) => {
@@ -387,22 +387,23 @@ impl Engine for CachedEngine {
             .as_ref()
             .and_then(|s| s.precision)
             .unwrap_or(Precision::Fp32);
-        let mut out = Vec::new();
+        let mut selections = Vec::new();
         for b in &bs {
             for p in &profiles {
-                out.push(Selection {
+                selections.push(Selection {
                     profile: p.clone(),
                     backend: b.clone(),
                     precision,
                 });
             }
         }
-        out
-    }
-
-    fn default_profile(&self, model: &ModelEntry) -> Option<String> {
-        let sidecar = Sidecar::load(model.sidecar.as_deref()?).ok()?;
-        sidecar.profile(None).ok().flatten().map(|p| p.name)
+        let default_profile = sidecar
+            .and_then(|s| s.profile(None).ok().flatten())
+            .map(|p| p.name);
+        Variants {
+            selections,
+            default_profile,
+        }
     }
 
     fn plan(&self, model: &ModelEntry, sel: &Selection) -> Result<Planned, EngineError> {

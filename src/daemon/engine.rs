@@ -40,6 +40,17 @@ pub struct ModelEntry {
     pub layout: Layout,
 }
 
+/// A model's background selections, and the profile an acquire that names none gets.
+#[derive(Clone, Debug, Default)]
+pub struct Variants {
+    /// One per backend and per profile the model declares.
+    pub selections: Vec<Selection>,
+    /// The sidecar's `default_profile` or only profile, named so that an acquire naming none
+    /// shares the plan and artifact of that background variant; `None` when the model has no
+    /// named profiles.
+    pub default_profile: Option<String>,
+}
+
 /// What a client or the background queue asks to build.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Selection {
@@ -182,15 +193,9 @@ impl EngineError {
 
 /// The build and cache stages, seen from the daemon.
 pub trait Engine: Send + Sync + 'static {
-    /// The selections built in the background for a model: one per configured backend and
-    /// per profile the model declares.
-    fn variants(&self, model: &ModelEntry, backends: &[String]) -> Vec<Selection>;
-    /// The profile an acquire that names none gets, when the model says which (its sidecar's
-    /// `default_profile` or only profile), so that it shares the plan and artifact of the
-    /// variant built in the background. `None`: the model has no named profiles.
-    fn default_profile(&self, _model: &ModelEntry) -> Option<String> {
-        None
-    }
+    /// The selections built in the background for a model (one per configured backend and
+    /// per profile the model declares) and its default profile, from one read of its sidecar.
+    fn variants(&self, model: &ModelEntry, backends: &[String]) -> Variants;
     /// Key and plan for a model file and a selection; blocking (hashes the file).
     fn plan(&self, model: &ModelEntry, sel: &Selection) -> Result<Planned, EngineError>;
     /// A ready, validated artifact for this key, after cheap integrity checks.

@@ -352,7 +352,7 @@ mod tests {
     use std::sync::mpsc;
 
     use super::*;
-    use crate::daemon::engine::{BuildPhase, Layout, ModelEntry, Selection};
+    use crate::daemon::engine::{BuildPhase, Layout, ModelEntry, Selection, Variants};
 
     struct GateEngine {
         started: Mutex<Vec<String>>,
@@ -360,8 +360,8 @@ mod tests {
     }
 
     impl Engine for GateEngine {
-        fn variants(&self, _: &ModelEntry, _: &[String]) -> Vec<Selection> {
-            Vec::new()
+        fn variants(&self, _: &ModelEntry, _: &[String]) -> Variants {
+            Variants::default()
         }
         fn plan(&self, _: &ModelEntry, _: &Selection) -> Result<Planned, EngineError> {
             Err(EngineError::Runtime("unused".into()))
@@ -454,8 +454,8 @@ mod tests {
     struct FullDiskEngine(Mutex<u32>);
 
     impl Engine for FullDiskEngine {
-        fn variants(&self, _: &ModelEntry, _: &[String]) -> Vec<Selection> {
-            Vec::new()
+        fn variants(&self, _: &ModelEntry, _: &[String]) -> Variants {
+            Variants::default()
         }
         fn plan(&self, _: &ModelEntry, _: &Selection) -> Result<Planned, EngineError> {
             Err(EngineError::Runtime("unused".into()))

@@ -106,9 +106,10 @@ impl Service {
     ) -> Selection {
         let variants = self.engine.variants(entry, &self.cfg.backends);
         let backend = backend
-            .or_else(|| variants.first().map(|v| v.backend.clone()))
+            .or_else(|| variants.selections.first().map(|v| v.backend.clone()))
             .unwrap_or_else(|| self.cfg.backends[0].clone());
         let precision = variants
+            .selections
             .iter()
             .find(|v| v.backend == backend)
             .map(|v| v.precision)
@@ -116,7 +117,7 @@ impl Service {
         Selection {
             // Named, so an acquire that names no profile shares the background variant's
             // plan instead of planning (reading the model) again.
-            profile: profile.or_else(|| self.engine.default_profile(entry)),
+            profile: profile.or(variants.default_profile),
             backend,
             precision,
         }
@@ -200,7 +201,7 @@ impl Service {
         let Some(entry) = self.entry(name, None).ok() else {
             return;
         };
-        for sel in self.engine.variants(&entry, &self.cfg.backends) {
+        for sel in self.engine.variants(&entry, &self.cfg.backends).selections {
             if let Ok(p) = self.planned(&entry, &sel).await {
                 if self.ready_artifact(&p).await.is_none() {
                     self.submit_tracked(&p);
@@ -281,6 +282,7 @@ impl Service {
             || self
                 .engine
                 .variants(entry, &self.cfg.backends)
+                .selections
                 .contains(sel);
         let mut st = self.lock();
         if let Some(m) = st.models.get_mut(&entry.name) {
@@ -623,6 +625,7 @@ impl Service {
             .map(|e| {
                 self.engine
                     .variants(e, &self.cfg.backends)
+                    .selections
                     .into_iter()
                     .map(|sel| match m.plans.get(&(version, sel.clone())) {
                         Some(p) => self.variant_status(p, &sel, st),
@@ -709,6 +712,7 @@ impl Service {
             let mut sels: Vec<Selection> = self
                 .engine
                 .variants(&e, &self.cfg.backends)
+                .selections
                 .into_iter()
                 .filter(|s| req.backend.as_ref().is_none_or(|b| &s.backend == b))
                 .collect();

@@ -109,6 +109,16 @@ print(s.run(None, {'input_ids': ids, 'attention_mask': ids})[0].shape)
     assert_eq!(shape.trim(), "(1, 8, 64)");
 }
 
+/// `trtcache build --json` that must succeed with a validated artifact: the report and the
+/// artifact's entry (graph file).
+fn validated_build(m: &Path, cache: &Path, args: &[&str]) -> (serde_json::Value, PathBuf) {
+    let (v, out) = build_json(m, cache, args);
+    assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+    assert_eq!(v["record"]["validation"]["passed"], true, "{args:?}: {v}");
+    let entry = PathBuf::from(v["artifact"]["entry"].as_str().unwrap());
+    (v, entry)
+}
+
 /// Prints `inline external` counts of an artifact's initializers, failing when one is on the
 /// wrong side of the threshold (bytes as stored: raw data or external length).
 const SPLIT: &str = r#"
@@ -135,12 +145,9 @@ fn external_min_size_splits_initializers_between_graph_and_data_file() {
     let cache = d.path().join("cache");
     let mut keys = Vec::new();
     for (size, limit, data_file) in [("20K", 20480, true), ("256K", 262144, false)] {
-        let (v, out) = build_json(&m, &cache, &["--external-min-size", size]);
-        assert!(out.status.success(), "{size}: {}", stderr(&out));
-        assert_eq!(v["record"]["validation"]["passed"], true, "{size}: {v}");
+        let (v, entry) = validated_build(&m, &cache, &["--external-min-size", size]);
         let files = v["artifact"]["files"].as_array().unwrap();
         assert_eq!(files.len(), if data_file { 2 } else { 1 }, "{size}: {v}");
-        let entry = PathBuf::from(v["artifact"]["entry"].as_str().unwrap());
         let counts = run_python(SPLIT, &[&entry, Path::new(&limit.to_string())]);
         let counts: Vec<usize> = counts
             .split_whitespace()
@@ -188,23 +195,18 @@ fn a_fixed_profile_is_baked_into_the_cpu_artifact() {
         "input_ids:4x64,attention_mask:4x64",
     ];
     let mut seen = Vec::new();
-    for (what, args) in [
-        ("fixed", fixed.to_vec()),
-        (
-            "fixed, --no-specialize",
-            [&fixed[..], &["--no-specialize"]].concat(),
-        ),
-        ("range", range.to_vec()),
+    // seen[0]: fixed; seen[1]: fixed, --no-specialize; seen[2]: range.
+    for args in [
+        fixed.to_vec(),
+        [&fixed[..], &["--no-specialize"]].concat(),
+        range.to_vec(),
     ] {
-        let (v, out) = build_json(&m, &cache, &args);
-        assert!(out.status.success(), "{what}: {}", stderr(&out));
-        assert_eq!(v["record"]["validation"]["passed"], true, "{what}: {v}");
-        let entry = PathBuf::from(v["artifact"]["entry"].as_str().unwrap());
+        let (v, entry) = validated_build(&m, &cache, &args);
         let got = run_python(DIMS, &[&entry]);
-        let (nodes, dims) = got.trim().split_once(' ').unwrap();
+        let (shapes, dims) = got.trim().split_once(' ').unwrap();
         seen.push((
             v["key"].as_str().unwrap().to_string(),
-            nodes.parse::<usize>().unwrap(),
+            shapes.parse::<usize>().unwrap(),
             dims.to_string(),
         ));
     }
