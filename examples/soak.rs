@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use trtcache::fixtures::{models, random_f32, tensor_f32, write};
+use trtcache::rng::SplitMix64;
 use trtcache_client::{AcquireRequest, Client};
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -219,17 +220,6 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted[(((sorted.len() - 1) as f64) * p).round() as usize]
 }
 
-/// xorshift64*: enough randomness for picking models, no extra dependency.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize % n.max(1)
-    }
-}
-
 /// What the client threads record, drained by the sampler every interval.
 #[derive(Default)]
 struct Window {
@@ -298,7 +288,7 @@ fn client_loop(w: Worker) {
         seed,
         sample,
     } = w;
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64(seed);
     let mut client: Option<Client> = None;
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
@@ -319,7 +309,7 @@ fn client_loop(w: Worker) {
                 }
             },
         };
-        let i = rng.next(names.len());
+        let i = rng.below(names.len() as u64) as usize;
         let t0 = Instant::now();
         let r = c.acquire(&AcquireRequest {
             model: names[i].clone(),
@@ -420,13 +410,13 @@ struct Churn {
 }
 
 fn churn_loop(ch: Churn, contents: Arc<Contents>, shared: Arc<Shared>, stop: Arc<AtomicBool>) {
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut rng = SplitMix64(0x9E37_79B9_7F4A_7C15);
     let scratch = ch.outside.join(".scratch.onnx");
     let mut fresh = 0u64;
     while !stop.load(Ordering::Relaxed) {
-        let name = &ch.names[rng.next(ch.names.len())];
+        let name = &ch.names[rng.below(ch.names.len() as u64) as usize];
         let path = ch.models.join(format!("{name}.onnx"));
-        let pick = rng.next(6);
+        let pick = rng.below(6);
         let src = if pick == 5 {
             // A content never seen: a new key, so a build (one in three a big one, which
             // builds for about a second and is often replaced while it does).
@@ -443,7 +433,7 @@ fn churn_loop(ch: Churn, contents: Arc<Contents>, shared: Arc<Shared>, stop: Arc
             }
             p
         } else {
-            ch.pool[rng.next(ch.pool.len())].clone()
+            ch.pool[rng.below(ch.pool.len() as u64) as usize].clone()
         };
         let r = match pick {
             0 => std::fs::remove_file(&path).or_else(|e| {
@@ -463,7 +453,7 @@ fn churn_loop(ch: Churn, contents: Arc<Contents>, shared: Arc<Shared>, stop: Arc
         }
         shared.churn_ops.fetch_add(1, Ordering::Relaxed);
         // 0.3 to 1.5 s apart: often within a build, sometimes after it.
-        std::thread::sleep(Duration::from_millis(300 + rng.next(1200) as u64));
+        std::thread::sleep(Duration::from_millis(300 + rng.below(1200)));
     }
 }
 

@@ -17,3 +17,4 @@ pub mod fuzzing;
 pub mod key;
 pub mod onnx;
 pub mod plan;
+pub mod rng;

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{BuildError, Runtime};
 use crate::plan::{Precision, ShapeProfile};
+use crate::rng::SplitMix64;
 
 /// Allowed error per element: the sidecar's tolerance type (`atol + rtol·|reference|`).
 pub use crate::plan::Tolerance;
@@ -81,26 +82,6 @@ pub type Shapes = BTreeMap<String, Vec<i64>>;
 /// Output name, shape and values as f64.
 type Flat = Vec<(String, Vec<i64>, Vec<f64>)>;
 
-/// splitmix64: deterministic, seedable, dependency-free.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn int(&mut self, lo: i64, hi: i64) -> i64 {
-        let span = (hi - lo).max(1) as u64;
-        lo + (self.next() % span) as i64
-    }
-}
-
 fn concrete_shape(name: &str, shape: &[i64], profile: Option<&ShapeProfile>) -> Vec<i64> {
     if let Some(dims) = profile.and_then(|p| p.opt.get(name)) {
         return dims.clone();
@@ -119,7 +100,7 @@ pub fn make_inputs(
     profile: Option<&ShapeProfile>,
     cfg: &ValidationConfig,
 ) -> Result<(Inputs, Shapes), BuildError> {
-    let mut rng = Rng(cfg.seed);
+    let mut rng = SplitMix64(cfg.seed);
     let mut values = Vec::new();
     let mut shapes = BTreeMap::new();
     let golden = match &cfg.golden {
@@ -459,16 +440,5 @@ mod tests {
         p.opt.insert("x".into(), vec![2, 8, 64]);
         assert_eq!(concrete_shape("x", &[-1, -1, 64], Some(&p)), vec![2, 8, 64]);
         assert_eq!(concrete_shape("z", &[-1, 3, 64], Some(&p)), vec![1, 3, 64]);
-    }
-
-    #[test]
-    fn rng_is_seeded() {
-        let a: Vec<u64> = (0..4).map(|_| Rng(7).next()).collect();
-        assert!(a.iter().all(|&v| v == a[0]));
-        let mut r = Rng(1);
-        for _ in 0..100 {
-            let v = r.int(0, 2);
-            assert!((0..2).contains(&v));
-        }
     }
 }

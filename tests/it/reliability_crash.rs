@@ -20,22 +20,7 @@ use trtcache_client::protocol::VariantState;
 
 use crate::daemon::{artifact_session, assert_close, reference, run_encoder, Daemon};
 use crate::support;
-
-/// splitmix64: small, seedable, good enough to spread kill times.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+use trtcache::rng::SplitMix64;
 
 fn seed() -> u64 {
     std::env::var("TRTCACHE_CRASH_SEED")
@@ -463,7 +448,7 @@ fn thirty_sigkills_during_builds_and_cache_writes_leave_a_consistent_cache() {
     const ROUNDS: usize = 30;
     let seed = seed();
     eprintln!("crash test seed {seed} (TRTCACHE_CRASH_SEED={seed} replays it)");
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64(seed);
     let mut d = Daemon::new();
     // A size limit of about three rounds' artifacts (the wide one is ~6 MB): later rounds
     // evict (gc after each put and at open), so kills also land in evictions, while the last
@@ -775,7 +760,7 @@ else:
 fn consumers_killed_mid_acquire_leak_nothing_in_the_daemon() {
     let seed = seed();
     eprintln!("consumer-kill seed {seed} (TRTCACHE_CRASH_SEED={seed} replays it)");
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64(seed);
     let mut d = Daemon::new();
     write_models(&d, 0);
     d.start();
