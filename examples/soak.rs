@@ -134,12 +134,14 @@ fn run(kind: Kind, s: &mut ort::session::Session) -> Res<Vec<f32>> {
     Ok(out["y"].try_extract_tensor::<f32>()?.1.to_vec())
 }
 
+/// Within the fp32 validation tolerance, element by element.
 fn close(got: &[f32], want: &[f32]) -> bool {
+    let tol = trtcache::plan::Tolerance::default_for(trtcache::plan::Precision::Fp32);
     got.len() == want.len()
         && got
             .iter()
             .zip(want)
-            .all(|(g, w)| (g - w).abs() <= 1e-4 + 1e-3 * w.abs())
+            .all(|(g, w)| tol.allows(f64::from(*g), f64::from(*w)))
 }
 
 fn cli_key(bin: &Path, model: &Path, cache: &Path) -> Res<String> {

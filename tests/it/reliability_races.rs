@@ -45,12 +45,14 @@ fn reference_big(path: &Path, width: i64) -> Vec<f32> {
     run_big(&mut s, width)
 }
 
+/// Within the fp32 validation tolerance, element by element.
 fn close(got: &[f32], want: &[f32]) -> bool {
+    let tol = trtcache::plan::Tolerance::default_for(trtcache::plan::Precision::Fp32);
     got.len() == want.len()
         && got
             .iter()
             .zip(want)
-            .all(|(g, w)| (g - w).abs() <= 1e-4 + 1e-3 * w.abs())
+            .all(|(g, w)| tol.allows(f64::from(*g), f64::from(*w)))
 }
 
 /// `trtcache key` of a file (own cache dir: the daemon holds its cache's lock).

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use super::{hash_file, io, sled_err, write_durably, OpenReport, SledStore, StoreOptions};
+use super::{hash_file, io, write_durably, OpenReport, SledStore, StoreOptions};
 use crate::cache::lock::DirLock;
 use crate::cache::record::{Record, Status, StoredArtifact};
 use crate::cache::{now_secs, GcReport, RepairReport, Store, StoreError, VerifyReport};
@@ -241,18 +241,7 @@ impl SledStore {
             tracing::warn!(moved = %moved.display(), "damaged cache index moved aside");
             rep.moved_to = Some(moved);
         }
-        let db = sled::open(&dbp).map_err(|e| sled_err(root, e))?;
-        let records = db
-            .open_tree(super::RECORDS_TREE)
-            .map_err(|e| sled_err(root, e))?;
-        let mut store = Self {
-            root: root.to_path_buf(),
-            db,
-            records,
-            opts,
-            report: OpenReport::default(),
-            _lock: lock,
-        };
+        let mut store = Self::with_index(root, lock, opts)?;
         let mut named = BTreeSet::new();
         for (key, path) in manifest_keys(&root.join("records"))? {
             match store.recover(&key, &path) {

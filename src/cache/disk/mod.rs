@@ -144,18 +144,24 @@ impl SledStore {
             let p = root.join(sub);
             std::fs::create_dir_all(&p).map_err(io(&p))?;
         }
+        let mut store = Self::with_index(root, lock, opts)?;
+        store.report = store.reconcile()?;
+        Ok(store)
+    }
+
+    /// The store over the index `root/db` (opened, or created when absent) under `lock`,
+    /// with an empty open report: what `open` and `repair` both start from.
+    fn with_index(root: &Path, lock: DirLock, opts: StoreOptions) -> Result<Self, StoreError> {
         let db = sled::open(root.join("db")).map_err(|e| sled_err(root, e))?;
         let records = db.open_tree(RECORDS_TREE).map_err(|e| sled_err(root, e))?;
-        let mut store = Self {
+        Ok(Self {
             root: root.to_path_buf(),
             db,
             records,
             opts,
             report: OpenReport::default(),
             _lock: lock,
-        };
-        store.report = store.reconcile()?;
-        Ok(store)
+        })
     }
 
     /// The cache directory.
