@@ -219,7 +219,7 @@ impl CachedEngine {
             });
             let p = served.dir.join(&f.name);
             let m = std::fs::metadata(&p).map_err(EngineError::io(&p))?;
-            stamps.push(FileStamp::of(&m));
+            stamps.push(FileId::from_meta(&m));
             paths.push(p);
         }
         let v = record.validation.as_ref();

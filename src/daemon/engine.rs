@@ -12,6 +12,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use trtcache_client::protocol::ArtifactMeta;
 
+use crate::key::memo::FileId;
 use crate::key::CacheKey;
 use crate::plan::Precision;
 
@@ -84,34 +85,11 @@ pub struct Artifact {
     pub paths: Vec<PathBuf>,
     /// Identity of each file (same order) when its content was last known good; empty when
     /// the engine does not track it. The daemon compares the descriptors it is about to hand
-    /// out against these (one `fstat` each) and asks the engine again on any difference.
-    pub stamps: Vec<FileStamp>,
-}
-
-/// What a write to a file always changes: device, inode, size, mtime and ctime (ctime cannot
-/// be set back from user space). Bit rot on the medium changes none of it: that is what
-/// hashing (`trtcache verify`, and the engine's check when it loads an artifact) is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FileStamp {
-    pub dev: u64,
-    pub ino: u64,
-    pub len: u64,
-    pub mtime_ns: i128,
-    pub ctime_ns: i128,
-}
-
-impl FileStamp {
-    /// The stamp of a file's metadata.
-    pub fn of(m: &std::fs::Metadata) -> Self {
-        use std::os::unix::fs::MetadataExt;
-        FileStamp {
-            dev: m.dev(),
-            ino: m.ino(),
-            len: m.len(),
-            mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
-            ctime_ns: m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
-        }
-    }
+    /// out against these (one `fstat` each) and asks the engine again on any difference. A
+    /// write always changes device, inode, size, mtime or ctime (ctime cannot be set back
+    /// from user space); bit rot on the medium changes none of them, which is what hashing
+    /// (`trtcache verify`, and the engine's check when it loads an artifact) is for.
+    pub stamps: Vec<FileId>,
 }
 
 /// Phases a build reports.

@@ -12,10 +12,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use trtcache_client::protocol::*;
 
-use super::engine::{Artifact, Engine, EngineError, FileStamp, ModelEntry, Planned, Selection};
+use super::engine::{Artifact, Engine, EngineError, ModelEntry, Planned, Selection};
 use super::queue::{JobStatus, Queue};
 use super::repo::{RepoModel, Snapshot};
 use crate::config::Config;
+use crate::key::memo::FileId;
 use crate::key::CacheKey;
 use crate::plan::Precision;
 
@@ -410,12 +411,12 @@ impl Service {
         }
         for ((f, p), want) in files.iter().zip(&a.paths).zip(&a.stamps) {
             let now = f.metadata().map_err(|e| format!("{}: {e}", p.display()))?;
-            if FileStamp::of(&now) != *want {
+            if FileId::from_meta(&now) != *want {
                 return Err(format!(
                     "{} changed since it was verified ({} bytes, verified {})",
                     p.display(),
                     now.len(),
-                    want.len
+                    want.size
                 ));
             }
         }
