@@ -1,11 +1,12 @@
-"""A Python consumer's time to first inference through trtcache against its own session.
+"""One Python consumer process's time to its first inference, through trtcache or on its own.
 
-Usage: first_inference.py SOCKET MODEL RAW_MODEL. In one process, after an untimed session on
-the raw model (ONNX Runtime's one-off set-up; both files in the page cache): "via" = connect,
-acquire, `Artifact.session()` with the client's defaults, one inference at [1, 16]; "own" =
-`onnxruntime.InferenceSession(RAW_MODEL)` with ONNX Runtime's defaults (ORT_ENABLE_ALL), one
-inference. Order A B B A; prints one JSON line with the means of each pair (ms), like
-examples/bench_daemon.rs's first-inference mode.
+Usage: first_inference.py SOCKET MODEL RAW_MODEL WARM WAY (run it once per process).
+WAY `via` = connect, acquire MODEL, `Artifact.session()` with the client's defaults, one
+inference at [1, 16]; `own` = `onnxruntime.InferenceSession(RAW_MODEL)` with ONNX Runtime's
+defaults (ORT_ENABLE_ALL), one inference. ONNX Runtime's environment is created before the
+clock starts (both ways pay it alike). WARM is what the process did before, untimed: `none`,
+or a path: a session + run on that model. Prints one JSON line, like examples/bench_daemon.rs's
+first-inference mode.
 """
 import json
 import os
@@ -18,7 +19,7 @@ import onnxruntime as ort
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "clients", "python"))
 from trtcache_client import Client  # noqa: E402
 
-socket, model, raw = sys.argv[1], sys.argv[2], sys.argv[3]
+socket, model, raw, warm, way = sys.argv[1:6]
 P = ["CPUExecutionProvider"]
 
 
@@ -26,35 +27,29 @@ def feeds(sess):
     return {i.name: np.ones((1, 16), dtype=np.int64) for i in sess.get_inputs()}
 
 
-def via():
-    t = time.perf_counter()
+ort.set_default_logger_severity(3)  # creates the environment, as a consumer's set-up would
+if warm != "none":
+    s = ort.InferenceSession(warm, providers=P)
+    s.run(None, {i.name: np.ones([d if isinstance(d, int) else 1 for d in i.shape],
+                                 dtype=np.int64 if "int64" in i.type else np.float32)
+                 for i in s.get_inputs()})
+    del s
+
+t = time.perf_counter()
+acquired = t
+if way == "via":
     art = Client(socket).acquire(model)
     acquired = time.perf_counter()
     sess = art.session(providers=P)
-    opened = time.perf_counter()
-    sess.run(None, feeds(sess))
-    done = time.perf_counter()
-    art.close()
-    return (done - t) * 1e3, (acquired - t) * 1e3, (opened - acquired) * 1e3, (done - opened) * 1e3
-
-
-def own():
-    t = time.perf_counter()
+elif way == "own":
     sess = ort.InferenceSession(raw, providers=P)
-    opened = time.perf_counter()
-    sess.run(None, feeds(sess))
-    done = time.perf_counter()
-    return (done - t) * 1e3, (opened - t) * 1e3
-
-
-so = ort.SessionOptions()
-so.log_severity_level = 3
-ort.InferenceSession(raw, so, providers=P)
-v1, o1 = via(), own()
-o2, v2 = own(), via()
-avg = lambda a, b: round((a + b) / 2, 2)  # noqa: E731
+else:
+    sys.exit("way %r: via or own" % way)
+opened = time.perf_counter()
+sess.run(None, feeds(sess))
+done = time.perf_counter()
 print(json.dumps({
-    "via_trtcache_ms": avg(v1[0], v2[0]), "via_acquire_ms": avg(v1[1], v2[1]),
-    "via_session_ms": avg(v1[2], v2[2]), "via_run_ms": avg(v1[3], v2[3]),
-    "own_session_ms": avg(o1[0], o2[0]), "own_session_only_ms": avg(o1[1], o2[1]),
+    "way": way, "model": model, "total_ms": round((done - t) * 1e3, 2),
+    "acquire_ms": round((acquired - t) * 1e3, 2), "session_ms": round((opened - acquired) * 1e3, 2),
+    "run_ms": round((done - opened) * 1e3, 2),
 }))

@@ -15,15 +15,20 @@
 //!   latency counted from the scheduled send time, so a late send counts against it).
 //! - `stable-to-queued SOCKET MODELS_DIR N` — N times: rename a complete model into the
 //!   repository and time until the daemon lists it (queued for planning/building).
-//! - `first-inference SOCKET MODEL RAW_MODEL` — a consumer's time to its first inference
-//!   through trtcache (connect + acquire + session + run) against building its own session
-//!   from the raw model file at full optimization (`GraphOptimizationLevel::All`) + run. The
-//!   artifact session is opened with optimizations off (an `ort-cpu` artifact is optimized
-//!   already), in place through the directory descriptor (the client's default) and, for
-//!   comparison, through the per-file descriptors (symlinks to `/proc/self/fd/N`). Inputs:
-//!   int64 ids of ones / float 0.5, dynamic dims 1 (batch) and 16.
-//! - `bert DIR` — write a BERT-sized encoder (`BertConfig::small()`: 4 layers, hidden 256,
-//!   ~11 M parameters) to `DIR/bert.onnx`.
+//! - `first-inference SOCKET MODEL RAW_MODEL WARM WAY` — one consumer process's time to its
+//!   first inference (run this once per process): WAY `via` = connect + acquire + an ort
+//!   session from the artifact with optimizations off (the Rust client's `Artifact::session`:
+//!   the graph opened in place through the directory descriptor) + one run; `files` = the
+//!   same through the per-file descriptors (symlinks to `/proc/self/fd/N`); `own` = an ort
+//!   session from the raw model file at full optimization (`GraphOptimizationLevel::All`) +
+//!   one run. The ORT environment is created before the clock starts (both ways pay it
+//!   alike). WARM is what the process did before, untimed: `none` (its first session), or a
+//!   path: a session + run on that model (an unrelated one pays ONNX Runtime's per-process
+//!   set-up; the raw model itself also warms the code only the own way runs). Inputs: int64
+//!   ids of ones / float 0.5, dynamic dims 1 (batch) and 16. Prints one JSON line.
+//! - `bert DIR [small|base]` — write a BERT encoder to `DIR/bert.onnx`: `small` (the default,
+//!   `BertConfig::small()`: 4 layers, hidden 256, ~11 M parameters) or `base`
+//!   (`BertConfig::base()`: BERT-base's shape, 12 layers, hidden 768, ~110 M parameters).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -262,20 +267,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             latency_threads(&socket, &model, clients, per, None)?;
         }
         "bert" => {
+            use trtcache::fixtures::bert::{bert, BertConfig};
             let dir = Path::new(&a(1)?).to_path_buf();
             std::fs::create_dir_all(&dir)?;
-            write(
-                &trtcache::fixtures::bert::bert(trtcache::fixtures::bert::BertConfig::small()),
-                &dir.join("bert.onnx"),
-            )?;
+            let cfg = match args.get(2).map(String::as_str) {
+                None | Some("small") => BertConfig::small(),
+                Some("base") => BertConfig::base(),
+                Some(other) => return Err(format!("bert size {other:?}: small or base").into()),
+            };
+            write(&bert(cfg), &dir.join("bert.onnx"))?;
         }
         "first-inference" => {
-            let (socket, model, raw) = (a(1)?, a(2)?, a(3)?);
+            // One measurement per process: a consumer process's first inference.
+            let (socket, model, raw, warm, way) = (a(1)?, a(2)?, a(3)?, a(4)?, a(5)?);
             let dylib = std::env::var("ORT_DYLIB_PATH")?;
             let env = ort::init_from(&dylib)?.build()?;
             // ort logs at VERBOSE by default (ONNX Runtime formats every verbose message for
             // tracing to drop); a deployed consumer, like ONNX Runtime's own default and the
-            // Python package, logs warnings. Both paths below share this environment.
+            // Python package, logs warnings.
             env.set_log_level(ort::logging::LogLevel::Warning);
             let run = |s: &mut ort::session::Session| -> Result<(), Box<dyn std::error::Error>> {
                 let mut inputs: Vec<(String, ort::value::DynValue)> = Vec::new();
@@ -304,62 +313,53 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 s.run(inputs)?;
                 Ok(())
             };
-            // Untimed warm-up: ORT's first session in a process pays one-off set-up costs,
-            // and both files should be equally in the page cache.
-            drop(ort::session::Session::builder(&env)?.commit_from_file(&raw)?);
-
-            // Each returns (total, [phase ms]): via = connect+acquire, session, run; own =
-            // session, run.
-            type Timed = Result<(f64, [f64; 3]), Box<dyn std::error::Error>>;
+            // What the process did before its first inference, untimed (see the module
+            // docs): `none`, or a session on the model at this path (an unrelated model, or
+            // the raw model itself).
+            if warm != "none" {
+                let mut s = ort::session::Session::builder(&env)?.commit_from_file(&warm)?;
+                run(&mut s)?;
+            }
             let ms = |t: Instant| t.elapsed().as_secs_f64() * 1000.0;
-            // `in_place`: the client's default (the graph opened through the directory
-            // descriptor); otherwise the per-file descriptors (symlinks to /proc/self/fd/N),
-            // the way before the directory hand-off, measured in the same run.
-            let via_way = |in_place: bool| -> Timed {
-                let t = Instant::now();
-                let mut c = Client::connect(&socket)?;
-                let art = c.acquire_model(&model)?;
-                if in_place && art.dir_graph_path().is_none() {
-                    return Err("the artifact's directory is not usable in place".into());
+            let t = Instant::now();
+            let (acquired, mut s) = match way.as_str() {
+                // The client's default: the graph opened in place through the artifact
+                // directory's descriptor; `files`: through the per-file descriptors.
+                "via" | "files" => {
+                    let mut c = Client::connect(&socket)?;
+                    let art = c.acquire_model(&model)?;
+                    let acquired = ms(t);
+                    let mut b = ort::session::Session::builder(&env)?.with_optimization_level(
+                        ort::session::builder::GraphOptimizationLevel::Disable,
+                    )?;
+                    let s = if way == "via" {
+                        if art.dir_graph_path().is_none() {
+                            return Err("the artifact's directory is not usable in place".into());
+                        }
+                        art.session(&mut b)?
+                    } else {
+                        art.session_from_files(&mut b)?
+                    };
+                    (acquired, s)
                 }
-                let acquired = ms(t);
-                let t1 = Instant::now();
-                let mut b = ort::session::Session::builder(&env)?.with_optimization_level(
-                    ort::session::builder::GraphOptimizationLevel::Disable,
-                )?;
-                let mut s = if in_place {
-                    art.session(&mut b)?
-                } else {
-                    art.session_from_files(&mut b)?
-                };
-                let session = ms(t1);
-                let t2 = Instant::now();
-                run(&mut s)?;
-                Ok((ms(t), [acquired, session, ms(t2)]))
+                "own" => (
+                    0.0,
+                    ort::session::Session::builder(&env)?
+                        .with_optimization_level(
+                            ort::session::builder::GraphOptimizationLevel::All,
+                        )?
+                        .commit_from_file(&raw)?,
+                ),
+                other => return Err(format!("way {other:?}: via, files or own").into()),
             };
-            let own_once = || -> Timed {
-                let t = Instant::now();
-                let mut s = ort::session::Session::builder(&env)?
-                    .with_optimization_level(ort::session::builder::GraphOptimizationLevel::All)?
-                    .commit_from_file(&raw)?;
-                let session = ms(t);
-                let t2 = Instant::now();
-                run(&mut s)?;
-                Ok((ms(t), [0.0, session, ms(t2)]))
-            };
-            // ABCCBA order cancels the advantage of going later (warm allocator).
-            let (v1, f1, o1) = (via_way(true)?, via_way(false)?, own_once()?);
-            let (o2, f2, v2) = (own_once()?, via_way(false)?, via_way(true)?);
-            let avg = |a: f64, b: f64| (a + b) / 2.0;
-            let (via, own, files) = (avg(v1.0, v2.0), avg(o1.0, o2.0), avg(f1.0, f2.0));
+            let opened = ms(t);
+            let t2 = Instant::now();
+            run(&mut s)?;
             println!(
-                "{{\"via_trtcache_ms\":{via:.1},\"own_session_ms\":{own:.1},\"via_acquire_ms\":{:.2},\"via_session_ms\":{:.1},\"via_run_ms\":{:.1},\"own_session_only_ms\":{:.1},\"own_run_ms\":{:.1},\"via_files_ms\":{files:.1},\"via_files_session_ms\":{:.1}}}",
-                avg(v1.1[0], v2.1[0]),
-                avg(v1.1[1], v2.1[1]),
-                avg(v1.1[2], v2.1[2]),
-                avg(o1.1[1], o2.1[1]),
-                avg(o1.1[2], o2.1[2]),
-                avg(f1.1[1], f2.1[1]),
+                "{{\"way\":\"{way}\",\"model\":\"{model}\",\"total_ms\":{:.2},\"acquire_ms\":{acquired:.2},\"session_ms\":{:.2},\"run_ms\":{:.2}}}",
+                ms(t),
+                opened - acquired,
+                ms(t2),
             );
         }
         "stable-to-queued" => {
