@@ -48,8 +48,10 @@ else:
 opened = time.perf_counter()
 sess.run(None, feeds(sess))
 done = time.perf_counter()
+with open("/proc/self/stat") as f:  # the core the process ended on (field 39)
+    cpu = int(f.read().rsplit(")", 1)[1].split()[36])
 print(json.dumps({
     "way": way, "model": model, "total_ms": round((done - t) * 1e3, 2),
     "acquire_ms": round((acquired - t) * 1e3, 2), "session_ms": round((opened - acquired) * 1e3, 2),
-    "run_ms": round((done - opened) * 1e3, 2),
+    "run_ms": round((done - opened) * 1e3, 2), "cpu": cpu,
 }))

@@ -88,6 +88,11 @@ pub struct Limits {
     /// Models keyed (loaded and hashed) at once; 0 means one per CPU. Bounds the blocking
     /// threads a startup scan of a large repository spawns.
     pub plan_concurrency: usize,
+    /// Threads serving the socket (the async runtime's workers). Everything slow (planning,
+    /// building, hashing, the store) runs on separate blocking threads, so one thread serves
+    /// tens of thousands of acquires a second; more threads add cross-thread wake-ups that
+    /// lengthen the tail when consumers share the cores (BENCHMARKS.md, stop 10).
+    pub io_threads: usize,
 }
 
 impl Default for Limits {
@@ -105,6 +110,7 @@ impl Default for Limits {
             shutdown_grace_secs: 10,
             rescan_secs: 60,
             plan_concurrency: 0,
+            io_threads: 1,
         }
     }
 }
@@ -232,8 +238,9 @@ impl Config {
     fn validate(&self) -> Result<(), ConfigError> {
         self.socket_mode_bits()?;
         let l = &self.limits;
-        let positive: [(&'static str, u64); 6] = [
+        let positive: [(&'static str, u64); 7] = [
             ("limits.build_concurrency", l.build_concurrency as u64),
+            ("limits.io_threads", l.io_threads as u64),
             ("limits.max_connections", l.max_connections as u64),
             ("limits.max_frame_bytes", l.max_frame_bytes as u64),
             ("limits.build_timeout_secs", l.build_timeout_secs),
@@ -285,12 +292,14 @@ mod tests {
         assert_eq!(c.models, PathBuf::from("/m"));
         assert_eq!(c.limits.build_concurrency, 3);
         assert_eq!(c.limits.debounce_ms, Limits::default().debounce_ms);
+        assert_eq!(c.limits.io_threads, 1);
     }
 
     #[test]
     fn unknown_keys_and_bad_limits_are_errors() {
         assert!(Config::from_toml("modelz = 1", Path::new("x")).is_err());
         assert!(Config::from_toml("[limits]\nmax_connections = 0", Path::new("x")).is_err());
+        assert!(Config::from_toml("[limits]\nio_threads = 0", Path::new("x")).is_err());
         assert!(Config::from_toml("socket_mode = \"999\"", Path::new("x")).is_err());
         assert!(Config::from_toml("[limits]\nframe_timeout_secs = 0", Path::new("x")).is_err());
         let c = Config::from_toml("socket_mode = \"0600\"", Path::new("x")).unwrap();

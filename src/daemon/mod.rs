@@ -106,6 +106,7 @@ fn bind(cfg: &Config) -> Result<std::os::unix::net::UnixListener, ServeError> {
 pub fn serve(cfg: Config) -> Result<(), ServeError> {
     server::raise_nofile(cfg.limits.max_connections);
     let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cfg.limits.io_threads)
         .enable_all()
         .thread_name("trtcache")
         .build()

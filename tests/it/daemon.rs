@@ -387,7 +387,22 @@ fn deleting_a_model_removes_it_from_list() {
 
 #[test]
 fn sixty_four_concurrent_clients_all_acquire() {
+    sixty_four_clients(None);
+}
+
+/// The same with four socket threads (`limits.io_threads`; the default is one).
+#[test]
+fn sixty_four_concurrent_clients_all_acquire_with_four_io_threads() {
+    sixty_four_clients(Some(4));
+}
+
+fn sixty_four_clients(io_threads: Option<usize>) {
     let mut d = Daemon::new();
+    if let Some(n) = io_threads {
+        // The config ends in its [limits] table.
+        let cfg = std::fs::read_to_string(d.config()).unwrap();
+        std::fs::write(d.config(), format!("{cfg}io_threads = {n}\n")).unwrap();
+    }
     write(&models::tiny_encoder(false), &d.models().join("enc.onnx")).unwrap();
     d.start();
     let socket = d.socket();
