@@ -125,6 +125,13 @@ impl Artifact {
     /// descriptor when [`Artifact::dir_graph_path`] allows, else through the per-file
     /// descriptors. Adds `session.prepack.enable_parallel=1` to `builder` (weights packed on
     /// the session's intra-op threads).
+    ///
+    /// An artifact with a free input dimension pays ONNX Runtime's memory-reuse planning,
+    /// which grows with the square of its symbolic-shape tensors and which ONNX Runtime's C
+    /// API cannot turn off (the Python client does): about 3 ms of an 11 ms session on a
+    /// 4-layer BERT, seconds on a 20,000-node graph. A consumer that runs one shape gets the
+    /// fastest session from a profile that fixes it (a sidecar profile with `opt` alone, or
+    /// min = max: docs/cache.md), whose artifact has static shapes.
     pub fn session(&self, builder: &mut SessionBuilder) -> Result<Session, SessionError> {
         parallel_prepack(builder);
         if let Some(graph) = self.dir_graph_path() {
