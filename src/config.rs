@@ -295,6 +295,17 @@ mod tests {
         assert_eq!(c.limits.io_threads, 1);
     }
 
+    /// The sample config shipped for systemd parses, and its limits are the defaults it
+    /// claims to list (a renamed or mistyped key there would otherwise only fail on a host).
+    #[test]
+    fn the_sample_config_parses_and_lists_the_defaults() {
+        let sample = include_str!("../systemd/config.toml");
+        let c = Config::from_toml(sample, Path::new("systemd/config.toml")).unwrap();
+        assert_eq!(c.limits, Limits::default());
+        assert_eq!(c.socket, PathBuf::from("/run/trtcache/trtcache.sock"));
+        assert_eq!(c.cache_dir, PathBuf::from("/var/cache/trtcache"));
+    }
+
     #[test]
     fn unknown_keys_and_bad_limits_are_errors() {
         assert!(Config::from_toml("modelz = 1", Path::new("x")).is_err());
