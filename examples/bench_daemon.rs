@@ -24,7 +24,8 @@
 //!   one run. The ORT environment is created before the clock starts (both ways pay it
 //!   alike). WARM is what the process did before, untimed: `none` (its first session), or a
 //!   path: a session + run on that model (an unrelated one pays ONNX Runtime's per-process
-//!   set-up; the raw model itself also warms the code only the own way runs). Inputs: int64
+//!   set-up; the raw model itself also leaves glibc's heap faulted for that model's own
+//!   allocations, a head start no first session has: BENCHMARKS.md). Inputs: int64
 //!   ids of ones / float 0.5, dynamic dims 1 (batch) and 16. Prints one JSON line.
 //! - `bert DIR [small|base]` — write a BERT encoder to `DIR/bert.onnx`: `small` (the default,
 //!   `BertConfig::small()`: 4 layers, hidden 256, ~11 M parameters) or `base`
