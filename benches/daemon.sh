@@ -2,8 +2,9 @@
 # Daemon benchmarks (issue 5): acquire latency p50/p99 with 1 and 32 clients and acquires/s
 # on a cache hit, startup to READY with 1,000 cache entries, idle RSS with 1,000 entries, and a
 # consumer's time to first inference through trtcache vs building its own session.
-# Medians of RUNS (default 5) runs. Usage: [BERT=small|base] [CPU=N] benches/daemon.sh [RUNS] [first]
-# (`first`: only the time-to-first-inference measurement; BERT: the encoder it uses,
+# Medians of RUNS (default 5) runs. Usage: [BERT=small|base] [CPU=N] benches/daemon.sh [RUNS]
+# [first|probe] (`first`: only the time-to-first-inference measurement; `probe`: where the
+# artifact session's time goes, benches/first_probe.py; BERT: the encoder it uses,
 # BertConfig::small by default, or BERT-base's shape).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +22,7 @@ PY=${TRTCACHE_PYTHON:-python3}
 median() { "$PY" -c 'import sys,json,statistics as s; k=sys.argv[1]; v=[json.loads(l)[k] for l in sys.stdin if l.strip()]; print(round(s.median(v),1))' "$1"; }
 
 mkdir -p "$W/models" "$W/cache" "$W/big/models"
-if [ "$ONLY" != first ]; then
+if [ "$ONLY" = all ]; then
 "$B" models "$W/models" 1000
 cat > "$W/config.toml" <<TOML
 models = "$W/models"
@@ -54,6 +55,16 @@ done
 echo "== file stable -> build queued (debounce_ms = 500)" >&2
 "$B" stable-to-queued "$W/cache/trtcache.sock" "$W/models" "$RUNS" | tee "$W/stq.jsonl" >&2
 kill "$PID"; wait "$PID" || true; PID=
+echo "== the 32-connection saturating runs again with two socket threads (io_threads = 2)" >&2
+sed 's/^\[limits\]$/[limits]\nio_threads = 2/' "$W/config.toml" > "$W/config2.toml"
+"$T" serve --config "$W/config2.toml" 2>/dev/null & PID=$!
+until "$B" latency "$W/cache/trtcache.sock" m0001 1 1 >/dev/null 2>&1; do sleep 0.05; done
+: > "$W/lat32io2.jsonl"; : > "$W/lat32pollio2.jsonl"
+for _ in $(seq "$RUNS"); do
+  "$B" latency "$W/cache/trtcache.sock" m0001 32 1000 | tee -a "$W/lat32io2.jsonl" >&2
+  "$B" latency "$W/cache/trtcache.sock" m0001 32 1000 poll | tee -a "$W/lat32pollio2.jsonl" >&2
+done
+kill "$PID"; wait "$PID" || true; PID=
 fi
 
 BERT=${BERT:-small}
@@ -71,6 +82,36 @@ TOML
 "$T" serve --config "$W/big/config.toml" 2>/dev/null & PID=$!
 until [ -S "$W/big/cache/trtcache.sock" ]; do sleep 0.05; done
 "$T" warm --config "$W/big/config.toml" >/dev/null 2>&1
+if [ "$ONLY" = probe ]; then
+# benches/first_probe.py, one case per process: the artifact session per core with a compute
+# control, session options tried on the artifact, sessions later in a process, and raw
+# sessions one after another with glibc's mmap threshold free and fixed.
+PIN=${CPU:+taskset -c $CPU}
+cat "$W/big/models/bert.onnx" > /dev/null
+: > "$W/probe.jsonl"
+probe() { "$@" | tee -a "$W/probe.jsonl" >&2; sleep 0.3; }
+P=(benches/first_probe.py "$W/big/cache/trtcache.sock" bert_fixed "$W/big/models/bert.onnx")
+for _ in $(seq "$RUNS"); do
+  for c in 0 1; do
+    probe env PROBE_PINNED=$c taskset -c $c "$PY" "${P[@]}" session base
+    probe env PROBE_PINNED=$c taskset -c $c "$PY" "${P[@]}" compute
+  done
+  for o in base disable_prepacking parallel_executor no_spinning device_allocator_initializers initializers_from_memory ort_format; do
+    probe $PIN "$PY" "${P[@]}" session $o
+  done
+  probe $PIN "$PY" "${P[@]}" sessions_in_a_process
+  probe $PIN "$PY" "${P[@]}" raw_sessions_in_a_process
+  probe env MALLOC_MMAP_THRESHOLD_=131072 $PIN "$PY" "${P[@]}" raw_sessions_in_a_process
+done
+kill "$PID"; wait "$PID" || true; PID=
+cat <<MD
+Machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), no GPU.
+Command: BERT=$BERT ${CPU:+CPU=$CPU }benches/daemon.sh $RUNS probe ($RUNS runs; one process per case; medians, min–max).
+
+$("$PY" benches/first_summary.py --probe < "$W/probe.jsonl")
+MD
+exit 0
+fi
 # One consumer process per measurement (see examples/bench_daemon.rs, first-inference). What
 # each process did before, untimed: nothing (`none`: its first ONNX Runtime session), a
 # session on an unrelated small model (`other`: ONNX Runtime's per-process set-up paid), or a
@@ -134,6 +175,8 @@ Command: benches/daemon.sh $RUNS (medians of $RUNS runs).
 | acquire p50, 32 connections, one poll thread, saturating | $(median p50_us < "$W/lat32poll.jsonl") µs | — |
 | acquire p99, 32 connections, one poll thread, saturating | $(median p99_us < "$W/lat32poll.jsonl") µs | < 1 ms |
 | acquires/s, 32 connections, one poll thread | $(median acquires_per_s < "$W/lat32poll.jsonl") | ≥ 10,000 |
+| with io_threads = 2: acquire p99, 32 clients, a thread each / acquires/s | $(median p99_us < "$W/lat32io2.jsonl") µs / $(median acquires_per_s < "$W/lat32io2.jsonl") | — |
+| with io_threads = 2: acquire p99, 32 connections, one poll thread / acquires/s | $(median p99_us < "$W/lat32pollio2.jsonl") µs / $(median acquires_per_s < "$W/lat32pollio2.jsonl") | — |
 | acquire p50, 32 clients at 10,000/s in total | $(median p50_us < "$W/lat32paced.jsonl") µs | — |
 | acquire p99, 32 clients at 10,000/s in total | $(median p99_us < "$W/lat32paced.jsonl") µs | < 1 ms |
 | file stable → listed and queued (debounce 500 ms) | $(median stable_to_queued_ms < "$W/stq.jsonl") ms | debounce + < 100 ms |
