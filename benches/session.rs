@@ -207,7 +207,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("|---|---|---|---|---|---|---|---|");
     for (name, path, profile) in &cases {
         for level in &levels {
-            let mut req = BuildRequest::new(path, "ort-cpu");
+            let mut req = BuildRequest::new(path, trtcache::spec::Backend::OrtCpu);
             req.options.threads = threads;
             req.options.profile = profile.clone();
             req.options.opt_level = *level;
@@ -220,7 +220,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let nodes_raw = node_count(&trtcache::onnx::Model::load(path)?.proto);
             let nodes_art = node_count(&trtcache::onnx::Model::load(entry)?.proto);
             let opts = req.options.clone();
-            let backend = trtcache::build::backend("ort-cpu")?;
+            let backend = trtcache::build::backend(trtcache::spec::Backend::OrtCpu);
             // Warm the page cache and ORT's lazy init once for both.
             drop(cpu::open_raw(
                 rt,

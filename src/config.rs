@@ -8,6 +8,16 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::spec::Backend;
+
+/// Default `external_min_bytes` (`BuildOptions::external_min_bytes`): 256 KiB. ONNX Runtime
+/// maps each external initializer with its own open and mmap, which costs more than copying a
+/// small tensor out of the parsed graph; measured on this project's machines
+/// (`benches/session.sh`, BENCHMARKS.md) sessions from artifacts split at 256 KiB open 10–12 %
+/// faster than at ORT's default of 1 KiB, on a 4-layer BERT and on a 20,000-node graph alike,
+/// with the same private memory.
+pub const DEFAULT_EXTERNAL_MIN_BYTES: u64 = 256 * 1024;
+
 /// The system-wide config file read when `--config` is not given.
 pub const SYSTEM_CONFIG: &str = "/etc/trtcache/config.toml";
 
@@ -44,7 +54,7 @@ pub struct Config {
     pub ort_dylib: Option<PathBuf>,
     /// Backends built in the background for every model; the first is the default for
     /// acquires that name none.
-    pub backends: Vec<String>,
+    pub backends: Vec<Backend>,
     /// `ort-cpu` artifacts: initializers of at least this many bytes go to the external data
     /// file (memory-mapped, shared between consumers), smaller ones stay in the graph file
     /// (faster session creation). Part of the cache key, as `trtcache build
@@ -115,6 +125,18 @@ impl Default for Limits {
     }
 }
 
+/// Environment variable choosing the GPU ordinal (the `--device` flags read it too).
+pub const DEVICE_ENV: &str = "TRTCACHE_DEVICE";
+
+/// The GPU ordinal builds run on and keys are made for, when no `--device` flag gives one:
+/// `TRTCACHE_DEVICE`, else 0 (`Err(text)` when the variable is not an ordinal).
+pub fn gpu_ordinal() -> Result<usize, String> {
+    match std::env::var(DEVICE_ENV) {
+        Ok(v) => v.trim().parse::<usize>().map_err(|_| v),
+        Err(_) => Ok(0),
+    }
+}
+
 /// Whether this process was started by systemd.
 pub fn under_systemd() -> bool {
     ["INVOCATION_ID", "NOTIFY_SOCKET", "LISTEN_FDS"]
@@ -122,40 +144,67 @@ pub fn under_systemd() -> bool {
         .any(|v| std::env::var_os(v).is_some())
 }
 
-/// The repository checkout this binary runs from, if any: the nearest ancestor of the
-/// working directory holding `Cargo.toml` and `cache/`.
+/// Repository checkouts this process runs in or from: the nearest ancestor holding
+/// `Cargo.toml` of the working directory, then of the executable (each once). ONNX Runtime's
+/// search looks for the checkout's `.venv` there (`libs::onnxruntime`).
+pub fn checkouts() -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    let starts = [std::env::current_dir().ok(), std::env::current_exe().ok()];
+    for s in starts.into_iter().flatten() {
+        if let Some(dir) = s.ancestors().find(|d| d.join("Cargo.toml").is_file()) {
+            if !out.iter().any(|o| o == dir) {
+                out.push(dir.to_path_buf());
+            }
+        }
+    }
+    out
+}
+
+/// The checkout whose `cache/` folder is the default cache (the first of [`checkouts`] that
+/// has one).
 fn checkout() -> Option<PathBuf> {
-    let cwd = std::env::current_dir().ok()?;
-    cwd.ancestors()
-        .find(|d| d.join("Cargo.toml").is_file() && d.join("cache").is_dir())
-        .map(Path::to_path_buf)
+    checkouts().into_iter().find(|d| d.join("cache").is_dir())
+}
+
+/// Environment variable naming the cache directory.
+pub const CACHE_DIR_ENV: &str = "TRTCACHE_CACHE_DIR";
+
+/// The cache directory when neither `--cache-dir` nor the config's `cache_dir` gives one: the
+/// one rule every command and the daemon follow. `TRTCACHE_CACHE_DIR`, then (under systemd)
+/// `/var/cache/trtcache`, then the checkout's `cache/` when run from a checkout (a folder with
+/// `Cargo.toml` and `cache/` above the working directory or the binary), then
+/// `$XDG_CACHE_HOME/trtcache`, then `~/.cache/trtcache`, then `/var/cache/trtcache`.
+pub fn default_cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os(CACHE_DIR_ENV).filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    if under_systemd() {
+        return PathBuf::from("/var/cache/trtcache");
+    }
+    if let Some(repo) = checkout() {
+        return repo.join("cache");
+    }
+    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|x| !x.is_empty()) {
+        return PathBuf::from(x).join("trtcache");
+    }
+    if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        return Path::new(&h).join(".cache/trtcache");
+    }
+    PathBuf::from("/var/cache/trtcache")
 }
 
 impl Default for Config {
     fn default() -> Self {
-        let (models, cache_dir, socket) = if under_systemd() {
+        let cache_dir = default_cache_dir();
+        let (models, socket) = if under_systemd() {
             (
                 PathBuf::from("/var/lib/trtcache/models"),
-                PathBuf::from("/var/cache/trtcache"),
                 PathBuf::from("/run/trtcache/trtcache.sock"),
             )
         } else if let Some(repo) = checkout() {
-            (
-                repo.join("examples/models"),
-                repo.join("cache"),
-                repo.join("cache/trtcache.sock"),
-            )
+            (repo.join("examples/models"), cache_dir.join("trtcache.sock"))
         } else {
-            let cache = std::env::var_os("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-                .unwrap_or_else(std::env::temp_dir)
-                .join("trtcache");
-            (
-                PathBuf::from("models"),
-                cache.clone(),
-                cache.join("trtcache.sock"),
-            )
+            (PathBuf::from("models"), cache_dir.join("trtcache.sock"))
         };
         Config {
             models,
@@ -164,8 +213,8 @@ impl Default for Config {
             socket_mode: "0660".into(),
             socket_group: None,
             ort_dylib: None,
-            backends: vec!["ort-cpu".into()],
-            external_min_bytes: crate::build::DEFAULT_EXTERNAL_MIN_BYTES,
+            backends: vec![Backend::DEFAULT],
+            external_min_bytes: DEFAULT_EXTERNAL_MIN_BYTES,
             limits: Limits::default(),
         }
     }

@@ -63,17 +63,12 @@ impl DeviceReport {
     }
 }
 
-/// Environment variable choosing the GPU ordinal keys are made for.
-pub const DEVICE_ENV: &str = "TRTCACHE_DEVICE";
+pub use crate::config::DEVICE_ENV;
 
-/// Detects GPUs (when a CUDA driver is present) and the CPU; never panics. The GPU used for
-/// keys is `TRTCACHE_DEVICE` (an ordinal) or device 0.
+/// Detects GPUs (when a CUDA driver is present) and the CPU; never panics. The selected GPU
+/// is the configured ordinal ([`crate::config::gpu_ordinal`]: `TRTCACHE_DEVICE`, else 0).
 pub fn detect() -> DeviceReport {
-    let ordinal = match std::env::var(DEVICE_ENV) {
-        Ok(v) => v.trim().parse::<usize>().map_err(|_| v),
-        Err(_) => Ok(0),
-    };
-    detect_with(ordinal)
+    detect_with(crate::config::gpu_ordinal())
 }
 
 /// [`detect`] with an explicit ordinal (`Err(text)` when the configured value is not one).
@@ -89,7 +84,7 @@ pub fn detect_with(ordinal: Result<usize, String>) -> DeviceReport {
         Ok(i) => {
             if !gpus.is_empty() {
                 gpu_unavailable = Some(format!(
-                    "{DEVICE_ENV}={i} but only {} GPU(s) exist (ordinals 0..{})",
+                    "GPU ordinal {i} ({DEVICE_ENV} or --device) but only {} GPU(s) exist (ordinals 0..{})",
                     gpus.len(),
                     gpus.len() - 1
                 ));

@@ -4,17 +4,18 @@
 //! library versions, the precision and every build option. Never a path, file name or mtime.
 //!
 //! [`digest`] hashes files (a parallel SHA-256 tree), [`memo`] remembers digests by file
-//! identity, [`versions`] finds library versions without loading them, and `parts` assembles
+//! identity (library versions come from `libs`), and `parts` assembles
 //! [`KeyParts`] from a loaded model, a plan, the device SKU and a backend. See docs/keys.md.
 
 use std::collections::BTreeMap;
-use std::fmt;
+
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::device::Sku;
-use crate::plan::{Precision, ShapeProfile};
+pub use crate::spec::{hex, CacheKey};
+use crate::spec::{Backend, Precision, ShapeProfile};
 
 /// Version of the key encoding; bump it whenever [`KeyParts`] or its encoding changes.
 pub const KEY_FORMAT: u32 = 1;
@@ -22,89 +23,18 @@ pub const KEY_FORMAT: u32 = 1;
 /// Errors of key derivation.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
-    #[error("`{0}` is not a cache key (64 hex digits)")]
-    BadKey(String),
+    #[error(transparent)]
+    Spec(#[from] crate::spec::SpecError),
     #[error("{path}: cannot hash: {source}")]
     Io {
         path: std::path::PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("unknown backend `{0}`; known: ort-cpu, ort-cuda, ort-tensorrt")]
-    UnknownBackend(String),
     #[error("backend {backend}: {why}")]
-    Library { backend: String, why: String },
+    Library { backend: Backend, why: String },
     #[error("backend {backend} builds for an NVIDIA GPU, and none is usable: {why}")]
-    NoGpu { backend: String, why: String },
-}
-
-/// A cache key: SHA-256 of the canonical encoding of [`KeyParts`].
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct CacheKey(pub [u8; 32]);
-
-/// Lower-case hex of bytes (sha2 0.11 digests do not implement `LowerHex`).
-pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[(b >> 4) as usize] as char);
-        s.push(DIGITS[(b & 15) as usize] as char);
-    }
-    s
-}
-
-impl CacheKey {
-    /// 64 lower-case hex digits.
-    pub fn hex(&self) -> String {
-        hex(&self.0)
-    }
-
-    /// Parses 64 hex digits.
-    pub fn parse(s: &str) -> Result<Self, KeyError> {
-        let b = s.as_bytes();
-        if b.len() != 64 {
-            return Err(KeyError::BadKey(s.into()));
-        }
-        let nib = |c: u8| match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            b'A'..=b'F' => Some(c - b'A' + 10),
-            _ => None,
-        };
-        let mut out = [0u8; 32];
-        for (i, o) in out.iter_mut().enumerate() {
-            match (nib(b[2 * i]), nib(b[2 * i + 1])) {
-                (Some(h), Some(l)) => *o = h << 4 | l,
-                _ => return Err(KeyError::BadKey(s.into())),
-            }
-        }
-        Ok(Self(out))
-    }
-}
-
-impl fmt::Display for CacheKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.hex())
-    }
-}
-
-impl fmt::Debug for CacheKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "CacheKey({})", self.hex())
-    }
-}
-
-impl Serialize for CacheKey {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.hex())
-    }
-}
-
-impl<'de> Deserialize<'de> for CacheKey {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        CacheKey::parse(&s).map_err(serde::de::Error::custom)
-    }
+    NoGpu { backend: Backend, why: String },
 }
 
 /// SHA-256 of one external-data file, by its location relative to the model.
@@ -128,8 +58,7 @@ pub struct ModelDigest {
 /// A backend and the versions of the libraries it builds with.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BackendId {
-    /// `ort-cpu`, `ort-cuda`, `ort-tensorrt`.
-    pub name: String,
+    pub name: Backend,
     /// Library → version, e.g. `onnxruntime` → `1.31.1`, `tensorrt` → `10.15.1`.
     pub versions: BTreeMap<String, String>,
 }
@@ -167,23 +96,8 @@ impl KeyParts {
 pub mod digest;
 pub mod memo;
 mod parts;
-pub mod versions;
 
 pub use parts::{
-    backend_id, backend_id_with, detect_sku, key_for_plan, key_parts, model_digest,
-    model_digest_with, opsets_of, plain_model_digest, sku_for_backend, DigestOptions, DigestReport,
-    BACKENDS,
+    backend_id, detect_sku, key_for, key_parts, model_digest, model_digest_with, opsets_of,
+    plain_model_digest, sku_for_backend, DigestOptions, DigestReport, KeyInput,
 };
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hex_round_trip() {
-        let k = CacheKey([0xab; 32]);
-        assert_eq!(CacheKey::parse(&k.hex()).unwrap(), k);
-        assert!(CacheKey::parse("xyz").is_err());
-        assert!(CacheKey::parse(&"g".repeat(64)).is_err());
-    }
-}

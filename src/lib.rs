@@ -15,6 +15,8 @@ pub mod device;
 pub mod fixtures;
 pub mod fuzzing;
 pub mod key;
+pub mod libs;
 pub mod onnx;
 pub mod plan;
 pub mod rng;
+pub mod spec;

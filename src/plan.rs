@@ -6,27 +6,10 @@
 //! returns a [`Plan`] (canonical profile, precision, backends, tolerance, golden settings)
 //! for the key and build stages. Every error is a [`PlanError`] naming profile, input, axis.
 
-use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-/// Numeric precision of a build.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    #[default]
-    Fp32,
-    Fp16,
-}
-
-/// One named optimisation profile: per input name, the min/opt/max shapes.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ShapeProfile {
-    pub name: String,
-    pub min: BTreeMap<String, Vec<i64>>,
-    pub opt: BTreeMap<String, Vec<i64>>,
-    pub max: BTreeMap<String, Vec<i64>>,
-}
+pub use crate::spec::{Precision, ShapeProfile, Tolerance};
 
 mod sidecar;
 mod validate;
@@ -34,36 +17,9 @@ mod validate;
 use std::path::{Path, PathBuf};
 
 pub use sidecar::{
-    load_sidecar, sidecar_candidates, GoldenSettings, ProfileSpec, Sidecar, Tolerance,
+    load_sidecar, sidecar_candidates, GoldenSettings, ProfileSpec, Sidecar,
 };
 pub use validate::{concrete_shapes, parse_shapes, validate_profile, InputSig, ModelInputs};
-
-impl Precision {
-    /// `fp32` or `fp16`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Precision::Fp32 => "fp32",
-            Precision::Fp16 => "fp16",
-        }
-    }
-}
-
-impl std::fmt::Display for Precision {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for Precision {
-    type Err = PlanError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "fp32" | "float32" => Ok(Precision::Fp32),
-            "fp16" | "float16" => Ok(Precision::Fp16),
-            _ => Err(PlanError::BadPrecision(s.to_string())),
-        }
-    }
-}
 
 /// Which of a profile's three shape sets an error is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,8 +43,8 @@ impl std::fmt::Display for Bound {
 /// and axis involved.
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
-    #[error("`{0}` is not a precision (fp32 or fp16)")]
-    BadPrecision(String),
+    #[error(transparent)]
+    Spec(#[from] crate::spec::SpecError),
     #[error("--{flag} `{spec}`: {why} (expected trtexec syntax `name:1x3x224x224,other:1x128`)")]
     BadSpec {
         flag: String,
@@ -267,7 +223,7 @@ pub struct Plan {
     pub profile: Option<ShapeProfile>,
     pub precision: Precision,
     /// Backends the sidecar lists (empty: the command's default).
-    pub backends: Vec<String>,
+    pub backends: Vec<crate::spec::Backend>,
     /// Tolerance for `precision`.
     pub tolerance: Tolerance,
     pub golden: GoldenSettings,

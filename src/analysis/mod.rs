@@ -29,46 +29,15 @@ use restrict::TrtCheck;
 use shapes::{propagate_with, FastMap, FastSet, GraphFacts};
 use tables::{CudaTable, TrtTable};
 
-/// An execution provider, as ONNX Runtime names them in `--providers`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Provider {
-    TensorRt,
-    Cuda,
-    Cpu,
-}
-
-impl Provider {
-    pub fn name(self) -> &'static str {
-        match self {
-            Provider::TensorRt => "tensorrt",
-            Provider::Cuda => "cuda",
-            Provider::Cpu => "cpu",
-        }
-    }
-
-    /// Whether the provider's tensors live in GPU memory.
-    pub fn on_device(self) -> bool {
-        !matches!(self, Provider::Cpu)
-    }
-
-    /// Parses `tensorrt`, `trt`, `cuda`, `cpu` (case-insensitive).
-    pub fn parse(s: &str) -> Result<Self, AnalysisError> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "tensorrt" | "trt" => Ok(Provider::TensorRt),
-            "cuda" => Ok(Provider::Cuda),
-            "cpu" => Ok(Provider::Cpu),
-            other => Err(AnalysisError::UnknownProvider(other.to_string())),
-        }
-    }
-}
+pub use crate::spec::Provider;
 
 /// Why the analysis could not run (bad options; a model that loads never errors).
 #[derive(Debug, thiserror::Error)]
 pub enum AnalysisError {
     #[error(transparent)]
     TrtVersion(#[from] tables::UnknownTrtVersion),
-    #[error("unknown provider `{0}`: expected tensorrt, cuda or cpu")]
-    UnknownProvider(String),
+    #[error(transparent)]
+    Spec(#[from] crate::spec::SpecError),
     #[error("provider `{0}` listed twice")]
     DuplicateProvider(String),
 }

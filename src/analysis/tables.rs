@@ -26,42 +26,12 @@ pub fn default_trt_version() -> &'static str {
     TRT_TABLES[0].0
 }
 
-/// The TensorRT version installed here, from a `libnvinfer.so.X.Y.Z` file name in the first
-/// folder that has one, searched as the loader does (`LD_LIBRARY_PATH`, then the usual system
-/// library folders), as `"X.Y"`; `None` when absent.
+/// The TensorRT version installed here (`libs::tensorrt`, the one search list), as `"X.Y"`;
+/// `None` when absent.
 pub fn detect_trt_version() -> Option<String> {
-    let mut dirs: Vec<std::path::PathBuf> = std::env::var_os("LD_LIBRARY_PATH")
-        .map(|v| std::env::split_paths(&v).collect())
-        .unwrap_or_default();
-    for d in [
-        "/usr/lib/x86_64-linux-gnu",
-        "/usr/lib/aarch64-linux-gnu",
-        "/usr/local/lib",
-        "/usr/local/tensorrt/lib",
-        "/usr/lib",
-    ] {
-        dirs.push(d.into());
-    }
-    for d in dirs {
-        let mut best: Option<(u32, u32)> = None;
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let name = e.file_name();
-            let Some(v) = name.to_str().and_then(|n| n.strip_prefix("libnvinfer.so.")) else {
-                continue;
-            };
-            let mut parts = v.split('.').map(|p| p.parse::<u32>());
-            if let (Some(Ok(major)), Some(Ok(minor))) = (parts.next(), parts.next()) {
-                best = best.max(Some((major, minor)));
-            }
-        }
-        if let Some((a, b)) = best {
-            return Some(format!("{a}.{b}"));
-        }
-    }
-    None
+    let found = crate::libs::tensorrt()?;
+    let mut parts = found.version.split('.');
+    Some(format!("{}.{}", parts.next()?, parts.next()?))
 }
 
 /// The table to use when `--trt-version` is not given: the installed TensorRT's when it has

@@ -17,10 +17,12 @@ use std::path::Path;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 
-use super::{Artifact, Backend, BuildError, BuildOptions, Runtime};
+use super::{Artifact, BackendImpl, BuildError, BuildOptions, Runtime};
+use crate::spec::Backend;
 use crate::onnx::facts::Dim;
 use crate::onnx::Model;
-use crate::plan::{ModelInputs, ShapeProfile};
+use crate::plan::ModelInputs;
+use crate::spec::ShapeProfile;
 
 /// File name of the optimized graph inside the artifact.
 pub const ENTRY: &str = "model.onnx";
@@ -88,16 +90,16 @@ fn base_builder(
     }
 }
 
-impl Backend for OrtCpu {
-    fn name(&self) -> &'static str {
-        "ort-cpu"
+impl BackendImpl for OrtCpu {
+    fn backend(&self) -> Backend {
+        Backend::OrtCpu
     }
 
     fn check(&self, _rt: &Runtime) -> Result<(), BuildError> {
         Ok(())
     }
 
-    #[tracing::instrument(skip_all, fields(model = %model.display(), backend = "ort-cpu"))]
+    #[tracing::instrument(skip_all, fields(model = %model.display(), backend = %Backend::OrtCpu))]
     fn build(
         &self,
         rt: &Runtime,

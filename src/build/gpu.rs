@@ -17,8 +17,8 @@ use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
 use ort::session::Session;
 
 use super::cpu::{optimized_artifact, DATA, ENTRY};
-use super::{Artifact, Backend, BuildError, BuildOptions, Runtime};
-use crate::plan::{Precision, ShapeProfile};
+use super::{Artifact, BackendImpl, BuildError, BuildOptions, Runtime};
+use crate::spec::{Backend, Precision, ShapeProfile};
 
 const CUDA_FIX: &str = "install onnxruntime-gpu (`pip install onnxruntime-gpu`) with the CUDA and cuDNN libraries it needs, then point ORT_DYLIB_PATH or `ort_library` at its capi/libonnxruntime.so.*";
 const TRT_FIX: &str = "install onnxruntime-gpu and TensorRT 10 (libnvinfer.so.10, libnvonnxparser.so.10) plus the CUDA libraries it was built for, then point ORT_DYLIB_PATH or `ort_library` at its capi/libonnxruntime.so.*";
@@ -122,9 +122,9 @@ fn trt_ep(
 #[derive(Debug, Clone, Copy)]
 pub struct OrtCuda;
 
-impl Backend for OrtCuda {
-    fn name(&self) -> &'static str {
-        "ort-cuda"
+impl BackendImpl for OrtCuda {
+    fn backend(&self) -> Backend {
+        Backend::OrtCuda
     }
 
     fn check(&self, rt: &Runtime) -> Result<(), BuildError> {
@@ -176,9 +176,9 @@ impl Backend for OrtCuda {
 #[derive(Debug, Clone, Copy)]
 pub struct OrtTensorRt;
 
-impl Backend for OrtTensorRt {
-    fn name(&self) -> &'static str {
-        "ort-tensorrt"
+impl BackendImpl for OrtTensorRt {
+    fn backend(&self) -> Backend {
+        Backend::OrtTensorRt
     }
 
     fn check(&self, rt: &Runtime) -> Result<(), BuildError> {

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use ort::session::Session;
 
 pub use crate::cache::Artifact;
-use crate::plan::{Precision, ShapeProfile};
+use crate::spec::{Backend, Precision, ShapeProfile};
 pub use pipeline::{BuildOutcome, BuildRequest, Builder, Source, Watch};
 pub use runtime::{Runtime, RuntimeError};
 
@@ -29,8 +29,6 @@ pub use runtime::{Runtime, RuntimeError};
 pub enum BuildError {
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
-    #[error("unknown backend `{0}` (known: ort-cpu, ort-cuda, ort-tensorrt)")]
-    UnknownBackend(String),
     #[error("{provider} execution provider is not available: {message}\nfix: {fix}")]
     ProviderMissing {
         provider: &'static str,
@@ -57,8 +55,6 @@ pub enum BuildError {
     Store(#[from] crate::cache::StoreError),
     #[error(transparent)]
     Key(#[from] crate::key::KeyError),
-    #[error("another build of key {key} failed: {message}")]
-    Joined { key: String, message: String },
     #[error("the build was cancelled")]
     Cancelled,
     /// The model's files changed since it was keyed; nothing was stored.
@@ -129,12 +125,7 @@ impl OptLevel {
     }
 }
 
-/// Default [`BuildOptions::external_min_bytes`]: 256 KiB. ONNX Runtime maps each external
-/// initializer with its own open and mmap, which costs more than copying a small tensor out
-/// of the parsed graph; measured on this project's machines (`benches/session.sh`, BENCHMARKS.md)
-/// sessions from artifacts split at 256 KiB open 10–12 % faster than at ORT's default of
-/// 1 KiB, on a 4-layer BERT and on a 20,000-node graph alike, with the same private memory.
-pub const DEFAULT_EXTERNAL_MIN_BYTES: u64 = 256 * 1024;
+pub use crate::config::DEFAULT_EXTERNAL_MIN_BYTES;
 
 /// Every option that changes an artifact (all of them go into the key), plus runtime-only
 /// knobs that do not (threads).
@@ -177,7 +168,7 @@ impl Default for BuildOptions {
             external_min_bytes: DEFAULT_EXTERNAL_MIN_BYTES,
             specialize: true,
             trt_builder_level: 3,
-            device_id: 0,
+            device_id: crate::config::gpu_ordinal().map_or(0, |o| o as i32),
             extra: BTreeMap::new(),
             threads: 0,
         }
@@ -185,6 +176,17 @@ impl Default for BuildOptions {
 }
 
 impl BuildOptions {
+    /// These options as `plan` resolves them: the plan's profile and precision, and
+    /// `specialize` unless the plan (its sidecar) turns it off.
+    pub fn for_plan(self, plan: &crate::plan::Plan) -> Self {
+        Self {
+            precision: plan.precision,
+            profile: plan.profile.clone(),
+            specialize: self.specialize && plan.specialize.unwrap_or(true),
+            ..self
+        }
+    }
+
     /// Option names [`BuildOptions::key_options`] sets itself (an `extra` entry may not
     /// reuse them).
     pub const BUILT_IN: &'static [&'static str] = &[
@@ -200,10 +202,10 @@ impl BuildOptions {
     /// The options that go into the key for `backend`, as canonical strings: the single
     /// source of a key's `options` for `trtcache key`, `trtcache build` and the daemon.
     /// Precision and profile are key parts of their own.
-    pub fn key_options(&self, backend: &str) -> BTreeMap<String, String> {
+    pub fn key_options(&self, backend: Backend) -> BTreeMap<String, String> {
         let mut m = self.extra.clone();
         match backend {
-            "ort-cpu" => {
+            Backend::OrtCpu => {
                 m.insert("opt_level".into(), self.opt_level.name().into());
                 m.insert("prepack".into(), self.prepack.to_string());
                 m.insert(
@@ -212,11 +214,11 @@ impl BuildOptions {
                 );
                 m.insert("specialize".into(), self.specialize.to_string());
             }
-            "ort-cuda" => {
+            Backend::OrtCuda => {
                 m.insert("opt_level".into(), self.opt_level.for_cuda().name().into());
                 m.insert("device_id".into(), self.device_id.to_string());
             }
-            "ort-tensorrt" => {
+            Backend::OrtTensorRt => {
                 m.insert(
                     "trt_builder_optimization_level".into(),
                     self.trt_builder_level.to_string(),
@@ -224,16 +226,15 @@ impl BuildOptions {
                 m.insert("device_id".into(), self.device_id.to_string());
                 m.insert("trt_ep_context_embed_mode".into(), "1".into());
             }
-            _ => {}
         }
         m
     }
 }
 
-/// A way of building and serving artifacts.
-pub trait Backend: Send + Sync {
-    /// `ort-cpu`, `ort-cuda`, `ort-tensorrt`.
-    fn name(&self) -> &'static str;
+/// How a [`Backend`] builds and serves artifacts.
+pub trait BackendImpl: Send + Sync {
+    /// Which backend this is.
+    fn backend(&self) -> Backend;
     /// Fails with the precise reason when the backend cannot run on this machine.
     fn check(&self, rt: &Runtime) -> Result<(), BuildError>;
     /// Builds the artifact for `model` into `out` (an empty staging directory).
@@ -248,15 +249,11 @@ pub trait Backend: Send + Sync {
     fn open(&self, rt: &Runtime, entry: &Path, opts: &BuildOptions) -> Result<Session, BuildError>;
 }
 
-/// The backend called `name`.
-pub fn backend(name: &str) -> Result<Box<dyn Backend>, BuildError> {
-    match name {
-        "ort-cpu" => Ok(Box::new(cpu::OrtCpu)),
-        "ort-cuda" => Ok(Box::new(gpu::OrtCuda)),
-        "ort-tensorrt" => Ok(Box::new(gpu::OrtTensorRt)),
-        other => Err(BuildError::UnknownBackend(other.into())),
+/// The implementation of `backend`.
+pub fn backend(backend: Backend) -> Box<dyn BackendImpl> {
+    match backend {
+        Backend::OrtCpu => Box::new(cpu::OrtCpu),
+        Backend::OrtCuda => Box::new(gpu::OrtCuda),
+        Backend::OrtTensorRt => Box::new(gpu::OrtTensorRt),
     }
 }
-
-/// The backends this build knows.
-pub const BACKENDS: &[&str] = &["ort-cpu", "ort-cuda", "ort-tensorrt"];

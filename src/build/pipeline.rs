@@ -1,26 +1,28 @@
-//! The build pipeline: key → store lookup → build → validate → store, with single-flight per
-//! key (two callers asking for the same key in one process build it once; the second waits
-//! and gets the first one's result).
+//! The build pipeline: key → store lookup → build → validate → store. [`BuildRequest::from_plan`]
+//! is the one mapping of a resolved [`Plan`] to a request (the CLI's `build` and the daemon
+//! both use it). Single flight is the daemon's build queue; across processes the cache lock.
 //!
 //! Enters: a [`BuildRequest`]. Leaves: a [`BuildOutcome`] with the stored record and, when it
 //! is servable, the artifact's paths. Progress goes to a caller-supplied callback.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::validate::{validate, ValidationConfig};
 use super::{backend, runtime, Artifact, BuildError, BuildOptions};
 use crate::cache::{now_secs, Lookup, Record, Served, Status, Store, RECORD_FORMAT};
-use crate::key::{self, CacheKey, DigestOptions, KeyParts};
+use crate::key::{self, DigestOptions, KeyInput, KeyParts};
 use crate::onnx::Model;
+use crate::plan::Plan;
+use crate::spec::{Backend, CacheKey};
 
 /// What to build.
 #[derive(Clone, Debug)]
 pub struct BuildRequest {
     pub model: PathBuf,
-    pub backend: String,
+    pub backend: Backend,
     pub options: BuildOptions,
     pub validation: ValidationConfig,
     /// Rebuild even when a record exists (a failed one, or to refresh).
@@ -28,12 +30,37 @@ pub struct BuildRequest {
 }
 
 impl BuildRequest {
-    pub fn new(model: impl Into<PathBuf>, backend: &str) -> Self {
+    pub fn new(model: impl Into<PathBuf>, backend: Backend) -> Self {
         Self {
             model: model.into(),
-            backend: backend.into(),
+            backend,
             options: BuildOptions::default(),
             validation: ValidationConfig::default(),
+            force: false,
+        }
+    }
+
+    /// The request for `model` as `plan` resolved it: the plan's profile, precision,
+    /// `specialize` (unless `options` turned it off), tolerance and golden settings;
+    /// everything else from `options`. The one mapping of a plan to a build, for
+    /// `trtcache build` and the daemon alike (flags that override the plan's validation
+    /// settings are applied to the result by the CLI).
+    pub fn from_plan(
+        model: impl Into<PathBuf>,
+        backend: Backend,
+        plan: &Plan,
+        options: BuildOptions,
+    ) -> Self {
+        Self {
+            model: model.into(),
+            backend,
+            options: options.for_plan(plan),
+            validation: ValidationConfig {
+                seed: plan.golden.seed,
+                int_range: (plan.golden.int_range[0], plan.golden.int_range[1]),
+                tolerance: Some(plan.tolerance),
+                golden: plan.golden.npz.clone(),
+            },
             force: false,
         }
     }
@@ -47,8 +74,6 @@ pub enum Source {
     Built,
     /// Found in the store.
     Cached,
-    /// Built by a concurrent call for the same key in this process.
-    Joined,
 }
 
 /// The result of [`Builder::build`].
@@ -69,8 +94,6 @@ pub type Progress<'a> = &'a dyn Fn(&str);
 /// A hook run on the staged artifact before validation (tests use it to prove that a wrong
 /// artifact is caught).
 pub type ArtifactHook = Arc<dyn Fn(&Artifact) + Send + Sync>;
-
-type FlightResult = Result<BuildOutcome, String>;
 
 /// What a caller that may abandon a build (the daemon) asks the pipeline to observe. ONNX
 /// Runtime calls cannot be interrupted, so `cancelled` is polled between phases (after
@@ -105,18 +128,11 @@ impl Watch<'_> {
     }
 }
 
-#[derive(Default)]
-struct Flight {
-    done: Mutex<Option<FlightResult>>,
-    cv: Condvar,
-}
-
 /// Builds artifacts into a store.
 pub struct Builder {
     store: Arc<dyn Store>,
     ort_library: Option<PathBuf>,
     digest: DigestOptions,
-    flights: Mutex<HashMap<CacheKey, Arc<Flight>>>,
     hook: Option<ArtifactHook>,
     /// Read model files into memory instead of mapping them (see [`Model::read`]).
     read_models: bool,
@@ -136,7 +152,6 @@ impl Builder {
             store,
             ort_library,
             digest: DigestOptions::default(),
-            flights: Mutex::new(HashMap::new()),
             hook: None,
             read_models: false,
         }
@@ -171,7 +186,6 @@ impl Builder {
     /// the SKU the backend builds for, the backend with the LOADED ONNX Runtime's version,
     /// precision, profile and [`BuildOptions::key_options`](super::BuildOptions::key_options).
     pub fn key_parts(&self, req: &BuildRequest) -> Result<KeyParts, BuildError> {
-        backend(&req.backend)?;
         let rt = runtime::load(self.ort_library.as_deref())?;
         let model = if self.read_models {
             Model::read(&req.model)
@@ -182,8 +196,18 @@ impl Builder {
             path: req.model.clone(),
             message: e.to_string(),
         })?;
-        let sku = key::detect_sku(&req.backend)?;
-        let (digest, report) = key::model_digest_with(&model, &self.digest)?;
+        let (parts, report) = key::key_for(
+            &model,
+            KeyInput {
+                profile: req.options.profile.as_ref(),
+                precision: req.options.precision,
+                backend: req.backend,
+                device: req.options.device_id,
+                options: req.options.key_options(req.backend),
+            },
+            &rt.version,
+            &self.digest,
+        )?;
         tracing::debug!(
             files = report.files,
             memo_hits = report.memo_hits,
@@ -191,15 +215,7 @@ impl Builder {
             seconds = report.seconds,
             "model digest"
         );
-        Ok(key::key_parts(
-            &model,
-            digest,
-            req.options.profile.as_ref(),
-            sku,
-            key::backend_id_with(&req.backend, &rt.version),
-            req.options.precision,
-            req.options.key_options(&req.backend),
-        ))
+        Ok(parts)
     }
 
     /// Returns the cached artifact for the request, or builds, validates and stores it.
@@ -220,7 +236,7 @@ impl Builder {
     ) -> Result<BuildOutcome, BuildError> {
         // A backend that cannot run here fails with its precise reason before hashing.
         let rt = runtime::load(self.ort_library.as_deref())?;
-        backend(&req.backend)?.check(rt)?;
+        backend(req.backend).check(rt)?;
         progress("hashing model");
         let parts = self.key_parts(req)?;
         let key = parts.key();
@@ -236,57 +252,9 @@ impl Builder {
                 return Ok(o);
             }
         }
-        // Single flight: the first caller for a key builds; the others wait for its result.
-        let (flight, leader) = {
-            let mut map = self.flights.lock().unwrap_or_else(|p| p.into_inner());
-            match map.get(&key) {
-                Some(f) => (f.clone(), false),
-                None => {
-                    let f = Arc::new(Flight::default());
-                    map.insert(key, f.clone());
-                    (f, true)
-                }
-            }
-        };
-        if !leader {
-            progress("waiting for a concurrent build of the same key");
-            let mut done = flight.done.lock().unwrap_or_else(|p| p.into_inner());
-            while done.is_none() {
-                done = flight.cv.wait(done).unwrap_or_else(|p| p.into_inner());
-            }
-            return match done.as_ref() {
-                Some(Ok(o)) => Ok(BuildOutcome {
-                    source: Source::Joined,
-                    ..o.clone()
-                }),
-                Some(Err(m)) => Err(BuildError::Joined {
-                    key: key.hex(),
-                    message: m.clone(),
-                }),
-                None => unreachable!("loop exits only when set"),
-            };
-        }
-        // Waiters must be released even if this build panics.
-        let mut guard = FlightGuard {
-            builder: self,
-            key,
-            flight: &flight,
-            result: None,
-        };
-        // A build may have finished between our lookup and taking the lead.
-        let result = match (req.force, self.cached(key)) {
-            (false, Ok(Some(o))) => Ok(o),
-            (_, Err(e)) => Err(e),
-            _ => self.build_now(req, parts, key, progress, watch),
-        };
-        guard.result = Some(
-            result
-                .as_ref()
-                .map(|o| o.clone())
-                .map_err(|e| format!("{e:#}")),
-        );
-        drop(guard);
-        result
+        // One build per key at a time across processes is the store's lock (the daemon's
+        // queue is the single flight within it).
+        self.build_now(req, parts, key, progress, watch)
     }
 
     fn cached(&self, key: CacheKey) -> Result<Option<BuildOutcome>, BuildError> {
@@ -324,12 +292,12 @@ impl Builder {
         watch: Watch,
     ) -> Result<BuildOutcome, BuildError> {
         let rt = runtime::load(self.ort_library.as_deref())?;
-        let backend = backend(&req.backend)?;
+        let backend = backend(req.backend);
         backend.check(rt)?;
-        let plan = provider_plan(&req.model, &req.backend);
+        let plan = provider_plan(&req.model, req.backend);
         let staging = self.store.staging_dir()?;
         let started = Instant::now();
-        progress(&format!("building with {}", backend.name()));
+        progress(&format!("building with {}", req.backend));
         let artifact = match backend.build(rt, &req.model, &req.options, staging.path()) {
             Ok(a) => a,
             Err(e) => return Err(disk_full(staging.path(), &req.model, e)),
@@ -380,7 +348,7 @@ impl Builder {
             parts,
             status: Status::Ready,
             artifact: None,
-            backend: backend.name().into(),
+            backend: req.backend,
             providers: plan.as_ref().map(|p| p.0.clone()),
             partitions: plan.map(|p| p.1),
             model_path: display_path(watch.snapshot_of.unwrap_or(&req.model)),
@@ -433,33 +401,6 @@ impl Builder {
     }
 }
 
-/// Publishes the leader's result (or a panic) to the waiters and ends the flight.
-struct FlightGuard<'a> {
-    builder: &'a Builder,
-    key: CacheKey,
-    flight: &'a Flight,
-    result: Option<FlightResult>,
-}
-
-impl Drop for FlightGuard<'_> {
-    fn drop(&mut self) {
-        let result = self
-            .result
-            .take()
-            .unwrap_or_else(|| Err("the build panicked".into()));
-        {
-            let mut done = self.flight.done.lock().unwrap_or_else(|p| p.into_inner());
-            *done = Some(result);
-            self.flight.cv.notify_all();
-        }
-        self.builder
-            .flights
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.key);
-    }
-}
-
 /// ONNX Runtime's name of an analysis provider.
 fn ort_provider_name(p: &str) -> String {
     match p {
@@ -495,13 +436,12 @@ fn disk_full(staging: &Path, model: &Path, e: BuildError) -> BuildError {
     }
 }
 
-fn provider_plan(model: &Path, backend: &str) -> Option<(BTreeMap<String, usize>, Vec<String>)> {
-    use crate::analysis::{analyse, Options, Provider};
-    let providers = match backend {
-        "ort-tensorrt" => vec![Provider::TensorRt, Provider::Cuda, Provider::Cpu],
-        "ort-cuda" => vec![Provider::Cuda, Provider::Cpu],
-        _ => vec![Provider::Cpu],
-    };
+fn provider_plan(
+    model: &Path,
+    backend: Backend,
+) -> Option<(BTreeMap<String, usize>, Vec<String>)> {
+    use crate::analysis::{analyse, Options};
+    let providers = backend.providers().to_vec();
     let m = match Model::load(model) {
         Ok(m) => m,
         Err(e) => {

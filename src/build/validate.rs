@@ -15,14 +15,14 @@ use std::path::{Path, PathBuf};
 
 use ort::session::Session;
 use ort::value::{DynValue, Tensor, TensorElementType, ValueType};
-use serde::{Deserialize, Serialize};
 
 use super::{BuildError, Runtime};
 use crate::plan::{Precision, ShapeProfile};
 use crate::rng::SplitMix64;
 
+pub use crate::cache::{OutputError, Validation};
 /// Allowed error per element: the sidecar's tolerance type (`atol + rtol·|reference|`).
-pub use crate::plan::Tolerance;
+pub use crate::spec::Tolerance;
 
 /// How to validate.
 #[derive(Clone, Debug, PartialEq)]
@@ -47,32 +47,6 @@ impl Default for ValidationConfig {
             golden: None,
         }
     }
-}
-
-/// Error of one output.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct OutputError {
-    pub name: String,
-    pub elements: usize,
-    pub max_abs: f64,
-    pub max_rel: f64,
-    /// Elements outside both tolerances.
-    pub mismatched: usize,
-    pub passed: bool,
-}
-
-/// The outcome of validation, stored in the cache record.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Validation {
-    pub passed: bool,
-    pub tolerance: Tolerance,
-    pub seed: u64,
-    /// The golden `.npz` the inputs came from, when one was given.
-    #[serde(default)]
-    pub golden: Option<String>,
-    /// Input name → the concrete shape used.
-    pub shapes: BTreeMap<String, Vec<i64>>,
-    pub outputs: Vec<OutputError>,
 }
 
 /// Named input values, in the session's input order.

@@ -14,7 +14,9 @@ pub mod record;
 use std::path::{Path, PathBuf};
 
 pub use disk::{OpenReport, SledStore, StoreOptions};
-pub use record::{Artifact, ArtifactFile, Record, Status, StoredArtifact, RECORD_FORMAT};
+pub use record::{
+    Artifact, ArtifactFile, OutputError, Record, Status, StoredArtifact, Validation, RECORD_FORMAT,
+};
 
 use crate::key::CacheKey;
 
@@ -162,40 +164,6 @@ pub trait Store: Send + Sync {
 /// The digest memo's file in a cache directory: model digests by file identity, shared by
 /// `trtcache key` (which never takes the cache's lock) and builds (see `key::memo`).
 pub const DIGEST_MEMO: &str = "digests.json";
-
-/// Environment variable naming the cache directory.
-pub const CACHE_DIR_ENV: &str = "TRTCACHE_CACHE_DIR";
-
-/// The cache directory when `--cache-dir` is not given, for every command: then
-/// `TRTCACHE_CACHE_DIR`, then the checkout's `cache/` when run from a checkout (a folder with
-/// `Cargo.toml` and `cache/` above the working directory or the binary), then
-/// `$XDG_CACHE_HOME/trtcache`, then `~/.cache/trtcache`.
-pub fn default_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os(CACHE_DIR_ENV).filter(|d| !d.is_empty()) {
-        return PathBuf::from(d);
-    }
-    let mut starts = Vec::new();
-    if let Ok(cwd) = std::env::current_dir() {
-        starts.push(cwd);
-    }
-    if let Ok(exe) = std::env::current_exe() {
-        starts.push(exe);
-    }
-    for s in &starts {
-        for dir in s.ancestors() {
-            if dir.join("Cargo.toml").is_file() && dir.join("cache").is_dir() {
-                return dir.join("cache");
-            }
-        }
-    }
-    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|x| !x.is_empty()) {
-        return PathBuf::from(x).join("trtcache");
-    }
-    if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
-        return Path::new(&h).join(".cache/trtcache");
-    }
-    PathBuf::from("/var/cache/trtcache")
-}
 
 /// Parses a size: `1048576`, `512K`, `200M`, `1.5G`, `2GiB`, `10 MB` (binary units).
 pub fn parse_size(s: &str) -> Option<u64> {

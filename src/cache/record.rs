@@ -8,11 +8,37 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::build::validate::Validation;
-use crate::key::{CacheKey, KeyParts};
+use crate::key::KeyParts;
+use crate::spec::{Backend, CacheKey, Tolerance};
 
 /// Version of the record encoding.
 pub const RECORD_FORMAT: u32 = 1;
+
+/// Error of one output.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OutputError {
+    pub name: String,
+    pub elements: usize,
+    pub max_abs: f64,
+    pub max_rel: f64,
+    /// Elements outside both tolerances.
+    pub mismatched: usize,
+    pub passed: bool,
+}
+
+/// The outcome of validation, stored in the cache record.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Validation {
+    pub passed: bool,
+    pub tolerance: Tolerance,
+    pub seed: u64,
+    /// The golden `.npz` the inputs came from, when one was given.
+    #[serde(default)]
+    pub golden: Option<String>,
+    /// Input name → the concrete shape used.
+    pub shapes: BTreeMap<String, Vec<i64>>,
+    pub outputs: Vec<OutputError>,
+}
 
 /// Whether an entry may be served.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,7 +91,7 @@ pub struct Record {
     pub status: Status,
     pub artifact: Option<StoredArtifact>,
     /// `ort-cpu`, `ort-cuda`, `ort-tensorrt`.
-    pub backend: String,
+    pub backend: Backend,
     /// Provider → number of top-level nodes it runs, from the capability analysis's plan
     /// for the backend (ONNX Runtime names, e.g. `CPUExecutionProvider`).
     pub providers: Option<BTreeMap<String, usize>>,

@@ -17,7 +17,8 @@ use crate::build::validate::{Tolerance, ValidationConfig};
 use crate::build::{runtime, BuildOptions, BuildOutcome, BuildRequest, Builder, OptLevel, Source};
 use crate::cache::DIGEST_MEMO;
 use crate::onnx::Model;
-use crate::plan::{resolve, ModelInputs, Plan, Precision, ProfileArgs};
+use crate::plan::{resolve, ModelInputs, Plan, ProfileArgs};
+use crate::spec::{Backend, Precision};
 
 /// The build options that change an artifact, shared by `trtcache key` and `trtcache build`
 /// so both compute the same key; [`BuildOptionArgs::options`] maps them to [`BuildOptions`],
@@ -50,8 +51,8 @@ pub struct BuildOptionArgs {
     /// TensorRT builder optimization level (0-5).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(0..=5))]
     pub trt_opt_level: u8,
-    /// GPU ordinal for the GPU backends.
-    #[arg(long, default_value_t = 0)]
+    /// GPU ordinal the GPU backends build on and key for (also TRTCACHE_DEVICE).
+    #[arg(long, env = "TRTCACHE_DEVICE", default_value_t = 0)]
     pub device: i32,
     /// A further option to key the artifact by, KEY=VALUE (repeatable), e.g. a label for a
     /// custom build environment; it goes into the key and does not change the build.
@@ -63,18 +64,18 @@ impl BuildOptionArgs {
     /// The build options for a resolved plan (its profile and precision; `--precision` was
     /// already applied by [`crate::plan::resolve`]).
     pub fn options(&self, plan: &Plan, threads: usize) -> anyhow::Result<BuildOptions> {
-        Ok(BuildOptions {
-            precision: plan.precision,
-            profile: plan.profile.clone(),
+        let flags = BuildOptions {
             opt_level: self.opt_level,
             prepack: !self.no_prepack,
             external_min_bytes: self.external_min_size,
-            specialize: !self.no_specialize && plan.specialize.unwrap_or(true),
+            specialize: !self.no_specialize,
             trt_builder_level: self.trt_opt_level,
             device_id: self.device,
             extra: parse_extra(&self.options)?,
             threads,
-        })
+            ..BuildOptions::default()
+        };
+        Ok(flags.for_plan(plan))
     }
 }
 
@@ -98,11 +99,10 @@ fn parse_extra(opts: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
     Ok(out)
 }
 
-/// The backend a command uses: `--backend`, else the sidecar's first, else ort-cpu.
-pub fn choose_backend(flag: Option<&str>, plan: &Plan) -> String {
-    flag.map(str::to_string)
-        .or_else(|| plan.backends.first().cloned())
-        .unwrap_or_else(|| "ort-cpu".to_string())
+/// The backend a command uses: `--backend`, else the sidecar's first, else the default.
+pub fn choose_backend(flag: Option<Backend>, plan: &Plan) -> Backend {
+    flag.or_else(|| plan.backends.first().copied())
+        .unwrap_or_default()
 }
 
 /// Build MODEL into the cache (or find it there): the key, a cache lookup, the build,
@@ -115,8 +115,8 @@ pub struct BuildArgs {
     pub model: PathBuf,
     /// Backend: ort-cpu (offline-optimized model for this CPU), ort-cuda, ort-tensorrt
     /// (default: the sidecar's first, else ort-cpu).
-    #[arg(long)]
-    pub backend: Option<String>,
+    #[arg(long, value_enum)]
+    pub backend: Option<Backend>,
     #[command(flatten)]
     pub profile: ProfileArgs,
     #[command(flatten)]
@@ -160,7 +160,7 @@ pub struct BuildArgs {
 }
 
 pub fn parse_precision(s: &str) -> Result<Precision, String> {
-    s.parse().map_err(|e: crate::plan::PlanError| e.to_string())
+    s.parse().map_err(|e: crate::spec::SpecError| e.to_string())
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -203,7 +203,7 @@ pub fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
     )
     .with_context(|| format!("{}: shape profile", a.model.display()))?;
     drop(model);
-    let backend = choose_backend(a.backend.as_deref(), &plan);
+    let backend = choose_backend(a.backend, &plan);
     let int_range = match &a.int_range {
         None => (plan.golden.int_range[0], plan.golden.int_range[1]),
         Some(r) => {
@@ -233,24 +233,19 @@ pub fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    // The sidecar's tolerance for the precision (or the precision's default), then flags.
-    let tolerance = Tolerance {
-        atol: a.atol.unwrap_or(plan.tolerance.atol),
-        rtol: a.rtol.unwrap_or(plan.tolerance.rtol),
+    let mut req =
+        BuildRequest::from_plan(&a.model, backend, &plan, a.build.options(&plan, a.threads)?);
+    // Flags override the plan's validation settings (the sidecar's, or the defaults).
+    req.force = a.force;
+    req.validation = ValidationConfig {
+        seed: a.seed.unwrap_or(req.validation.seed),
+        int_range,
+        tolerance: Some(Tolerance {
+            atol: a.atol.unwrap_or(plan.tolerance.atol),
+            rtol: a.rtol.unwrap_or(plan.tolerance.rtol),
+        }),
+        golden: a.golden.clone().or(req.validation.golden),
     };
-    let req = BuildRequest {
-        model: a.model.clone(),
-        backend: backend.clone(),
-        options: a.build.options(&plan, a.threads)?,
-        validation: ValidationConfig {
-            seed: a.seed.unwrap_or(plan.golden.seed),
-            int_range,
-            tolerance: Some(tolerance),
-            golden: a.golden.clone().or_else(|| plan.golden.npz.clone()),
-        },
-        force: a.force,
-    };
-    crate::build::backend(&backend).map_err(anyhow::Error::new)?;
     let (store, dir) = open_store(&a.cache, max_bytes)?;
     let builder = Builder::new(Arc::new(store), a.ort_library.clone())
         .with_digest_memo(dir.join(DIGEST_MEMO));
@@ -314,7 +309,6 @@ fn render(o: &BuildOutcome, ort: Option<&str>, dir: &std::path::Path, st: Style)
             "cache hit (built in {} ms earlier; {} hits)",
             r.build_ms, r.hits
         ),
-        Source::Joined => "built by a concurrent request (joined)".into(),
     };
     rows.push(vec!["result".into(), result]);
     let mut out = table("", &rows);

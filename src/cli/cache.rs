@@ -13,7 +13,7 @@ use crate::cache::{parse_size, Record, SledStore, Store, StoreOptions};
 use crate::key::CacheKey;
 
 /// Where the cache lives; every command that touches the cache flattens this, so all of
-/// them resolve the same directory ([`crate::cache::default_dir`]).
+/// them resolve the same directory ([`crate::config::default_cache_dir`]).
 #[derive(Debug, Clone, Args)]
 pub struct CacheArgs {
     /// Cache directory (default: TRTCACHE_CACHE_DIR, else the checkout's cache/ when run from
@@ -26,7 +26,7 @@ impl CacheArgs {
     pub fn dir(&self) -> PathBuf {
         self.cache_dir
             .clone()
-            .unwrap_or_else(crate::cache::default_dir)
+            .unwrap_or_else(crate::config::default_cache_dir)
     }
 }
 
@@ -150,7 +150,7 @@ pub fn ls(a: LsArgs) -> anyhow::Result<ExitCode> {
         rows.push(vec![
             r.key.hex()[..16].to_string(),
             state,
-            r.backend.clone(),
+            r.backend.to_string(),
             human_bytes(r.bytes()),
             r.hits.to_string(),
             ago(r.last_used),

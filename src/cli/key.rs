@@ -13,10 +13,11 @@ use super::cache::CacheArgs;
 use super::output::{human_bytes, table, Style};
 use crate::cache::DIGEST_MEMO;
 use crate::key::{
-    digest::default_threads, key_for_plan, plain_model_digest, CacheKey, DigestOptions,
-    DigestReport, KeyParts, ModelDigest, BACKENDS,
+    digest::default_threads, key_for, plain_model_digest, KeyInput, CacheKey, DigestOptions,
+    DigestReport, KeyParts, ModelDigest,
 };
 use crate::onnx::Model;
+use crate::spec::Backend;
 use crate::plan::{resolve, ModelInputs, ProfileArgs};
 
 /// Print the cache key of MODEL and every part hashed into it: the model's content digest
@@ -32,8 +33,8 @@ pub struct KeyArgs {
     #[command(flatten)]
     pub profile: ProfileArgs,
     /// Backend the artifact is built with (default: the sidecar's first, else ort-cpu).
-    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(BACKENDS))]
-    pub backend: Option<String>,
+    #[arg(long, value_enum)]
+    pub backend: Option<Backend>,
     #[command(flatten)]
     pub build: BuildOptionArgs,
     /// libonnxruntime.so a build would load (else ORT_DYLIB_PATH, then an onnxruntime Python
@@ -78,14 +79,21 @@ pub fn run(a: KeyArgs) -> anyhow::Result<ExitCode> {
     let memo = (!a.no_memo).then(|| a.cache.dir().join(DIGEST_MEMO));
     let threads = a.threads.unwrap_or_else(default_threads).max(1);
     let profile_name = plan.profile.as_ref().map(|p| p.name.clone());
-    let backend = choose_backend(a.backend.as_deref(), &plan);
-    let options = a.build.options(&plan, 0)?.key_options(&backend);
-    let (parts, report) = key_for_plan(
+    let backend = choose_backend(a.backend, &plan);
+    let build = a.build.options(&plan, 0)?;
+    // The version of the library a build would load, found without loading it.
+    let (_, onnxruntime) = crate::libs::onnxruntime::locate(a.ort_library.as_deref())
+        .with_context(|| format!("backend {backend}"))?;
+    let (parts, report) = key_for(
         &model,
-        &plan,
-        &backend,
-        a.ort_library.as_deref(),
-        options,
+        KeyInput {
+            profile: plan.profile.as_ref(),
+            precision: plan.precision,
+            backend,
+            device: build.device_id,
+            options: build.key_options(backend),
+        },
+        &onnxruntime,
         &DigestOptions { threads, memo },
     )
     .with_context(|| format!("{}: key", a.model.display()))?;

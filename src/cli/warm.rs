@@ -232,7 +232,7 @@ fn local_warm(
             let t0 = Instant::now();
             let mut r = BuildResult {
                 model: entry.name.clone(),
-                backend: sel.backend.clone(),
+                backend: sel.backend.to_string(),
                 profile: sel.profile.clone().unwrap_or_else(|| "default".into()),
                 state: VariantState::Failed,
                 key: None,
@@ -243,7 +243,7 @@ fn local_warm(
             };
             let prof = r.profile.clone();
             let say =
-                |phase: &str| bars.update(&entry.name, &sel.backend, &prof, phase, start.elapsed());
+                |phase: &str| bars.update(&entry.name, sel.backend.as_str(), &prof, phase, start.elapsed());
             say("planning");
             let outcome = engine.plan(entry, &sel).and_then(|p| {
                 r.key = Some(p.key.hex());
@@ -372,7 +372,7 @@ fn local_status(cfg: &Config, only: Option<&str>) -> anyhow::Result<Vec<ModelSta
         for sel in engine.variants(entry, &cfg.backends).selections {
             let mut v = VariantStatus {
                 profile: sel.profile.clone().unwrap_or_else(|| "default".into()),
-                backend: sel.backend.clone(),
+                backend: sel.backend.to_string(),
                 precision: "fp32".into(),
                 state: VariantState::Missing,
                 key: None,

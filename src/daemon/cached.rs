@@ -17,17 +17,13 @@ use std::sync::Arc;
 use trtcache_client::protocol::{ArtifactFile, ArtifactMeta, TensorInfo, Validation};
 
 use super::engine::*;
-use crate::build::validate::{Tolerance, ValidationConfig};
 use crate::build::{runtime, BuildError, BuildOptions, BuildRequest, Builder, Watch};
 use crate::cache::{Lookup, Record, Served, SledStore, Status, Store, StoreError, StoreOptions};
 use crate::key::memo::FileId;
-use crate::key::CacheKey;
 use crate::onnx::facts::{elem_type_of, shape_of, Dim};
 use crate::onnx::Model;
-use crate::plan::{resolve, ModelInputs, Plan, Precision, ProfileArgs, Sidecar};
-
-/// Backend used when neither the sidecar nor the caller names one.
-const DEFAULT_BACKEND: &str = "ort-cpu";
+use crate::plan::{resolve, ModelInputs, Plan, ProfileArgs, Sidecar};
+use crate::spec::{Backend, CacheKey, Precision};
 
 /// The real engine (see the module docs).
 pub struct CachedEngine {
@@ -63,7 +59,6 @@ fn build_err(e: BuildError) -> EngineError {
         BuildError::Key(crate::key::KeyError::Io { path, source }) => {
             EngineError::Changed(format!("{}: {source}", path.display()))
         }
-        BuildError::UnknownBackend(_) => EngineError::NotFound(e.to_string()),
         // The store failing (a full disk, an I/O error) says nothing about the model.
         BuildError::Store(_) => EngineError::Storage(e.to_string()),
         BuildError::Runtime(_) | BuildError::ProviderMissing { .. } | BuildError::Key(_) => {
@@ -75,8 +70,7 @@ fn build_err(e: BuildError) -> EngineError {
         },
         BuildError::Ort { .. }
         | BuildError::Model { .. }
-        | BuildError::Validation(_)
-        | BuildError::Joined { .. } => EngineError::Invalid(e.to_string()),
+        | BuildError::Validation(_) => EngineError::Invalid(e.to_string()),
     }
 }
 
@@ -166,27 +160,15 @@ impl CachedEngine {
             e => EngineError::Invalid(format!("{}: {e}", model.path.display())),
         })?;
         drop(m);
-        let req = BuildRequest {
-            model: model.path.clone(),
-            backend: sel.backend.clone(),
-            options: BuildOptions {
-                precision: plan.precision,
-                profile: plan.profile.clone(),
+        let req = BuildRequest::from_plan(
+            &model.path,
+            sel.backend,
+            &plan,
+            BuildOptions {
                 external_min_bytes: self.external_min_bytes,
-                specialize: plan.specialize.unwrap_or(true),
                 ..BuildOptions::default()
             },
-            validation: ValidationConfig {
-                seed: plan.golden.seed,
-                int_range: (plan.golden.int_range[0], plan.golden.int_range[1]),
-                tolerance: Some(Tolerance {
-                    atol: plan.tolerance.atol,
-                    rtol: plan.tolerance.rtol,
-                }),
-                golden: plan.golden.npz.clone(),
-            },
-            force: false,
-        };
+        );
         Ok((req, plan))
     }
 
@@ -242,7 +224,7 @@ impl CachedEngine {
                 model: planned.model.name.clone(),
                 version: planned.model.version,
                 key: record.key.hex(),
-                backend: record.backend.clone(),
+                backend: record.backend.to_string(),
                 profile: planned.profile.clone(),
                 precision: record.parts.precision.as_str().into(),
                 inputs,
@@ -363,7 +345,7 @@ impl Engine for CachedEngine {
     /// One selection per sidecar profile × backend: the sidecar's backends when it lists any,
     /// else `backends` (the daemon's configured ones, `ort-cpu` by default); the default
     /// profile when the sidecar declares none; the sidecar's precision.
-    fn variants(&self, model: &ModelEntry, backends: &[String]) -> Variants {
+    fn variants(&self, model: &ModelEntry, backends: &[Backend]) -> Variants {
         let sidecar = match model.sidecar.as_deref().map(Sidecar::load).transpose() {
             Ok(s) => s,
             Err(e) => {
@@ -372,12 +354,12 @@ impl Engine for CachedEngine {
                 None
             }
         };
-        let mut bs: Vec<String> = match &sidecar {
+        let mut bs: Vec<Backend> = match &sidecar {
             Some(s) if !s.backends.is_empty() => s.backends.clone(),
             _ => backends.to_vec(),
         };
         if bs.is_empty() {
-            bs.push(DEFAULT_BACKEND.into());
+            bs.push(Backend::DEFAULT);
         }
         let profiles: Vec<Option<String>> = match &sidecar {
             Some(s) if !s.profiles.is_empty() => s.profiles.keys().cloned().map(Some).collect(),
@@ -392,7 +374,7 @@ impl Engine for CachedEngine {
             for p in &profiles {
                 selections.push(Selection {
                     profile: p.clone(),
-                    backend: b.clone(),
+                    backend: *b,
                     precision,
                 });
             }
@@ -407,13 +389,6 @@ impl Engine for CachedEngine {
     }
 
     fn plan(&self, model: &ModelEntry, sel: &Selection) -> Result<Planned, EngineError> {
-        if !crate::build::BACKENDS.contains(&sel.backend.as_str()) {
-            return Err(EngineError::NotFound(format!(
-                "unknown backend `{}` (known: {})",
-                sel.backend,
-                crate::build::BACKENDS.join(", ")
-            )));
-        }
         let (req, plan) = self.request(model, sel)?;
         let parts = self.builder.key_parts(&req).map_err(build_err)?;
         Ok(Planned {

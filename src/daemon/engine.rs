@@ -13,8 +13,7 @@ use serde::{Deserialize, Serialize};
 use trtcache_client::protocol::ArtifactMeta;
 
 use crate::key::memo::FileId;
-use crate::key::CacheKey;
-use crate::plan::Precision;
+use crate::spec::{Backend, CacheKey, Precision};
 
 /// How a model sits in the repository.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,8 +56,7 @@ pub struct Variants {
 pub struct Selection {
     /// Profile name; the model's default when `None`.
     pub profile: Option<String>,
-    /// Backend name (`ort-cpu`, `ort-cuda`, `ort-tensorrt`).
-    pub backend: String,
+    pub backend: Backend,
     /// Precision.
     pub precision: Precision,
 }
@@ -173,7 +171,7 @@ impl EngineError {
 pub trait Engine: Send + Sync + 'static {
     /// The selections built in the background for a model (one per configured backend and
     /// per profile the model declares) and its default profile, from one read of its sidecar.
-    fn variants(&self, model: &ModelEntry, backends: &[String]) -> Variants;
+    fn variants(&self, model: &ModelEntry, backends: &[Backend]) -> Variants;
     /// Key and plan for a model file and a selection; blocking (hashes the file).
     fn plan(&self, model: &ModelEntry, sel: &Selection) -> Result<Planned, EngineError>;
     /// A ready, validated artifact for this key, after cheap integrity checks.

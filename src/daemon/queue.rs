@@ -360,7 +360,7 @@ mod tests {
     }
 
     impl Engine for GateEngine {
-        fn variants(&self, _: &ModelEntry, _: &[String]) -> Variants {
+        fn variants(&self, _: &ModelEntry, _: &[crate::spec::Backend]) -> Variants {
             Variants::default()
         }
         fn plan(&self, _: &ModelEntry, _: &Selection) -> Result<Planned, EngineError> {
@@ -398,7 +398,7 @@ mod tests {
             },
             selection: Selection {
                 profile: None,
-                backend: "ort-cpu".into(),
+                backend: crate::spec::Backend::OrtCpu,
                 precision: Default::default(),
             },
             profile: "default".into(),
@@ -454,7 +454,7 @@ mod tests {
     struct FullDiskEngine(Mutex<u32>);
 
     impl Engine for FullDiskEngine {
-        fn variants(&self, _: &ModelEntry, _: &[String]) -> Variants {
+        fn variants(&self, _: &ModelEntry, _: &[crate::spec::Backend]) -> Variants {
             Variants::default()
         }
         fn plan(&self, _: &ModelEntry, _: &Selection) -> Result<Planned, EngineError> {

@@ -17,8 +17,7 @@ use super::queue::{JobStatus, Queue};
 use super::repo::{RepoModel, Snapshot};
 use crate::config::Config;
 use crate::key::memo::FileId;
-use crate::key::CacheKey;
-use crate::plan::Precision;
+use crate::spec::{Backend, CacheKey};
 
 /// A typed failure of a request.
 pub type Failure = (ErrorCode, String);
@@ -103,12 +102,12 @@ impl Service {
         &self,
         entry: &ModelEntry,
         profile: Option<String>,
-        backend: Option<String>,
+        backend: Option<Backend>,
     ) -> Selection {
         let variants = self.engine.variants(entry, &self.cfg.backends);
         let backend = backend
-            .or_else(|| variants.selections.first().map(|v| v.backend.clone()))
-            .unwrap_or_else(|| self.cfg.backends[0].clone());
+            .or_else(|| variants.selections.first().map(|v| v.backend))
+            .unwrap_or(self.cfg.backends[0]);
         let precision = variants
             .selections
             .iter()
@@ -452,7 +451,8 @@ impl Service {
         req: &AcquireRequest,
     ) -> Result<(ArtifactMeta, Vec<File>), Failure> {
         let entry = self.entry(&req.model, req.version)?;
-        let sel = self.selection_for(&entry, req.profile.clone(), req.backend.clone());
+        let backend = wire_backend(req.backend.as_deref())?;
+        let sel = self.selection_for(&entry, req.profile.clone(), backend);
         let planned = self.planned(&entry, &sel).await?;
         let mut hit = true;
         // A file changed under the daemon is never handed out: the engine re-checks it (a
@@ -577,11 +577,8 @@ impl Service {
     ) -> VariantStatus {
         let mut v = VariantStatus {
             profile: sel.profile.clone().unwrap_or_else(|| "default".into()),
-            backend: sel.backend.clone(),
-            precision: match sel.precision {
-                Precision::Fp32 => "fp32".into(),
-                Precision::Fp16 => "fp16".into(),
-            },
+            backend: sel.backend.to_string(),
+            precision: sel.precision.as_str().into(),
             state: VariantState::Missing,
             key: None,
             reason: None,
@@ -632,7 +629,7 @@ impl Service {
                         Some(p) => self.variant_status(p, &sel, st),
                         None => VariantStatus {
                             profile: sel.profile.clone().unwrap_or_else(|| "default".into()),
-                            backend: sel.backend.clone(),
+                            backend: sel.backend.to_string(),
                             precision: "fp32".into(),
                             state: VariantState::Queued,
                             key: None,
@@ -701,6 +698,7 @@ impl Service {
             entries.push((e, true));
         }
 
+        let backend = wire_backend(req.backend.as_deref())?;
         let limit = req
             .timeout_ms
             .map(Duration::from_millis)
@@ -715,11 +713,11 @@ impl Service {
                 .variants(&e, &self.cfg.backends)
                 .selections
                 .into_iter()
-                .filter(|s| req.backend.as_ref().is_none_or(|b| &s.backend == b))
+                .filter(|s| backend.is_none_or(|b| s.backend == b))
                 .collect();
             if sels.is_empty() {
-                if let Some(b) = &req.backend {
-                    sels.push(self.selection_for(&e, None, Some(b.clone())));
+                if let Some(b) = backend {
+                    sels.push(self.selection_for(&e, None, Some(b)));
                 }
             }
             for sel in sels {
@@ -754,14 +752,14 @@ impl Service {
         let profile = sel.profile.clone().unwrap_or_else(|| "default".into());
         let emit = |phase: &str| Progress {
             model: entry.name.clone(),
-            backend: sel.backend.clone(),
+            backend: sel.backend.to_string(),
             profile: profile.clone(),
             phase: phase.into(),
             elapsed_ms: start.elapsed().as_millis() as u64,
         };
         let mut res = BuildResult {
             model: entry.name.clone(),
-            backend: sel.backend.clone(),
+            backend: sel.backend.to_string(),
             profile: profile.clone(),
             state: VariantState::Failed,
             key: None,
@@ -894,4 +892,11 @@ impl Service {
             artifacts_in_memory,
         }
     }
+}
+
+/// A backend named on the wire: unknown names are `not_found` (the model has no such
+/// variant), as an unknown profile is.
+fn wire_backend(name: Option<&str>) -> Result<Option<Backend>, Failure> {
+    name.map(|b| b.parse().map_err(|e: crate::spec::SpecError| fail(ErrorCode::NotFound, e.to_string())))
+        .transpose()
 }

@@ -9,14 +9,10 @@ use serde::Serialize;
 
 use super::digest::{default_threads, plain_sha256, tree_digests_of, Input};
 use super::memo::{now_ns, DigestMemo, FileId};
-use super::versions::{find_onnxruntime_version, tensorrt_version};
 use super::{hex, BackendId, ExternalDigest, KeyError, KeyParts, ModelDigest, KEY_FORMAT};
 use crate::device::{gpu, DeviceReport, Sku};
 use crate::onnx::Model;
-use crate::plan::{Precision, ShapeProfile};
-
-/// Backend names a key can be made for.
-pub const BACKENDS: &[&str] = &["ort-cpu", "ort-cuda", "ort-tensorrt"];
+use crate::spec::{Backend, Precision, ShapeProfile};
 
 /// How to digest a model.
 #[derive(Clone, Debug)]
@@ -265,86 +261,83 @@ pub fn key_parts(
     }
 }
 
-/// A backend's identity: its name and the versions of the libraries it builds with
-/// (`onnxruntime` always; `cuda_driver` for GPU backends; `tensorrt` when libnvinfer is on
-/// the library path). `ort_library` is the config's explicit ONNX Runtime path, if any; the
-/// library is found by the loader's own search (`build::runtime::locate`) without loading it.
-pub fn backend_id(name: &str, ort_library: Option<&Path>) -> Result<BackendId, KeyError> {
-    if !BACKENDS.contains(&name) {
-        return Err(KeyError::UnknownBackend(name.into()));
-    }
-    let ort = find_onnxruntime_version(ort_library).map_err(|why| KeyError::Library {
-        backend: name.into(),
-        why,
-    })?;
-    Ok(backend_id_with(name, &ort.version))
-}
-
-/// [`backend_id`] for a known ONNX Runtime version (the build stage passes the loaded
-/// runtime's): adds `cuda_driver` for GPU backends and `tensorrt` when found.
-pub fn backend_id_with(name: &str, onnxruntime: &str) -> BackendId {
+/// The versions of the libraries `backend` builds with: `onnxruntime` (the version of the
+/// runtime that builds, or would build: the loaded one in the build stage, the one the loader
+/// would load for `trtcache key`), `cuda_driver` for GPU backends, `tensorrt` for backends
+/// that build with it (from the library the loader would load, `libs::tensorrt`).
+pub fn backend_id(backend: Backend, onnxruntime: &str) -> BackendId {
     let mut versions = BTreeMap::new();
     versions.insert("onnxruntime".to_string(), onnxruntime.to_string());
-    if name != "ort-cpu" {
+    if backend.is_gpu() {
         if let Some(v) = gpu::driver_version() {
             versions.insert("cuda_driver".to_string(), v);
         }
     }
-    if name == "ort-tensorrt" {
-        if let Some(t) = tensorrt_version() {
+    if backend.uses_tensorrt() {
+        if let Some(t) = crate::libs::tensorrt() {
             versions.insert("tensorrt".to_string(), t.version);
         }
     }
     BackendId {
-        name: name.into(),
+        name: backend,
         versions,
     }
 }
 
 /// The SKU `backend` builds for, detecting only what it needs: `ort-cpu` reads cpuinfo and
 /// never initialises the CUDA driver (cuInit can take a second on a GPU host).
-pub fn detect_sku(backend: &str) -> Result<Sku, KeyError> {
-    if backend == "ort-cpu" {
+pub fn detect_sku(backend: Backend, device: i32) -> Result<Sku, KeyError> {
+    if !backend.is_gpu() {
         return Ok(crate::device::cpu_info().sku());
     }
-    sku_for_backend(&crate::device::detect(), backend)
+    let ordinal = usize::try_from(device).map_err(|_| device.to_string());
+    sku_for_backend(&crate::device::detect_with(ordinal), backend)
 }
 
 /// The SKU `backend` builds for: the CPU's for `ort-cpu` (even on a GPU host), the selected
 /// GPU's otherwise (an error naming why there is none).
-pub fn sku_for_backend(report: &DeviceReport, backend: &str) -> Result<Sku, KeyError> {
-    if backend == "ort-cpu" {
+pub fn sku_for_backend(report: &DeviceReport, backend: Backend) -> Result<Sku, KeyError> {
+    if !backend.is_gpu() {
         return Ok(report.cpu_sku());
     }
-    report.gpu_sku().map_err(|why| KeyError::NoGpu {
-        backend: backend.into(),
-        why,
-    })
+    report
+        .gpu_sku()
+        .map_err(|why| KeyError::NoGpu { backend, why })
 }
 
-/// Everything [`key_parts`] needs in one call, for the build and daemon stages: digests the
-/// model (memo per `digest`), detects the SKU for `backend`, finds its library versions
-/// (`ort_library`: the config's explicit ONNX Runtime path) and assembles the parts.
-pub fn key_for_plan(
+/// What a key is made of besides the model: the plan's profile and precision, the backend,
+/// the GPU it builds on (GPU backends; `BuildOptions::device_id`) and the backend's key
+/// options (`BuildOptions::key_options`).
+#[derive(Clone, Debug)]
+pub struct KeyInput<'a> {
+    pub profile: Option<&'a ShapeProfile>,
+    pub precision: Precision,
+    pub backend: Backend,
+    pub device: i32,
+    pub options: BTreeMap<String, String>,
+}
+
+/// The one assembler of [`KeyParts`], for `trtcache key`, `trtcache build` and the daemon:
+/// digests the model (memo per `digest`), detects the SKU for the backend, records the library
+/// versions (`onnxruntime`: see [`backend_id`]) and assembles the parts.
+pub fn key_for(
     model: &Model,
-    plan: &crate::plan::Plan,
-    backend: &str,
-    ort_library: Option<&Path>,
-    options: BTreeMap<String, String>,
+    input: KeyInput<'_>,
+    onnxruntime: &str,
     digest: &DigestOptions,
 ) -> Result<(KeyParts, DigestReport), KeyError> {
-    let sku = detect_sku(backend)?;
-    let backend = backend_id(backend, ort_library)?;
+    let sku = detect_sku(input.backend, input.device)?;
+    let backend = backend_id(input.backend, onnxruntime);
     let (d, report) = model_digest_with(model, digest)?;
     Ok((
         key_parts(
             model,
             d,
-            plan.profile.as_ref(),
+            input.profile,
             sku,
             backend,
-            plan.precision,
-            options,
+            input.precision,
+            input.options,
         ),
         report,
     ))
@@ -401,7 +394,7 @@ mod tests {
                 Some(p),
                 Sku::default(),
                 BackendId {
-                    name: "ort-cpu".into(),
+                    name: Backend::OrtCpu,
                     versions: BTreeMap::new(),
                 },
                 Precision::Fp32,

@@ -32,7 +32,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::{parse_shapes, PlanError, Precision, ShapeProfile};
+use super::{parse_shapes, PlanError};
+use crate::spec::{Backend, Precision, ShapeProfile, Tolerance};
 
 /// One `[profiles.NAME]` table: each of min/opt/max is a TOML table of integer arrays
 /// (`{ ids = [1, 128] }`) or a trtexec string (`"ids:1x128"`).
@@ -67,46 +68,6 @@ fn shape_set(flag: &str, v: &toml::Value) -> Result<BTreeMap<String, Vec<i64>>, 
     }
 }
 
-/// Allowed error of a validated output: an element passes when
-/// `|actual - expected| <= atol + rtol * |expected|` (numpy's `allclose`).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Tolerance {
-    /// Absolute part (`abs` in records written before the build stage shared this type).
-    #[serde(alias = "abs")]
-    pub atol: f64,
-    /// Relative part (`rel` in older records).
-    #[serde(alias = "rel")]
-    pub rtol: f64,
-}
-
-impl Tolerance {
-    /// Defaults: fp32 atol 1e-4 / rtol 1e-3; fp16 atol 1e-2 / rtol 1e-2.
-    pub fn default_for(p: Precision) -> Self {
-        match p {
-            Precision::Fp32 => Tolerance {
-                atol: 1e-4,
-                rtol: 1e-3,
-            },
-            Precision::Fp16 => Tolerance {
-                atol: 1e-2,
-                rtol: 1e-2,
-            },
-        }
-    }
-
-    /// Whether `actual` is close enough to `expected` (NaN never is, unless both are NaN).
-    pub fn allows(&self, actual: f64, expected: f64) -> bool {
-        if actual.is_nan() || expected.is_nan() {
-            return actual.is_nan() && expected.is_nan();
-        }
-        if actual == expected {
-            return true;
-        }
-        (actual - expected).abs() <= self.atol + self.rtol * expected.abs()
-    }
-}
-
 /// How validation inputs are made: a golden `.npz`, or seeded random tensors.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -135,7 +96,7 @@ impl Default for GoldenSettings {
 struct SidecarFile {
     precision: Option<String>,
     #[serde(default)]
-    backends: Vec<String>,
+    backends: Vec<Backend>,
     default_profile: Option<String>,
     specialize: Option<bool>,
     #[serde(default)]
@@ -152,7 +113,7 @@ pub struct Sidecar {
     /// Where it was read from.
     pub path: PathBuf,
     pub precision: Option<Precision>,
-    pub backends: Vec<String>,
+    pub backends: Vec<Backend>,
     pub default_profile: Option<String>,
     /// `ort-cpu`: whether a profile's fixed dimensions are baked into the artifact (`None`:
     /// the command's default, yes).
@@ -238,14 +199,6 @@ impl Sidecar {
                 "[golden] int_range {:?} is empty; need [lo, hi) with lo < hi",
                 f.golden.int_range
             )));
-        }
-        for b in &f.backends {
-            if !crate::key::BACKENDS.contains(&b.as_str()) {
-                return Err(bad(format!(
-                    "backends: unknown backend `{b}` (known: {})",
-                    crate::key::BACKENDS.join(", ")
-                )));
-            }
         }
         let mut golden = f.golden;
         let dir = path.parent().unwrap_or(Path::new(""));
@@ -372,7 +325,7 @@ int_range = [0, 5]
     fn parses_everything() {
         let s = Sidecar::parse(Path::new("/m/model.trtcache.toml"), FULL).unwrap();
         assert_eq!(s.precision, Some(Precision::Fp16));
-        assert_eq!(s.backends, ["ort-tensorrt", "ort-cpu"]);
+        assert_eq!(s.backends, [Backend::OrtTensorRt, Backend::OrtCpu]);
         assert_eq!(s.specialize, Some(false));
         let p = s.profile(None).unwrap().unwrap();
         assert_eq!(p.name, "small");

