@@ -202,7 +202,10 @@ impl Default for Config {
                 PathBuf::from("/run/trtcache/trtcache.sock"),
             )
         } else if let Some(repo) = checkout() {
-            (repo.join("examples/models"), cache_dir.join("trtcache.sock"))
+            (
+                repo.join("examples/models"),
+                cache_dir.join("trtcache.sock"),
+            )
         } else {
             (PathBuf::from("models"), cache_dir.join("trtcache.sock"))
         };

@@ -9,7 +9,6 @@
 
 use std::collections::BTreeMap;
 
-
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 

@@ -6,7 +6,6 @@
 //! returns a [`Plan`] (canonical profile, precision, backends, tolerance, golden settings)
 //! for the key and build stages. Every error is a [`PlanError`] naming profile, input, axis.
 
-
 use serde::Serialize;
 
 pub use crate::spec::{Precision, ShapeProfile, Tolerance};
@@ -16,9 +15,7 @@ mod validate;
 
 use std::path::{Path, PathBuf};
 
-pub use sidecar::{
-    load_sidecar, sidecar_candidates, GoldenSettings, ProfileSpec, Sidecar,
-};
+pub use sidecar::{load_sidecar, sidecar_candidates, GoldenSettings, ProfileSpec, Sidecar};
 pub use validate::{concrete_shapes, parse_shapes, validate_profile, InputSig, ModelInputs};
 
 /// Which of a profile's three shape sets an error is about.

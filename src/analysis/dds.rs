@@ -8,25 +8,12 @@
 //! sizes, Squeeze/Unsqueeze axes, a Loop trip count feeding scan outputs, …). Tensors
 //! downstream inherit the origin in [`super::shapes::TensorInfo::dds`].
 
-use serde::Serialize;
-
-use super::shapes::{GraphFacts, ValueClass};
+use super::facts::{DdsOrigin, GraphFacts, ValueClass};
 use crate::onnx::graph::Graph;
 use crate::onnx::proto::NodeProto;
 
 /// The ONNX Runtime / onnx-tensorrt "DDS ops" set that `--trt-exclude-dds` excludes.
 pub const DDS_OPS: [&str; 3] = ["NonMaxSuppression", "NonZero", "RoiAlign"];
-
-/// Where a data-dependent shape starts.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
-pub struct DdsOrigin {
-    /// The first output whose shape depends on data.
-    pub tensor: String,
-    /// The node's stable name.
-    pub node: String,
-    pub op_type: String,
-    pub why: String,
-}
 
 /// Which input of an op defines (part of) its output shape, with a label.
 fn shape_inputs(op: &str, opset: i64) -> &'static [(usize, &'static str)] {

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use prost::Message;
 use serde::Serialize;
 
-use super::shapes::{GraphFacts, SymDim};
+use super::facts::{GraphFacts, SymDim};
 use super::Analysis;
 use crate::onnx::load::external_ref;
 use crate::onnx::proto::{

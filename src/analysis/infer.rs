@@ -6,95 +6,13 @@
 //! Cast, normalisations, Softmax, reductions, Split, Expand, Tile, …). Whenever a rule is
 //! not sure it answers unknown; it never guesses.
 
+use super::facts::{
+    axis, broadcast, prod, tensor_info, GraphFacts, Out, SymDim, TensorInfo, MAX_TRACKED_VALUES,
+};
 use super::layout::{concat, conv_like, gather, matmul, reduce, reshape, slice, split};
-use super::shapes::{tensor_info, GraphFacts, SymDim, TensorInfo, MAX_TRACKED_VALUES};
+use crate::onnx::attr;
 use crate::onnx::proto::NodeProto;
 use crate::onnx::ElemType;
-
-/// What a rule says about one output.
-#[derive(Clone, Debug, Default)]
-pub struct Out {
-    pub dtype: Option<ElemType>,
-    pub shape: Option<Vec<SymDim>>,
-    pub value: Option<Vec<SymDim>>,
-}
-
-pub fn attr_i(n: &NodeProto, name: &str) -> Option<i64> {
-    n.attribute.iter().find(|a| a.name == name).map(|a| a.i)
-}
-pub fn attr_ints(n: &NodeProto, name: &str) -> Option<Vec<i64>> {
-    n.attribute
-        .iter()
-        .find(|a| a.name == name)
-        .map(|a| a.ints.clone())
-}
-pub fn attr_s(n: &NodeProto, name: &str) -> Option<String> {
-    n.attribute
-        .iter()
-        .find(|a| a.name == name)
-        .map(|a| String::from_utf8_lossy(&a.s).into_owned())
-}
-pub fn has_attr(n: &NodeProto, name: &str) -> bool {
-    n.attribute.iter().any(|a| a.name == name)
-}
-
-/// Normalises a possibly negative axis against `rank`.
-pub fn axis(a: i64, rank: usize) -> Option<usize> {
-    let r = rank as i64;
-    let a = if a < 0 { a + r } else { a };
-    (0..r).contains(&a).then_some(a as usize)
-}
-
-/// Product of dims: known when all are known, the single symbol when the rest multiply to 1.
-fn prod(dims: &[SymDim]) -> SymDim {
-    let mut k: i64 = 1;
-    let mut other = None;
-    for d in dims {
-        match d {
-            SymDim::Known(v) => k = k.saturating_mul(*v),
-            d if other.is_none() => other = Some(d.clone()),
-            _ => return SymDim::Unknown,
-        }
-    }
-    match other {
-        None => SymDim::Known(k),
-        Some(SymDim::Sym(s)) if k == 1 => SymDim::Sym(s),
-        _ => SymDim::Unknown,
-    }
-}
-
-fn bcast_dim(a: &SymDim, b: &SymDim) -> SymDim {
-    use SymDim::*;
-    match (a, b) {
-        (x, y) if x == y && *x != Unknown => x.clone(),
-        (Known(1), y) | (y, Known(1)) => y.clone(),
-        (Known(x), _) | (_, Known(x)) if *x != 1 => {
-            // A valid model broadcasts the other side (1 or x) to x, unless both are known
-            // and differ, which is an invalid model.
-            match (a, b) {
-                (Known(p), Known(q)) if p != q => Unknown,
-                _ => Known(*x),
-            }
-        }
-        _ => Unknown,
-    }
-}
-
-/// Multidirectional (numpy) broadcasting of known-rank shapes.
-pub fn broadcast(shapes: &[&[SymDim]]) -> Vec<SymDim> {
-    let rank = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
-    (0..rank)
-        .map(|i| {
-            let mut acc = SymDim::Known(1);
-            for s in shapes {
-                if let Some(d) = (i + s.len()).checked_sub(rank).and_then(|j| s.get(j)) {
-                    acc = bcast_dim(&acc, d);
-                }
-            }
-            acc
-        })
-        .collect()
-}
 
 fn same(t: &TensorInfo) -> Out {
     Out {
@@ -212,7 +130,7 @@ pub fn infer(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
             let s = match (in_shape(0), n.input.get(1).and_then(|s| f.value(s))) {
                 (Some(mut x), Some(v)) => {
                     let axes =
-                        attr_ints(n, "axes").unwrap_or_else(|| (0..x.len() as i64).collect());
+                        attr::ints(n, "axes").unwrap_or_else(|| (0..x.len() as i64).collect());
                     if axes.len() == v.len() && axes.iter().all(|&a| axis(a, x.len()).is_some()) {
                         for (a, d) in axes.iter().zip(v) {
                             if let Some(i) = axis(*a, x.len()) {
@@ -230,7 +148,7 @@ pub fn infer(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
         }
         "IsNaN" | "IsInf" => one(shape(Some(ElemType::Bool), in_shape(0))),
         "Cast" => {
-            let to = attr_i(n, "to").map(|c| ElemType::from_code(c as i32));
+            let to = attr::int(n, "to").map(|c| ElemType::from_code(c as i32));
             let t = inp(0);
             let ints = |e: Option<ElemType>| {
                 matches!(
@@ -249,7 +167,7 @@ pub fn infer(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
         }
         "CastLike" => one(shape(in_dt(1), in_shape(0))),
         "QuantizeLinear" => {
-            let dt = attr_i(n, "output_dtype")
+            let dt = attr::int(n, "output_dtype")
                 .filter(|&c| c != 0)
                 .map(|c| ElemType::from_code(c as i32))
                 .or_else(|| in_dt(2))
@@ -307,8 +225,8 @@ pub fn infer(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
             if a.len() != 2 || b.len() != 2 {
                 return one(shape(in_dt(0), None));
             }
-            let ta = attr_i(n, "transA").unwrap_or(0) != 0;
-            let tb = attr_i(n, "transB").unwrap_or(0) != 0;
+            let ta = attr::int(n, "transA").unwrap_or(0) != 0;
+            let tb = attr::int(n, "transB").unwrap_or(0) != 0;
             let m = if ta { a[1].clone() } else { a[0].clone() };
             let nn = if tb { b[0].clone() } else { b[1].clone() };
             one(shape(in_dt(0), Some(vec![m, nn])))
@@ -325,7 +243,7 @@ pub fn infer(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
             let (x, w) = (in_shape(0), in_shape(1));
             let s = match (x, w) {
                 (Some(x), Some(w)) if x.len() >= 3 && w.len() == x.len() => {
-                    let g = attr_i(n, "group").unwrap_or(1);
+                    let g = attr::int(n, "group").unwrap_or(1);
                     let mut s = vec![
                         x[0].clone(),
                         w[1].known()
@@ -361,7 +279,7 @@ pub fn infer(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
         "Transpose" => {
             let s = in_shape(0).and_then(|s| {
                 let perm =
-                    attr_ints(n, "perm").unwrap_or_else(|| (0..s.len() as i64).rev().collect());
+                    attr::ints(n, "perm").unwrap_or_else(|| (0..s.len() as i64).rev().collect());
                 if perm.len() != s.len() {
                     return None;
                 }
@@ -379,12 +297,12 @@ pub fn infer(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
             let axes = if opset >= 13 {
                 n.input.get(1).and_then(|a| f.known_ints(a))
             } else {
-                attr_ints(n, "axes")
+                attr::ints(n, "axes")
             };
             let axes_given = if opset >= 13 {
                 n.input.get(1).is_some_and(|a| !a.is_empty())
             } else {
-                has_attr(n, "axes")
+                attr::has(n, "axes")
             };
             let s = in_shape(0).and_then(|s| {
                 if op == "Squeeze" {
@@ -429,7 +347,7 @@ pub fn infer(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
         }
         "Flatten" => {
             let s = in_shape(0).and_then(|s| {
-                let a = attr_i(n, "axis").unwrap_or(1);
+                let a = attr::int(n, "axis").unwrap_or(1);
                 let a = if a < 0 { a + s.len() as i64 } else { a };
                 let a = usize::try_from(a).ok().filter(|&a| a <= s.len())?;
                 Some(vec![prod(&s[..a]), prod(&s[a..])])
@@ -441,8 +359,8 @@ pub fn infer(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
             let value = s.map(|s| {
                 let r = s.len() as i64;
                 let clampi = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
-                let st = clampi(attr_i(n, "start").unwrap_or(0));
-                let en = clampi(attr_i(n, "end").unwrap_or(r));
+                let st = clampi(attr::int(n, "start").unwrap_or(0));
+                let en = clampi(attr::int(n, "end").unwrap_or(r));
                 s[st..en.max(st)].to_vec()
             });
             one(Some(Out {
@@ -486,11 +404,7 @@ pub fn infer(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
             one(shape(in_dt(0), s))
         }
         "ConstantOfShape" => {
-            let dt = n
-                .attribute
-                .iter()
-                .find(|a| a.name == "value")
-                .and_then(|a| a.t.as_ref())
+            let dt = attr::tensor(n, "value")
                 .map(|t| ElemType::from_code(t.data_type))
                 .or(Some(ElemType::Float32));
             let s = n.input.first().and_then(|s| f.value(s)).map(|v| v.to_vec());
@@ -522,7 +436,7 @@ pub fn infer(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
             Some(vec![SymDim::Unknown, SymDim::Known(3)]),
         )),
         "Compress" => {
-            let s = match attr_i(n, "axis") {
+            let s = match attr::int(n, "axis") {
                 None => Some(vec![SymDim::Unknown]),
                 Some(a) => in_shape(0).and_then(|mut s| {
                     let a = axis(a, s.len())?;
@@ -533,7 +447,7 @@ pub fn infer(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
             one(shape(in_dt(0), s))
         }
         "Unique" => {
-            let s = if has_attr(n, "axis") {
+            let s = if attr::has(n, "axis") {
                 None
             } else {
                 Some(vec![SymDim::Unknown])
@@ -553,10 +467,10 @@ pub fn infer(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
                     .and_then(|s| f.value(s))
                     .and_then(|v| v.first().cloned())
             } else {
-                attr_i(n, "k").map(SymDim::Known)
+                attr::int(n, "k").map(SymDim::Known)
             };
             let s = in_shape(0).and_then(|mut s| {
-                let a = axis(attr_i(n, "axis").unwrap_or(-1), s.len())?;
+                let a = axis(attr::int(n, "axis").unwrap_or(-1), s.len())?;
                 s[a] = k.unwrap_or(SymDim::Unknown);
                 Some(s)
             });
@@ -566,7 +480,7 @@ pub fn infer(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
             let pads = if opset >= 11 {
                 n.input.get(1).and_then(|s| f.known_ints(s))
             } else {
-                attr_ints(n, "pads")
+                attr::ints(n, "pads")
             };
             let axes_given = n.input.get(3).is_some_and(|s| !s.is_empty());
             let s = in_shape(0).map(|s| {
@@ -591,13 +505,13 @@ pub fn infer(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
         "Resize" | "Upsample" => {
             let sizes = n.input.get(3).and_then(|s| f.value(s)).map(|v| v.to_vec());
             let s = match sizes {
-                Some(v) if !has_attr(n, "axes") => Some(v),
+                Some(v) if !attr::has(n, "axes") => Some(v),
                 _ => in_shape(0).map(|s| vec![SymDim::Unknown; s.len()]),
             };
             one(shape(in_dt(0), s))
         }
         "DepthToSpace" | "SpaceToDepth" => {
-            let b = attr_i(n, "blocksize").unwrap_or(0);
+            let b = attr::int(n, "blocksize").unwrap_or(0);
             let s = in_shape(0).filter(|s| s.len() == 4 && b > 0).map(|s| {
                 let k = |d: &SymDim, f: &dyn Fn(i64) -> Option<i64>| {
                     d.known().and_then(f).map_or(SymDim::Unknown, SymDim::Known)
@@ -659,7 +573,7 @@ pub fn infer(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
             one(o)
         }
         "EyeLike" => one(shape(
-            attr_i(n, "dtype")
+            attr::int(n, "dtype")
                 .map(|c| ElemType::from_code(c as i32))
                 .or(in_dt(0)),
             in_shape(0),
@@ -671,7 +585,7 @@ pub fn infer(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
                 .and_then(|s| f.value(s))
                 .and_then(|v| v.first().cloned());
             let s = in_shape(0).and_then(|mut s| {
-                let a = attr_i(n, "axis").unwrap_or(-1);
+                let a = attr::int(n, "axis").unwrap_or(-1);
                 let r = s.len() + 1;
                 let a = axis(a, r)?;
                 s.insert(a, depth.unwrap_or(SymDim::Unknown));

@@ -3,8 +3,8 @@
 //! [`super::infer::infer`]. Enters: a node and the facts so far; leaves: an [`Out`] per
 //! output. A rule that cannot be sure answers unknown.
 
-use super::infer::{attr_i, attr_ints, attr_s, axis, broadcast, Out};
-use super::shapes::{GraphFacts, SymDim, TensorInfo, MAX_TRACKED_VALUES};
+use super::facts::{axis, broadcast, GraphFacts, Out, SymDim, TensorInfo, MAX_TRACKED_VALUES};
+use crate::onnx::attr;
 use crate::onnx::proto::NodeProto;
 use crate::onnx::ElemType;
 
@@ -44,7 +44,7 @@ pub fn conv_like(
         return None;
     }
     let sp = x.len() - 2;
-    let kernel: Vec<i64> = match attr_ints(n, "kernel_shape") {
+    let kernel: Vec<i64> = match attr::ints(n, "kernel_shape") {
         Some(k) => k,
         None if op == "Conv" => w
             .as_ref()?
@@ -57,11 +57,11 @@ pub fn conv_like(
     if kernel.len() != sp {
         return None;
     }
-    let strides = attr_ints(n, "strides").unwrap_or_else(|| vec![1; sp]);
-    let dil = attr_ints(n, "dilations").unwrap_or_else(|| vec![1; sp]);
-    let pads = attr_ints(n, "pads").unwrap_or_else(|| vec![0; 2 * sp]);
-    let auto = attr_s(n, "auto_pad").unwrap_or_default();
-    let ceil = attr_i(n, "ceil_mode").unwrap_or(0) != 0;
+    let strides = attr::ints(n, "strides").unwrap_or_else(|| vec![1; sp]);
+    let dil = attr::ints(n, "dilations").unwrap_or_else(|| vec![1; sp]);
+    let pads = attr::ints(n, "pads").unwrap_or_else(|| vec![0; 2 * sp]);
+    let auto = attr::string(n, "auto_pad").unwrap_or_default();
+    let ceil = attr::int(n, "ceil_mode").unwrap_or(0) != 0;
     if strides.len() != sp || dil.len() != sp || pads.len() != 2 * sp {
         return None;
     }
@@ -108,7 +108,7 @@ pub fn reshape(
     target: Option<&[SymDim]>,
 ) -> Option<Vec<SymDim>> {
     let t = target?;
-    let allowzero = attr_i(n, "allowzero").unwrap_or(0) != 0;
+    let allowzero = attr::int(n, "allowzero").unwrap_or(0) != 0;
     let mut out: Vec<SymDim> = Vec::with_capacity(t.len());
     let mut neg = None;
     for (i, d) in t.iter().enumerate() {
@@ -179,7 +179,7 @@ pub fn concat(n: &NodeProto, f: &GraphFacts) -> Option<Out> {
         .collect();
     let shapes = shapes?;
     let first = shapes.first()?;
-    let a = axis(attr_i(n, "axis")?, first.len())?;
+    let a = axis(attr::int(n, "axis")?, first.len())?;
     let mut out = first.clone();
     let mut total = Some(0i64);
     for s in &shapes {
@@ -227,7 +227,7 @@ pub fn slice(n: &NodeProto, f: &GraphFacts, opset: i64) -> Option<Out> {
                 Some(s) => f.known_ints(s).map(Some),
             }
         } else {
-            Some(attr_ints(n, a))
+            Some(attr::ints(n, a))
         }
     };
     let unknown_dims = || x.shape.as_ref().map(|s| vec![SymDim::Unknown; s.len()]);
@@ -313,7 +313,7 @@ pub fn gather(n: &NodeProto, f: &GraphFacts) -> Option<Out> {
     let x = f.get(n.input.first()?)?;
     let idx = n.input.get(1).and_then(|i| f.get(i));
     let s = x.shape.as_ref().and_then(|s| {
-        let a = axis(attr_i(n, "axis").unwrap_or(0), s.len())?;
+        let a = axis(attr::int(n, "axis").unwrap_or(0), s.len())?;
         let is = idx?.shape.as_ref()?;
         let mut o = s[..a].to_vec();
         o.extend(is.iter().cloned());
@@ -325,7 +325,7 @@ pub fn gather(n: &NodeProto, f: &GraphFacts) -> Option<Out> {
         x.value.as_ref(),
         idx.and_then(|i| i.value.as_ref()),
     ) {
-        (Some([len]), Some(v), Some(ix)) if attr_i(n, "axis").unwrap_or(0) == 0 => ix
+        (Some([len]), Some(v), Some(ix)) if attr::int(n, "axis").unwrap_or(0) == 0 => ix
             .iter()
             .map(|i| {
                 let i = i.known()?;
@@ -345,12 +345,12 @@ pub fn gather(n: &NodeProto, f: &GraphFacts) -> Option<Out> {
 pub fn reduce(n: &NodeProto, f: &GraphFacts, opset: i64) -> Option<Out> {
     let op = n.op_type.as_str();
     let x = f.get(n.input.first()?)?;
-    let keep = attr_i(n, "keepdims").unwrap_or(1) != 0;
+    let keep = attr::int(n, "keepdims").unwrap_or(1) != 0;
     let arg = op.starts_with("Arg");
     let dt = if arg { Some(ElemType::Int64) } else { x.dtype };
     let axes_from_input = !arg && (opset >= 18 || (op == "ReduceSum" && opset >= 13));
     let axes: Option<Vec<i64>> = if arg {
-        Some(vec![attr_i(n, "axis").unwrap_or(0)])
+        Some(vec![attr::int(n, "axis").unwrap_or(0)])
     } else if axes_from_input {
         match n.input.get(1).filter(|s| !s.is_empty()) {
             None => Some(vec![]),
@@ -366,12 +366,12 @@ pub fn reduce(n: &NodeProto, f: &GraphFacts, opset: i64) -> Option<Out> {
             },
         }
     } else {
-        Some(attr_ints(n, "axes").unwrap_or_default())
+        Some(attr::ints(n, "axes").unwrap_or_default())
     };
     let s = x.shape.as_ref().and_then(|s| {
         let mut ax = axes?;
         if ax.is_empty() {
-            if attr_i(n, "noop_with_empty_axes").unwrap_or(0) != 0 {
+            if attr::int(n, "noop_with_empty_axes").unwrap_or(0) != 0 {
                 return Some(s.clone());
             }
             ax = (0..s.len() as i64).collect();
@@ -409,7 +409,7 @@ pub fn split(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
             .filter(|s| !s.is_empty())
             .and_then(|s| f.known_ints(s))
     } else {
-        attr_ints(n, "split")
+        attr::ints(n, "split")
     };
     let Some(s) = x.shape.clone() else {
         return vec![
@@ -420,7 +420,7 @@ pub fn split(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
             k
         ];
     };
-    let Some(a) = axis(attr_i(n, "axis").unwrap_or(0), s.len()) else {
+    let Some(a) = axis(attr::int(n, "axis").unwrap_or(0), s.len()) else {
         return vec![];
     };
     let sizes = sizes.or_else(|| {

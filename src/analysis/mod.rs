@@ -11,6 +11,7 @@
 
 pub mod dds;
 pub mod export;
+pub mod facts;
 pub mod infer;
 pub mod layout;
 pub mod partition;
@@ -24,9 +25,10 @@ pub use tables::{default_trt_version, trt_versions};
 
 use crate::onnx::graph::Graph;
 use crate::onnx::Model;
+use facts::{FastMap, FastSet, GraphFacts};
 use partition::{order_from_preds, preds, split, Prov, SplitInput};
 use restrict::TrtCheck;
-use shapes::{propagate_with, FastMap, FastSet, GraphFacts};
+use shapes::propagate_with;
 use tables::{CudaTable, TrtTable};
 
 pub use crate::spec::Provider;

@@ -17,7 +17,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use super::shapes::FastMap as HashMap;
+use super::facts::FastMap as HashMap;
 
 use crate::onnx::graph::Graph;
 
@@ -39,7 +39,7 @@ pub fn reads<'a>(g: &Graph<'a>, id: usize) -> Vec<&'a str> {
     let mut out: Vec<&'a str> = Vec::with_capacity(n.input.len());
     if n.input.len() > 16 {
         // Concat/Sum with thousands of inputs: no quadratic duplicate check.
-        let mut seen = super::shapes::FastSet::default();
+        let mut seen = super::facts::FastSet::default();
         out.extend(
             n.input
                 .iter()

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-pub use super::dds::DdsOrigin;
+pub use super::facts::DdsOrigin;
 
 /// One partition: a TensorRT subgraph, or a run of nodes on CUDA or CPU.
 #[derive(Clone, Debug, Serialize)]

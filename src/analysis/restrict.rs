@@ -4,10 +4,11 @@
 //! bodies. Enters: a node with its graph's facts. Leaves: a [`Verdict`] — reasons TensorRT
 //! declines it (empty when it takes it) and notes about what it will change (DOUBLE cast).
 
-use super::infer::{attr_i, attr_ints, attr_s, axis};
+use super::facts::{axis, FastSet, GraphFacts, ValueClass};
 use super::partition::topo_order;
-use super::shapes::{propagate, FastSet, GraphFacts, ValueClass};
+use super::shapes::propagate;
 use super::tables::{is_qdq_only, trt_type_token, TrtTable};
+use crate::onnx::attr;
 use crate::onnx::graph::Graph;
 use crate::onnx::proto::NodeProto;
 use crate::onnx::ElemType;
@@ -284,17 +285,17 @@ fn restrictions(n: &NodeProto, f: &GraphFacts, opset: i64, r: &mut Vec<String>) 
     let is_const = |i: usize| input(i).is_some_and(|s| f.class(s) == ValueClass::Constant);
     let is_init = |i: usize| input(i).is_some_and(|s| f.get(s).is_some_and(|t| t.initializer));
     let out_used = |i: usize| n.output.get(i).is_some_and(|s| !s.is_empty());
-    let dil_ok = attr_ints(n, "dilations").is_none_or(|d| d.iter().all(|&x| x == 1));
+    let dil_ok = attr::ints(n, "dilations").is_none_or(|d| d.iter().all(|&x| x == 1));
     match op {
         "Resize" => {
-            let mode = attr_s(n, "mode").unwrap_or_else(|| "nearest".into());
+            let mode = attr::string(n, "mode").unwrap_or_else(|| "nearest".into());
             if !matches!(mode.as_str(), "nearest" | "linear") {
                 r.push(format!(
                     "Resize mode `{mode}` is not supported (nearest, linear only)"
                 ));
             }
-            let ctm =
-                attr_s(n, "coordinate_transformation_mode").unwrap_or_else(|| "half_pixel".into());
+            let ctm = attr::string(n, "coordinate_transformation_mode")
+                .unwrap_or_else(|| "half_pixel".into());
             if !matches!(
                 ctm.as_str(),
                 "half_pixel"
@@ -307,22 +308,23 @@ fn restrictions(n: &NodeProto, f: &GraphFacts, opset: i64, r: &mut Vec<String>) 
                     "Resize coordinate_transformation_mode `{ctm}` is not supported"
                 ));
             }
-            let nm = attr_s(n, "nearest_mode").unwrap_or_else(|| "round_prefer_floor".into());
+            let nm = attr::string(n, "nearest_mode").unwrap_or_else(|| "round_prefer_floor".into());
             if !matches!(
                 nm.as_str(),
                 "floor" | "ceil" | "round_prefer_floor" | "round_prefer_ceil"
             ) {
                 r.push(format!("Resize nearest_mode `{nm}` is not supported"));
             }
-            if let Some(p) = attr_s(n, "keep_aspect_ratio_policy").filter(|p| p != "stretch") {
+            if let Some(p) = attr::string(n, "keep_aspect_ratio_policy").filter(|p| p != "stretch")
+            {
                 r.push(format!(
                     "Resize keep_aspect_ratio_policy `{p}` is not supported (stretch only)"
                 ));
             }
-            if attr_i(n, "antialias").unwrap_or(0) != 0 {
+            if attr::int(n, "antialias").unwrap_or(0) != 0 {
                 r.push("Resize antialias is not supported".into());
             }
-            if let (Some(axes), Some(_)) = (attr_ints(n, "axes"), input(2)) {
+            if let (Some(axes), Some(_)) = (attr::ints(n, "axes"), input(2)) {
                 let iota = rank0.is_some_and(|rk| {
                     axes.len() == rk
                         && axes
@@ -336,7 +338,7 @@ fn restrictions(n: &NodeProto, f: &GraphFacts, opset: i64, r: &mut Vec<String>) 
             }
         }
         "TopK" => {
-            if attr_i(n, "sorted").unwrap_or(1) != 1 {
+            if attr::int(n, "sorted").unwrap_or(1) != 1 {
                 r.push("TopK with sorted=0 is not supported".into());
             }
             let k = if opset >= 10 {
@@ -344,14 +346,14 @@ fn restrictions(n: &NodeProto, f: &GraphFacts, opset: i64, r: &mut Vec<String>) 
                     .and_then(|s| f.known_ints(s))
                     .and_then(|v| v.first().copied())
             } else {
-                attr_i(n, "k")
+                attr::int(n, "k")
             };
             if let Some(k) = k.filter(|&k| k >= 3840) {
                 r.push(format!("TopK K={k} is not below TensorRT's limit of 3840"));
             }
         }
         "MaxPool" | "AveragePool" | "LpPool" => {
-            let sp = attr_ints(n, "kernel_shape")
+            let sp = attr::ints(n, "kernel_shape")
                 .map(|k| k.len())
                 .or(rank0.map(|r| r.saturating_sub(2)));
             if let Some(sp) = sp.filter(|s| !matches!(s, 2 | 3)) {
@@ -404,7 +406,7 @@ fn restrictions(n: &NodeProto, f: &GraphFacts, opset: i64, r: &mut Vec<String>) 
             }
         }
         "ScatterND" | "ScatterElements" => {
-            if let Some(red) = attr_s(n, "reduction").filter(|s| s != "none") {
+            if let Some(red) = attr::string(n, "reduction").filter(|s| s != "none") {
                 if op == "ScatterND" {
                     r.push(format!(
                         "ScatterND reduction `{red}` is not supported (none only)"
@@ -436,7 +438,7 @@ fn restrictions(n: &NodeProto, f: &GraphFacts, opset: i64, r: &mut Vec<String>) 
                 .and_then(|i| f.get(i))
                 .and_then(|t| t.shape.as_ref());
             let ok = s.is_some_and(|s| {
-                axis(attr_i(n, "axis").unwrap_or(-1), s.len())
+                axis(attr::int(n, "axis").unwrap_or(-1), s.len())
                     .and_then(|a| s[a].known())
                     .is_some()
             });
@@ -457,13 +459,13 @@ fn restrictions(n: &NodeProto, f: &GraphFacts, opset: i64, r: &mut Vec<String>) 
             }
         }
         "LSTM" | "GRU" | "RNN" => {
-            if op == "LSTM" && attr_i(n, "input_forget").unwrap_or(0) != 0 {
+            if op == "LSTM" && attr::int(n, "input_forget").unwrap_or(0) != 0 {
                 r.push("LSTM input_forget must be 0".into());
             }
-            if attr_i(n, "layout").unwrap_or(0) != 0 {
+            if attr::int(n, "layout").unwrap_or(0) != 0 {
                 r.push(format!("{op} layout must be 0"));
             }
-            let bidir = attr_s(n, "direction").is_some_and(|d| d == "bidirectional");
+            let bidir = attr::string(n, "direction").is_some_and(|d| d == "bidirectional");
             let acts: Vec<Vec<u8>> = n
                 .attribute
                 .iter()
@@ -479,7 +481,7 @@ fn restrictions(n: &NodeProto, f: &GraphFacts, opset: i64, r: &mut Vec<String>) 
                 }
             }
         }
-        "TensorScatter" if attr_i(n, "axis").unwrap_or(-2) != -2 => {
+        "TensorScatter" if attr::int(n, "axis").unwrap_or(-2) != -2 => {
             r.push("TensorScatter axis must be -2".into())
         }
         "RotaryEmbedding" => {
@@ -500,7 +502,7 @@ fn restrictions(n: &NodeProto, f: &GraphFacts, opset: i64, r: &mut Vec<String>) 
             }
         }
         "DeformConv" => {
-            if let Some(p) = attr_ints(n, "pads") {
+            if let Some(p) = attr::ints(n, "pads") {
                 let h = p.len() / 2;
                 if p[..h] != p[h..] {
                     r.push("DeformConv begin and end pads must be equal".into());

@@ -4,7 +4,7 @@
 //! `docs/OperatorKernels.md`). Text enters through `include_str!`; lookups leave as
 //! [`TrtTable`] / [`CudaTable`]. Parsing is lenient: a malformed line is skipped, never a panic.
 
-use super::shapes::{FastMap as HashMap, FastSet as HashSet};
+use super::facts::{FastMap as HashMap, FastSet as HashSet};
 
 use crate::onnx::ElemType;
 

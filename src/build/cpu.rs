@@ -18,10 +18,10 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 
 use super::{Artifact, BackendImpl, BuildError, BuildOptions, Runtime};
-use crate::spec::Backend;
 use crate::onnx::facts::Dim;
 use crate::onnx::Model;
 use crate::plan::ModelInputs;
+use crate::spec::Backend;
 use crate::spec::ShapeProfile;
 
 /// File name of the optimized graph inside the artifact.

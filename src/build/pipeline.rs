@@ -436,10 +436,7 @@ fn disk_full(staging: &Path, model: &Path, e: BuildError) -> BuildError {
     }
 }
 
-fn provider_plan(
-    model: &Path,
-    backend: Backend,
-) -> Option<(BTreeMap<String, usize>, Vec<String>)> {
+fn provider_plan(model: &Path, backend: Backend) -> Option<(BTreeMap<String, usize>, Vec<String>)> {
     use crate::analysis::{analyse, Options};
     let providers = backend.providers().to_vec();
     let m = match Model::load(model) {

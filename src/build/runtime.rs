@@ -16,8 +16,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
-pub use crate::libs::onnxruntime::{RuntimeError, MIN_MINOR};
 use crate::libs::onnxruntime::locate;
+pub use crate::libs::onnxruntime::{RuntimeError, MIN_MINOR};
 
 /// The loaded ONNX Runtime: one per process.
 pub struct Runtime {
@@ -89,4 +89,3 @@ pub fn load(configured: Option<&Path>) -> Result<&'static Runtime, RuntimeError>
 pub fn loaded() -> Option<&'static Runtime> {
     RUNTIME.get()
 }
-

@@ -115,7 +115,7 @@ pub struct BuildArgs {
     pub model: PathBuf,
     /// Backend: ort-cpu (offline-optimized model for this CPU), ort-cuda, ort-tensorrt
     /// (default: the sidecar's first, else ort-cpu).
-    #[arg(long, value_enum)]
+    #[arg(long)]
     pub backend: Option<Backend>,
     #[command(flatten)]
     pub profile: ProfileArgs,

@@ -13,12 +13,12 @@ use super::cache::CacheArgs;
 use super::output::{human_bytes, table, Style};
 use crate::cache::DIGEST_MEMO;
 use crate::key::{
-    digest::default_threads, key_for, plain_model_digest, KeyInput, CacheKey, DigestOptions,
-    DigestReport, KeyParts, ModelDigest,
+    digest::default_threads, key_for, plain_model_digest, CacheKey, DigestOptions, DigestReport,
+    KeyInput, KeyParts, ModelDigest,
 };
 use crate::onnx::Model;
-use crate::spec::Backend;
 use crate::plan::{resolve, ModelInputs, ProfileArgs};
+use crate::spec::Backend;
 
 /// Print the cache key of MODEL and every part hashed into it: the model's content digest
 /// (graph file plus external data, never its path or mtime), opsets, the shape profile, the
@@ -33,7 +33,7 @@ pub struct KeyArgs {
     #[command(flatten)]
     pub profile: ProfileArgs,
     /// Backend the artifact is built with (default: the sidecar's first, else ort-cpu).
-    #[arg(long, value_enum)]
+    #[arg(long)]
     pub backend: Option<Backend>,
     #[command(flatten)]
     pub build: BuildOptionArgs,

@@ -242,8 +242,15 @@ fn local_warm(
                 seconds: 0.0,
             };
             let prof = r.profile.clone();
-            let say =
-                |phase: &str| bars.update(&entry.name, sel.backend.as_str(), &prof, phase, start.elapsed());
+            let say = |phase: &str| {
+                bars.update(
+                    &entry.name,
+                    sel.backend.as_str(),
+                    &prof,
+                    phase,
+                    start.elapsed(),
+                )
+            };
             say("planning");
             let outcome = engine.plan(entry, &sel).and_then(|p| {
                 r.key = Some(p.key.hex());

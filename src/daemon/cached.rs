@@ -68,9 +68,9 @@ fn build_err(e: BuildError) -> EngineError {
             path,
             error: source,
         },
-        BuildError::Ort { .. }
-        | BuildError::Model { .. }
-        | BuildError::Validation(_) => EngineError::Invalid(e.to_string()),
+        BuildError::Ort { .. } | BuildError::Model { .. } | BuildError::Validation(_) => {
+            EngineError::Invalid(e.to_string())
+        }
     }
 }
 

@@ -897,6 +897,9 @@ impl Service {
 /// A backend named on the wire: unknown names are `not_found` (the model has no such
 /// variant), as an unknown profile is.
 fn wire_backend(name: Option<&str>) -> Result<Option<Backend>, Failure> {
-    name.map(|b| b.parse().map_err(|e: crate::spec::SpecError| fail(ErrorCode::NotFound, e.to_string())))
-        .transpose()
+    name.map(|b| {
+        b.parse()
+            .map_err(|e: crate::spec::SpecError| fail(ErrorCode::NotFound, e.to_string()))
+    })
+    .transpose()
 }

@@ -134,7 +134,7 @@ fn query_devices() -> Result<Vec<GpuDevice>, GpuError> {
 
 /// nvidia-smi's UUID form: `GPU-` and 8-4-4-4-12 hex digits.
 pub fn format_uuid(b: &[u8; 16]) -> String {
-    let h = crate::key::hex(b);
+    let h = crate::spec::hex(b);
     format!(
         "GPU-{}-{}-{}-{}-{}",
         &h[0..8],

@@ -93,8 +93,7 @@ mod tests {
         ] {
             std::fs::write(d.path().join(n), b"").unwrap();
         }
-        let f =
-            tensorrt_in(&[PathBuf::from("/nonexistent"), d.path().to_path_buf()]).unwrap();
+        let f = tensorrt_in(&[PathBuf::from("/nonexistent"), d.path().to_path_buf()]).unwrap();
         assert_eq!(f.version, "10.15.1");
         assert_eq!(tensorrt_in(&[PathBuf::from("/nonexistent")]), None);
     }

@@ -222,12 +222,8 @@ mod tests {
         std::fs::write(&real, b"").unwrap();
         let link = d.path().join("libonnxruntime.so");
         std::os::unix::fs::symlink(&real, &link).unwrap();
-        assert_eq!(
-            version_from_path(&link).as_deref(),
-            Some("1.30.2")
-        );
+        assert_eq!(version_from_path(&link).as_deref(), Some("1.30.2"));
     }
-
 
     #[test]
     fn missing_configured_library_is_listed() {

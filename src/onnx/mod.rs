@@ -7,6 +7,7 @@
 //! index-based view the later stages work on; [`model_facts`](facts) summarises a model
 //! for `inspect`.
 
+pub mod attr;
 pub mod dtype;
 pub mod facts;
 pub mod fxhash;
