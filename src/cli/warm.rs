@@ -274,10 +274,10 @@ fn local_warm(
                 }
                 Err(e) => {
                     use trtcache_client::protocol::ErrorCode;
+                    // Local warm cancels a build only when its --timeout is up.
                     r.code = Some(match e {
                         EngineError::Cancelled => ErrorCode::Timeout,
-                        EngineError::NotFound(_) => ErrorCode::NotFound,
-                        _ => ErrorCode::BuildFailed,
+                        ref e => e.code(),
                     });
                     r.reason = Some(match e {
                         EngineError::Cancelled => "timed out".into(),

@@ -46,8 +46,9 @@ impl std::fmt::Debug for CachedEngine {
     }
 }
 
+/// The store failing (full, I/O) is the machine's condition, never the model's.
 fn store_err(e: StoreError) -> EngineError {
-    EngineError::Runtime(e.to_string())
+    EngineError::Storage(e.into())
 }
 
 /// How a build-stage error reaches the daemon: cancellations and changed files are not
@@ -55,21 +56,20 @@ fn store_err(e: StoreError) -> EngineError {
 fn build_err(e: BuildError) -> EngineError {
     match e {
         BuildError::Cancelled => EngineError::Cancelled,
-        BuildError::Changed(m) => EngineError::Changed(m),
-        BuildError::Key(crate::key::KeyError::Io { path, source }) => {
-            EngineError::Changed(format!("{}: {source}", path.display()))
-        }
+        BuildError::Changed(m) => EngineError::Changed(m.into()),
+        // A model file that vanished or cannot be read while it is hashed: planned again.
+        BuildError::Key(crate::key::KeyError::Io { .. }) => EngineError::Changed(e.into()),
         // The store failing (a full disk, an I/O error) says nothing about the model.
-        BuildError::Store(_) => EngineError::Storage(e.to_string()),
+        BuildError::Store(_) => EngineError::Storage(e.into()),
         BuildError::Runtime(_) | BuildError::ProviderMissing { .. } | BuildError::Key(_) => {
-            EngineError::Runtime(e.to_string())
+            EngineError::Runtime(e.into())
         }
         BuildError::Io { path, source } => EngineError::Io {
             path,
             error: source,
         },
         BuildError::Ort { .. } | BuildError::Model { .. } | BuildError::Validation(_) => {
-            EngineError::Invalid(e.to_string())
+            EngineError::Invalid(e.into())
         }
     }
 }
@@ -119,7 +119,7 @@ impl CachedEngine {
                 "cache over its size limit at open"
             );
         }
-        runtime::load(ort_library).map_err(|e| EngineError::Runtime(e.to_string()))?;
+        runtime::load(ort_library).map_err(|e| EngineError::Runtime(e.into()))?;
         let store = Arc::new(store);
         let builder = Builder::new(store.clone(), ort_library.map(Path::to_path_buf))
             .with_digest_memo(cache_dir.join(crate::cache::DIGEST_MEMO))
@@ -147,7 +147,7 @@ impl CachedEngine {
         sel: &Selection,
     ) -> Result<(BuildRequest, Plan), EngineError> {
         // Read, not mapped: a repository file truncated in place would fault a map.
-        let m = Model::read(&model.path).map_err(|e| EngineError::Invalid(e.to_string()))?;
+        let m = Model::read(&model.path).map_err(|e| EngineError::Invalid(e.into()))?;
         let args = profile_args(model, sel.profile.as_deref());
         let plan = resolve(
             &model.path,
@@ -156,8 +156,8 @@ impl CachedEngine {
             Some(sel.precision),
         )
         .map_err(|e| match e {
-            crate::plan::PlanError::NoSuchProfile { .. } => EngineError::NotFound(e.to_string()),
-            e => EngineError::Invalid(format!("{}: {e}", model.path.display())),
+            crate::plan::PlanError::NoSuchProfile { .. } => EngineError::NotFound(e.into()),
+            e => EngineError::Invalid(format!("{}: {e}", model.path.display()).into()),
         })?;
         drop(m);
         let req = BuildRequest::from_plan(
@@ -258,10 +258,9 @@ fn identity<'a>(files: impl IntoIterator<Item = &'a Path>) -> Vec<Option<FileId>
 /// [`EngineError::Changed`] (the key check would catch the mixed copy anyway).
 fn snapshot(model: &ModelEntry, dir: &Path) -> Result<std::path::PathBuf, EngineError> {
     let changed = |why: String| {
-        EngineError::Changed(format!(
-            "`{}` changed since it was planned ({why})",
-            model.name
-        ))
+        EngineError::Changed(
+            format!("`{}` changed since it was planned ({why})", model.name).into(),
+        )
     };
     let graph = Model::read(&model.path).map_err(|e| changed(e.to_string()))?;
     let files: Vec<&Path> = std::iter::once(model.path.as_path())
@@ -275,7 +274,7 @@ fn snapshot(model: &ModelEntry, dir: &Path) -> Result<std::path::PathBuf, Engine
     let copy = dir.join(name);
     // The copy goes to the cache's staging folder: running out of space there is the cache's
     // condition (reported as such and never remembered as the model's failure).
-    let full = |e: std::io::Error| EngineError::Storage(StoreError::io(dir, e).to_string());
+    let full = |e: std::io::Error| EngineError::Storage(StoreError::io(dir, e).to_string().into());
     std::fs::write(&copy, &graph.bytes).map_err(|e| {
         if crate::cache::is_no_space(&e) {
             full(e)
@@ -313,12 +312,11 @@ fn dim_json(d: &Dim) -> serde_json::Value {
 
 /// Inputs (initializers excluded) and outputs of the artifact's graph.
 fn io_of(entry: &Path) -> Result<(Vec<TensorInfo>, Vec<TensorInfo>), EngineError> {
-    let m = Model::load(entry).map_err(|e| EngineError::Invalid(e.to_string()))?;
+    let m = Model::load(entry).map_err(|e| EngineError::Invalid(e.into()))?;
     let Some(g) = m.proto.graph.as_ref() else {
-        return Err(EngineError::Invalid(format!(
-            "{}: artifact has no graph",
-            entry.display()
-        )));
+        return Err(EngineError::Invalid(
+            format!("{}: artifact has no graph", entry.display()).into(),
+        ));
     };
     let inits: std::collections::HashSet<&str> =
         g.initializer.iter().map(|t| t.name.as_str()).collect();
@@ -467,10 +465,13 @@ impl Engine for CachedEngine {
             .request(&entry, &planned.selection)
             .map_err(|e| match e {
                 EngineError::Runtime(_) | EngineError::Io { .. } => e,
-                other => EngineError::Changed(format!(
-                    "`{}` no longer plans as it did ({other})",
-                    planned.model.name
-                )),
+                other => EngineError::Changed(
+                    format!(
+                        "`{}` no longer plans as it did ({other})",
+                        planned.model.name
+                    )
+                    .into(),
+                ),
             })?;
         let cancelled = || cancel.is_cancelled();
         let step = |s: &str| {
@@ -499,15 +500,19 @@ impl Engine for CachedEngine {
             // with the model, so this must not be remembered as its failure (the soak found
             // keys failed for good this way); waiters are told to ask again.
             (None, why) if outcome.record.status == crate::cache::Status::Ready => {
-                Err(EngineError::Changed(format!(
-                    "the artifact of `{}` was removed right after its build ({}); ask again",
-                    planned.model.name,
-                    why.as_deref().unwrap_or("not servable")
-                )))
+                Err(EngineError::Changed(
+                    format!(
+                        "the artifact of `{}` was removed right after its build ({}); ask again",
+                        planned.model.name,
+                        why.as_deref().unwrap_or("not servable")
+                    )
+                    .into(),
+                ))
             }
             (None, why) => Err(EngineError::Invalid(
                 why.clone()
-                    .unwrap_or_else(|| "the artifact is not servable".into()),
+                    .unwrap_or_else(|| "the artifact is not servable".into())
+                    .into(),
             )),
         }
     }

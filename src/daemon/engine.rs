@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use trtcache_client::protocol::ArtifactMeta;
+use trtcache_client::protocol::{ArtifactMeta, ErrorCode};
 
 use crate::key::memo::FileId;
 use crate::spec::{Backend, CacheKey, Precision};
@@ -129,28 +129,33 @@ impl CancelToken {
     }
 }
 
-/// Errors of the build and cache stages as the daemon sees them.
+/// The cause behind an [`EngineError`]: the build, plan, key or store stage's own typed error
+/// (downcast to it), or a message.
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
+
+/// Errors of the build and cache stages as the daemon sees them: a class (what the daemon
+/// does about it) over the stage's typed cause.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     /// The selection names a profile or backend this model or engine does not have.
     #[error("{0}")]
-    NotFound(String),
+    NotFound(Cause),
     /// The model cannot be built or failed validation (memoised until it changes).
     #[error("{0}")]
-    Invalid(String),
+    Invalid(Cause),
     /// The build was cancelled.
     #[error("cancelled")]
     Cancelled,
     /// The model's files changed since it was planned (not memoised: it is planned again).
     #[error("{0}")]
-    Changed(String),
+    Changed(Cause),
     /// The runtime (ONNX Runtime, CUDA, TensorRT) is missing or broken.
     #[error("{0}")]
-    Runtime(String),
+    Runtime(Cause),
     /// The cache could not store or read (disk full, I/O error): a condition of the machine,
     /// not of the model, so it is reported but not memoised; the next request retries.
     #[error("{0}")]
-    Storage(String),
+    Storage(Cause),
     /// File system trouble (the cause is in the message: it travels to clients as text).
     #[error("{path}: {error}")]
     Io {
@@ -160,6 +165,28 @@ pub enum EngineError {
 }
 
 impl EngineError {
+    /// The wire's code for this error: the one mapping the queue, the socket and `warm` use.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            EngineError::NotFound(_) => ErrorCode::NotFound,
+            // A changed model is planned again, as a cancelled build is asked again.
+            EngineError::Cancelled | EngineError::Changed(_) => ErrorCode::Cancelled,
+            EngineError::Invalid(_)
+            | EngineError::Runtime(_)
+            | EngineError::Storage(_)
+            | EngineError::Io { .. } => ErrorCode::BuildFailed,
+        }
+    }
+
+    /// Whether the error is a condition of the machine or of the moment rather than of the
+    /// model: not remembered as the model's failure, retried later.
+    pub fn transient(&self) -> bool {
+        matches!(
+            self,
+            EngineError::Storage(_) | EngineError::Cancelled | EngineError::Changed(_)
+        )
+    }
+
     /// Wraps an I/O error with its path.
     pub fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
         let path = path.into();

@@ -281,14 +281,15 @@ impl Queue {
         });
         let mut transient = false;
         let result = match tokio::time::timeout(self.timeout, handle).await {
-            Ok(Ok(r)) => r.map_err(|e| match e {
-                EngineError::Storage(m) => {
-                    transient = true;
-                    (ErrorCode::BuildFailed, m)
-                }
-                EngineError::Cancelled => (ErrorCode::Cancelled, "the build was cancelled".into()),
-                EngineError::Changed(m) => (ErrorCode::Cancelled, m),
-                other => (ErrorCode::BuildFailed, other.to_string()),
+            Ok(Ok(r)) => r.map_err(|e| {
+                // Storage trouble is the machine's; a cancelled or changed build never ran
+                // to an answer: none of them is remembered as the model's failure.
+                transient = matches!(e, EngineError::Storage(_));
+                let msg = match e {
+                    EngineError::Cancelled => "the build was cancelled".into(),
+                    ref e => e.to_string(),
+                };
+                (e.code(), msg)
             }),
             Ok(Err(join)) => Err((ErrorCode::Internal, format!("build task failed: {join}"))),
             Err(_) => {
@@ -377,10 +378,9 @@ mod tests {
         ) -> Result<Artifact, EngineError> {
             self.started.lock().unwrap().push(p.model.name.clone());
             let _ = self.release.lock().unwrap().recv();
-            Err(EngineError::Invalid(format!(
-                "{} does not build",
-                p.model.name
-            )))
+            Err(EngineError::Invalid(
+                format!("{} does not build", p.model.name).into(),
+            ))
         }
         fn evict(&self, _: &CacheKey) -> Result<bool, EngineError> {
             Ok(false)

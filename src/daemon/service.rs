@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use trtcache_client::protocol::*;
 
-use super::engine::{Artifact, Engine, EngineError, ModelEntry, Planned, Selection};
+use super::engine::{Artifact, Engine, ModelEntry, Planned, Selection};
 use super::queue::{JobStatus, Queue};
 use super::repo::{RepoModel, Snapshot};
 use crate::config::Config;
@@ -322,13 +322,12 @@ impl Service {
         if let Ok(p) = &planned {
             tracing::info!(model = %entry.name, version = entry.version, profile = ?sel.profile, backend = %sel.backend, key = %p.key, "planned");
         }
-        planned.map_err(|e| match e {
-            EngineError::NotFound(m) => fail(ErrorCode::NotFound, m),
-            EngineError::Cancelled => fail(ErrorCode::Cancelled, "cancelled"),
-            other => fail(
+        planned.map_err(|e| match e.code() {
+            ErrorCode::BuildFailed => fail(
                 ErrorCode::BuildFailed,
-                format!("cannot plan `{}`: {other}", entry.name),
+                format!("cannot plan `{}`: {e}", entry.name),
             ),
+            code => fail(code, e.to_string()),
         })
     }
 
