@@ -59,13 +59,13 @@ pub fn protocol_request(data: &[u8]) {
         if w.write_all(data).is_ok() {
             drop(w);
             while let Ok((body, _fds)) = trtcache_client::frame::read_frame(&r, FUZZ_MAX_FRAME) {
-                if let Ok(req) = crate::daemon::server::parse(&body) {
+                if let Ok(req) = crate::daemon::parse_request(&body) {
                     let _ = serde_json::to_vec(&req);
                 }
             }
         }
     }
-    if let Ok(req) = crate::daemon::server::parse(data) {
+    if let Ok(req) = crate::daemon::parse_request(data) {
         let _ = serde_json::to_vec(&req);
     }
     if let Ok(s) = std::str::from_utf8(data) {

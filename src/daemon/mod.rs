@@ -6,6 +6,8 @@
 //! a watch channel that the accept loop, the watcher and the queue all observe.
 
 pub mod cached;
+mod conn;
+mod dispatch;
 pub mod engine;
 pub mod queue;
 pub mod repo;
@@ -19,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
+pub use conn::parse as parse_request;
 use engine::{Engine, EngineError};
 
 /// Errors that stop the daemon from starting.
