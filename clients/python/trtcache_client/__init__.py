@@ -518,11 +518,15 @@ class Client:
                 self._recv()
             except TrtcacheError as answer:
                 if answer.code != "connection":
+                    self._reset()
                     raise answer from broken
             except OSError:
                 pass
             self._reset()
             raise ConnectionFailed("the daemon closed the connection: %s" % broken) from broken
+        except OSError as e:
+            self._reset()
+            raise ConnectionFailed("socket error: %s" % e) from e
         return self._recv()
 
     @staticmethod
