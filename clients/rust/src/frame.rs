@@ -100,6 +100,7 @@ fn nofile_limit() -> Option<u64> {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
         return None;
     }
+    #[allow(clippy::unnecessary_cast)] // rlim_t is u64 here, u32 on some 32-bit targets
     Some(lim.rlim_cur as u64)
 }
 
@@ -333,7 +334,7 @@ mod tests {
         // MSG_CTRUNC exactly as it does at RLIMIT_NOFILE (tests/it/clients.rs covers that).
         let (a, b) = UnixStream::pair().unwrap();
         let f = tempfile_like();
-        let many = vec![f.as_raw_fd(); MAX_FDS + 8];
+        let many = [f.as_raw_fd(); MAX_FDS + 8];
         let frame = encode(&serde_json::json!({"kind": "first"})).unwrap();
         let mut iov = libc::iovec {
             iov_base: frame.as_ptr() as *mut libc::c_void,
