@@ -97,10 +97,32 @@ def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    return _wheel(wheel_directory, [(arc, _read(src)) for src, arc in _files()])
+
+
+def get_requires_for_build_editable(config_settings=None):
+    return []
+
+
+def prepare_metadata_for_build_editable(metadata_directory, config_settings=None):
+    return prepare_metadata_for_build_wheel(metadata_directory, config_settings)
+
+
+def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
+    """PEP 660: a wheel holding a ``.pth`` file that puts this folder on ``sys.path``."""
+    return _wheel(wheel_directory, [("trtcache_client_editable.pth", (HERE + "\n").encode())])
+
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _wheel(wheel_directory, entries):
     p, meta = _metadata()
     di = _dist_info(p)
     name = "%s-%s-py3-none-any.whl" % (p["name"].replace("-", "_"), p["version"])
-    entries = [(arc, open(src, "rb").read()) for src, arc in _files()]
+    entries = list(entries)
     entries.append(("%s/METADATA" % di, meta.encode()))
     entries.append(
         (
