@@ -4,6 +4,7 @@
 
 mod analysis;
 mod build;
+mod clients;
 mod daemon;
 mod daemon_engine;
 mod daemon_system;

@@ -1,14 +1,19 @@
-"""Client for the trtcache daemon (standard library only).
+"""Client for the trtcache daemon (standard library only; ``Artifact.session()`` needs
+``onnxruntime``).
 
     from trtcache_client import Client
     art = Client("/run/trtcache/trtcache.sock").acquire("resnet50")
-    sess = art.session()            # onnxruntime.InferenceSession
+    sess = art.session()            # onnxruntime.InferenceSession, providers of art's backend
     print(art.metadata["key"])
 
 Wire format (docs/protocol.md): frames of a 4-byte big-endian length and a JSON object;
-artifact files arrive as read-only descriptors (SCM_RIGHTS) with the `artifact` frame.
-Errors raise TrtcacheError with a `.code` string (`not_found`, `bad_name`, ...).
+artifact files arrive as read-only descriptors (SCM_RIGHTS) with the ``artifact`` frame.
+Every error is a :class:`TrtcacheError` with a ``.code``; each code has its own subclass
+(:class:`NotFound`, :class:`BuildFailed`, :class:`Busy`, ...; see ``trtcache_client.errors``).
+The typed API is documented in docs/clients.md.
 """
+
+from __future__ import annotations
 
 import json
 import os
@@ -16,34 +21,152 @@ import shutil
 import socket
 import struct
 import tempfile
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
-__all__ = ["Client", "Artifact", "TrtcacheError", "PROTOCOL_VERSION", "DEFAULT_SOCKET"]
+from .errors import (
+    BY_CODE,
+    BadFrame,
+    BadName,
+    BadRequest,
+    BuildFailed,
+    Busy,
+    Cancelled,
+    ConnectionFailed,
+    ConnectionTimeout,
+    DescriptorsTruncated,
+    FrameTooLarge,
+    IdleTimeout,
+    Internal,
+    NotFound,
+    NotReady,
+    PermissionDenied,
+    ProviderUnavailable,
+    ResponseTooLarge,
+    ShuttingDown,
+    Timeout,
+    TrtcacheError,
+    UnexpectedResponse,
+    UnknownRequest,
+    UnsupportedVersion,
+    error_for,
+)
+
+if TYPE_CHECKING:  # onnxruntime is optional: only Artifact.session() imports it
+    import onnxruntime  # type: ignore[import-not-found, import-untyped, unused-ignore]
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client",
+    "Artifact",
+    "PROTOCOL_VERSION",
+    "DEFAULT_SOCKET",
+    "DEFAULT_MAX_RESPONSE",
+    "MAX_FDS",
+    "BACKEND_PROVIDERS",
+    "TrtcacheError",
+    "BadFrame",
+    "FrameTooLarge",
+    "UnknownRequest",
+    "BadRequest",
+    "UnsupportedVersion",
+    "BadName",
+    "NotFound",
+    "NotReady",
+    "BuildFailed",
+    "Cancelled",
+    "Timeout",
+    "PermissionDenied",
+    "Busy",
+    "IdleTimeout",
+    "ShuttingDown",
+    "Internal",
+    "ConnectionFailed",
+    "ConnectionTimeout",
+    "ResponseTooLarge",
+    "DescriptorsTruncated",
+    "ProviderUnavailable",
+    "UnexpectedResponse",
+    "BY_CODE",
+    "error_for",
+]
 
 PROTOCOL_VERSION = 1
 DEFAULT_SOCKET = "/run/trtcache/trtcache.sock"
+DEFAULT_MAX_RESPONSE = 64 << 20
+"""Largest response frame accepted by default (the Rust client's limit too)."""
 MAX_FDS = 32
+"""Most descriptors one frame may carry (the protocol's limit)."""
 
+BACKEND_PROVIDERS: Dict[str, List[str]] = {
+    "ort-cpu": ["CPUExecutionProvider"],
+    "ort-cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+    "ort-tensorrt": [
+        "TensorrtExecutionProvider",
+        "CUDAExecutionProvider",
+        "CPUExecutionProvider",
+    ],
+}
+"""The ONNX Runtime providers ``Artifact.session()`` asks for, per backend, unless the caller
+passes ``providers``: the first is the backend's own (checked to be available), the rest
+take the nodes it does not."""
 
-class TrtcacheError(Exception):
-    """A typed error from the daemon (`.code`) or the connection (`code="connection"`)."""
+# Codes after which the daemon closes the connection: the next call connects again.
+_CLOSING_CODES = frozenset(("frame_too_large", "idle_timeout", "busy", "shutting_down"))
 
-    def __init__(self, code, message):
-        super().__init__("%s: %s" % (code, message))
-        self.code = code
-        self.message = message
+Json = Dict[str, Any]
 
 
 class Artifact:
-    """An acquired artifact: `.metadata` (dict), `.fds` (open read-only descriptors,
-    graph first, in the order of `metadata["files"]`) and `.dir_fd` (a read-only descriptor
-    of the artifact's directory, or None when the daemon sent none)."""
+    """An acquired artifact: ``.metadata`` (the ``artifact`` frame's metadata, see
+    docs/protocol.md), ``.fds`` (open read-only descriptors, graph first, in the order of
+    ``metadata["files"]``) and ``.dir_fd`` (a read-only descriptor of the artifact's
+    directory, or None when the daemon sent none). Close it (or use ``with``) to close the
+    descriptors; a session made from it does not need them."""
 
-    def __init__(self, metadata, fds, dir_fd=None):
-        self.metadata = metadata
-        self.fds = fds
-        self.dir_fd = dir_fd
+    def __init__(self, metadata: Json, fds: List[int], dir_fd: Optional[int] = None) -> None:
+        self.metadata: Json = metadata
+        self.fds: List[int] = fds
+        self.dir_fd: Optional[int] = dir_fd
 
-    def dir_graph_path(self):
+    @property
+    def backend(self) -> str:
+        """The backend that built it (``ort-cpu``, ``ort-cuda``, ``ort-tensorrt``, ``trt``)."""
+        return str(self.metadata.get("backend", ""))
+
+    @property
+    def key(self) -> str:
+        """The cache key (64 hex digits)."""
+        return str(self.metadata.get("key", ""))
+
+    def providers(self) -> List[str]:
+        """The providers ``session()`` uses by default for this artifact's backend
+        (:data:`BACKEND_PROVIDERS`). Raises :class:`ProviderUnavailable` for a backend ONNX
+        Runtime cannot run (``trt`` plans, an unknown backend)."""
+        if self.backend == "trt":
+            raise ProviderUnavailable(
+                "a `trt` artifact is a TensorRT plan, not an ONNX model: load it with the "
+                "TensorRT runtime (or acquire an ort-* backend)"
+            )
+        p = BACKEND_PROVIDERS.get(self.backend)
+        if p is None:
+            raise ProviderUnavailable(
+                "backend %r is unknown to this client: pass providers= to session()" % self.backend
+            )
+        return list(p)
+
+    def dir_graph_path(self) -> Optional[str]:
         """``/proc/self/fd/D/<graph name>`` when the daemon sent the directory and every
         file opens there as the very file whose descriptor was sent (same device and inode);
         None otherwise (no directory, not searchable by this uid, a file gone)."""
@@ -71,8 +194,10 @@ class Artifact:
                 return None
         return os.path.join(d, files[0]["name"])
 
-    def graph_bytes(self):
+    def graph_bytes(self) -> bytes:
         """The graph file's bytes."""
+        if not self.fds:
+            raise UnexpectedResponse("artifact has no files")
         fd = self.fds[0]
         size = os.fstat(fd).st_size
         chunks, off = [], 0
@@ -84,17 +209,27 @@ class Artifact:
             off += len(b)
         return b"".join(chunks)
 
-    def session(self, **ort_kwargs):
-        """An onnxruntime.InferenceSession over this artifact. With the directory descriptor
-        (and `dir_graph_path()` usable) the graph is opened in place as
-        /proc/self/fd/D/<name>, external data found next to it; otherwise through
-        /proc/self/fd/N, a graph with external data through a private temp folder of
+    def session(self, **ort_kwargs: Any) -> "onnxruntime.InferenceSession":
+        """An ``onnxruntime.InferenceSession`` over this artifact.
+
+        Providers: unless ``providers`` is given, the artifact's backend's
+        (:meth:`providers`): an ``ort-cpu`` artifact runs on ``CPUExecutionProvider`` only,
+        even under ``onnxruntime-gpu``; an ``ort-cuda``/``ort-tensorrt`` artifact asks for
+        CUDA/TensorRT (then CPU for the nodes they do not take) and raises
+        :class:`ProviderUnavailable` when this ``onnxruntime`` lacks that provider, instead
+        of ONNX Runtime's silent fall-back to CPU.
+
+        Files: with the directory descriptor (and ``dir_graph_path()`` usable) the graph is
+        opened in place as /proc/self/fd/D/<name>, external data found next to it; otherwise
+        through /proc/self/fd/N, a graph with external data through a private temp folder of
         symlinks to /proc/self/fd/N named as the graph expects (removed once the session
         exists). ONNX Runtime reads or maps the files while it creates the session, so the
-        session does not need the descriptors afterwards. An ``ort-cpu`` artifact
-        is already optimized for this machine, so unless ``sess_options`` is given it is opened
-        with graph optimizations off (re-optimizing it gives the same graph, only slower)."""
-        import onnxruntime
+        session does not need the descriptors afterwards.
+
+        Options: an ``ort-cpu`` artifact is already optimized for this machine, so unless
+        ``sess_options`` is given it is opened with graph optimizations off (re-optimizing it
+        gives the same graph, only slower); see ``_ort_defaults``."""
+        import onnxruntime  # type: ignore[import-not-found, import-untyped, unused-ignore]
 
         ort_kwargs = self._ort_defaults(ort_kwargs)
         graph = self.dir_graph_path()
@@ -103,9 +238,9 @@ class Artifact:
                 return onnxruntime.InferenceSession(graph, **ort_kwargs)
             except Exception:
                 pass  # e.g. the blob was collected in between: the descriptors still work
-        return self.session_from_files(**ort_kwargs)
+        return self._session_from_files(ort_kwargs)
 
-    def free_dims(self):
+    def free_dims(self) -> bool:
         """Whether any input of the artifact has a dimension without a fixed size."""
         return any(
             not isinstance(d, int)
@@ -113,39 +248,63 @@ class Artifact:
             for d in (t.get("shape") or [None])
         )
 
-    def _ort_defaults(self, ort_kwargs):
-        """The session options ``session()`` uses unless ``sess_options`` is given: for an
-        ``ort-cpu`` artifact, graph optimizations off (it is optimized already); for every
-        artifact, weights packed on the session's threads
-        (``session.prepack.enable_parallel``); and where an input has a free dimension,
-        ONNX Runtime's memory-reuse planning off (``enable_mem_reuse``): its planner is
-        quadratic in tensors of symbolic shape (a 7,570-node artifact: 13.3 s to plan, 0.38 s
-        without; the arena still recycles freed buffers, same peak memory in
+    def _ort_defaults(self, ort_kwargs: Dict[str, Any]) -> Dict[str, Any]:
+        """The keyword arguments ``session()`` passes to ONNX Runtime.
+
+        ``providers``: the backend's (see ``session()``) unless given.
+
+        ``sess_options`` unless given: for an ``ort-cpu`` artifact, graph optimizations off
+        (it is optimized already); for every artifact, weights packed on the session's
+        threads (``session.prepack.enable_parallel``); and where an input has a free
+        dimension, ONNX Runtime's memory-reuse planning off (``enable_mem_reuse``): its
+        planner is quadratic in tensors of symbolic shape (a 7,570-node artifact: 13.3 s to
+        plan, 0.38 s without; the arena still recycles freed buffers, same peak memory in
         BENCHMARKS.md). ONNX Runtime's C API has no switch for the latter, so only this
         client does it."""
-        import onnxruntime
+        import onnxruntime  # type: ignore[import-not-found, import-untyped, unused-ignore]
 
-        if "sess_options" in ort_kwargs:
-            return ort_kwargs
-        so = onnxruntime.SessionOptions()
-        if self.metadata.get("backend") == "ort-cpu":
-            so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-        so.add_session_config_entry("session.prepack.enable_parallel", "1")
-        if self.free_dims():
-            so.enable_mem_reuse = False
-        return dict(ort_kwargs, sess_options=so)
+        out = dict(ort_kwargs)
+        if "providers" not in out:
+            wanted = self.providers()
+            available = onnxruntime.get_available_providers()
+            if wanted[0] not in available:
+                raise ProviderUnavailable(
+                    "artifact %s of %r was built by %s and needs %s, which this onnxruntime "
+                    "(%s) lacks (available: %s); install onnxruntime-gpu with CUDA/TensorRT "
+                    "(docs/daemon.md, GPU host), or pass providers= to choose"
+                    % (
+                        self.key[:12],
+                        self.metadata.get("model", "?"),
+                        self.backend,
+                        wanted[0],
+                        getattr(onnxruntime, "__version__", "?"),
+                        ", ".join(available),
+                    )
+                )
+            out["providers"] = wanted
+        if "sess_options" not in out:
+            so = onnxruntime.SessionOptions()
+            if self.backend == "ort-cpu":
+                so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+            so.add_session_config_entry("session.prepack.enable_parallel", "1")
+            if self.free_dims():
+                so.enable_mem_reuse = False
+            out["sess_options"] = so
+        return out
 
-    def session_from_files(self, **ort_kwargs):
-        """Like `session()`, through the per-file descriptors only (ignores the directory)."""
-        import onnxruntime
+    def session_from_files(self, **ort_kwargs: Any) -> "onnxruntime.InferenceSession":
+        """Like ``session()``, through the per-file descriptors only (ignores the directory)."""
+        return self._session_from_files(self._ort_defaults(ort_kwargs))
 
-        ort_kwargs = self._ort_defaults(ort_kwargs)
+    def _session_from_files(self, ort_kwargs: Dict[str, Any]) -> "onnxruntime.InferenceSession":
+        import onnxruntime  # type: ignore[import-not-found, import-untyped, unused-ignore]
+
         files = self.metadata.get("files", [])
         if len(self.fds) == 1:
             # ONNX Runtime opens the descriptor through /proc: no copy into Python.
             return onnxruntime.InferenceSession("/proc/self/fd/%d" % self.fds[0], **ort_kwargs)
         if not self.fds:
-            raise TrtcacheError("internal", "artifact has no files")
+            raise UnexpectedResponse("artifact has no files")
         d = tempfile.mkdtemp(prefix="trtcache-artifact-")
         try:
             graph = os.path.join(d, "model.onnx")
@@ -155,7 +314,7 @@ class Artifact:
                 else:
                     name = meta["name"]
                     if os.path.isabs(name) or ".." in name.split("/"):
-                        raise TrtcacheError("bad_name", "external data name %r" % name)
+                        raise BadName("external data name %r" % name)
                     link = os.path.join(d, name)
                     os.makedirs(os.path.dirname(link), exist_ok=True)
                 os.symlink("/proc/self/fd/%d" % fd, link)
@@ -163,7 +322,7 @@ class Artifact:
         finally:
             shutil.rmtree(d, ignore_errors=True)
 
-    def close(self):
+    def close(self) -> None:
         """Closes the descriptors."""
         for fd in self.fds + ([self.dir_fd] if self.dir_fd is not None else []):
             try:
@@ -173,63 +332,183 @@ class Artifact:
         self.fds = []
         self.dir_fd = None
 
-    def __enter__(self):
+    def __enter__(self) -> "Artifact":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         self.close()
+
+
+def _close_all(fds: Iterable[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _nofile_limit() -> str:
+    try:
+        import resource
+
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return str(soft)
+    except (ImportError, OSError, ValueError):
+        return "unknown"
 
 
 class Client:
-    """One connection to the daemon; `hello` is sent on construction."""
+    """One connection to the daemon; ``hello`` is sent on construction.
 
-    def __init__(self, socket_path=None, timeout=None):
-        path = socket_path or os.environ.get("TRTCACHE_SOCKET") or DEFAULT_SOCKET
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.settimeout(timeout)
+    ``socket_path``: the daemon's socket (else ``$TRTCACHE_SOCKET``, else
+    :data:`DEFAULT_SOCKET`). ``timeout``: seconds each send or receive may take (None: wait
+    for ever); when it passes, the call raises :class:`ConnectionTimeout` and the connection
+    is reset: the late answer and its descriptors are dropped with the old socket, and the
+    next call connects (and says ``hello``) again. The same reset follows any error that
+    leaves the connection mid-frame and the error codes after which the daemon closes it
+    (``busy``, ``idle_timeout``, ``frame_too_large``, ``shutting_down``).
+    ``max_response``: the largest response frame accepted (:class:`ResponseTooLarge`)."""
+
+    def __init__(
+        self,
+        socket_path: Optional[Union[str, "os.PathLike[str]"]] = None,
+        timeout: Optional[float] = None,
+        max_response: int = DEFAULT_MAX_RESPONSE,
+    ) -> None:
+        self.path: str = os.fspath(
+            socket_path or os.environ.get("TRTCACHE_SOCKET") or DEFAULT_SOCKET
+        )
+        self.timeout: Optional[float] = timeout
+        self.max_response: int = int(max_response)
+        self.server: Optional[str] = None
+        self.max_frame: Optional[int] = None
+        self.resets: int = 0
+        """How many times the connection was reset (after a timeout or a broken frame)."""
+        self._sock: Optional[socket.socket] = None
+        self._connect()
+
+    # -- connection ----------------------------------------------------------------
+    def _connect(self) -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
         try:
-            self._sock.connect(path)
+            s.connect(self.path)
+        except socket.timeout as e:
+            s.close()
+            raise ConnectionTimeout("no connection to %s within %s s" % (self.path, self.timeout)) from e
         except OSError as e:
-            self._sock.close()
-            raise TrtcacheError("connection", "cannot connect to %s: %s" % (path, e)) from e
-        hello = self._call({"op": "hello", "version": PROTOCOL_VERSION, "client": "trtcache_client.py/0.1"})[0]
+            s.close()
+            raise ConnectionFailed("cannot connect to %s: %s" % (self.path, e)) from e
+        self._sock = s
+        hello = self._call_connected(
+            {"op": "hello", "version": PROTOCOL_VERSION, "client": "trtcache_client.py/" + __version__}
+        )[0]
         self.server = hello.get("server")
         self.max_frame = hello.get("max_frame")
 
-    # -- framing -----------------------------------------------------------------
-    def _send(self, obj):
+    def _reset(self) -> None:
+        """Drops the connection; the next call connects again."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+            self.resets += 1
+
+    def _socket(self) -> socket.socket:
+        if self._sock is None:
+            self._connect()
+        assert self._sock is not None
+        return self._sock
+
+    # -- framing -------------------------------------------------------------------
+    def _send(self, obj: Json) -> None:
         body = json.dumps(obj).encode()
-        self._sock.sendall(struct.pack(">I", len(body)) + body)
-
-    def _recv_exact(self, n, fds):
-        buf = bytearray()
-        while len(buf) < n:
-            data, got, _flags, _addr = socket.recv_fds(self._sock, n - len(buf), MAX_FDS)
-            fds.extend(got)
-            if not data:
-                raise TrtcacheError("connection", "daemon closed the connection")
-            buf += data
-        return bytes(buf)
-
-    def _recv(self):
-        fds = []
+        sock = self._socket()
         try:
-            (n,) = struct.unpack(">I", self._recv_exact(4, fds))
-            msg = json.loads(self._recv_exact(n, fds))
-        except BaseException:
-            for fd in fds:
-                os.close(fd)
+            sock.sendall(struct.pack(">I", len(body)) + body)
+        except socket.timeout as e:
+            self._reset()
+            raise ConnectionTimeout(
+                "the daemon took no request within %s s; the connection was reset" % self.timeout
+            ) from e
+
+    def _recv_exact(self, sock: socket.socket, n: int, fds: List[int]) -> Tuple[bytes, bool]:
+        buf = bytearray()
+        truncated = False
+        while len(buf) < n:
+            data, got, flags, _addr = socket.recv_fds(
+                sock, n - len(buf), MAX_FDS, socket.MSG_CMSG_CLOEXEC
+            )
+            fds.extend(got)
+            if flags & socket.MSG_CTRUNC:
+                truncated = True
+            if not data:
+                raise ConnectionFailed("daemon closed the connection")
+            buf += data
+        return bytes(buf), truncated
+
+    def _recv(self) -> Tuple[Json, List[int]]:
+        sock = self._socket()
+        fds: List[int] = []
+        try:
+            head, t1 = self._recv_exact(sock, 4, fds)
+            (n,) = struct.unpack(">I", head)
+            if n > self.max_response:
+                raise ResponseTooLarge(
+                    "the daemon announced a %d-byte response; the limit is %d (max_response)"
+                    % (n, self.max_response)
+                )
+            body, t2 = self._recv_exact(sock, n, fds)
+            msg = json.loads(body)
+            if not isinstance(msg, dict):
+                raise UnexpectedResponse("response is not a JSON object")
+        except socket.timeout as e:
+            _close_all(fds)
+            self._reset()
+            raise ConnectionTimeout(
+                "no answer from the daemon within %s s; the connection was reset (the late "
+                "answer is dropped)" % self.timeout
+            ) from e
+        except TrtcacheError:
+            _close_all(fds)
+            self._reset()
             raise
+        except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+            _close_all(fds)
+            self._reset()
+            raise UnexpectedResponse("malformed response frame: %s" % e) from e
+        except OSError as e:
+            _close_all(fds)
+            self._reset()
+            raise ConnectionFailed("socket error: %s" % e) from e
+        except BaseException:
+            _close_all(fds)
+            self._reset()
+            raise
+        if t1 or t2:
+            # The frame itself arrived whole, so the connection stays in step.
+            _close_all(fds)
+            raise DescriptorsTruncated(
+                "the kernel dropped descriptors of the daemon's %r answer (MSG_CTRUNC, %d "
+                "arrived and were closed): this process is at its open-files limit "
+                "(RLIMIT_NOFILE soft limit %s); close descriptors or raise the limit"
+                % (msg.get("kind"), len(fds), _nofile_limit())
+            )
         if msg.get("kind") == "error":
-            for fd in fds:
-                os.close(fd)
-            raise TrtcacheError(msg.get("code", "internal"), msg.get("message", ""))
+            _close_all(fds)
+            code = str(msg.get("code", "internal"))
+            if code in _CLOSING_CODES:
+                self._reset()
+            raise error_for(code, str(msg.get("message", "")))
         return msg, fds
 
-    def _call(self, obj):
+    def _call(self, obj: Json) -> Tuple[Json, List[int]]:
+        self._socket()
+        return self._call_connected(obj)
+
+    def _call_connected(self, obj: Json) -> Tuple[Json, List[int]]:
         try:
             self._send(obj)
         except (BrokenPipeError, ConnectionResetError) as broken:
@@ -239,24 +518,45 @@ class Client:
                 self._recv()
             except TrtcacheError as answer:
                 if answer.code != "connection":
+                    self._reset()
                     raise answer from broken
             except OSError:
                 pass
-            raise
+            self._reset()
+            raise ConnectionFailed("the daemon closed the connection: %s" % broken) from broken
+        except OSError as e:
+            self._reset()
+            raise ConnectionFailed("socket error: %s" % e) from e
         return self._recv()
 
-    # -- requests ----------------------------------------------------------------
-    def list(self):
+    @staticmethod
+    def _expect(msg: Json, kind: str, field: str) -> Any:
+        if msg.get("kind") != kind or field not in msg:
+            raise UnexpectedResponse("expected %r with %r, got %r" % (kind, field, msg.get("kind")))
+        return msg[field]
+
+    # -- requests ------------------------------------------------------------------
+    def list(self) -> List[Json]:
         """Every model with versions and per-variant state."""
-        return self._call({"op": "list"})[0]["models"]
+        return list(self._expect(self._call({"op": "list"})[0], "models", "models"))
 
-    def status(self, model):
+    def status(self, model: str) -> Json:
         """One model's state."""
-        return self._call({"op": "status", "model": model})[0]["model"]
+        return dict(self._expect(self._call({"op": "status", "model": model})[0], "status", "model"))
 
-    def acquire(self, model, profile=None, backend=None, wait=True, timeout=None, version=None):
-        """A ready artifact; waits for a build when `wait` (up to `timeout` seconds)."""
-        req = {"op": "acquire", "model": model, "wait": bool(wait), "dir_fd": True}
+    def acquire(
+        self,
+        model: str,
+        profile: Optional[str] = None,
+        backend: Optional[str] = None,
+        wait: bool = True,
+        timeout: Optional[float] = None,
+        version: Optional[int] = None,
+    ) -> Artifact:
+        """A ready artifact; waits for a build when ``wait`` (up to ``timeout`` seconds on
+        the daemon's side, then :class:`Timeout`). Set the client's own ``timeout`` above
+        this one, or a long wait ends as :class:`ConnectionTimeout`."""
+        req: Json = {"op": "acquire", "model": model, "wait": bool(wait), "dir_fd": True}
         if profile is not None:
             req["profile"] = profile
         if backend is not None:
@@ -270,50 +570,61 @@ class Client:
         n = len(meta.get("files", []))
         di = meta.get("dir_fd_index")
         if msg.get("kind") != "artifact" or di not in (None, n) or len(fds) != n + (di is not None):
-            for fd in fds:
-                os.close(fd)
-            raise TrtcacheError("internal", "unexpected response %r (%d descriptors)" % (msg.get("kind"), len(fds)))
+            _close_all(fds)
+            raise UnexpectedResponse(
+                "expected an artifact with %d descriptors, got %r with %d" % (n, msg.get("kind"), len(fds))
+            )
         dir_fd = fds.pop() if di is not None else None
         return Artifact(meta, fds, dir_fd)
 
-    def build(self, models=None, backend=None, timeout=None, on_progress=None, paths=None):
-        """Builds models (all when None and no paths); calls on_progress(event) per event;
-        returns results. paths: model files outside the repository, by absolute path (admin
-        only: root or the daemon's user)."""
-        req = {"op": "build", "models": list(models or [])}
+    def build(
+        self,
+        models: Optional[Sequence[str]] = None,
+        backend: Optional[str] = None,
+        timeout: Optional[float] = None,
+        on_progress: Optional[Callable[[Json], None]] = None,
+        paths: Optional[Sequence[Union[str, "os.PathLike[str]"]]] = None,
+    ) -> List[Json]:
+        """Builds models (all when None and no paths); calls ``on_progress(event)`` per
+        event; returns the results. ``paths``: model files outside the repository, by
+        absolute path (admin only: root or the daemon's user)."""
+        req: Json = {"op": "build", "models": list(models or [])}
         if paths:
-            req["paths"] = [str(p) for p in paths]
+            req["paths"] = [os.fspath(p) for p in paths]
         if backend is not None:
             req["backend"] = backend
         if timeout is not None:
             req["timeout_ms"] = int(timeout * 1000)
-        self._send(req)
-        while True:
+        msg, _ = self._call(req)
+        while msg.get("kind") == "progress":
+            if on_progress:
+                on_progress(msg)
             msg, _ = self._recv()
-            if msg.get("kind") == "progress":
-                if on_progress:
-                    on_progress(msg)
-            else:
-                return msg["results"]
+        return list(self._expect(msg, "built", "results"))
 
-    def stats(self, prometheus=False):
-        """Counters as a dict, or Prometheus text."""
+    def stats(self, prometheus: bool = False) -> Any:
+        """Counters as a dict, or Prometheus text (a str) with ``prometheus=True``."""
         msg = self._call({"op": "stats", "format": "prometheus" if prometheus else "json"})[0]
-        return msg["text"] if prometheus else msg["stats"]
+        if prometheus:
+            return str(self._expect(msg, "stats_text", "text"))
+        return dict(self._expect(msg, "stats", "stats"))
 
-    def evict(self, model=None, key=None):
-        """Admin: evict a model's artifacts or one key; returns the number removed."""
-        return self._call({"op": "evict", "model": model, "key": key})[0]["removed"]
+    def evict(self, model: Optional[str] = None, key: Optional[str] = None) -> int:
+        """Admin: evicts a model's artifacts or one key; returns the number removed."""
+        return int(self._expect(self._call({"op": "evict", "model": model, "key": key})[0], "evicted", "removed"))
 
-    def shutdown(self):
-        """Admin: stop the daemon."""
+    def shutdown(self) -> None:
+        """Admin: stops the daemon."""
         self._call({"op": "shutdown"})
 
-    def close(self):
-        self._sock.close()
+    def close(self) -> None:
+        """Closes the connection (a later call connects again)."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
 
-    def __enter__(self):
+    def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()

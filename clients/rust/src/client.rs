@@ -12,8 +12,9 @@ use serde::de::DeserializeOwned;
 use crate::frame::{self, FrameError};
 use crate::protocol::*;
 
-/// Largest response frame accepted (a `list` of many models stays far below it).
-const MAX_RESPONSE: u32 = 64 << 20;
+/// Largest response frame accepted by default (a `list` of many models stays far below it);
+/// [`Client::set_max_response`] changes it.
+pub const DEFAULT_MAX_RESPONSE: u32 = 64 << 20;
 
 /// Errors a client call can return.
 #[derive(Debug)]
@@ -36,6 +37,13 @@ pub enum ClientError {
     },
     /// The daemon answered with something this request does not expect.
     Unexpected(String),
+    /// No answer (or the request not taken) within the connection's timeout
+    /// ([`Client::set_timeout`]). The connection was reset: the late answer and its
+    /// descriptors are dropped with the old socket, and the next request connects again.
+    Timeout {
+        /// The timeout that passed.
+        after: Option<Duration>,
+    },
 }
 
 impl ClientError {
@@ -57,6 +65,13 @@ impl std::fmt::Display for ClientError {
             ClientError::Frame(e) => write!(f, "{e}"),
             ClientError::Server { code, message } => write!(f, "{code}: {message}"),
             ClientError::Unexpected(s) => write!(f, "unexpected response: {s}"),
+            ClientError::Timeout { after } => {
+                f.write_str("no answer from the daemon")?;
+                if let Some(t) = after {
+                    write!(f, " within {:.3} s", t.as_secs_f64())?;
+                }
+                f.write_str("; the connection was reset (the next request connects again)")
+            }
         }
     }
 }
@@ -130,16 +145,27 @@ impl Artifact {
 }
 
 /// A connection to the trtcache daemon.
+///
+/// After a timeout, a frame cut short, a malformed or oversized response, or an error code
+/// after which the daemon closes the connection (`busy`, `idle_timeout`, `frame_too_large`,
+/// `shutting_down`), the connection is *reset*: its socket is shut down, and the next
+/// [`Client::send`] (every request method sends) connects and says `hello` again, so a late
+/// answer is never read as the answer to a later request.
 #[derive(Debug)]
 pub struct Client {
     stream: UnixStream,
+    path: PathBuf,
     server: String,
     max_frame: u32,
+    max_response: u32,
+    broken: bool,
+    resets: u64,
 }
 
 /// The connection's socket, for callers that multiplex many connections with `poll`/`epoll`
 /// and call [`Client::send`] / [`Client::recv`] when it is ready (a response arrives as one
-/// frame, so `recv` on a readable socket does not wait for the daemon).
+/// frame, so `recv` on a readable socket does not wait for the daemon). A reset (see
+/// [`Client`]) replaces the socket at the next `send`, so read the descriptor again then.
 impl std::os::fd::AsRawFd for Client {
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
         self.stream.as_raw_fd()
@@ -150,39 +176,99 @@ impl Client {
     /// Connects to the daemon's socket and performs the version handshake.
     pub fn connect(path: impl AsRef<Path>) -> Result<Self, ClientError> {
         let path = path.as_ref();
-        let stream = UnixStream::connect(path).map_err(|source| ClientError::Connect {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let stream = Self::open(path)?;
         let mut c = Client {
             stream,
+            path: path.to_path_buf(),
             server: String::new(),
             max_frame: u32::MAX,
+            max_response: DEFAULT_MAX_RESPONSE,
+            broken: false,
+            resets: 0,
         };
+        c.hello()?;
+        Ok(c)
+    }
+
+    fn open(path: &Path) -> Result<UnixStream, ClientError> {
+        UnixStream::connect(path).map_err(|source| ClientError::Connect {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    fn hello(&mut self) -> Result<(), ClientError> {
         let hello = Request::Hello {
             version: PROTOCOL_VERSION,
             client: concat!("trtcache-client/", env!("CARGO_PKG_VERSION")).into(),
         };
-        match c.call(&hello)? {
+        match self.call(&hello)? {
             (
                 Response::Hello {
                     server, max_frame, ..
                 },
                 _,
             ) => {
-                c.server = server;
-                c.max_frame = max_frame;
-                Ok(c)
+                self.server = server;
+                self.max_frame = max_frame;
+                Ok(())
             }
             (other, _) => Err(unexpected(&other)),
         }
     }
 
-    /// Sets a read/write timeout on the connection (none by default).
+    /// Drops the connection's socket; the next `send` connects again.
+    fn reset(&mut self) {
+        if !self.broken {
+            let _ = self.stream.shutdown(std::net::Shutdown::Both);
+            self.broken = true;
+            self.resets += 1;
+        }
+    }
+
+    /// Connects again after a reset (and says `hello`).
+    fn reconnect(&mut self) -> Result<(), ClientError> {
+        let stream = Self::open(&self.path)?;
+        stream.set_read_timeout(self.stream.read_timeout()?)?;
+        stream.set_write_timeout(self.stream.write_timeout()?)?;
+        self.stream = stream;
+        self.broken = false;
+        self.hello()
+    }
+
+    /// Sets a read/write timeout on the connection (none by default), kept across resets.
+    /// When it passes, the call returns [`ClientError::Timeout`] and the connection is reset.
     pub fn set_timeout(&self, timeout: Option<Duration>) -> Result<(), ClientError> {
         self.stream.set_read_timeout(timeout)?;
         self.stream.set_write_timeout(timeout)?;
         Ok(())
+    }
+
+    /// Sets the largest response frame accepted ([`DEFAULT_MAX_RESPONSE`] by default); a
+    /// larger one is refused with [`FrameError::TooLarge`] and resets the connection.
+    pub fn set_max_response(&mut self, bytes: u32) {
+        self.max_response = bytes;
+    }
+
+    /// How many times the connection was reset (see [`Client`]).
+    pub fn resets(&self) -> u64 {
+        self.resets
+    }
+
+    /// Maps a framing error: a timeout or a frame left half-read resets the connection.
+    fn framing(&mut self, e: FrameError) -> ClientError {
+        match e {
+            FrameError::DescriptorsTruncated { .. } => ClientError::Frame(e),
+            FrameError::Io(io) if frame::is_timeout(&io) => {
+                let after = self.stream.read_timeout().ok().flatten();
+                self.reset();
+                ClientError::Timeout { after }
+            }
+            e => {
+                self.reset();
+                ClientError::Frame(e)
+            }
+        }
     }
 
     /// The server's name and version from the handshake.
@@ -190,38 +276,62 @@ impl Client {
         &self.server
     }
 
-    /// Sends one request (without descriptors).
+    /// Sends one request (without descriptors), connecting again first after a reset.
     pub fn send(&mut self, req: &Request) -> Result<(), ClientError> {
         let bytes = frame::encode(req)?;
-        frame::write_frame(&self.stream, &bytes, &[])?;
-        Ok(())
+        if self.broken && !matches!(req, Request::Hello { .. }) {
+            self.reconnect()?;
+        }
+        frame::write_frame(&self.stream, &bytes, &[]).map_err(|e| self.framing(e.into()))
     }
 
     /// Reads one response; a server error becomes [`ClientError::Server`].
     pub fn recv(&mut self) -> Result<(Response, Vec<OwnedFd>), ClientError> {
-        let (body, fds) = frame::read_frame(&self.stream, MAX_RESPONSE)?;
-        let resp: Response = decode(&body)?;
+        if self.broken {
+            return Err(ClientError::Frame(FrameError::Closed));
+        }
+        let (body, fds) =
+            frame::read_frame(&self.stream, self.max_response).map_err(|e| self.framing(e))?;
+        let resp: Response = match decode(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                self.reset();
+                return Err(e);
+            }
+        };
         if let Response::Error(ErrorBody { code, message }) = resp {
+            if matches!(
+                code,
+                ErrorCode::Busy
+                    | ErrorCode::IdleTimeout
+                    | ErrorCode::FrameTooLarge
+                    | ErrorCode::ShuttingDown
+            ) {
+                self.reset();
+            }
             return Err(ClientError::Server { code, message });
         }
         Ok((resp, fds))
     }
 
     fn call(&mut self, req: &Request) -> Result<(Response, Vec<OwnedFd>), ClientError> {
-        if let Err(e) = self.send(req) {
+        if self.broken && !matches!(req, Request::Hello { .. }) {
+            self.reconnect()?;
+        }
+        let bytes = frame::encode(req)?;
+        if let Err(io) = frame::write_frame(&self.stream, &bytes, &[]) {
             // The daemon may have answered and closed before reading (`busy` at its
             // connection limit): its error frame says why, the broken pipe does not.
-            if let ClientError::Frame(FrameError::Io(io)) = &e {
-                if matches!(
-                    io.kind(),
-                    std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
-                ) {
-                    if let Err(server @ ClientError::Server { .. }) = self.recv() {
-                        return Err(server);
-                    }
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+            ) {
+                if let Err(server @ ClientError::Server { .. }) = self.recv() {
+                    self.reset();
+                    return Err(server);
                 }
             }
-            return Err(e);
+            return Err(self.framing(io.into()));
         }
         self.recv()
     }
@@ -364,6 +474,17 @@ fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, ClientError> {
     serde_json::from_slice(body).map_err(|e| ClientError::Frame(FrameError::Json(e)))
 }
 
+/// "`kind` frame: {first 200 bytes of its JSON}", so the message says what came without
+/// pasting a whole model list.
 fn unexpected(r: &Response) -> ClientError {
-    ClientError::Unexpected(serde_json::to_string(r).unwrap_or_else(|_| format!("{r:?}")))
+    let json = serde_json::to_string(r).unwrap_or_else(|_| format!("{r:?}"));
+    let kind = serde_json::from_str::<serde_json::Value>(&json)
+        .ok()
+        .and_then(|v| v.get("kind").and_then(|k| k.as_str()).map(String::from))
+        .unwrap_or_else(|| "unknown".into());
+    let mut shown: String = json.chars().take(200).collect();
+    if shown.len() < json.len() {
+        shown.push('…');
+    }
+    ClientError::Unexpected(format!("a `{kind}` frame ({shown})"))
 }

@@ -28,6 +28,16 @@ pub enum FrameError {
     Json(serde_json::Error),
     /// A socket error (including a connection closed inside a frame).
     Io(io::Error),
+    /// The kernel dropped descriptors that came with the frame (`MSG_CTRUNC`): this process
+    /// is at its open-files limit (`RLIMIT_NOFILE`), or the peer sent more than [`MAX_FDS`].
+    /// The frame itself was read whole and the descriptors that did arrive were closed, so
+    /// the connection stays in step.
+    DescriptorsTruncated {
+        /// Descriptors that arrived (and were closed).
+        received: usize,
+        /// This process's soft `RLIMIT_NOFILE` when it happened, if it could be read.
+        nofile_limit: Option<u64>,
+    },
 }
 
 impl std::fmt::Display for FrameError {
@@ -38,7 +48,26 @@ impl std::fmt::Display for FrameError {
                 write!(f, "frame of {len} bytes exceeds the limit of {max}")
             }
             FrameError::Json(e) => write!(f, "malformed frame: {e}"),
+            FrameError::Io(e) if is_timeout(e) => {
+                f.write_str("no answer from the daemon within the connection's timeout")
+            }
             FrameError::Io(e) => write!(f, "socket error: {e}"),
+            FrameError::DescriptorsTruncated {
+                received,
+                nofile_limit,
+            } => {
+                write!(
+                    f,
+                    "the kernel dropped descriptors sent with the frame (MSG_CTRUNC; {received} \
+                     arrived and were closed): this process is at its open-files limit \
+                     (RLIMIT_NOFILE soft limit "
+                )?;
+                match nofile_limit {
+                    Some(n) => write!(f, "{n}")?,
+                    None => f.write_str("unknown")?,
+                }
+                write!(f, ") or the peer sent more than {MAX_FDS}")
+            }
         }
     }
 }
@@ -51,6 +80,28 @@ impl std::error::Error for FrameError {
             _ => None,
         }
     }
+}
+
+/// Whether a socket error is a read or write timeout (`SO_RCVTIMEO`/`SO_SNDTIMEO` report
+/// `EAGAIN`).
+pub fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+fn nofile_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit with a valid pointer to a local rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return None;
+    }
+    #[allow(clippy::unnecessary_cast)] // rlim_t is u64 here, u32 on some 32-bit targets
+    Some(lim.rlim_cur as u64)
 }
 
 impl From<io::Error> for FrameError {
@@ -121,8 +172,27 @@ pub fn send_with_fds(sock: RawFd, buf: &[u8], fds: &[RawFd]) -> io::Result<usize
 }
 
 /// One `recvmsg` into `buf`; descriptors that arrive are appended to `fds` (close-on-exec).
-/// Returns bytes read (0 at end of stream).
+/// Returns bytes read (0 at end of stream). Descriptors the kernel dropped (`MSG_CTRUNC`)
+/// make this an error after the bytes were consumed; [`read_frame`] instead finishes the
+/// frame and reports [`FrameError::DescriptorsTruncated`].
 pub fn recv_with_fds(sock: RawFd, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<usize> {
+    let (n, truncated) = recv_with_fds_flagged(sock, buf, fds)?;
+    if truncated {
+        return Err(io::Error::other(format!(
+            "descriptors dropped by the kernel (MSG_CTRUNC): at the open-files limit, or more \
+             than {MAX_FDS} in one frame"
+        )));
+    }
+    Ok(n)
+}
+
+/// Like [`recv_with_fds`], returning whether the kernel dropped descriptors (`MSG_CTRUNC`)
+/// instead of failing, so the caller can finish reading the frame.
+pub fn recv_with_fds_flagged(
+    sock: RawFd,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+) -> io::Result<(usize, bool)> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr() as *mut libc::c_void,
         iov_len: buf.len(),
@@ -154,12 +224,7 @@ pub fn recv_with_fds(sock: RawFd, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io:
             c = libc::CMSG_NXTHDR(&msg, c);
         }
     }
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        return Err(io::Error::other(format!(
-            "more than {MAX_FDS} descriptors in one frame (truncated)"
-        )));
-    }
-    Ok(n as usize)
+    Ok((n as usize, msg.msg_flags & libc::MSG_CTRUNC != 0))
 }
 
 /// Writes a whole frame on a blocking socket, with `fds` attached to its first bytes.
@@ -180,13 +245,21 @@ pub fn write_frame(sock: &impl AsRawFd, frame: &[u8], fds: &[RawFd]) -> io::Resu
     Ok(())
 }
 
-fn read_exact_fds(sock: RawFd, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> Result<(), FrameError> {
+fn read_exact_fds(
+    sock: RawFd,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+    truncated: &mut bool,
+) -> Result<(), FrameError> {
     let mut off = 0;
     while off < buf.len() {
-        match recv_with_fds(sock, &mut buf[off..], fds) {
-            Ok(0) if off == 0 => return Err(FrameError::Closed),
-            Ok(0) => return Err(FrameError::Io(io::ErrorKind::UnexpectedEof.into())),
-            Ok(n) => off += n,
+        match recv_with_fds_flagged(sock, &mut buf[off..], fds) {
+            Ok((0, _)) if off == 0 => return Err(FrameError::Closed),
+            Ok((0, _)) => return Err(FrameError::Io(io::ErrorKind::UnexpectedEof.into())),
+            Ok((n, t)) => {
+                off += n;
+                *truncated |= t;
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e.into()),
         }
@@ -195,19 +268,26 @@ fn read_exact_fds(sock: RawFd, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> Result
 }
 
 /// Reads one frame from a blocking socket: the JSON body and every descriptor that came with
-/// it. `Closed` when the peer hung up between frames.
+/// it. `Closed` when the peer hung up between frames; `DescriptorsTruncated` (with the frame
+/// consumed, so the next frame reads normally) when the kernel dropped descriptors.
 pub fn read_frame(sock: &impl AsRawFd, max: u32) -> Result<(Vec<u8>, Vec<OwnedFd>), FrameError> {
     let mut fds = Vec::new();
+    let mut truncated = false;
     let mut len = [0u8; 4];
-    read_exact_fds(sock.as_raw_fd(), &mut len, &mut fds)?;
+    read_exact_fds(sock.as_raw_fd(), &mut len, &mut fds, &mut truncated)?;
     let len = u32::from_be_bytes(len);
     if len > max {
         return Err(FrameError::TooLarge { len, max });
     }
     let mut body = vec![0u8; len as usize];
-    match read_exact_fds(sock.as_raw_fd(), &mut body, &mut fds) {
+    match read_exact_fds(sock.as_raw_fd(), &mut body, &mut fds, &mut truncated) {
         Err(FrameError::Closed) => Err(FrameError::Io(io::ErrorKind::UnexpectedEof.into())),
-        r => r.map(|()| (body, fds)),
+        Err(e) => Err(e),
+        Ok(()) if truncated => Err(FrameError::DescriptorsTruncated {
+            received: fds.len(),
+            nofile_limit: nofile_limit(),
+        }),
+        Ok(()) => Ok((body, fds)),
     }
 }
 
@@ -246,6 +326,55 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         drop(a);
         assert!(matches!(read_frame(&b, 10), Err(FrameError::Closed)));
+    }
+
+    #[test]
+    fn dropped_descriptors_are_reported_and_the_stream_stays_in_step() {
+        // More descriptors than the reader's control buffer holds: the kernel sets
+        // MSG_CTRUNC exactly as it does at RLIMIT_NOFILE (tests/it/clients.rs covers that).
+        let (a, b) = UnixStream::pair().unwrap();
+        let f = tempfile_like();
+        let many = [f.as_raw_fd(); MAX_FDS + 8];
+        let frame = encode(&serde_json::json!({"kind": "first"})).unwrap();
+        let mut iov = libc::iovec {
+            iov_base: frame.as_ptr() as *mut libc::c_void,
+            iov_len: frame.len(),
+        };
+        let mut control = vec![0u64; cmsg_space(many.len()).div_ceil(8)];
+        // SAFETY: as in send_with_fds, with a control buffer sized for `many`.
+        let n = unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+            msg.msg_controllen = cmsg_space(many.len()) as _;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(&many[..]) as u32) as _;
+            std::ptr::copy_nonoverlapping(
+                many.as_ptr(),
+                libc::CMSG_DATA(c) as *mut RawFd,
+                many.len(),
+            );
+            libc::sendmsg(a.as_raw_fd(), &msg, 0)
+        };
+        assert_eq!(n as usize, frame.len());
+        write_frame(
+            &a,
+            &encode(&serde_json::json!({"kind": "second"})).unwrap(),
+            &[],
+        )
+        .unwrap();
+        let e = read_frame(&b, 1024).unwrap_err();
+        assert!(
+            matches!(e, FrameError::DescriptorsTruncated { received, .. } if received <= MAX_FDS),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("RLIMIT_NOFILE"), "{e}");
+        let (body, fds) = read_frame(&b, 1024).unwrap();
+        assert_eq!(body, br#"{"kind":"second"}"#);
+        assert!(fds.is_empty());
     }
 
     fn tempfile_like() -> std::fs::File {

@@ -5,7 +5,8 @@
 //! ```no_run
 //! use trtcache_client::{Client, AcquireRequest};
 //! let mut c = Client::connect("/run/trtcache/trtcache.sock")?;
-//! let artifact = c.acquire(&AcquireRequest { model: "resnet50".into(), wait: true, ..Default::default() })?;
+//! // `..Default::default()` waits for a build, as the wire's default does.
+//! let artifact = c.acquire(&AcquireRequest { model: "resnet50".into(), dir_fd: true, ..Default::default() })?;
 //! println!("{} ({} files)", artifact.metadata.key, artifact.files.len());
 //! # Ok::<(), trtcache_client::ClientError>(())
 //! ```
@@ -21,10 +22,15 @@ pub mod protocol;
 #[cfg(feature = "ort")]
 mod session;
 
-pub use client::{Artifact, Client, ClientError};
+pub use client::{Artifact, Client, ClientError, DEFAULT_MAX_RESPONSE};
 pub use protocol::{
     AcquireRequest, ArtifactMeta, BuildRequest, ErrorCode, ModelStatus, Progress, Request,
     Response, Stats, VariantState, PROTOCOL_VERSION,
 };
 #[cfg(feature = "ort")]
 pub use session::SessionError;
+
+/// The README's example, compiled as a doc test.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -65,8 +65,10 @@ pub enum Request {
     Shutdown,
 }
 
-/// What [`Request::Acquire`] asks for.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// What [`Request::Acquire`] asks for. [`Default`] is the wire's default: `wait: true`, the
+/// rest unset (so `AcquireRequest { model, ..Default::default() }` waits for a build, as a
+/// bare `{"op":"acquire","model":...}` does).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AcquireRequest {
     /// Model name in the repository (never a path).
     pub model: String,
@@ -95,6 +97,20 @@ pub struct AcquireRequest {
 
 fn yes() -> bool {
     true
+}
+
+impl Default for AcquireRequest {
+    fn default() -> Self {
+        AcquireRequest {
+            model: String::new(),
+            version: None,
+            profile: None,
+            backend: None,
+            wait: yes(),
+            timeout_ms: None,
+            dir_fd: false,
+        }
+    }
 }
 
 /// What [`Request::Build`] asks for.
@@ -235,6 +251,26 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// Every code, in declaration order (clients map each to their own error type).
+    pub const ALL: &'static [ErrorCode] = &[
+        ErrorCode::BadFrame,
+        ErrorCode::FrameTooLarge,
+        ErrorCode::UnknownRequest,
+        ErrorCode::BadRequest,
+        ErrorCode::UnsupportedVersion,
+        ErrorCode::BadName,
+        ErrorCode::NotFound,
+        ErrorCode::NotReady,
+        ErrorCode::BuildFailed,
+        ErrorCode::Cancelled,
+        ErrorCode::Timeout,
+        ErrorCode::PermissionDenied,
+        ErrorCode::Busy,
+        ErrorCode::IdleTimeout,
+        ErrorCode::ShuttingDown,
+        ErrorCode::Internal,
+    ];
+
     /// The snake_case name used on the wire.
     pub fn as_str(&self) -> &'static str {
         match self {
@@ -583,6 +619,18 @@ mod tests {
         assert_eq!(serde_json::from_str::<Request>(&j).unwrap(), r);
         let minimal: Request = serde_json::from_str(r#"{"op":"acquire","model":"m"}"#).unwrap();
         assert_eq!(minimal, r, "wait defaults to true");
+        let Request::Acquire(defaulted) = minimal else {
+            unreachable!()
+        };
+        assert_eq!(
+            defaulted,
+            AcquireRequest {
+                model: "m".into(),
+                ..Default::default()
+            },
+            "AcquireRequest::default() is the wire's default"
+        );
+        assert!(AcquireRequest::default().wait);
     }
 
     #[test]
@@ -594,6 +642,14 @@ mod tests {
         let j = serde_json::to_string(&e).unwrap();
         assert!(j.contains("\"code\":\"bad_name\""), "{j}");
         assert_eq!(ErrorCode::FrameTooLarge.as_str(), "frame_too_large");
+        for c in ErrorCode::ALL {
+            let wire = serde_json::to_string(c).unwrap();
+            assert_eq!(wire, format!("\"{}\"", c.as_str()));
+        }
+        let mut names: Vec<_> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), ErrorCode::ALL.len());
     }
 
     #[test]
