@@ -10,6 +10,7 @@ mod daemon_engine;
 mod daemon_system;
 mod fuzz_regressions;
 mod keys;
+mod layering;
 mod onnx_load;
 mod reliability_crash;
 mod reliability_hostile;
