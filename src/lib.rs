@@ -12,7 +12,9 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod device;
+#[cfg(any(test, feature = "test-support"))]
 pub mod fixtures;
+#[cfg(feature = "test-support")]
 pub mod fuzzing;
 pub mod key;
 pub mod libs;
