@@ -8,7 +8,7 @@
 //! without devices or an unreadable cpuinfo become a reason string in the report.
 
 mod cpu;
-pub mod gpu;
+pub(crate) mod gpu;
 
 use serde::{Deserialize, Serialize};
 

@@ -92,8 +92,8 @@ impl KeyParts {
     }
 }
 
-pub mod digest;
-pub mod memo;
+pub(crate) mod digest;
+pub(crate) mod memo;
 mod parts;
 
 pub use parts::{

@@ -9,15 +9,15 @@
 //! shapes), [`restrict`] (what TensorRT's parser takes), [`partition`] (provider assignment
 //! and acyclic subgraphs), [`report`] (the result), [`export`] (partitions as ONNX files).
 
-pub mod dds;
-pub mod export;
-pub mod facts;
-pub mod infer;
-pub mod layout;
+pub(crate) mod dds;
+pub(crate) mod export;
+pub(crate) mod facts;
+pub(crate) mod infer;
+pub(crate) mod layout;
 pub mod partition;
-pub mod report;
-pub mod restrict;
-pub mod shapes;
+pub(crate) mod report;
+pub(crate) mod restrict;
+pub(crate) mod shapes;
 pub mod tables;
 
 pub use report::{Boundary, Capability, NodeReport, Partition};

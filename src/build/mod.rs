@@ -8,11 +8,11 @@
 //! are registered with `error_on_failure`, never ort's silent CPU fallback.
 
 pub mod cpu;
-pub mod golden;
-pub mod gpu;
-pub mod pipeline;
+pub(crate) mod golden;
+pub(crate) mod gpu;
+pub(crate) mod pipeline;
 pub mod runtime;
-pub mod validate;
+pub(crate) mod validate;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -7,7 +7,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::StoreError;
 
@@ -15,7 +15,6 @@ use super::StoreError;
 #[derive(Debug)]
 pub struct DirLock {
     _file: File,
-    path: PathBuf,
 }
 
 impl DirLock {
@@ -48,12 +47,7 @@ impl DirLock {
         file.seek(SeekFrom::Start(0)).map_err(io)?;
         writeln!(file, "{}", std::process::id()).map_err(io)?;
         file.sync_all().map_err(io)?;
-        Ok(Self { _file: file, path })
-    }
-
-    /// The lock file.
-    pub fn path(&self) -> &Path {
-        &self.path
+        Ok(Self { _file: file })
     }
 }
 

@@ -7,9 +7,9 @@
 //! (paths checked to exist with the recorded sizes), listings, verify/gc reports. A failed,
 //! quarantined or incomplete entry is never returned as a hit.
 
-pub mod disk;
-pub mod lock;
-pub mod record;
+pub(crate) mod disk;
+pub(crate) mod lock;
+pub(crate) mod record;
 
 use std::path::{Path, PathBuf};
 

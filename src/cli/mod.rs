@@ -5,8 +5,8 @@ mod build;
 mod cache;
 mod capability;
 mod inspect;
-pub mod key;
-pub mod output;
+pub(crate) mod key;
+pub(crate) mod output;
 mod sku;
 
 pub use inspect::opset_bounds;

@@ -134,11 +134,6 @@ impl CachedEngine {
         })
     }
 
-    /// The store (for maintenance while the daemon owns the cache).
-    pub fn store(&self) -> &SledStore {
-        &self.store
-    }
-
     /// The build request for a model and selection, as `trtcache build MODEL --sidecar S
     /// [--profile P] [--backend B] [--precision X]` makes it, and the resolved plan.
     fn request(

@@ -5,16 +5,16 @@
 //! does readiness, watchdog and socket activation. Shutdown happens in one place, [`serve`]:
 //! a watch channel that the accept loop, the watcher and the queue all observe.
 
-pub mod cached;
+pub(crate) mod cached;
 mod conn;
 mod dispatch;
-pub mod engine;
-pub mod queue;
-pub mod repo;
-pub mod server;
-pub mod service;
-pub mod systemd;
-pub mod watch;
+pub(crate) mod engine;
+pub(crate) mod queue;
+pub(crate) mod repo;
+pub(crate) mod server;
+pub(crate) mod service;
+pub(crate) mod systemd;
+pub(crate) mod watch;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

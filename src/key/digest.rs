@@ -29,6 +29,7 @@ pub fn default_threads() -> usize {
 }
 
 /// Tree digests of several byte slices (whole files), chunks spread over `threads` threads.
+#[cfg(test)]
 pub fn tree_digests(files: &[&[u8]], threads: usize) -> Vec<[u8; 32]> {
     let inputs: Vec<Input> = files.iter().map(|d| Input::Bytes(d)).collect();
     tree_digests_of(&inputs, threads).expect("hashing bytes in memory does no I/O")
@@ -50,11 +51,6 @@ impl Input<'_> {
             Input::Bytes(d) => d.len() as u64,
             Input::File(_, n) => *n,
         }
-    }
-
-    /// Whether there is nothing to hash.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

@@ -171,11 +171,6 @@ impl DigestMemo {
         }
     }
 
-    /// Where it is stored.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// The remembered digest of a file with exactly this identity.
     pub fn lookup(&mut self, id: &FileId) -> Option<String> {
         let e = self.file.entries.get_mut(&id.slot())?;
@@ -216,10 +211,12 @@ impl DigestMemo {
     }
 
     /// Number of entries.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.file.entries.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.file.entries.is_empty()
     }

@@ -3,7 +3,7 @@
 //! [`library_dirs`]), and the CUDA driver's version (`device::gpu`). A leaf: imports only
 //! `config` for the checkout folders.
 
-pub mod onnxruntime;
+pub(crate) mod onnxruntime;
 
 use std::path::PathBuf;
 

@@ -4,7 +4,7 @@
 //! `0` taken from an unset field. Attributes written before ONNX recorded `type` (IR < 2,
 //! `type` = UNDEFINED) are judged by which value field is set.
 
-use super::proto::{AttributeProto, AttributeType, GraphProto, NodeProto, TensorProto};
+use super::proto::{AttributeProto, AttributeType, NodeProto, TensorProto};
 
 /// The attribute called `name`, if any.
 pub fn get<'a>(n: &'a NodeProto, name: &str) -> Option<&'a AttributeProto> {
@@ -58,11 +58,6 @@ pub fn ints(n: &NodeProto, name: &str) -> Option<Vec<i64>> {
     typed(n, name, AttributeType::Ints).map(|a| a.ints.clone())
 }
 
-/// A FLOAT attribute.
-pub fn float(n: &NodeProto, name: &str) -> Option<f32> {
-    typed(n, name, AttributeType::Float).map(|a| a.f)
-}
-
 /// A STRING attribute, lossily decoded as UTF-8.
 pub fn string(n: &NodeProto, name: &str) -> Option<String> {
     typed(n, name, AttributeType::String).map(|a| String::from_utf8_lossy(&a.s).into_owned())
@@ -71,11 +66,6 @@ pub fn string(n: &NodeProto, name: &str) -> Option<String> {
 /// A TENSOR attribute.
 pub fn tensor<'a>(n: &'a NodeProto, name: &str) -> Option<&'a TensorProto> {
     typed(n, name, AttributeType::Tensor).and_then(|a| a.t.as_ref())
-}
-
-/// A GRAPH attribute (an If branch, a Loop or Scan body).
-pub fn graph<'a>(n: &'a NodeProto, name: &str) -> Option<&'a GraphProto> {
-    typed(n, name, AttributeType::Graph).and_then(|a| a.g.as_deref())
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use super::fxhash::{FastMap, FastSet};
 
-use super::proto::{FunctionProto, GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto};
+use super::proto::{GraphProto, NodeProto, TensorProto, ValueInfoProto};
 
 /// Index of a node in [`Graph::nodes`].
 pub type NodeId = usize;
@@ -226,37 +226,4 @@ fn stable_names(nodes: &[&NodeProto]) -> Vec<String> {
             name
         })
         .collect()
-}
-
-/// Model-local functions by `(domain, name)`.
-#[derive(Debug, Default)]
-pub struct Functions<'a> {
-    by_id: FastMap<(&'a str, &'a str), &'a FunctionProto>,
-}
-
-impl<'a> Functions<'a> {
-    pub fn new(model: &'a ModelProto) -> Self {
-        Self {
-            by_id: model
-                .functions
-                .iter()
-                .map(|f| ((f.domain.as_str(), f.name.as_str()), f))
-                .collect(),
-        }
-    }
-
-    /// The function a node calls, if its `(domain, op_type)` names one.
-    pub fn called_by(&self, node: &NodeProto) -> Option<&'a FunctionProto> {
-        self.by_id
-            .get(&(node.domain.as_str(), node.op_type.as_str()))
-            .copied()
-    }
-
-    /// Nodes in every function body, nested bodies included.
-    pub fn node_count_total(&self) -> usize {
-        self.by_id
-            .values()
-            .map(|f| super::facts::count_nodes(&f.node))
-            .sum()
-    }
 }

@@ -7,12 +7,12 @@
 //! index-based view the later stages work on; [`model_facts`](facts) summarises a model
 //! for `inspect`.
 
-pub mod attr;
-pub mod dtype;
+pub(crate) mod attr;
+pub(crate) mod dtype;
 pub mod facts;
-pub mod fxhash;
-pub mod graph;
-pub mod load;
+pub(crate) mod fxhash;
+pub(crate) mod graph;
+pub(crate) mod load;
 pub mod proto;
 
 pub use dtype::ElemType;

@@ -90,7 +90,12 @@ fn top_level_modules_import_each_other_without_cycles() {
     let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (p, code) in sources(&root) {
         let rel = p.strip_prefix(&root).unwrap();
-        let first = rel.components().next().unwrap().as_os_str().to_string_lossy();
+        let first = rel
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy();
         let module = first.trim_end_matches(".rs").to_string();
         for u in uses(&code, "crate::") {
             if u != module {
@@ -117,14 +122,24 @@ fn analysis_files_import_each_other_without_cycles() {
         .iter()
         .map(|(p, _)| {
             let rel = p.strip_prefix(&dir).unwrap();
-            let first = rel.components().next().unwrap().as_os_str().to_string_lossy();
+            let first = rel
+                .components()
+                .next()
+                .unwrap()
+                .as_os_str()
+                .to_string_lossy();
             first.trim_end_matches(".rs").to_string()
         })
         .collect();
     let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (p, code) in sources(&dir) {
         let rel = p.strip_prefix(&dir).unwrap();
-        let first = rel.components().next().unwrap().as_os_str().to_string_lossy();
+        let first = rel
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy();
         let me = first.trim_end_matches(".rs").to_string();
         if me == "mod" {
             continue;
