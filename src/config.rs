@@ -103,6 +103,52 @@ pub struct Limits {
     /// tens of thousands of acquires a second; more threads add cross-thread wake-ups that
     /// lengthen the tail when consumers share the cores (BENCHMARKS.md, stop 10).
     pub io_threads: usize,
+    /// Memory bound of a build worker process (`RLIMIT_DATA`: heap and private mappings), in
+    /// bytes; 0 means three quarters of this machine's memory. A build that needs more fails
+    /// (the worker aborts) instead of taking the host down. GPU memory is not counted.
+    pub worker_memory_bytes: u64,
+    /// CPU-seconds bound of a build worker (`RLIMIT_CPU`); 0: none (`build_timeout_secs`
+    /// bounds the wall time, after which the worker is killed).
+    pub worker_cpu_secs: u64,
+}
+
+impl Limits {
+    /// The bounds of a build worker: `worker_memory_bytes` (or three quarters of physical
+    /// memory), `worker_cpu_secs`, and `build_timeout_secs` of wall time.
+    pub fn worker(&self) -> WorkerLimits {
+        let memory_bytes = match self.worker_memory_bytes {
+            0 => physical_memory().map_or(0, |m| m / 4 * 3),
+            n => n,
+        };
+        WorkerLimits {
+            memory_bytes,
+            cpu_secs: self.worker_cpu_secs,
+            wall: std::time::Duration::from_secs(self.build_timeout_secs),
+        }
+    }
+}
+
+/// The worker's bounds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerLimits {
+    /// `RLIMIT_DATA` in bytes (0: none).
+    pub memory_bytes: u64,
+    /// `RLIMIT_CPU` in seconds (0: none).
+    pub cpu_secs: u64,
+    /// Wall-clock limit; the worker is killed after it.
+    pub wall: std::time::Duration,
+}
+
+/// This machine's physical memory in bytes (`sysconf`), if known.
+pub fn physical_memory() -> Option<u64> {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    (pages > 0 && size > 0).then(|| pages as u64 * size as u64)
 }
 
 impl Default for Limits {
@@ -121,6 +167,8 @@ impl Default for Limits {
             rescan_secs: 60,
             plan_concurrency: 0,
             io_threads: 1,
+            worker_memory_bytes: 0,
+            worker_cpu_secs: 0,
         }
     }
 }

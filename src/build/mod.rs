@@ -13,6 +13,7 @@ pub(crate) mod gpu;
 pub(crate) mod pipeline;
 pub mod runtime;
 pub(crate) mod validate;
+pub mod worker;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,6 +24,7 @@ pub use crate::cache::Artifact;
 use crate::spec::{Backend, Precision, ShapeProfile};
 pub use pipeline::{BuildOutcome, BuildRequest, Builder, Source, Watch};
 pub use runtime::{Runtime, RuntimeError};
+pub use worker::WorkerLimits;
 
 /// Errors of building, opening and validating artifacts.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +59,12 @@ pub enum BuildError {
     Key(#[from] crate::key::KeyError),
     #[error("the build was cancelled")]
     Cancelled,
+    /// The build worker crashed or was killed (the reason names why): the model's failure.
+    #[error("{0}")]
+    Worker(String),
+    /// No build worker could be started or reaped: the machine's problem, not the model's.
+    #[error("{0}")]
+    WorkerUnavailable(String),
     /// The model's files changed since it was keyed; nothing was stored.
     #[error("{0}")]
     Changed(String),
@@ -129,7 +137,7 @@ pub use crate::config::DEFAULT_EXTERNAL_MIN_BYTES;
 
 /// Every option that changes an artifact (all of them go into the key), plus runtime-only
 /// knobs that do not (threads).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct BuildOptions {
     pub precision: Precision,
     pub profile: Option<ShapeProfile>,

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::validate::{validate, ValidationConfig};
+use super::worker::{self, WorkerLimits};
 use super::{backend, runtime, Artifact, BuildError, BuildOptions};
 use crate::cache::{now_secs, Lookup, Record, Served, Status, Store, RECORD_FORMAT};
 use crate::key::{self, DigestOptions, KeyInput, KeyParts};
@@ -136,6 +137,8 @@ pub struct Builder {
     hook: Option<ArtifactHook>,
     /// Read model files into memory instead of mapping them (see [`Model::read`]).
     read_models: bool,
+    /// Build and validate in a bounded worker process (see [`Builder::with_worker`]).
+    worker: Option<WorkerLimits>,
 }
 
 impl std::fmt::Debug for Builder {
@@ -154,6 +157,7 @@ impl Builder {
             digest: DigestOptions::default(),
             hook: None,
             read_models: false,
+            worker: None,
         }
     }
 
@@ -216,6 +220,54 @@ impl Builder {
             "model digest"
         );
         Ok(parts)
+    }
+
+    /// Builds and validates in a bounded worker process (`trtcache worker`) instead of in
+    /// this one: what the daemon and the CLI do, so a model that aborts, exhausts memory or
+    /// never finishes takes only the worker down (see [`worker`]).
+    pub fn with_worker(mut self, limits: WorkerLimits) -> Self {
+        self.worker = Some(limits);
+        self
+    }
+
+    /// The backend's build and the validation, in this process (library callers and tests;
+    /// the hook runs between them).
+    fn build_in_process(
+        &self,
+        rt: &runtime::Runtime,
+        req: &BuildRequest,
+        out: &Path,
+        progress: &Progress,
+        watch: &Watch,
+    ) -> Result<worker::Built, BuildError> {
+        let backend = backend(req.backend);
+        let started = Instant::now();
+        let artifact = match backend.build(rt, &req.model, &req.options, out) {
+            Ok(a) => a,
+            Err(e) => return Err(disk_full(out, &req.model, e)),
+        };
+        if let Some(hook) = &self.hook {
+            hook(&artifact);
+        }
+        let build_ms = started.elapsed().as_millis() as u64;
+        watch.check()?;
+        progress("validating against the original model (ORT CPU, optimizations off)");
+        let entry = artifact.dir.join(&artifact.entry);
+        let mut session = backend.open(rt, &entry, &req.options)?;
+        let validation = validate(
+            rt,
+            &req.model,
+            &mut session,
+            req.options.profile.as_ref(),
+            req.options.precision,
+            &req.validation,
+            req.options.threads,
+        )?;
+        Ok(worker::Built {
+            artifact,
+            validation,
+            build_ms,
+        })
     }
 
     /// Returns the cached artifact for the request, or builds, validates and stores it.
@@ -292,35 +344,30 @@ impl Builder {
         watch: Watch,
     ) -> Result<BuildOutcome, BuildError> {
         let rt = runtime::load(self.ort_library.as_deref())?;
-        let backend = backend(req.backend);
-        backend.check(rt)?;
+        backend(req.backend).check(rt)?;
         let plan = provider_plan(&req.model, req.backend);
         let staging = self.store.staging_dir()?;
-        let started = Instant::now();
         progress(&format!("building with {}", req.backend));
-        let artifact = match backend.build(rt, &req.model, &req.options, staging.path()) {
-            Ok(a) => a,
-            Err(e) => return Err(disk_full(staging.path(), &req.model, e)),
+        let built = match &self.worker {
+            Some(limits) => {
+                let job = worker::Job {
+                    model: req.model.clone(),
+                    backend: req.backend,
+                    options: req.options.clone(),
+                    validation: req.validation.clone(),
+                    out: staging.path().to_path_buf(),
+                    ort_library: self.ort_library.clone(),
+                };
+                progress("building and validating in a worker process");
+                worker::run(&job, limits, watch.cancelled)?
+            }
+            None => self.build_in_process(rt, req, staging.path(), &progress, &watch)?,
         };
-        if let Some(hook) = &self.hook {
-            hook(&artifact);
-        }
-        let build_ms = started.elapsed().as_millis() as u64;
-        watch.check()?;
-        progress("validating against the original model (ORT CPU, optimizations off)");
-        let entry = artifact.dir.join(&artifact.entry);
-        let validation = {
-            let mut session = backend.open(rt, &entry, &req.options)?;
-            validate(
-                rt,
-                &req.model,
-                &mut session,
-                req.options.profile.as_ref(),
-                req.options.precision,
-                &req.validation,
-                req.options.threads,
-            )?
-        };
+        let worker::Built {
+            artifact,
+            validation,
+            build_ms,
+        } = built;
         watch.check()?;
         // ONNX Runtime read the model by path: what it built from must be what was keyed. A
         // file replaced or rewritten during the build has another identity, so the memo
@@ -422,7 +469,7 @@ const FULL_SLACK: u64 = 1 << 20;
 /// model: ONNX Runtime says only "Failed to write ..." when it hits ENOSPC. Judged before the
 /// staging directory (and its partial files) is removed: less than max(1 MiB, the model's
 /// size) left means the artifact could not have fit.
-fn disk_full(staging: &Path, model: &Path, e: BuildError) -> BuildError {
+pub(crate) fn disk_full(staging: &Path, model: &Path, e: BuildError) -> BuildError {
     let need = std::fs::metadata(model)
         .map(|m| m.len())
         .unwrap_or(0)

@@ -25,7 +25,7 @@ pub use crate::cache::{OutputError, Validation};
 pub use crate::spec::Tolerance;
 
 /// How to validate.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ValidationConfig {
     pub seed: u64,
     /// Integer inputs are drawn from `[lo, hi)`.

@@ -73,7 +73,7 @@ pub struct StoredArtifact {
 }
 
 /// An artifact a backend produced, before it is stored: files in one directory.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Artifact {
     pub dir: PathBuf,
     /// File name of the graph to open.

@@ -65,6 +65,10 @@ pub enum Command {
     Warm(warm::WarmArgs),
     /// Show each model's state per backend/profile (from the daemon when one runs).
     Status(warm::StatusArgs),
+    /// Internal: build and validate one job read from stdin (the daemon and `build` run
+    /// every build in such a bounded worker process).
+    #[command(hide = true)]
+    Worker,
 }
 
 /// Installs the tracing subscriber (stderr). ort reports provider fallbacks only through
@@ -100,5 +104,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Config(a) => serve::config(a),
         Command::Warm(a) => warm::warm(a),
         Command::Status(a) => warm::status(a),
+        Command::Worker => Ok(ExitCode::from(
+            u8::try_from(crate::build::worker::serve_one()).unwrap_or(2),
+        )),
     }
 }

@@ -61,16 +61,19 @@ fn build_err(e: BuildError) -> EngineError {
         BuildError::Key(crate::key::KeyError::Io { .. }) => EngineError::Changed(e.into()),
         // The store failing (a full disk, an I/O error) says nothing about the model.
         BuildError::Store(_) => EngineError::Storage(e.into()),
-        BuildError::Runtime(_) | BuildError::ProviderMissing { .. } | BuildError::Key(_) => {
-            EngineError::Runtime(e.into())
-        }
+        BuildError::Runtime(_)
+        | BuildError::ProviderMissing { .. }
+        | BuildError::Key(_)
+        | BuildError::WorkerUnavailable(_) => EngineError::Runtime(e.into()),
         BuildError::Io { path, source } => EngineError::Io {
             path,
             error: source,
         },
-        BuildError::Ort { .. } | BuildError::Model { .. } | BuildError::Validation(_) => {
-            EngineError::Invalid(e.into())
-        }
+        // A worker that crashed or was killed at its limits: the model's failure.
+        BuildError::Ort { .. }
+        | BuildError::Model { .. }
+        | BuildError::Validation(_)
+        | BuildError::Worker(_) => EngineError::Invalid(e.into()),
     }
 }
 
@@ -93,6 +96,7 @@ impl CachedEngine {
         ort_library: Option<&Path>,
         max_bytes: u64,
         external_min_bytes: u64,
+        worker: crate::build::WorkerLimits,
     ) -> Result<Self, EngineError> {
         let store = SledStore::open(
             cache_dir,
@@ -124,7 +128,9 @@ impl CachedEngine {
         let builder = Builder::new(store.clone(), ort_library.map(Path::to_path_buf))
             .with_digest_memo(cache_dir.join(crate::cache::DIGEST_MEMO))
             .with_read_models();
-        let snap_builder = Builder::new(store.clone(), ort_library.map(Path::to_path_buf));
+        // Every build and validation runs in a bounded worker process, never in the daemon.
+        let snap_builder =
+            Builder::new(store.clone(), ort_library.map(Path::to_path_buf)).with_worker(worker);
         Ok(CachedEngine {
             builder,
             snap_builder,
@@ -536,5 +542,6 @@ pub fn open(cfg: &crate::config::Config) -> Result<CachedEngine, EngineError> {
         cfg.ort_dylib.as_deref(),
         cfg.limits.cache_size_bytes,
         cfg.external_min_bytes,
+        cfg.limits.worker(),
     )
 }

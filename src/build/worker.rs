@@ -1,0 +1,390 @@
+//! Builds and validation in a bounded worker process. ONNX Runtime (and TensorRT's builder)
+//! can abort, allocate without bound or loop forever on a hostile or broken model, so the
+//! daemon never runs them in its own process: [`run`] re-executes `trtcache` as `trtcache
+//! worker` (hidden), hands it one [`Job`] as JSON on stdin, and reads one [`Reply`] from its
+//! stdout. The worker builds the artifact into the job's staging directory and validates it;
+//! the parent keeps the store (the key check and `put` stay on its side).
+//!
+//! Bounds ([`WorkerLimits`], from the config's `limits.worker_*`): the data segment
+//! (`RLIMIT_DATA`: heap and private writable mappings; unlike `RLIMIT_AS` it does not count
+//! the address space CUDA reserves), CPU seconds (`RLIMIT_CPU`), and wall time, after which
+//! the parent SIGKILLs it. A cancelled build (its model replaced, the queue's timeout) is
+//! killed at once. The worker dies with its parent (`PR_SET_PDEATHSIG`). A worker that
+//! crashes is reported as that model's failure, naming the signal and the last lines of its
+//! stderr; the daemon keeps serving.
+//!
+//! GPU memory is not bounded by rlimits: on a GPU host, bound it with the TensorRT workspace
+//! limit of the build options and `CUDA_VISIBLE_DEVICES`/MPS for the worker (docs/daemon.md).
+
+use std::io::{Read, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::validate::{validate, ValidationConfig};
+use super::{backend, runtime, Artifact, BuildError, BuildOptions};
+use crate::cache::Validation;
+pub use crate::config::WorkerLimits;
+use crate::spec::Backend;
+
+/// Environment variable naming the executable to run as the worker (default: this one).
+/// For hosts of the library other than the `trtcache` binary (tests, embedders).
+pub const WORKER_EXE_ENV: &str = "TRTCACHE_WORKER_EXE";
+
+/// The most stderr kept from a worker for its failure reason.
+const STDERR_TAIL: usize = 1024;
+
+/// How often the parent checks the worker, cancellation and the deadline.
+const POLL: Duration = Duration::from_millis(20);
+
+/// One build for a worker.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Job {
+    pub model: PathBuf,
+    pub backend: Backend,
+    pub options: BuildOptions,
+    pub validation: ValidationConfig,
+    /// The empty staging directory the artifact is written to.
+    pub out: PathBuf,
+    /// The configured ONNX Runtime library, if any.
+    pub ort_library: Option<PathBuf>,
+}
+
+/// What a worker built and how it validated.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Built {
+    pub artifact: Artifact,
+    pub validation: Validation,
+    pub build_ms: u64,
+}
+
+/// A worker's answer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reply {
+    Built(Built),
+    /// The build or validation failed; `kind` tells the parent how to classify it.
+    Failed {
+        kind: FailKind,
+        message: String,
+    },
+}
+
+/// The class of a worker's failure, so the parent maps it as an in-process build would.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailKind {
+    /// ONNX Runtime or a provider is missing or broken (the machine's problem).
+    Runtime,
+    /// The cache's file system is full.
+    Full,
+    /// The model cannot be built or validated.
+    Model,
+}
+
+/// Builds and validates `job` in a worker process, killing it when `cancelled` turns true or
+/// the wall limit passes.
+pub fn run(
+    job: &Job,
+    limits: &WorkerLimits,
+    cancelled: &(dyn Fn() -> bool + Sync),
+) -> Result<Built, BuildError> {
+    let exe = match std::env::var_os(WORKER_EXE_ENV).filter(|v| !v.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => std::env::current_exe().map_err(|e| {
+            BuildError::WorkerUnavailable(format!(
+                "cannot find this executable to start a worker: {e}"
+            ))
+        })?,
+    };
+    let input = serde_json::to_vec(job)
+        .map_err(|e| BuildError::WorkerUnavailable(format!("cannot encode the job: {e}")))?;
+    let mut cmd = Command::new(&exe);
+    cmd.arg("worker")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let (mem, cpu) = (limits.memory_bytes, limits.cpu_secs);
+    // SAFETY: between fork and exec only async-signal-safe calls (setrlimit, prctl) on
+    // values copied in; no allocation.
+    unsafe {
+        cmd.pre_exec(move || {
+            let set = |res, v: u64| {
+                let lim = libc::rlimit {
+                    rlim_cur: v as libc::rlim_t,
+                    rlim_max: v as libc::rlim_t,
+                };
+                if libc::setrlimit(res, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            };
+            if mem > 0 {
+                set(libc::RLIMIT_DATA, mem)?;
+            }
+            if cpu > 0 {
+                set(libc::RLIMIT_CPU, cpu)?;
+            }
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+            Ok(())
+        });
+    }
+    let started = Instant::now();
+    let mut child = cmd.spawn().map_err(|e| {
+        BuildError::WorkerUnavailable(format!("cannot start the worker {}: {e}", exe.display()))
+    })?;
+    tracing::debug!(pid = child.id(), model = %job.model.display(), "worker started");
+    // The job is small; write it and close stdin so the worker sees its end.
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(&input);
+    }
+    let mut stdout = child.stdout.take();
+    let out_reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(s) = stdout.as_mut() {
+            let _ = s.read_to_end(&mut buf);
+        }
+        buf
+    });
+    let mut stderr = child.stderr.take();
+    let err_reader = std::thread::spawn(move || {
+        let mut tail = Tail::default();
+        if let Some(s) = stderr.as_mut() {
+            let mut chunk = [0u8; 4096];
+            while let Ok(n) = s.read(&mut chunk) {
+                if n == 0 {
+                    break;
+                }
+                tail.push(&chunk[..n]);
+            }
+        }
+        tail.text()
+    });
+    let killed = loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break None,
+            Ok(None) => {}
+            Err(e) => {
+                let _ = child.kill();
+                return Err(BuildError::WorkerUnavailable(format!(
+                    "cannot wait for the worker: {e}"
+                )));
+            }
+        }
+        if cancelled() {
+            break Some("cancelled".to_string());
+        }
+        if started.elapsed() >= limits.wall {
+            break Some(format!(
+                "the build exceeded its time limit of {} s (limits.build_timeout_secs); the worker was killed",
+                limits.wall.as_secs()
+            ));
+        }
+        std::thread::sleep(POLL);
+    };
+    if killed.is_some() {
+        let _ = child.kill();
+    }
+    let status = child
+        .wait()
+        .map_err(|e| BuildError::WorkerUnavailable(format!("cannot reap the worker: {e}")))?;
+    let out = out_reader.join().unwrap_or_default();
+    let err_tail = err_reader.join().unwrap_or_default();
+    tracing::debug!(
+        ?status,
+        ms = started.elapsed().as_millis() as u64,
+        "worker ended"
+    );
+    match killed.as_deref() {
+        Some("cancelled") => return Err(BuildError::Cancelled),
+        Some(why) => return Err(BuildError::Worker(why.to_string())),
+        None => {}
+    }
+    if !status.success() {
+        return Err(BuildError::Worker(crash_reason(status, limits, &err_tail)));
+    }
+    match serde_json::from_slice::<Reply>(&out) {
+        Ok(Reply::Built(b)) => Ok(b),
+        Ok(Reply::Failed { kind, message }) => Err(match kind {
+            FailKind::Runtime => BuildError::WorkerUnavailable(message),
+            FailKind::Full => BuildError::Store(crate::cache::StoreError::Full {
+                path: job.out.clone(),
+                detail: message,
+            }),
+            FailKind::Model => BuildError::Model {
+                path: job.model.clone(),
+                message,
+            },
+        }),
+        Err(e) => Err(BuildError::Worker(format!(
+            "the worker's answer is not readable ({e}); its stderr ends: {err_tail}"
+        ))),
+    }
+}
+
+/// Why a worker exited without answering, for the model's failure reason.
+fn crash_reason(status: std::process::ExitStatus, limits: &WorkerLimits, err: &str) -> String {
+    let tail = if err.is_empty() {
+        String::new()
+    } else {
+        format!("; its stderr ends: {err}")
+    };
+    match status.signal() {
+        Some(sig) => {
+            let name = signal_name(sig);
+            let hint = match sig {
+                libc::SIGKILL => " (the kernel's OOM killer, or a cgroup memory limit)",
+                libc::SIGXCPU => " (limits.worker_cpu_secs)",
+                libc::SIGABRT if limits.memory_bytes > 0 => {
+                    " (an allocation over limits.worker_memory_bytes aborts)"
+                }
+                _ => "",
+            };
+            format!("the build worker was killed by {name}{hint}{tail}")
+        }
+        None => format!(
+            "the build worker exited with status {}{tail}",
+            status.code().unwrap_or(-1)
+        ),
+    }
+}
+
+fn signal_name(sig: i32) -> String {
+    let name = match sig {
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGILL => "SIGILL",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGTERM => "SIGTERM",
+        _ => return format!("signal {sig}"),
+    };
+    name.to_string()
+}
+
+/// The last [`STDERR_TAIL`] bytes of a stream, as text with control characters escaped.
+#[derive(Default)]
+struct Tail(Vec<u8>);
+
+impl Tail {
+    fn push(&mut self, b: &[u8]) {
+        self.0.extend_from_slice(b);
+        if self.0.len() > 2 * STDERR_TAIL {
+            let cut = self.0.len() - STDERR_TAIL;
+            self.0.drain(..cut);
+        }
+    }
+
+    fn text(&self) -> String {
+        let start = self.0.len().saturating_sub(STDERR_TAIL);
+        String::from_utf8_lossy(&self.0[start..])
+            .trim()
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect()
+    }
+}
+
+/// The worker's side: reads a [`Job`] from stdin, builds and validates, writes a [`Reply`]
+/// to stdout. Returns the process exit code (0 when a reply was written).
+pub fn serve_one() -> i32 {
+    let mut input = Vec::new();
+    if let Err(e) = std::io::stdin().read_to_end(&mut input) {
+        eprintln!("trtcache worker: cannot read the job: {e}");
+        return 2;
+    }
+    let job: Job = match serde_json::from_slice(&input) {
+        Ok(j) => j,
+        Err(e) => {
+            eprintln!("trtcache worker: the job is not readable: {e}");
+            return 2;
+        }
+    };
+    let reply = match build_and_validate(&job) {
+        Ok(b) => Reply::Built(b),
+        Err(e) => {
+            let kind = match &e {
+                BuildError::Runtime(_) | BuildError::ProviderMissing { .. } => FailKind::Runtime,
+                BuildError::Store(s) if s.is_full() => FailKind::Full,
+                _ => FailKind::Model,
+            };
+            let message = match e {
+                BuildError::Model { message, .. } => message,
+                e => e.to_string(),
+            };
+            Reply::Failed { kind, message }
+        }
+    };
+    match serde_json::to_writer(std::io::stdout().lock(), &reply) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("trtcache worker: cannot write the reply: {e}");
+            2
+        }
+    }
+}
+
+/// What the worker does: the backend's build into `job.out`, then validation against the
+/// original model. The same steps [`super::Builder`] runs in process.
+pub fn build_and_validate(job: &Job) -> Result<Built, BuildError> {
+    let rt = runtime::load(job.ort_library.as_deref())?;
+    let b = backend(job.backend);
+    b.check(rt)?;
+    let started = Instant::now();
+    let artifact = b
+        .build(rt, &job.model, &job.options, &job.out)
+        .map_err(|e| super::pipeline::disk_full(&job.out, &job.model, e))?;
+    let build_ms = started.elapsed().as_millis() as u64;
+    let entry = artifact.dir.join(&artifact.entry);
+    let mut session = b.open(rt, &entry, &job.options)?;
+    let validation = validate(
+        rt,
+        &job.model,
+        &mut session,
+        job.options.profile.as_ref(),
+        job.options.precision,
+        &job.validation,
+        job.options.threads,
+    )?;
+    Ok(Built {
+        artifact,
+        validation,
+        build_ms,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crash_reasons_name_the_signal_and_keep_a_bounded_tail() {
+        let limits = WorkerLimits {
+            memory_bytes: 1 << 30,
+            cpu_secs: 0,
+            wall: Duration::from_secs(1),
+        };
+        let st = std::process::ExitStatus::from_raw(libc::SIGABRT);
+        let r = crash_reason(st, &limits, "memory allocation of 40000000000 bytes failed");
+        assert!(
+            r.contains("SIGABRT") && r.contains("worker_memory_bytes"),
+            "{r}"
+        );
+        assert!(r.contains("40000000000"), "{r}");
+        let mut t = Tail::default();
+        for _ in 0..10_000 {
+            t.push(b"x\x1b[31m");
+        }
+        let text = t.text();
+        assert!(
+            text.len() <= STDERR_TAIL && !text.contains('\x1b'),
+            "{}",
+            text.len()
+        );
+    }
+}
