@@ -13,7 +13,6 @@ pub mod dds;
 pub mod export;
 pub mod facts;
 pub mod infer;
-pub mod layout;
 pub mod partition;
 pub mod report;
 pub mod restrict;
