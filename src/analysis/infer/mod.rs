@@ -107,3 +107,40 @@ fn shape(dtype: Option<ElemType>, s: Option<Vec<SymDim>>) -> Option<Out> {
         value: None,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::tables::{trt_versions, TrtTable};
+
+    /// The dispatcher asks the families in turn, so an op claimed by two of them would be
+    /// answered by whichever comes first: every op type must have at most one family.
+    #[test]
+    fn every_op_type_has_at_most_one_family() {
+        let mut ops: Vec<String> = Vec::new();
+        for v in trt_versions() {
+            ops.extend(TrtTable::load(v).unwrap().ops.into_keys());
+        }
+        ops.extend(["Upsample", "CenterCropPad", "Scatter"].map(String::from));
+        ops.sort();
+        ops.dedup();
+        let f = GraphFacts::default();
+        let mut answered = 0;
+        for op in &ops {
+            let n = NodeProto {
+                op_type: op.clone(),
+                ..Default::default()
+            };
+            let cx = NodeCx {
+                n: &n,
+                f: &f,
+                opset: 18,
+                op,
+            };
+            let claims = FAMILIES.iter().filter(|fam| fam(&cx).is_some()).count();
+            assert!(claims <= 1, "`{op}` is claimed by {claims} families");
+            answered += usize::from(claims == 1);
+        }
+        assert!(answered > 100, "only {answered} op types have rules");
+    }
+}
