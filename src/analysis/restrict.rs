@@ -3,6 +3,8 @@
 //! If branch ranks, Loop scan outputs, constant-only inputs, …), recursing into If/Loop/Scan
 //! bodies. Enters: a node with its graph's facts. Leaves: a [`Verdict`] — reasons TensorRT
 //! declines it (empty when it takes it) and notes about what it will change (DOUBLE cast).
+//! The op-specific restrictions are grouped by operator family (resampling, pooling,
+//! build-time inputs, Q/DQ and scatter, recurrent, attention, Constant), one function each.
 
 use super::facts::{axis, FastSet, GraphFacts, ValueClass};
 use super::partition::topo_order;
