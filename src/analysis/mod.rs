@@ -13,7 +13,6 @@ pub(crate) mod dds;
 pub(crate) mod export;
 pub(crate) mod facts;
 pub(crate) mod infer;
-pub(crate) mod layout;
 pub mod partition;
 pub(crate) mod report;
 pub(crate) mod restrict;

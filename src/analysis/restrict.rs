@@ -3,6 +3,8 @@
 //! If branch ranks, Loop scan outputs, constant-only inputs, …), recursing into If/Loop/Scan
 //! bodies. Enters: a node with its graph's facts. Leaves: a [`Verdict`] — reasons TensorRT
 //! declines it (empty when it takes it) and notes about what it will change (DOUBLE cast).
+//! The op-specific restrictions are grouped by operator family (resampling, pooling,
+//! build-time inputs, Q/DQ and scatter, recurrent, attention, Constant), one function each.
 
 use super::facts::{axis, FastSet, GraphFacts, ValueClass};
 use super::partition::topo_order;
@@ -273,20 +275,70 @@ fn loop_body(
     }
 }
 
-/// Op-specific restrictions that the graph can show.
+/// Op-specific restrictions that the graph can show. Every op type has its rules in one
+/// family below; a family ignores the ops that are not its own.
 fn restrictions(n: &NodeProto, f: &GraphFacts, opset: i64, r: &mut Vec<String>) {
-    let op = n.op_type.as_str();
-    let input = |i: usize| n.input.get(i).filter(|s| !s.is_empty());
-    let rank0 = n
-        .input
-        .first()
-        .and_then(|i| f.get(i))
-        .and_then(|t| t.rank());
-    let is_const = |i: usize| input(i).is_some_and(|s| f.class(s) == ValueClass::Constant);
-    let is_init = |i: usize| input(i).is_some_and(|s| f.get(s).is_some_and(|t| t.initializer));
-    let out_used = |i: usize| n.output.get(i).is_some_and(|s| !s.is_empty());
-    let dil_ok = attr::ints(n, "dilations").is_none_or(|d| d.iter().all(|&x| x == 1));
-    match op {
+    const FAMILIES: [fn(&RestrictCx<'_>, &mut Vec<String>); 7] = [
+        resampling,
+        pooling,
+        build_time_inputs,
+        quantize_scatter,
+        recurrent,
+        attention,
+        constant,
+    ];
+    let cx = RestrictCx {
+        n,
+        f,
+        opset,
+        op: n.op_type.as_str(),
+    };
+    for family in FAMILIES {
+        family(&cx, r);
+    }
+}
+
+/// One node with its graph's facts: what the restriction families read.
+struct RestrictCx<'a> {
+    n: &'a NodeProto,
+    f: &'a GraphFacts<'a>,
+    opset: i64,
+    op: &'a str,
+}
+
+impl<'a> RestrictCx<'a> {
+    /// Input `i`'s name, when present and not empty.
+    fn input(&self, i: usize) -> Option<&'a String> {
+        self.n.input.get(i).filter(|s| !s.is_empty())
+    }
+
+    fn rank0(&self) -> Option<usize> {
+        self.n
+            .input
+            .first()
+            .and_then(|i| self.f.get(i))
+            .and_then(|t| t.rank())
+    }
+
+    fn is_const(&self, i: usize) -> bool {
+        self.input(i)
+            .is_some_and(|s| self.f.class(s) == ValueClass::Constant)
+    }
+
+    fn is_init(&self, i: usize) -> bool {
+        self.input(i)
+            .is_some_and(|s| self.f.get(s).is_some_and(|t| t.initializer))
+    }
+
+    fn out_used(&self, i: usize) -> bool {
+        self.n.output.get(i).is_some_and(|s| !s.is_empty())
+    }
+}
+
+/// Resize's modes and axes; GridSample's rank.
+fn resampling(cx: &RestrictCx<'_>, r: &mut Vec<String>) {
+    let n = cx.n;
+    match cx.op {
         "Resize" => {
             let mode = attr::string(n, "mode").unwrap_or_else(|| "nearest".into());
             if !matches!(mode.as_str(), "nearest" | "linear") {
@@ -324,8 +376,8 @@ fn restrictions(n: &NodeProto, f: &GraphFacts, opset: i64, r: &mut Vec<String>) 
             if attr::int(n, "antialias").unwrap_or(0) != 0 {
                 r.push("Resize antialias is not supported".into());
             }
-            if let (Some(axes), Some(_)) = (attr::ints(n, "axes"), input(2)) {
-                let iota = rank0.is_some_and(|rk| {
+            if let (Some(axes), Some(_)) = (attr::ints(n, "axes"), cx.input(2)) {
+                let iota = cx.rank0().is_some_and(|rk| {
                     axes.len() == rk
                         && axes
                             .iter()
@@ -337,12 +389,56 @@ fn restrictions(n: &NodeProto, f: &GraphFacts, opset: i64, r: &mut Vec<String>) 
                 }
             }
         }
+        "GridSample" if cx.rank0().is_some_and(|r| r != 4) => {
+            r.push("GridSample input must be 4D".into())
+        }
+        _ => {}
+    }
+}
+
+/// Pooling rank, dilations and Indices; DeformConv's pads.
+fn pooling(cx: &RestrictCx<'_>, r: &mut Vec<String>) {
+    let (n, op) = (cx.n, cx.op);
+    match op {
+        "MaxPool" | "AveragePool" | "LpPool" => {
+            let dil_ok = attr::ints(n, "dilations").is_none_or(|d| d.iter().all(|&x| x == 1));
+            let sp = attr::ints(n, "kernel_shape")
+                .map(|k| k.len())
+                .or(cx.rank0().map(|r| r.saturating_sub(2)));
+            if let Some(sp) = sp.filter(|s| !matches!(s, 2 | 3)) {
+                r.push(format!(
+                    "{op} over {sp} spatial dims: TensorRT pools 2D or 3D only"
+                ));
+            }
+            if !dil_ok {
+                r.push(format!("{op} dilations other than 1 are not supported"));
+            }
+            if op == "MaxPool" && cx.out_used(1) {
+                r.push("MaxPool's Indices output is not supported".into());
+            }
+        }
+        "DeformConv" => {
+            if let Some(p) = attr::ints(n, "pads") {
+                let h = p.len() / 2;
+                if p[..h] != p[h..] {
+                    r.push("DeformConv begin and end pads must be equal".into());
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Inputs TensorRT needs at build time: constants, initializers, static dims, TopK's K.
+fn build_time_inputs(cx: &RestrictCx<'_>, r: &mut Vec<String>) {
+    let (n, f, op) = (cx.n, cx.f, cx.op);
+    match op {
         "TopK" => {
             if attr::int(n, "sorted").unwrap_or(1) != 1 {
                 r.push("TopK with sorted=0 is not supported".into());
             }
-            let k = if opset >= 10 {
-                input(1)
+            let k = if cx.opset >= 10 {
+                cx.input(1)
                     .and_then(|s| f.known_ints(s))
                     .and_then(|v| v.first().copied())
             } else {
@@ -352,30 +448,12 @@ fn restrictions(n: &NodeProto, f: &GraphFacts, opset: i64, r: &mut Vec<String>) 
                 r.push(format!("TopK K={k} is not below TensorRT's limit of 3840"));
             }
         }
-        "MaxPool" | "AveragePool" | "LpPool" => {
-            let sp = attr::ints(n, "kernel_shape")
-                .map(|k| k.len())
-                .or(rank0.map(|r| r.saturating_sub(2)));
-            if let Some(sp) = sp.filter(|s| !matches!(s, 2 | 3)) {
-                r.push(format!(
-                    "{op} over {sp} spatial dims: TensorRT pools 2D or 3D only"
-                ));
-            }
-            if !dil_ok {
-                r.push(format!("{op} dilations other than 1 are not supported"));
-            }
-            if op == "MaxPool" && out_used(1) {
-                r.push("MaxPool's Indices output is not supported".into());
-            }
-        }
-        "LayerNormalization" if out_used(1) || out_used(2) => {
-            r.push("LayerNormalization: only the first output (Y) is supported".into())
-        }
-        "CumSum" if !is_const(1) => r.push("CumSum axis must be a build-time constant".into()),
-        "OneHot" if !is_const(1) => r.push("OneHot depth must be a build-time constant".into()),
+        "CumSum" if !cx.is_const(1) => r.push("CumSum axis must be a build-time constant".into()),
+        "OneHot" if !cx.is_const(1) => r.push("OneHot depth must be a build-time constant".into()),
         "Dropout" => {
-            if let Some(t) = input(2) {
-                let ok = is_init(2) && f.known_ints(t).is_some_and(|v| v.iter().all(|&x| x == 0));
+            if let Some(t) = cx.input(2) {
+                let ok =
+                    cx.is_init(2) && f.known_ints(t).is_some_and(|v| v.iter().all(|&x| x == 0));
                 if !ok {
                     r.push(
                         "Dropout is_training must be an initializer whose value is False".into(),
@@ -385,39 +463,18 @@ fn restrictions(n: &NodeProto, f: &GraphFacts, opset: i64, r: &mut Vec<String>) 
         }
         "ReduceL1" | "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp" | "ReduceMax"
         | "ReduceMean" | "ReduceMin" | "ReduceProd" | "ReduceSum" | "ReduceSumSquare"
-            if input(1).is_some() && !is_init(1) =>
+            if cx.input(1).is_some() && !cx.is_init(1) =>
         {
             r.push(format!("{op} axes must be an initializer"));
         }
         "Squeeze" | "Unsqueeze" => {
-            if let Some(a) = input(1) {
+            if let Some(a) = cx.input(1) {
                 if f.known_ints(a).is_none() {
                     r.push(format!("{op} axes cannot be resolved to a constant"));
                 }
             }
         }
-        "QuantizeLinear" | "DequantizeLinear" => {
-            if let Some(z) = input(2) {
-                let zero = f.known_ints(z).is_some_and(|v| v.iter().all(|&x| x == 0));
-                let float_zp = f.get(z).and_then(|t| t.dtype).is_some_and(|t| t.is_float());
-                if !zero && !float_zp {
-                    r.push(format!("{op} zero point must be 0 (known at build time)"));
-                }
-            }
-        }
-        "ScatterND" | "ScatterElements" => {
-            if let Some(red) = attr::string(n, "reduction").filter(|s| s != "none") {
-                if op == "ScatterND" {
-                    r.push(format!(
-                        "ScatterND reduction `{red}` is not supported (none only)"
-                    ));
-                }
-            }
-        }
-        "GridSample" if rank0.is_some_and(|r| r != 4) => {
-            r.push("GridSample input must be 4D".into())
-        }
-        "STFT" if !(is_init(1) && (input(2).is_none() || is_init(2))) => {
+        "STFT" if !(cx.is_init(1) && (cx.input(2).is_none() || cx.is_init(2))) => {
             r.push("STFT frame_step and window must be initializers".into())
         }
         "EyeLike" => {
@@ -448,44 +505,78 @@ fn restrictions(n: &NodeProto, f: &GraphFacts, opset: i64, r: &mut Vec<String>) 
                 );
             }
         }
-        "Constant" => {
-            for a in &n.attribute {
-                if matches!(
-                    a.name.as_str(),
-                    "sparse_value" | "value_string" | "value_strings"
-                ) {
-                    r.push(format!("Constant attribute `{}` is not supported", a.name));
+        _ => {}
+    }
+}
+
+/// Q/DQ zero points; ScatterND's reduction.
+fn quantize_scatter(cx: &RestrictCx<'_>, r: &mut Vec<String>) {
+    let (n, f, op) = (cx.n, cx.f, cx.op);
+    match op {
+        "QuantizeLinear" | "DequantizeLinear" => {
+            if let Some(z) = cx.input(2) {
+                let zero = f.known_ints(z).is_some_and(|v| v.iter().all(|&x| x == 0));
+                let float_zp = f.get(z).and_then(|t| t.dtype).is_some_and(|t| t.is_float());
+                if !zero && !float_zp {
+                    r.push(format!("{op} zero point must be 0 (known at build time)"));
                 }
             }
         }
-        "LSTM" | "GRU" | "RNN" => {
-            if op == "LSTM" && attr::int(n, "input_forget").unwrap_or(0) != 0 {
-                r.push("LSTM input_forget must be 0".into());
-            }
-            if attr::int(n, "layout").unwrap_or(0) != 0 {
-                r.push(format!("{op} layout must be 0"));
-            }
-            let bidir = attr::string(n, "direction").is_some_and(|d| d == "bidirectional");
-            let acts: Vec<Vec<u8>> = n
-                .attribute
-                .iter()
-                .find(|a| a.name == "activations")
-                .map(|a| a.strings.clone())
-                .unwrap_or_default();
-            if bidir && acts.len() >= 2 && acts.len().is_multiple_of(2) {
-                let h = acts.len() / 2;
-                if acts[..h] != acts[h..] {
+        "ScatterND" | "ScatterElements" => {
+            if let Some(red) = attr::string(n, "reduction").filter(|s| s != "none") {
+                if op == "ScatterND" {
                     r.push(format!(
-                        "{op} bidirectional: forward and reverse must use the same activations"
+                        "ScatterND reduction `{red}` is not supported (none only)"
                     ));
                 }
             }
+        }
+        _ => {}
+    }
+}
+
+/// LSTM, GRU and RNN attributes.
+fn recurrent(cx: &RestrictCx<'_>, r: &mut Vec<String>) {
+    let (n, op) = (cx.n, cx.op);
+    if !matches!(op, "LSTM" | "GRU" | "RNN") {
+        return;
+    }
+    if op == "LSTM" && attr::int(n, "input_forget").unwrap_or(0) != 0 {
+        r.push("LSTM input_forget must be 0".into());
+    }
+    if attr::int(n, "layout").unwrap_or(0) != 0 {
+        r.push(format!("{op} layout must be 0"));
+    }
+    let bidir = attr::string(n, "direction").is_some_and(|d| d == "bidirectional");
+    let acts: Vec<Vec<u8>> = n
+        .attribute
+        .iter()
+        .find(|a| a.name == "activations")
+        .map(|a| a.strings.clone())
+        .unwrap_or_default();
+    if bidir && acts.len() >= 2 && acts.len().is_multiple_of(2) {
+        let h = acts.len() / 2;
+        if acts[..h] != acts[h..] {
+            r.push(format!(
+                "{op} bidirectional: forward and reverse must use the same activations"
+            ));
+        }
+    }
+}
+
+/// Transformer blocks: LayerNormalization's extra outputs, Attention's caches,
+/// RotaryEmbedding's position ids, TensorScatter's axis.
+fn attention(cx: &RestrictCx<'_>, r: &mut Vec<String>) {
+    let (n, f) = (cx.n, cx.f);
+    match cx.op {
+        "LayerNormalization" if cx.out_used(1) || cx.out_used(2) => {
+            r.push("LayerNormalization: only the first output (Y) is supported".into())
         }
         "TensorScatter" if attr::int(n, "axis").unwrap_or(-2) != -2 => {
             r.push("TensorScatter axis must be -2".into())
         }
         "RotaryEmbedding" => {
-            if let Some(t) = input(3).and_then(|s| f.get(s)).and_then(|t| t.dtype) {
+            if let Some(t) = cx.input(3).and_then(|s| f.get(s)).and_then(|t| t.dtype) {
                 if t != ElemType::Int64 {
                     r.push("RotaryEmbedding position_ids must be int64".into());
                 }
@@ -493,23 +584,30 @@ fn restrictions(n: &NodeProto, f: &GraphFacts, opset: i64, r: &mut Vec<String>) 
         }
         "Attention" => {
             for (i, what) in [(3, "past_key"), (4, "past_value"), (5, "nonpad_kv_seqlen")] {
-                if input(i).is_some() {
+                if cx.input(i).is_some() {
                     r.push(format!("Attention input {what} is not supported"));
                 }
             }
-            if (1..4).any(out_used) {
+            if (1..4).any(|i| cx.out_used(i)) {
                 r.push("Attention outputs present_key/present_value/qk_matmul_output are not supported".into());
             }
         }
-        "DeformConv" => {
-            if let Some(p) = attr::ints(n, "pads") {
-                let h = p.len() / 2;
-                if p[..h] != p[h..] {
-                    r.push("DeformConv begin and end pads must be equal".into());
-                }
-            }
-        }
         _ => {}
+    }
+}
+
+/// Constant attribute kinds TensorRT has no tensors for.
+fn constant(cx: &RestrictCx<'_>, r: &mut Vec<String>) {
+    if cx.op != "Constant" {
+        return;
+    }
+    for a in &cx.n.attribute {
+        if matches!(
+            a.name.as_str(),
+            "sparse_value" | "value_string" | "value_strings"
+        ) {
+            r.push(format!("Constant attribute `{}` is not supported", a.name));
+        }
     }
 }
 

@@ -1,0 +1,146 @@
+//! Per-operator shape, element-type and small-value rules for [`super::shapes`].
+//!
+//! Enters: one node and the facts known so far. Leaves: one [`Out`] per output slot (or
+//! `None`). The rules live in one file per operator family; each family answers for its own
+//! ops and says "not mine" for the rest, so [`infer`] only asks them in turn:
+//! [`elementwise`] (unary, broadcasting binary, normalisations), [`reduce`] (reductions and
+//! ArgMax/ArgMin), [`nn`] (MatMul, Gemm, Conv, pooling), [`shape_ops`] (Reshape, Transpose,
+//! Squeeze/Unsqueeze, Flatten, Shape, Size, Expand, Tile, Pad, Resize, …), [`slicing`]
+//! (Concat, Split, Slice, Gather), [`data_dependent`] (NonZero, NonMaxSuppression, Compress,
+//! Unique, TopK), [`constants`] (Constant, ConstantOfShape, Range, EyeLike, OneHot) and
+//! [`types`] (Cast, CastLike, Quantize/DequantizeLinear). Whenever a rule is not sure it
+//! answers unknown; it never guesses.
+
+mod constants;
+mod data_dependent;
+mod elementwise;
+mod nn;
+mod reduce;
+mod shape_ops;
+mod slicing;
+mod types;
+
+use super::facts::{GraphFacts, Out, SymDim, TensorInfo};
+use crate::onnx::proto::NodeProto;
+use crate::onnx::ElemType;
+
+/// What a family answers for one node: `None` when the op is not one of its own, else one
+/// entry per output slot (an empty list when the node is its own but cannot be answered).
+type Answer = Option<Vec<Option<Out>>>;
+
+/// The families, most common ops first; every op type belongs to at most one of them.
+const FAMILIES: [fn(&NodeCx<'_>) -> Answer; 8] = [
+    elementwise::rules,
+    nn::rules,
+    shape_ops::rules,
+    slicing::rules,
+    reduce::rules,
+    types::rules,
+    constants::rules,
+    data_dependent::rules,
+];
+
+/// Rules for one node; one entry per output slot.
+pub fn infer(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
+    if !matches!(n.domain.as_str(), "" | "ai.onnx") {
+        return Vec::new();
+    }
+    let cx = NodeCx {
+        n,
+        f,
+        opset,
+        op: n.op_type.as_str(),
+    };
+    FAMILIES
+        .iter()
+        .find_map(|family| family(&cx))
+        .unwrap_or_default()
+}
+
+/// One node with the facts about its graph: what every family rule reads.
+struct NodeCx<'a> {
+    n: &'a NodeProto,
+    f: &'a GraphFacts<'a>,
+    opset: i64,
+    op: &'a str,
+}
+
+impl<'a> NodeCx<'a> {
+    /// Facts about input `i` (none for a missing or empty input).
+    fn inp(&self, i: usize) -> Option<&'a TensorInfo> {
+        self.n.input.get(i).and_then(|s| self.f.get(s))
+    }
+
+    fn in_shape(&self, i: usize) -> Option<Vec<SymDim>> {
+        self.inp(i).and_then(|t| t.shape.clone())
+    }
+
+    fn in_dt(&self, i: usize) -> Option<ElemType> {
+        self.inp(i).and_then(|t| t.dtype)
+    }
+
+    /// Tracked integer value of input `i`.
+    fn in_value(&self, i: usize) -> Option<&'a [SymDim]> {
+        self.n.input.get(i).and_then(|s| self.f.value(s))
+    }
+}
+
+/// The answer of a single-output op.
+fn one(o: Option<Out>) -> Vec<Option<Out>> {
+    vec![o]
+}
+
+/// An output with `t`'s type and shape (no value).
+fn same(t: &TensorInfo) -> Out {
+    Out {
+        dtype: t.dtype,
+        shape: t.shape.clone(),
+        value: None,
+    }
+}
+
+/// An output with this type and shape (no value).
+fn shape(dtype: Option<ElemType>, s: Option<Vec<SymDim>>) -> Option<Out> {
+    Some(Out {
+        dtype,
+        shape: s,
+        value: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::tables::{trt_versions, TrtTable};
+
+    /// The dispatcher asks the families in turn, so an op claimed by two of them would be
+    /// answered by whichever comes first: every op type must have at most one family.
+    #[test]
+    fn every_op_type_has_at_most_one_family() {
+        let mut ops: Vec<String> = Vec::new();
+        for v in trt_versions() {
+            ops.extend(TrtTable::load(v).unwrap().ops.into_keys());
+        }
+        ops.extend(["Upsample", "CenterCropPad", "Scatter"].map(String::from));
+        ops.sort();
+        ops.dedup();
+        let f = GraphFacts::default();
+        let mut answered = 0;
+        for op in &ops {
+            let n = NodeProto {
+                op_type: op.clone(),
+                ..Default::default()
+            };
+            let cx = NodeCx {
+                n: &n,
+                f: &f,
+                opset: 18,
+                op,
+            };
+            let claims = FAMILIES.iter().filter(|fam| fam(&cx).is_some()).count();
+            assert!(claims <= 1, "`{op}` is claimed by {claims} families");
+            answered += usize::from(claims == 1);
+        }
+        assert!(answered > 100, "only {answered} op types have rules");
+    }
+}
