@@ -251,7 +251,7 @@ impl Builder {
         }
         let build_ms = started.elapsed().as_millis() as u64;
         watch.check()?;
-        progress("validating against the original model (ORT CPU, optimizations off)");
+        progress(worker::VALIDATING);
         let entry = artifact.dir.join(&artifact.entry);
         let mut session = backend.open(rt, &entry, &req.options)?;
         let validation = validate(
@@ -358,8 +358,7 @@ impl Builder {
                     out: staging.path().to_path_buf(),
                     ort_library: self.ort_library.clone(),
                 };
-                progress("building and validating in a worker process");
-                worker::run(&job, limits, watch.cancelled)?
+                worker::run(&job, limits, watch.cancelled, progress)?
             }
             None => self.build_in_process(rt, req, staging.path(), &progress, &watch)?,
         };

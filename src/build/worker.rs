@@ -1,8 +1,8 @@
 //! Builds and validation in a bounded worker process. ONNX Runtime (and TensorRT's builder)
 //! can abort, allocate without bound or loop forever on a hostile or broken model, so the
 //! daemon never runs them in its own process: [`run`] re-executes `trtcache` as `trtcache
-//! worker` (hidden), hands it one [`Job`] as JSON on stdin, and reads one [`Reply`] from its
-//! stdout. The worker builds the artifact into the job's staging directory and validates it;
+//! worker` (hidden), hands it one [`Job`] as JSON on stdin, and reads its stdout: one JSON
+//! line per progress step (`{"progress": "validating …"}`), then one [`Reply`]. The worker builds the artifact into the job's staging directory and validates it;
 //! the parent keeps the store (the key check and `put` stay on its side).
 //!
 //! Bounds ([`WorkerLimits`], from the config's `limits.worker_*`): the data segment
@@ -37,6 +37,9 @@ pub const WORKER_EXE_ENV: &str = "TRTCACHE_WORKER_EXE";
 /// The most stderr kept from a worker for its failure reason.
 const STDERR_TAIL: usize = 1024;
 
+/// The progress step validation starts with (the daemon reports its `validating` phase on it).
+pub const VALIDATING: &str = "validating against the original model (ORT CPU, optimizations off)";
+
 /// How often the parent checks the worker, cancellation and the deadline.
 const POLL: Duration = Duration::from_millis(20);
 
@@ -59,6 +62,14 @@ pub struct Built {
     pub artifact: Artifact,
     pub validation: Validation,
     pub build_ms: u64,
+}
+
+/// One line of a worker's stdout.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Line {
+    Progress(String),
+    Reply(Reply),
 }
 
 /// A worker's answer.
@@ -91,6 +102,7 @@ pub fn run(
     job: &Job,
     limits: &WorkerLimits,
     cancelled: &(dyn Fn() -> bool + Sync),
+    progress: &dyn Fn(&str),
 ) -> Result<Built, BuildError> {
     let exe = match std::env::var_os(WORKER_EXE_ENV).filter(|v| !v.is_empty()) {
         Some(p) => PathBuf::from(p),
@@ -103,7 +115,10 @@ pub fn run(
     let input = serde_json::to_vec(job)
         .map_err(|e| BuildError::WorkerUnavailable(format!("cannot encode the job: {e}")))?;
     let mut cmd = Command::new(&exe);
+    // A crash's reason is its first words ("memory allocation of N bytes failed"), not a
+    // backtrace.
     cmd.arg("worker")
+        .env("RUST_BACKTRACE", "0")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -141,14 +156,31 @@ pub fn run(
     if let Some(mut stdin) = child.stdin.take() {
         let _ = stdin.write_all(&input);
     }
-    let mut stdout = child.stdout.take();
+    // Lines from the worker's stdout, read on a thread so the loop below can keep watching
+    // the deadline and cancellation.
+    let stdout = child.stdout.take();
+    let (tx, rx) = std::sync::mpsc::channel::<Result<Line, String>>();
     let out_reader = std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        if let Some(s) = stdout.as_mut() {
-            let _ = s.read_to_end(&mut buf);
+        use std::io::BufRead;
+        let Some(s) = stdout else { return };
+        for line in std::io::BufReader::new(s).lines() {
+            let Ok(line) = line else { return };
+            let parsed = serde_json::from_str::<Line>(&line).map_err(|e| e.to_string());
+            if tx.send(parsed).is_err() {
+                return;
+            }
         }
-        buf
     });
+    let mut reply: Option<Result<Reply, String>> = None;
+    let drain = |reply: &mut Option<Result<Reply, String>>| {
+        while let Ok(l) = rx.try_recv() {
+            match l {
+                Ok(Line::Progress(p)) => progress(&p),
+                Ok(Line::Reply(r)) => *reply = Some(Ok(r)),
+                Err(e) => *reply = Some(Err(e)),
+            }
+        }
+    };
     let mut stderr = child.stderr.take();
     let err_reader = std::thread::spawn(move || {
         let mut tail = Tail::default();
@@ -164,6 +196,7 @@ pub fn run(
         tail.text()
     });
     let killed = loop {
+        drain(&mut reply);
         match child.try_wait() {
             Ok(Some(_)) => break None,
             Ok(None) => {}
@@ -191,7 +224,8 @@ pub fn run(
     let status = child
         .wait()
         .map_err(|e| BuildError::WorkerUnavailable(format!("cannot reap the worker: {e}")))?;
-    let out = out_reader.join().unwrap_or_default();
+    let _ = out_reader.join();
+    drain(&mut reply);
     let err_tail = err_reader.join().unwrap_or_default();
     tracing::debug!(
         ?status,
@@ -206,9 +240,9 @@ pub fn run(
     if !status.success() {
         return Err(BuildError::Worker(crash_reason(status, limits, &err_tail)));
     }
-    match serde_json::from_slice::<Reply>(&out) {
-        Ok(Reply::Built(b)) => Ok(b),
-        Ok(Reply::Failed { kind, message }) => Err(match kind {
+    match reply {
+        Some(Ok(Reply::Built(b))) => Ok(b),
+        Some(Ok(Reply::Failed { kind, message })) => Err(match kind {
             FailKind::Runtime => BuildError::WorkerUnavailable(message),
             FailKind::Full => BuildError::Store(crate::cache::StoreError::Full {
                 path: job.out.clone(),
@@ -219,8 +253,11 @@ pub fn run(
                 message,
             },
         }),
-        Err(e) => Err(BuildError::Worker(format!(
+        Some(Err(e)) => Err(BuildError::Worker(format!(
             "the worker's answer is not readable ({e}); its stderr ends: {err_tail}"
+        ))),
+        None => Err(BuildError::Worker(format!(
+            "the worker exited without an answer; its stderr ends: {err_tail}"
         ))),
     }
 }
@@ -305,7 +342,16 @@ pub fn serve_one() -> i32 {
             return 2;
         }
     };
-    let reply = match build_and_validate(&job) {
+    let out = std::sync::Mutex::new(std::io::stdout());
+    let emit = |line: &Line| {
+        let mut o = out.lock().unwrap_or_else(|p| p.into_inner());
+        let ok = serde_json::to_writer(&mut *o, line).is_ok() && o.write_all(b"\n").is_ok();
+        ok && o.flush().is_ok()
+    };
+    let progress = |p: &str| {
+        emit(&Line::Progress(p.to_string()));
+    };
+    let reply = match build_and_validate(&job, &progress) {
         Ok(b) => Reply::Built(b),
         Err(e) => {
             let kind = match &e {
@@ -320,18 +366,17 @@ pub fn serve_one() -> i32 {
             Reply::Failed { kind, message }
         }
     };
-    match serde_json::to_writer(std::io::stdout().lock(), &reply) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("trtcache worker: cannot write the reply: {e}");
-            2
-        }
+    if emit(&Line::Reply(reply)) {
+        0
+    } else {
+        eprintln!("trtcache worker: cannot write the reply");
+        2
     }
 }
 
 /// What the worker does: the backend's build into `job.out`, then validation against the
 /// original model. The same steps [`super::Builder`] runs in process.
-pub fn build_and_validate(job: &Job) -> Result<Built, BuildError> {
+pub fn build_and_validate(job: &Job, progress: &dyn Fn(&str)) -> Result<Built, BuildError> {
     let rt = runtime::load(job.ort_library.as_deref())?;
     let b = backend(job.backend);
     b.check(rt)?;
@@ -340,6 +385,7 @@ pub fn build_and_validate(job: &Job) -> Result<Built, BuildError> {
         .build(rt, &job.model, &job.options, &job.out)
         .map_err(|e| super::pipeline::disk_full(&job.out, &job.model, e))?;
     let build_ms = started.elapsed().as_millis() as u64;
+    progress(VALIDATING);
     let entry = artifact.dir.join(&artifact.entry);
     let mut session = b.open(rt, &entry, &job.options)?;
     let validation = validate(

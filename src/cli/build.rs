@@ -146,6 +146,18 @@ pub struct BuildArgs {
     /// Rebuild even when the cache has an entry (also retries a failed one).
     #[arg(long)]
     pub force: bool,
+    /// The build runs in a worker process that is killed after this many seconds (the
+    /// daemon's `limits.build_timeout_secs`).
+    #[arg(long, value_name = "SECS", default_value_t = 3600)]
+    pub timeout: u64,
+    /// Memory bound of the build worker (`RLIMIT_DATA`), e.g. 8G; default: three quarters
+    /// of this machine's memory (the daemon's `limits.worker_memory_bytes`).
+    #[arg(long, value_name = "SIZE", value_parser = parse_bytes)]
+    pub memory_limit: Option<u64>,
+    /// Build and validate in this process, without the worker's bounds (for debugging and
+    /// for measuring the worker's cost; a hostile model can then take this process down).
+    #[arg(long)]
+    pub in_process: bool,
     /// libonnxruntime.so to load (else ORT_DYLIB_PATH, then an onnxruntime Python package).
     #[arg(long, env = "TRTCACHE_ORT_LIBRARY")]
     pub ort_library: Option<PathBuf>,
@@ -247,8 +259,17 @@ pub fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         golden: a.golden.clone().or(req.validation.golden),
     };
     let (store, dir) = open_store(&a.cache, max_bytes)?;
-    let builder = Builder::new(Arc::new(store), a.ort_library.clone())
+    // The same bounded worker the daemon builds in (config::Limits::worker).
+    let limits = crate::config::Limits {
+        build_timeout_secs: a.timeout.max(1),
+        worker_memory_bytes: a.memory_limit.unwrap_or(0),
+        ..Default::default()
+    };
+    let mut builder = Builder::new(Arc::new(store), a.ort_library.clone())
         .with_digest_memo(dir.join(DIGEST_MEMO));
+    if !a.in_process {
+        builder = builder.with_worker(limits.worker());
+    }
     let progress = |step: &str| eprintln!("trtcache: {step}");
     let outcome = builder
         .build(&req, &progress)
