@@ -18,3 +18,4 @@ pub mod key;
 pub mod onnx;
 pub mod plan;
 pub mod rng;
+pub mod trt;
