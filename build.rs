@@ -65,16 +65,25 @@ fn build_shim(out: &Path) -> Result<(), String> {
     let (inc, libdir) = match &root {
         Some(r) => (r.join("include"), r.join("lib")),
         None => {
-            let inc = ["/usr/include/x86_64-linux-gnu", "/usr/include/aarch64-linux-gnu", "/usr/include"]
-                .iter()
-                .map(PathBuf::from)
-                .find(|d| d.join("NvInfer.h").is_file())
-                .ok_or("no NvInfer.h in /usr/include (set TENSORRT_ROOT)")?;
-            let lib = ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"]
-                .iter()
-                .map(PathBuf::from)
-                .find(|d| has_lib(d, "libnvinfer.so"))
-                .ok_or("no libnvinfer.so next to the system headers")?;
+            let inc = [
+                "/usr/include/x86_64-linux-gnu",
+                "/usr/include/aarch64-linux-gnu",
+                "/usr/include",
+            ]
+            .iter()
+            .map(PathBuf::from)
+            .find(|d| d.join("NvInfer.h").is_file())
+            .ok_or("no NvInfer.h in /usr/include (set TENSORRT_ROOT)")?;
+            let lib = [
+                "/usr/lib/x86_64-linux-gnu",
+                "/usr/lib/aarch64-linux-gnu",
+                "/usr/lib64",
+                "/usr/lib",
+            ]
+            .iter()
+            .map(PathBuf::from)
+            .find(|d| has_lib(d, "libnvinfer.so"))
+            .ok_or("no libnvinfer.so next to the system headers")?;
             (inc, lib)
         }
     };
@@ -105,7 +114,14 @@ fn build_shim(out: &Path) -> Result<(), String> {
     let so = out.join("libtrtcache_trt.so");
     let status = compiler
         .to_command()
-        .args(["-std=c++17", "-O2", "-fPIC", "-shared", "-Wall", "-Wno-deprecated-declarations"])
+        .args([
+            "-std=c++17",
+            "-O2",
+            "-fPIC",
+            "-shared",
+            "-Wall",
+            "-Wno-deprecated-declarations",
+        ])
         .arg("-Iinclude")
         .arg("-isystem")
         .arg(&inc)
