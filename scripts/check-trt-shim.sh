@@ -9,7 +9,10 @@
 # runtime headers (cuda_runtime_api.h, crt/host_defines.h). The headers are not part of this
 # repository; docs/trt.md says where they come from. Exit 0 when it compiles; the compiler's
 # output otherwise. CXX (default g++) picks the compiler, OUT_SO where the library goes
-# (default: a temp file, removed).
+# (default: a temp file, removed). With SHIM_NEEDED=1 the library also records its
+# dependencies (libnvinfer.so.MAJOR, libnvonnxparser.so.MAJOR, libcudart.so.12) by linking
+# against empty stand-ins with those sonames, so a shim built here (without TensorRT's
+# libraries) loads them by itself on a GPU host.
 set -euo pipefail
 usage() { echo "usage: $0 TRT_INCLUDE CUDA_INCLUDE... [-- EXTRA_CXXFLAGS...]" >&2; exit 2; }
 [ $# -ge 2 ] || usage
@@ -34,8 +37,21 @@ major="$(sed -n 's/^#define TRT_MAJOR_ENTERPRISE \([0-9]*\).*/\1/p' "$trt/NvInfe
 minor="$(sed -n 's/^#define TRT_MINOR_ENTERPRISE \([0-9]*\).*/\1/p' "$trt/NvInferVersion.h" 2>/dev/null || true)"
 patch="$(sed -n 's/^#define TRT_PATCH_ENTERPRISE \([0-9]*\).*/\1/p' "$trt/NvInferVersion.h" 2>/dev/null || true)"
 echo "check-trt-shim: TensorRT headers ${major:-?}.${minor:-?}.${patch:-?} in $trt; $("$cxx" --version | head -1)"
+link=()
+if [ "${SHIM_NEEDED:-0}" = 1 ]; then
+  stubs="$(mktemp -d)"; trap '[ -n "$tmp" ] && rm -rf "$tmp"; rm -rf "$stubs"' EXIT
+  echo 'void trtcache_stub(void) {}' >"$stubs/stub.c"
+  for so in "libnvinfer.so.${major:-10}" "libnvonnxparser.so.${major:-10}" libcudart.so.12; do
+    "${CC:-cc}" -shared -fPIC "$stubs/stub.c" -Wl,-soname,"$so" -o "$stubs/$so"
+  done
+  link=(-Wl,--no-as-needed -L"$stubs" -l:"libnvinfer.so.${major:-10}" -l:"libnvonnxparser.so.${major:-10}" -l:libcudart.so.12)
+fi
 set -x
 "$cxx" -std=c++17 -O1 -fPIC -shared -Wall -Wextra -Werror -Wno-deprecated-declarations \
-  "${incs[@]}" "$@" "$root/shim/trtcache_trt.cpp" -o "$out"
+  "${incs[@]}" "$@" "$root/shim/trtcache_trt.cpp" -o "$out" "${link[@]}"
 { set +x; } 2>/dev/null
-echo "check-trt-shim: OK ($(wc -c <"$out") bytes, $(nm -D --undefined-only "$out" | grep -c -E 'createInferBuilder|createNvOnnxParser|getInferLibVersion|createInferRuntime|cuda') TensorRT/CUDA symbols left to the loader)"
+# Every function the header declares must be exported (the loader requires all of them).
+missing="$(comm -23 <(grep -oE '\btrtcache_trt_[a-z0-9_]+\(' "$root/include/trtcache_trt.h" | tr -d '(' | sort -u) \
+  <(nm -D --defined-only "$out" | awk '{print $3}' | sort -u))"
+if [ -n "$missing" ]; then echo "check-trt-shim: the shim does not export: $missing" >&2; exit 1; fi
+echo "check-trt-shim: OK ($(wc -c <"$out") bytes, $(grep -cE '^trtcache_trt_' <(nm -D --defined-only "$out" | awk '{print $3}')) C API functions exported, $(nm -D --undefined-only "$out" | grep -c -E 'createInferBuilder|createNvOnnxParser|getInferLibVersion|createInferRuntime|cuda') TensorRT/CUDA symbols left to the loader)"
