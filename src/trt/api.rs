@@ -364,7 +364,7 @@ impl HostTensor {
     /// The values as f64 (what validation compares); `None` for fp8 and sub-byte types.
     pub fn to_f64(&self) -> Option<Vec<f64>> {
         let size = self.dtype.size()?;
-        if self.dtype == DType::Fp8 || self.data.len() % size != 0 {
+        if self.dtype == DType::Fp8 || !self.data.len().is_multiple_of(size) {
             return None;
         }
         let it = self.data.chunks_exact(size);

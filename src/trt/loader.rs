@@ -120,9 +120,14 @@ fn open_trt_library(cfg: &LoaderConfig, name: &str) -> Result<(PathBuf, Library)
     open_global(OsStr::new(name)).map(|l| (PathBuf::from(name), l))
 }
 
+/// Opened libraries with their paths.
+type OpenedLibs = Vec<(PathBuf, Library)>;
+/// Library name → why it could not be opened.
+type Reasons = Vec<(String, String)>;
+
 /// Opens TensorRT's libraries for the first major version that has them all; the reasons
 /// for every name tried otherwise.
-fn open_tensorrt(cfg: &LoaderConfig) -> Result<Vec<(PathBuf, Library)>, Vec<(String, String)>> {
+fn open_tensorrt(cfg: &LoaderConfig) -> Result<OpenedLibs, Reasons> {
     let mut missing = Vec::new();
     for major in cfg.majors() {
         let mut opened = Vec::new();

@@ -645,3 +645,29 @@ fn gpu_check_reports_every_step_it_cannot_do() {
         .unwrap();
     assert_eq!(bad_bin.status.code(), Some(2));
 }
+
+#[test]
+fn inspect_flags_where_the_parser_and_the_table_disagree() {
+    let d = tempfile::tempdir().unwrap();
+    let trt = load_double(d.path());
+    let model =
+        trtcache::onnx::Model::load(repo().join("examples/models/tiny_encoder_static.onnx"))
+            .unwrap();
+    let cap = trtcache::analysis::analyse(&model, &trtcache::analysis::Options::default()).unwrap();
+    assert!(cap.nodes.len() > 2);
+    // The double's verdict: node 0 supported, node 1 not, the rest in no subgraph.
+    let report = trt.supports(b"PARTIAL", None).unwrap();
+    let v = trtcache::trt::inspect::compare(&cap, &report);
+    assert_eq!(v.len(), cap.nodes.len());
+    for n in &v {
+        assert_eq!(n.table, cap.nodes[n.index].provider == "tensorrt");
+        let parser = match n.index {
+            0 => Some(true),
+            1 => Some(false),
+            _ => None,
+        };
+        assert_eq!(n.parser, parser, "{n:?}");
+        assert_eq!(n.disagree, n.table != parser.unwrap_or(false), "{n:?}");
+    }
+    assert!(v.iter().any(|n| n.disagree), "{v:?}");
+}
