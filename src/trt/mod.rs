@@ -17,6 +17,7 @@
 mod api;
 pub mod artifact;
 mod error;
+pub mod flow;
 pub mod inspect;
 pub mod keys;
 pub mod loader;

@@ -671,3 +671,56 @@ fn inspect_flags_where_the_parser_and_the_table_disagree() {
     }
     assert!(v.iter().any(|n| n.disagree), "{v:?}");
 }
+
+#[test]
+fn one_build_from_model_bytes_to_a_validated_artifact() {
+    use trtcache::trt::flow::{build_artifact, Request};
+    let d = tempfile::tempdir().unwrap();
+    let trt = load_double(d.path());
+    let store = TimingCacheStore::new(&d.path().join("cache"));
+    let gpu = gpu("NVIDIA H200", "9.0");
+    let refdir = d.path().to_path_buf();
+    // ONNX Runtime CPU on a real Identity model, on the inputs the flow generated.
+    let ort_reference = |inputs: &[HostTensor]| {
+        let x: Vec<f32> = inputs[0]
+            .to_f64()
+            .unwrap()
+            .into_iter()
+            .map(|v| v as f32)
+            .collect();
+        Ok(vec![(
+            "y".to_string(),
+            inputs[0].shape.clone(),
+            reference(&refdir, &x),
+        )])
+    };
+    let req = |precision: &str| Request {
+        model: b"identity model",
+        external_dir: None,
+        options: BuildOptions {
+            precision: Precision::parse(precision).unwrap(),
+            profiles: vec![profile()],
+            ..BuildOptions::default()
+        },
+        gpu: gpu.clone(),
+        seed: 7,
+        int_range: (0, 2),
+        tolerance: Tolerance::default_for(PlanPrecision::Fp32),
+    };
+    let good = d.path().join("good");
+    let out = build_artifact(&trt, &store, &req("fp32"), &good, ort_reference).unwrap();
+    assert!(out.validation.iter().all(|o| o.passed && o.elements == 8));
+    assert_eq!(artifact::read_meta(&good).unwrap(), out.meta);
+    assert_eq!(out.meta.profiles, vec![profile()]);
+    assert_eq!(out.meta.inputs[0].name, "x");
+    assert_eq!(out.meta.tensorrt_version, "10.16.1");
+    assert!(std::fs::read_to_string(&out.timing_cache)
+        .unwrap()
+        .contains("entry-model-14"));
+
+    // Over tolerance: an error, and nothing written.
+    let bad = d.path().join("bad");
+    let e = build_artifact(&trt, &store, &req("int8"), &bad, ort_reference).unwrap_err();
+    assert!(matches!(e, TrtError::ValidationFailed(_)), "{e:?}");
+    assert!(!bad.join("engine.json").exists() && !bad.join("engine.plan").exists());
+}
