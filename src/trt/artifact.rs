@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::api::{HwCompat, Precision, TensorInfo};
 use super::error::TrtError;
+use super::types::{HwCompat, Precision, TensorInfo};
 use crate::plan::ShapeProfile;
 
 /// The engine's file name in an artifact folder.

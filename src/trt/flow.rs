@@ -7,10 +7,11 @@
 
 use std::path::{Path, PathBuf};
 
-use super::api::{BuildOptions, DType, HostTensor, IoInfo, Trt};
+use super::api::Trt;
 use super::artifact::{self, EngineMeta};
 use super::error::TrtError;
 use super::timing::TimingCacheStore;
+use super::types::{BuildOptions, DType, HostTensor, IoInfo};
 use super::validate::{self, Reference};
 use crate::build::validate::{OutputError, Tolerance};
 use crate::device::Sku;

@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use super::api::SupportReport;
+use super::types::SupportReport;
 use crate::analysis::Capability;
 
 /// One node's two verdicts.

@@ -6,7 +6,8 @@
 
 use std::collections::BTreeMap;
 
-use super::api::{BuildOptions, HwCompat, Trt, TrtVersion};
+use super::api::Trt;
+use super::types::{BuildOptions, HwCompat, TrtVersion};
 use crate::device::Sku;
 
 /// The backend's library versions: `tensorrt` (from `getInferLibVersion` of the loaded

@@ -23,14 +23,16 @@ pub mod keys;
 pub mod loader;
 pub mod timing;
 pub mod triton;
+mod types;
 pub mod validate;
 
-pub use api::{
-    BuildOptions, Built, DType, Engine, HostTensor, HwCompat, IoInfo, Network, Precision,
-    SubgraphSupport, SupportReport, TensorInfo, Trt, TrtVersion,
-};
+pub use api::{Engine, Network, Trt};
 pub use error::{Missing, Status, TrtError};
 pub use loader::LoaderConfig;
+pub use types::{
+    BuildOptions, Built, DType, HostTensor, HwCompat, IoInfo, Precision, SubgraphSupport,
+    SupportReport, TensorInfo, TrtVersion,
+};
 
 /// The bindgen output over `include/trtcache_trt.h` (`build.rs`): constants, the C structs,
 /// and `TrtShim`, a struct of function pointers loaded from the shim by name.

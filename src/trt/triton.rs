@@ -10,9 +10,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use super::api::{DType, HwCompat, TensorInfo};
 use super::artifact::{self, EngineMeta};
 use super::error::TrtError;
+use super::types::{DType, HwCompat, TensorInfo};
 
 /// One artifact to export under a model name.
 #[derive(Clone, Debug)]

@@ -5,8 +5,8 @@
 
 use crate::build::validate::{compare, OutputError, Tolerance, UNBOUNDED};
 
-use super::api::HostTensor;
 use super::error::TrtError;
+use super::types::HostTensor;
 
 /// One reference output: name, shape, values.
 pub type Reference = (String, Vec<i64>, Vec<f64>);
