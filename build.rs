@@ -134,7 +134,12 @@ fn build_shim(out: &Path) -> Result<(), String> {
         .arg(format!("-L{}", cuda_lib.display()))
         // Recorded as dependencies even where the toolchain links --as-needed, so the loader's
         // message names a missing TensorRT library rather than a missing symbol.
-        .args(["-Wl,--no-as-needed", "-lnvinfer", "-lnvonnxparser", "-lcudart"])
+        .args([
+            "-Wl,--no-as-needed",
+            "-lnvinfer",
+            "-lnvonnxparser",
+            "-lcudart",
+        ])
         .status()
         .map_err(|e| format!("running the C++ compiler: {e}"))?;
     if !status.success() {
