@@ -224,9 +224,18 @@ class Opts(C.Structure): _fields_ = [("precision_flags", C.c_uint32), ("workspac
     ("profiles", C.c_void_p), ("nb_profiles", C.c_size_t), ("timing_cache", C.c_void_p), ("timing_cache_len", C.c_size_t)]
 class Tensor(C.Structure): _fields_ = [("name", C.c_char_p), ("dtype", C.c_int32), ("nb_dims", C.c_int32),
     ("dims", C.c_int64 * 8), ("data", C.c_void_p), ("bytes", C.c_size_t)]
-L.trtcache_trt_last_error.restype = C.c_char_p
-L.trtcache_trt_outputs_get.restype = C.POINTER(Tensor)
-L.trtcache_trt_outputs_count.restype = C.c_size_t
+P, VP, SZ = C.POINTER, C.c_void_p, C.c_size_t
+for name, res, args in [
+    ("last_error", C.c_char_p, []), ("abi_version", C.c_uint32, []), ("library_version", C.c_int32, []),
+    ("compiled_major", C.c_int32, []), ("bytes_free", None, [P(Bytes)]),
+    ("parse", C.c_int, [C.c_char_p, SZ, C.c_char_p, P(VP)]), ("network_free", None, [VP]),
+    ("supports", C.c_int, [C.c_char_p, SZ, C.c_char_p, P(Bytes)]),
+    ("build", C.c_int, [VP, P(Opts), P(Bytes), P(Bytes)]),
+    ("engine_load", C.c_int, [C.c_char_p, SZ, P(VP)]), ("engine_free", None, [VP]),
+    ("engine_io_json", C.c_int, [VP, P(Bytes)]), ("engine_inspect_json", C.c_int, [VP, P(Bytes)]),
+    ("engine_run", C.c_int, [VP, C.c_int32, P(Tensor), SZ, P(VP)]),
+    ("outputs_count", SZ, [VP]), ("outputs_get", P(Tensor), [VP, SZ]), ("outputs_free", None, [VP])]:
+    f = getattr(L, "trtcache_trt_" + name); f.restype = res; f.argtypes = args
 def check(st, what):
     if st != 0: raise SystemExit(f"{what}: status {st}: {L.trtcache_trt_last_error().decode()}")
 def take(b):

@@ -724,3 +724,51 @@ fn one_build_from_model_bytes_to_a_validated_artifact() {
     assert!(matches!(e, TrtError::ValidationFailed(_)), "{e:?}");
     assert!(!bad.join("engine.json").exists() && !bad.join("engine.plan").exists());
 }
+
+/// The Python `ctypes` driver `scripts/gpu-check.sh` runs against the real shim in step 5,
+/// run here against the test double and a real Identity model (ONNX Runtime CPU as the
+/// reference): the driver's marshalling of the C API is exercised before a GPU host sees it.
+#[test]
+fn gpu_check_drives_the_c_api_through_ctypes() {
+    let script = std::fs::read_to_string(repo().join("scripts/gpu-check.sh")).unwrap();
+    let start = script
+        .find("\"$PY\" - \"$shim\"")
+        .expect("the step 5 driver in gpu-check.sh");
+    let body = &script[start..];
+    let body = &body[body.find('\n').unwrap() + 1..];
+    let driver = &body[..body.find("\nEOF\n").unwrap()];
+    let d = tempfile::tempdir().unwrap();
+    let shim = double(d.path(), &[]);
+    reference(d.path(), &[0.0; 4]); // writes identity.onnx
+    let py = std::env::var_os("TRTCACHE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join(".venv/bin/python"));
+    let out = Command::new(py)
+        .arg("-c")
+        .arg(driver)
+        .arg(&shim)
+        .arg(d.path().join("identity.onnx"))
+        .arg(d.path().join("inspect.json"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.starts_with("abi 1 TensorRT 101601 compiled for 10"),
+        "{stdout}"
+    );
+    // The second build started from the first one's timing cache.
+    assert!(stdout.contains("timing cache in 0 bytes"), "{stdout}");
+    assert!(stdout.contains("build 2:"), "{stdout}");
+    assert!(
+        stdout.contains("output y (1, 4): max abs error 0 against ONNX Runtime CPU, within fp32 tolerance: True"),
+        "{stdout}"
+    );
+    let inspect: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.path().join("inspect.json")).unwrap()).unwrap();
+    assert_eq!(inspect["Layers"][0]["LayerType"], "Identity");
+}
