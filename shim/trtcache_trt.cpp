@@ -19,7 +19,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <new>
 #include <sstream>
 #include <string>
@@ -30,8 +29,10 @@ namespace
 
 thread_local std::string g_last_error;
 
-// TensorRT's messages at warning level and above; the last error also becomes the thread's
-// error string when a call fails without a more precise one.
+// TensorRT's last error-level message on this thread (TensorRT logs on the calling thread),
+// appended to the thread's error string when a call fails.
+thread_local std::string g_trt_error;
+
 class Logger : public nvinfer1::ILogger
 {
 public:
@@ -41,8 +42,7 @@ public:
         {
             try
             {
-                std::lock_guard<std::mutex> lock(mMutex);
-                mLastError = msg;
+                g_trt_error = msg;
             }
             catch (...)
             {
@@ -52,15 +52,10 @@ public:
 
     std::string takeLastError()
     {
-        std::lock_guard<std::mutex> lock(mMutex);
         std::string e;
-        e.swap(mLastError);
+        e.swap(g_trt_error);
         return e;
     }
-
-private:
-    std::mutex mMutex;
-    std::string mLastError;
 };
 
 Logger& logger()
@@ -258,6 +253,7 @@ struct trtcache_trt_outputs
 
 #define TRTCACHE_GUARD_BEGIN                                                                      \
     g_last_error.clear();                                                                         \
+    g_trt_error.clear();                                                                          \
     try                                                                                           \
     {
 #define TRTCACHE_GUARD_END                                                                        \
@@ -434,6 +430,7 @@ trtcache_trt_status trtcache_trt_supports(
         js << "]}";
     }
     js << "],\"errors\":[";
+    bool firstError = true;
     for (int i = 0; i < parser->getNbErrors(); ++i)
     {
         nvonnxparser::IParserError const* e = parser->getError(i);
@@ -441,8 +438,9 @@ trtcache_trt_status trtcache_trt_supports(
         {
             continue;
         }
-        js << (i > 0 ? "," : "") << "{\"node\":" << e->node() << ",\"operator\":" << jsonString(e->nodeOperator())
+        js << (firstError ? "" : ",") << "{\"node\":" << e->node() << ",\"operator\":" << jsonString(e->nodeOperator())
            << ",\"desc\":" << jsonString(e->desc()) << "}";
+        firstError = false;
     }
     js << "]}";
     return stringToBytes(js.str(), out);
