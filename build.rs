@@ -1,8 +1,162 @@
-//! Build script: nothing to compile or bind yet. The native TensorRT shim (a small C header
-//! in `include/`, bound with bindgen here) is a later step; every backend currently goes
-//! through ONNX Runtime, loaded at run time.
+//! Build script: binds the project's TensorRT C API and, where TensorRT is installed, builds
+//! the shim that implements it.
+//!
+//! 1. **Always**: bindgen over `include/trtcache_trt.h` writes `$OUT_DIR/trtcache_trt.rs`, the
+//!    Rust declarations `src/trt/ffi.rs` includes. They are generated as a struct of function
+//!    pointers loaded by name from the shim at run time (bindgen's dynamic-library mode with
+//!    every symbol required), so the header and the Rust side agree on every build, and the
+//!    binary never links TensorRT. Needs libclang (`apt install libclang-dev`).
+//! 2. **When TensorRT's headers are found** (`$TENSORRT_ROOT/include`, else
+//!    `/usr/include/x86_64-linux-gnu` or `/usr/include`) together with its libraries and the CUDA
+//!    runtime: compiles `shim/trtcache_trt.cpp` into `libtrtcache_trt.so` and places it next
+//!    to the binaries (`target/<profile>/`), where the run-time loader looks. Otherwise it says
+//!    why in one cargo warning when `TENSORRT_ROOT` was set, and builds no shim.
+//!    `TRTCACHE_BUILD_SHIM=0` skips this step.
+
+use std::env;
+use std::path::{Path, PathBuf};
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    println!("cargo:rerun-if-changed=include");
+    println!("cargo:rerun-if-changed=include/trtcache_trt.h");
+    println!("cargo:rerun-if-changed=shim/trtcache_trt.cpp");
+    for v in [
+        "TENSORRT_ROOT",
+        "CUDA_HOME",
+        "CUDA_PATH",
+        "TRTCACHE_BUILD_SHIM",
+    ] {
+        println!("cargo:rerun-if-env-changed={v}");
+    }
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    bind(&out);
+    if env::var("TRTCACHE_BUILD_SHIM").as_deref() != Ok("0") {
+        if let Err(why) = build_shim(&out) {
+            if env::var_os("TENSORRT_ROOT").is_some() {
+                println!("cargo:warning=TensorRT shim not built: {why}");
+            }
+        }
+    }
+}
+
+fn bind(out: &Path) {
+    let bindings = bindgen::Builder::default()
+        .header("include/trtcache_trt.h")
+        .allowlist_function("trtcache_trt_.*")
+        .allowlist_type("trtcache_trt_.*")
+        .allowlist_var("TRTCACHE_TRT_.*")
+        .dynamic_library_name("TrtShim")
+        .dynamic_link_require_all(true)
+        .default_enum_style(bindgen::EnumVariation::Consts)
+        .derive_default(true)
+        .layout_tests(true)
+        .generate()
+        .unwrap_or_else(|e| {
+            panic!("bindgen over include/trtcache_trt.h failed (libclang: apt install libclang-dev): {e}")
+        });
+    bindings
+        .write_to_file(out.join("trtcache_trt.rs"))
+        .expect("writing the TensorRT bindings to OUT_DIR");
+}
+
+/// Compiles the shim when TensorRT and CUDA are installed; `Err` says what is missing.
+fn build_shim(out: &Path) -> Result<(), String> {
+    let root = env::var_os("TENSORRT_ROOT").map(PathBuf::from);
+    let (inc, libdir) = match &root {
+        Some(r) => (r.join("include"), r.join("lib")),
+        None => {
+            let inc = [
+                "/usr/include/x86_64-linux-gnu",
+                "/usr/include/aarch64-linux-gnu",
+                "/usr/include",
+            ]
+            .iter()
+            .map(PathBuf::from)
+            .find(|d| d.join("NvInfer.h").is_file())
+            .ok_or("no NvInfer.h in /usr/include (set TENSORRT_ROOT)")?;
+            let lib = [
+                "/usr/lib/x86_64-linux-gnu",
+                "/usr/lib/aarch64-linux-gnu",
+                "/usr/lib64",
+                "/usr/lib",
+            ]
+            .iter()
+            .map(PathBuf::from)
+            .find(|d| has_lib(d, "libnvinfer.so"))
+            .ok_or("no libnvinfer.so next to the system headers")?;
+            (inc, lib)
+        }
+    };
+    for h in ["NvInfer.h", "NvOnnxParser.h"] {
+        if !inc.join(h).is_file() {
+            return Err(format!("{} not found", inc.join(h).display()));
+        }
+    }
+    for l in ["libnvinfer.so", "libnvonnxparser.so"] {
+        if !has_lib(&libdir, l) {
+            return Err(format!("{}/{l} not found", libdir.display()));
+        }
+    }
+    let cuda = [env::var_os("CUDA_HOME"), env::var_os("CUDA_PATH")]
+        .into_iter()
+        .flatten()
+        .map(PathBuf::from)
+        .chain([PathBuf::from("/usr/local/cuda")])
+        .find(|c| c.join("include/cuda_runtime_api.h").is_file())
+        .ok_or("no CUDA runtime headers (set CUDA_HOME to a CUDA toolkit)")?;
+    let cuda_lib = ["lib64", "lib", "targets/x86_64-linux/lib"]
+        .iter()
+        .map(|l| cuda.join(l))
+        .find(|d| has_lib(d, "libcudart.so"))
+        .ok_or_else(|| format!("no libcudart.so under {}", cuda.display()))?;
+
+    let compiler = cc::Build::new().cpp(true).get_compiler();
+    let so = out.join("libtrtcache_trt.so");
+    let status = compiler
+        .to_command()
+        .args([
+            "-std=c++17",
+            "-O2",
+            "-fPIC",
+            "-shared",
+            "-Wall",
+            "-Wno-deprecated-declarations",
+        ])
+        .arg("-Iinclude")
+        .arg("-isystem")
+        .arg(&inc)
+        .arg("-isystem")
+        .arg(cuda.join("include"))
+        .arg("shim/trtcache_trt.cpp")
+        .arg("-o")
+        .arg(&so)
+        .arg(format!("-L{}", libdir.display()))
+        .arg(format!("-L{}", cuda_lib.display()))
+        // Recorded as dependencies even where the toolchain links --as-needed, so the loader's
+        // message names a missing TensorRT library rather than a missing symbol.
+        .args([
+            "-Wl,--no-as-needed",
+            "-lnvinfer",
+            "-lnvonnxparser",
+            "-lcudart",
+        ])
+        .status()
+        .map_err(|e| format!("running the C++ compiler: {e}"))?;
+    if !status.success() {
+        return Err(format!("the C++ compiler failed ({status})"));
+    }
+    // OUT_DIR is target/<profile>/build/trtcache-<hash>/out: the binaries are three up.
+    if let Some(bin_dir) = out.ancestors().nth(3) {
+        let dest = bin_dir.join("libtrtcache_trt.so");
+        std::fs::copy(&so, &dest).map_err(|e| format!("copying to {}: {e}", dest.display()))?;
+    }
+    Ok(())
+}
+
+fn has_lib(dir: &Path, name: &str) -> bool {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy().starts_with(name))
 }

@@ -22,3 +22,4 @@ pub mod onnx;
 pub mod plan;
 pub mod rng;
 pub mod spec;
+pub mod trt;

@@ -17,3 +17,4 @@ mod reliability_hostile;
 mod reliability_races;
 mod reliability_store;
 mod support;
+mod trt;
