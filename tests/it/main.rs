@@ -16,5 +16,6 @@ mod reliability_crash;
 mod reliability_hostile;
 mod reliability_races;
 mod reliability_store;
+mod reliability_worker;
 mod support;
 mod trt;

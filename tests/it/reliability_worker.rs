@@ -1,0 +1,106 @@
+//! Builds run in a bounded worker process (issue: a hostile model can never take the daemon
+//! down): a model whose validation would allocate 40 GB, and one that loops forever, sit in
+//! the repository next to a good model. The real daemon reports each as that model's
+//! failure, naming the signal or the time limit, frees its build slot, and keeps serving.
+
+use std::time::{Duration, Instant};
+
+use trtcache::fixtures::{models, write};
+use trtcache_client::protocol::{AcquireRequest, ErrorCode, VariantState};
+
+use crate::daemon::Daemon;
+use crate::support;
+
+fn reason(list: &[trtcache_client::ModelStatus], name: &str) -> String {
+    let m = list.iter().find(|m| m.name == name).expect(name);
+    assert_eq!(m.variants[0].state, VariantState::Failed, "{name}: {m:?}");
+    m.variants[0].reason.clone().unwrap_or_default()
+}
+
+#[test]
+fn hostile_models_fail_in_their_worker_and_the_daemon_keeps_serving() {
+    let mut d = Daemon::new();
+    write(&models::huge_fixed_input(), &d.models().join("huge.onnx")).unwrap();
+    write(&models::endless_loop(), &d.models().join("spin.onnx")).unwrap();
+    write(&models::tiny_encoder(false), &d.models().join("enc.onnx")).unwrap();
+    // One build slot: the endless loop holds it until the worker is killed at 4 s, and the
+    // others must still get built after it. The worker's memory bound is 2 GiB.
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(
+        d.config(),
+        format!("{cfg}build_concurrency = 1\nbuild_timeout_secs = 4\nworker_memory_bytes = 2147483648\n"),
+    )
+    .unwrap();
+    d.start();
+    let pid = d.child.as_ref().unwrap().id();
+    let list = d.wait_settled(&["huge", "spin", "enc"]);
+    let huge = reason(&list, "huge");
+    assert!(huge.contains("killed by SIGABRT"), "{huge}\n{}", d.log());
+    assert!(huge.contains("memory allocation of"), "{huge}");
+    let spin = reason(&list, "spin");
+    assert!(
+        spin.contains("time limit of 4 s") || spin.contains("exceeded the limit of 4 s"),
+        "{spin}\n{}",
+        d.log()
+    );
+    // Reasons travel in frames: bounded, one line.
+    assert!(huge.len() < 2048 && !huge.contains('\n'), "{}", huge.len());
+    // The daemon is the same process and serves the good model.
+    assert!(d.child.as_mut().unwrap().try_wait().unwrap().is_none());
+    assert_eq!(d.child.as_ref().unwrap().id(), pid);
+    let mut c = d.client();
+    let art = c
+        .acquire(&AcquireRequest {
+            model: "enc".into(),
+            ..Default::default()
+        })
+        .unwrap_or_else(|e| panic!("acquire enc: {e}\n{}", d.log()));
+    assert!(!art.files.is_empty());
+    // A failed model is remembered, not rebuilt on every acquire.
+    let e = c
+        .acquire(&AcquireRequest {
+            model: "huge".into(),
+            ..Default::default()
+        })
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::BuildFailed), "{e}");
+    // No worker is left behind: the killed one was reaped.
+    let t0 = Instant::now();
+    loop {
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        if children.trim().is_empty() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "worker processes left: {children}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(d.stop(), "{}", d.log());
+}
+
+#[test]
+fn the_cli_build_kills_an_endless_model_at_its_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("spin.onnx");
+    write(&models::endless_loop(), &m).unwrap();
+    let t0 = Instant::now();
+    let out = support::trtcache([
+        "build",
+        m.to_str().unwrap(),
+        "--timeout",
+        "2",
+        "--cache-dir",
+        dir.path().join("cache").to_str().unwrap(),
+    ]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains("time limit of 2 s") && e.contains("killed"),
+        "{e}"
+    );
+    // Not a timing assertion: an unkilled loop of 10^15 trips would never return at all.
+    assert!(t0.elapsed() < Duration::from_secs(120));
+}
