@@ -129,6 +129,29 @@ impl CancelToken {
     }
 }
 
+/// The most bytes of a failure reason that travel in a frame or stay in the daemon's
+/// memory: a reason quotes model-controlled text (a sidecar line, a node name, a worker's
+/// stderr), and a 64 MB reason once made every `list` frame too large for every model.
+pub const MAX_REASON_BYTES: usize = 1024;
+
+/// A failure reason as the daemon keeps and sends it: control characters (terminal escapes
+/// included) replaced by spaces, cut to [`MAX_REASON_BYTES`] at a character boundary with
+/// an ellipsis.
+pub fn bounded_reason(s: &str) -> String {
+    let clean: String = s
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if clean.len() <= MAX_REASON_BYTES {
+        return clean;
+    }
+    let mut end = MAX_REASON_BYTES - '…'.len_utf8();
+    while !clean.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &clean[..end])
+}
+
 /// The cause behind an [`EngineError`]: the build, plan, key or store stage's own typed error
 /// (downcast to it), or a message.
 pub type Cause = Box<dyn std::error::Error + Send + Sync>;
@@ -220,5 +243,20 @@ pub trait Engine: Send + Sync + 'static {
     /// Flushes the store (called on shutdown).
     fn flush(&self) -> Result<(), EngineError> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_are_one_bounded_line_without_escapes() {
+        let huge = format!("\x1b[2J{}\nend", "é".repeat(100_000));
+        let r = bounded_reason(&huge);
+        assert!(r.len() <= MAX_REASON_BYTES, "{}", r.len());
+        assert!(!r.contains('\x1b') && !r.contains('\n'));
+        assert!(r.ends_with('…'));
+        assert_eq!(bounded_reason("short"), "short");
     }
 }

@@ -301,6 +301,7 @@ impl Queue {
                 ))
             }
         };
+        let result = result.map_err(|(code, msg)| (code, super::engine::bounded_reason(&msg)));
         // A build that was cancelled and then failed failed because of the cancellation:
         // never memoise that.
         let result = match result {

@@ -23,7 +23,7 @@ use crate::spec::{Backend, CacheKey};
 pub type Failure = (ErrorCode, String);
 
 fn fail(code: ErrorCode, msg: impl Into<String>) -> Failure {
-    (code, msg.into())
+    (code, super::engine::bounded_reason(&msg.into()))
 }
 
 struct ModelState {

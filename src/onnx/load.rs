@@ -57,6 +57,34 @@ pub struct Model {
     pub external_files: Vec<ExternalFile>,
 }
 
+/// Only regular files are read (symlinks to them included): a FIFO would block the reader
+/// forever, a device such as `/dev/zero` would never end.
+pub(crate) fn check_regular(path: &Path, meta: &std::fs::Metadata) -> Result<(), OnnxError> {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    if t.is_dir() {
+        return Err(OnnxError::IsDirectory {
+            path: path.to_path_buf(),
+        });
+    }
+    if t.is_file() {
+        return Ok(());
+    }
+    let kind = if t.is_fifo() {
+        "FIFO"
+    } else if t.is_socket() {
+        "socket"
+    } else if t.is_char_device() || t.is_block_device() {
+        "device"
+    } else {
+        "special file"
+    };
+    Err(OnnxError::NotRegular {
+        path: path.to_path_buf(),
+        kind,
+    })
+}
+
 impl Model {
     /// Loads a model with default limits.
     pub fn load(path: impl AsRef<Path>) -> Result<Self, OnnxError> {
@@ -87,9 +115,7 @@ impl Model {
             err,
         };
         let meta = std::fs::metadata(&path).map_err(open)?;
-        if meta.is_dir() {
-            return Err(OnnxError::IsDirectory { path });
-        }
+        check_regular(&path, &meta)?;
         if meta.len() > opts.max_model_bytes {
             return Err(OnnxError::TooLarge {
                 path,
@@ -184,11 +210,7 @@ fn map_file(path: &Path, opts: &LoadOptions) -> Result<Bytes, OnnxError> {
         path: path.to_path_buf(),
         err,
     })?;
-    if meta.is_dir() {
-        return Err(OnnxError::IsDirectory {
-            path: path.to_path_buf(),
-        });
-    }
+    check_regular(path, &meta)?;
     let file = File::open(path).map_err(|err| OnnxError::Open {
         path: path.to_path_buf(),
         err,

@@ -29,6 +29,9 @@ pub enum OnnxError {
     Open { path: PathBuf, err: std::io::Error },
     #[error("{path}: is a directory, not an ONNX model file")]
     IsDirectory { path: PathBuf },
+    /// A FIFO, socket or device: reading one could block forever or never end.
+    #[error("{path}: is a {kind}, not a regular file; give the path of an ONNX model file")]
+    NotRegular { path: PathBuf, kind: &'static str },
     #[error("{path}: empty file (0 bytes), not an ONNX model")]
     Empty { path: PathBuf },
     #[error("{path}: {size} bytes exceeds the model size limit of {limit} bytes")]

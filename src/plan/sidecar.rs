@@ -68,6 +68,9 @@ fn shape_set(flag: &str, v: &toml::Value) -> Result<BTreeMap<String, Vec<i64>>, 
     }
 }
 
+/// The largest sidecar file read (a sidecar is a few lines of TOML).
+pub const MAX_SIDECAR_BYTES: u64 = 1 << 20;
+
 /// How validation inputs are made: a golden `.npz`, or seeded random tensors.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -164,10 +167,36 @@ pub fn load_sidecar(model_path: &Path) -> Result<Option<Sidecar>, PlanError> {
 impl Sidecar {
     /// Reads and parses one sidecar file.
     pub fn load(path: &Path) -> Result<Self, PlanError> {
-        let text = std::fs::read_to_string(path).map_err(|source| PlanError::SidecarRead {
+        let read_err = |source| PlanError::SidecarRead {
             path: path.to_path_buf(),
             source,
-        })?;
+        };
+        // A regular file of bounded size: a FIFO would block, `/dev/zero` never end.
+        let meta = std::fs::metadata(path).map_err(read_err)?;
+        if !meta.is_file() {
+            return Err(PlanError::SidecarParse {
+                path: path.to_path_buf(),
+                message: "not a regular file".into(),
+            });
+        }
+        if meta.len() > MAX_SIDECAR_BYTES {
+            return Err(PlanError::SidecarParse {
+                path: path.to_path_buf(),
+                message: format!(
+                    "{} bytes is over the sidecar limit of {MAX_SIDECAR_BYTES} bytes",
+                    meta.len()
+                ),
+            });
+        }
+        let mut text = String::new();
+        std::io::Read::read_to_string(
+            &mut std::io::Read::take(
+                std::fs::File::open(path).map_err(read_err)?,
+                MAX_SIDECAR_BYTES,
+            ),
+            &mut text,
+        )
+        .map_err(read_err)?;
         Self::parse(path, &text)
     }
 
@@ -202,9 +231,23 @@ impl Sidecar {
         }
         let mut golden = f.golden;
         let dir = path.parent().unwrap_or(Path::new(""));
-        golden.npz = golden
-            .npz
-            .map(|p| if p.is_absolute() { p } else { dir.join(p) });
+        // Golden files are the model's own: inside its folder, never a path that lets a
+        // sidecar (or a socket user who drops one) read or probe other files.
+        if let Some(p) = &golden.npz {
+            let inside = p.components().all(|c| {
+                matches!(
+                    c,
+                    std::path::Component::Normal(_) | std::path::Component::CurDir
+                )
+            });
+            if !inside {
+                return Err(bad(format!(
+                    "[golden] npz = {:?} must be a path inside the model's folder (relative, no `..`)",
+                    p.display().to_string()
+                )));
+            }
+        }
+        golden.npz = golden.npz.map(|p| dir.join(p));
         let mut profiles = BTreeMap::new();
         for (name, spec) in f.profiles {
             let set = |which: &str, v: &Option<toml::Value>| -> Result<_, PlanError> {
@@ -413,5 +456,31 @@ int_range = [0, 5]
                 PathBuf::from("d/bert.onnx.trtcache.toml")
             ]
         );
+    }
+
+    #[test]
+    fn golden_files_stay_inside_the_model_folder_and_sidecars_are_regular_files() {
+        let p = Path::new("/m/x.trtcache.toml");
+        for bad in ["/dev/zero", "../other/g.npz", "/etc/passwd"] {
+            let e = Sidecar::parse(p, &format!("[golden]\nnpz = {bad:?}"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("inside the model's folder"), "{bad}: {e}");
+        }
+        let ok = Sidecar::parse(p, "[golden]\nnpz = \"sub/g.npz\"").unwrap();
+        assert_eq!(ok.golden.npz.as_deref(), Some(Path::new("/m/sub/g.npz")));
+        let d = tempfile::tempdir().unwrap();
+        let fifo = d.path().join("m.trtcache.toml");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo on a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = Sidecar::load(&fifo).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        let big = d.path().join("big.trtcache.toml");
+        std::fs::write(&big, vec![b'#'; (MAX_SIDECAR_BYTES + 1) as usize]).unwrap();
+        assert!(Sidecar::load(&big)
+            .unwrap_err()
+            .to_string()
+            .contains("limit"));
     }
 }
