@@ -104,14 +104,12 @@ pub fn run(
     cancelled: &(dyn Fn() -> bool + Sync),
     progress: &dyn Fn(&str),
 ) -> Result<Built, BuildError> {
-    let exe = match std::env::var_os(WORKER_EXE_ENV).filter(|v| !v.is_empty()) {
-        Some(p) => PathBuf::from(p),
-        None => std::env::current_exe().map_err(|e| {
-            BuildError::WorkerUnavailable(format!(
-                "cannot find this executable to start a worker: {e}"
-            ))
-        })?,
-    };
+    // `/proc/self/exe` is the running image even after its file was replaced (a package
+    // upgrade under a running daemon): the worker is always the daemon's own version.
+    let exe = std::env::var_os(WORKER_EXE_ENV)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/proc/self/exe"));
     let input = serde_json::to_vec(job)
         .map_err(|e| BuildError::WorkerUnavailable(format!("cannot encode the job: {e}")))?;
     let mut cmd = Command::new(&exe);
