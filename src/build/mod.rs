@@ -10,9 +10,11 @@
 pub mod cpu;
 pub mod golden;
 pub mod gpu;
+pub mod pickle;
 pub mod pipeline;
 pub mod runtime;
 pub mod validate;
+pub mod values;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
