@@ -224,7 +224,7 @@ def yolo_models(dest, only, skipped):
         try:
             torch.manual_seed(0)
             model = YOLO("yolov8n.yaml")  # architecture from the packaged yaml, random init
-            p = model.export(format="onnx", dynamic=True, nms=nms, imgsz=160, simplify=False, verbose=False)
+            p = os.path.abspath(model.export(format="onnx", dynamic=True, nms=nms, imgsz=160, simplify=False, verbose=False))
         except Exception as e:
             skipped.append(f"{name}: export failed: {e}")
             continue
@@ -285,10 +285,10 @@ def gpt2_models(dest, only, skipped):
         p = os.path.join(tempfile.mkdtemp(), name + ".onnx")
         try:
             if dynamo:
-                B = torch.export.Dim("batch", max=16)
-                S = torch.export.Dim("sequence", max=32)
-                P = torch.export.Dim("past_sequence", max=32)
-                shapes = ({0: B, 1: S}, {0: B, 1: S + P}, *[{0: B, 2: P} for _ in past])
+                # Dim.AUTO: the exporter derives the relation total = past + sequence
+                # itself and names the mask's axis by an expression such as `s1 + s2`.
+                A = torch.export.Dim.AUTO
+                shapes = ({0: A, 1: A}, {0: A, 1: A}, *[{0: A, 2: A} for _ in past])
                 torch.onnx.export(w, (ids, mask, *past), p, input_names=in_names, output_names=out_names, dynamic_shapes=shapes, dynamo=True, opset_version=18, external_data=False)
             else:
                 torch.onnx.export(w, (ids, mask, *past), p, input_names=in_names, output_names=out_names, dynamic_axes=axes, dynamo=False, opset_version=17)

@@ -492,12 +492,22 @@ fn reference_inputs(
             Err(e) => return Err(e),
         }
     }
-    Err(no_inputs(model, &axes, &tried))
+    let dynamic: Vec<(String, Vec<i64>)> = sigs
+        .iter()
+        .filter(|(n, shape, _, opt)| opt.is_none() && shape.iter().any(|&d| d < 0) && !n.is_empty())
+        .map(|(n, shape, _, _)| (n.clone(), shape.clone()))
+        .collect();
+    Err(no_inputs(model, &axes, &dynamic, &tried))
 }
 
 /// The error when no default candidate works: the inputs and axes, what was tried, ORT's
 /// messages, and what to add.
-fn no_inputs(model: &Path, axes: &[Axis], tried: &[(String, String)]) -> BuildError {
+fn no_inputs(
+    model: &Path,
+    axes: &[Axis],
+    sigs: &[(String, Vec<i64>)],
+    tried: &[(String, String)],
+) -> BuildError {
     let axes_txt = if axes.is_empty() {
         "none: every input shape is fixed, so the random values themselves are refused".into()
     } else {
@@ -515,22 +525,46 @@ fn no_inputs(model: &Path, axes: &[Axis], tried: &[(String, String)]) -> BuildEr
     };
     let first = tried.first().map(|t| t.1.as_str()).unwrap_or("");
     let last = tried.last().map(|t| t.1.as_str()).unwrap_or("");
-    let example = axes
+    let example = if sigs.is_empty() {
+        "`--opt-shapes NAME:1x…`".to_string()
+    } else {
+        format!(
+            "`--opt-shapes {}` with sizes for N",
+            sigs.iter()
+                .map(|(n, shape)| {
+                    let dims: Vec<String> = shape
+                        .iter()
+                        .map(|&d| {
+                            if d < 0 {
+                                "N".to_string()
+                            } else {
+                                d.to_string()
+                            }
+                        })
+                        .collect();
+                    format!("{n}:{}", dims.join("x"))
+                })
+                .collect::<Vec<_>>()
+                .join(",")
+        )
+    };
+    let name = crate::plan::sidecar_candidates(model)
         .first()
-        .map(|a| format!("`--opt-shapes {}:…`", a.input))
-        .unwrap_or_else(|| "`--opt-shapes NAME:1x…`".into());
-    let name = model
-        .file_name()
+        .and_then(|p| p.file_name())
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let mut msg = format!(
         "no default validation inputs that the original model (ONNX Runtime CPU, optimizations off) accepts: tried {} shape sets ({}) over the dynamic axes: {axes_txt}; ONNX Runtime: {first}",
         tried.len(),
-        tried
-            .iter()
-            .map(|t| t.0.as_str())
-            .collect::<Vec<_>>()
-            .join("; "),
+        {
+            let mut l: Vec<&str> = tried.iter().take(3).map(|t| t.0.as_str()).collect();
+            let more = tried.len().saturating_sub(3);
+            let tail = format!("and {more} more: other sizes up to {}, one axis at a time", SEARCH_SIZES[SEARCH_SIZES.len() - 1]);
+            if more > 0 {
+                l.push(&tail);
+            }
+            l.join("; ")
+        },
     );
     if tried.len() > 1 && last != first {
         msg.push_str(&format!(" (last: {last})"));
@@ -758,7 +792,12 @@ mod tests {
             (1, 32, 32)
         );
         // Bounded, no duplicates.
-        assert!(c.len() <= 2 + 2 * SEARCH_SIZES.len());
+        assert!(c.len() <= MAX_CANDIDATES);
+        assert!(
+            c.iter()
+                .any(|c| c.leaf["x[1]"] == 256 && c.leaf["height"] == 1),
+            "one axis at a time"
+        );
         for (i, a) in c.iter().enumerate() {
             assert!(c[..i].iter().all(|b| b.leaf != a.leaf));
         }
