@@ -99,7 +99,11 @@ def convert(src_dir, model_path, dest):
     with open(os.path.join(dest, "expected.pkl"), "wb") as f:
         pickle.dump(expected, f)
     if feed and all(isinstance(v, np.ndarray) for v in feed.values()):
-        np.savez(os.path.join(dest, "golden.npz"), **feed)
+        # bfloat16 (ml_dtypes) goes in as its raw bits, which trtcache takes for bfloat16
+        # inputs; other ml_dtypes types (float8, int4, int2) have no numpy dtype to save.
+        feed = {k: v.view(np.uint16) if v.dtype.name == "bfloat16" else v for k, v in feed.items()}
+        if all(v.dtype.kind != "V" and v.dtype.type.__module__ == "numpy" for v in feed.values()):
+            np.savez(os.path.join(dest, "golden.npz"), **feed)
     return True
 
 

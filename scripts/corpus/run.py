@@ -46,9 +46,17 @@ def session(path, opt=ort.GraphOptimizationLevel.ORT_DISABLE_ALL):
     return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
 
+def ortify(v):
+    """bfloat16 arrays (ml_dtypes) as OrtValues: numpy has no bfloat16 of its own, so ONNX
+    Runtime's Python binding cannot take them as arrays."""
+    if isinstance(v, np.ndarray) and v.dtype.name == "bfloat16":
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(np.ascontiguousarray(v).view(np.uint16), 16)
+    return v
+
+
 def feed_for(sess, feed):
     names = {i.name for i in sess.get_inputs()}
-    return {k: v for k, v in feed.items() if k in names}
+    return {k: ortify(v) for k, v in feed.items() if k in names}
 
 
 def same(a, e, atol, rtol, path="out"):

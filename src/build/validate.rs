@@ -570,7 +570,7 @@ fn no_inputs(
         msg.push_str(&format!(" (last: {last})"));
     }
     msg.push_str(&format!(
-        ". Fix: declare a shape profile ({example}, or [profiles] in {name}.trtcache.toml) or golden inputs (`--golden FILE.npz`, or [golden] npz = … in the sidecar)"
+        ". Fix: declare a shape profile ({example}, or [profiles] in {name}) or golden inputs (`--golden FILE.npz`, or [golden] npz = … in the sidecar)"
     ));
     bad(model, msg)
 }

@@ -4,6 +4,7 @@
 
 mod analysis;
 mod build;
+mod corpus;
 mod daemon;
 mod daemon_engine;
 mod daemon_system;
