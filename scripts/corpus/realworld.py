@@ -253,7 +253,8 @@ def gpt2_models(dest, only, skipped):
         def forward(self, input_ids, attention_mask, *past):
             from transformers import DynamicCache
 
-            cache = DynamicCache()
+            # With the config the cache's layers exist up front, which torch.export needs.
+            cache = DynamicCache(config=cfg)
             for i in range(cfg.n_layer):
                 cache.update(past[2 * i], past[2 * i + 1], i)
             out = self.m(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True)
