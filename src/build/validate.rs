@@ -349,8 +349,26 @@ fn candidates(axes: &[Axis], bound: &BTreeMap<String, i64>) -> Vec<Candidate> {
             }
         });
     }
+    // One dimension at a time (unnamed axes that must agree, such as a batch that appears
+    // unnamed in two inputs, stay at 1 together).
+    let names: Vec<String> = leaf_axes.keys().cloned().collect();
+    for one in &names {
+        for s in SEARCH_SIZES {
+            push(format!("{one} {s}, the rest 1"), &|l, _| {
+                if l == one {
+                    s
+                } else {
+                    1
+                }
+            });
+        }
+    }
+    out.truncate(MAX_CANDIDATES);
     out
 }
+
+/// At most this many shape sets are tried (each is one run of the original model).
+pub const MAX_CANDIDATES: usize = 64;
 
 /// The concrete shape of `input` under a candidate (`None`: a symbol did not evaluate, or
 /// came out negative).
