@@ -250,8 +250,11 @@ def gpt2_models(dest, only, skipped):
             super().__init__()
             self.m = m
 
-        def forward(self, input_ids, attention_mask, *past):
+        def forward(self, input_ids, attention_mask, k0, v0, k1, v1):
+            # Named arguments, not *past: torch.export cannot trace varargs here.
             from transformers import DynamicCache
+
+            past = (k0, v0, k1, v1)
 
             # With the config the cache's layers exist up front, which torch.export needs.
             cache = DynamicCache(config=cfg)
