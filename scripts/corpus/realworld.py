@@ -269,7 +269,7 @@ def gpt2_models(dest, only, skipped):
                 flat += [k, v]
             return (out.logits, *flat)
 
-    w = Wrap(model)
+    w = Wrap(model).eval()  # torch.export keeps the wrapper's training mode: Dropout nodes otherwise
     hd = cfg.n_embd // cfg.n_head
     ids = torch.randint(0, 100, (1, 3))
     past = [torch.randn(1, cfg.n_head, 4, hd) for _ in range(2 * cfg.n_layer)]

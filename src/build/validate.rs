@@ -158,6 +158,8 @@ fn golden_value(a: &super::golden::GoldenArray, vt: &ValueType) -> Result<DynVal
 struct Axis {
     input: String,
     axis: usize,
+    /// The input's rank.
+    rank: usize,
     /// The `dim_param`, `""` when unnamed.
     symbol: String,
 }
@@ -268,10 +270,31 @@ fn eval(symbol: &str, leaf: &BTreeMap<String, i64>) -> Option<i64> {
     (i == toks.len()).then_some(v)
 }
 
-/// Whether a leaf names a batch axis (kept at 1 while the other sizes grow).
-fn batch_like(leaf: &str, axis: &Axis) -> bool {
-    let l = leaf.to_ascii_lowercase();
-    l.contains("batch") || l == "n" || l == "b" || (axis.symbol.is_empty() && axis.axis == 0)
+/// The leaves that name batch axes (kept at 1 while the other sizes grow): by name
+/// (`batch…`, `N`, `B`), or because every axis they name is the first of an input of rank 2
+/// or more (exporters that number their symbols, `s18`, name a batch only by position).
+fn batch_leaves(axes: &[Axis]) -> std::collections::BTreeSet<String> {
+    let mut first: BTreeMap<String, bool> = BTreeMap::new();
+    for a in axes {
+        let at0 = a.axis == 0 && a.rank >= 2;
+        if a.symbol.is_empty() {
+            first.insert(unnamed(a), at0);
+        } else if leaves(&a.symbol) == [a.symbol.clone()] {
+            *first.entry(a.symbol.clone()).or_insert(true) &= at0;
+        } else {
+            for l in leaves(&a.symbol) {
+                first.insert(l, false);
+            }
+        }
+    }
+    first
+        .into_iter()
+        .filter(|(l, at0)| {
+            let n = l.to_ascii_lowercase();
+            *at0 || n.contains("batch") || n == "n" || n == "b"
+        })
+        .map(|(l, _)| l)
+        .collect()
 }
 
 /// Whether a leaf names a cache length that may be empty (`past_sequence_length`, …).
@@ -300,6 +323,8 @@ struct Candidate {
 /// profile's opt shapes bind the leaves of the inputs they name); cache lengths 0; then the
 /// bounded sizes for every non-batch leaf, with cache lengths 0 and as they are.
 fn candidates(axes: &[Axis], bound: &BTreeMap<String, i64>) -> Vec<Candidate> {
+    let batch = batch_leaves(axes);
+    let batch_like = |l: &str, _: &Axis| batch.contains(l);
     let mut leaf_axes: BTreeMap<String, &Axis> = BTreeMap::new();
     for a in axes {
         if a.symbol.is_empty() {
@@ -349,9 +374,13 @@ fn candidates(axes: &[Axis], bound: &BTreeMap<String, i64>) -> Vec<Candidate> {
             }
         });
     }
-    // One dimension at a time (unnamed axes that must agree, such as a batch that appears
-    // unnamed in two inputs, stay at 1 together).
-    let names: Vec<String> = leaf_axes.keys().cloned().collect();
+    // One non-batch dimension at a time (axes that must agree, such as a batch named
+    // differently or not at all in two inputs, stay at 1 together).
+    let names: Vec<String> = leaf_axes
+        .keys()
+        .filter(|l| !batch.contains(*l))
+        .cloned()
+        .collect();
     for one in &names {
         for s in SEARCH_SIZES {
             push(format!("{one} {s}, the rest 1"), &|l, _| {
@@ -454,6 +483,7 @@ fn reference_inputs(
                     axes.push(Axis {
                         input: name.clone(),
                         axis: i,
+                        rank: shape.len(),
                         symbol: symbols.get(i).cloned().unwrap_or_default(),
                     });
                 }
@@ -784,8 +814,30 @@ mod tests {
         Axis {
             input: input.into(),
             axis,
+            rank: 4,
             symbol: symbol.into(),
         }
+    }
+
+    #[test]
+    fn numbered_symbols_at_axis_0_are_batches() {
+        // torch.onnx.export(dynamo=True) with Dim.AUTO: GPT-2 with past key values.
+        let axes = [
+            axis("input_ids", 0, "s18"),
+            axis("input_ids", 1, "s70"),
+            axis("attention_mask", 0, "s43"),
+            axis("attention_mask", 1, "s53"),
+            axis("past", 0, "s18"),
+            axis("past", 2, "s58"),
+        ];
+        let b = batch_leaves(&axes);
+        assert_eq!(b.into_iter().collect::<Vec<_>>(), ["s18", "s43"]);
+        let c = candidates(&axes, &BTreeMap::new());
+        assert!(c.iter().all(|c| c.leaf["s18"] == 1 && c.leaf["s43"] == 1));
+        // The mask one longer than ids + past: total = past + sequence.
+        assert!(c
+            .iter()
+            .any(|c| c.leaf["s53"] == 2 && c.leaf["s70"] == 1 && c.leaf["s58"] == 1));
     }
 
     #[test]

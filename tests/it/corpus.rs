@@ -116,7 +116,10 @@ fn no_default_inputs_is_an_actionable_error() {
     ]);
     let j = json(&out);
     assert_eq!(j["servable"], true, "{j}");
-    assert_eq!(j["record"]["validation"]["shapes"]["x"], serde_json::json!([7]));
+    assert_eq!(
+        j["record"]["validation"]["shapes"]["x"],
+        serde_json::json!([7])
+    );
 }
 
 /// The onnx 1.22 wheel (the last with `onnx/backend/test/data`): `TRTCACHE_ONNX_WHEEL`, else
@@ -126,11 +129,15 @@ fn onnx_wheel() -> Option<PathBuf> {
         return Some(PathBuf::from(p));
     }
     let dir = repo().join("target/corpus");
-    std::fs::read_dir(dir).ok()?.flatten().map(|e| e.path()).find(|p| {
-        p.file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with("onnx-1.22") && n.ends_with(".whl"))
-    })
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("onnx-1.22") && n.ends_with(".whl"))
+        })
 }
 
 /// A fast slice of the conformance suite: float16, bfloat16, int16/uint64, strings,
@@ -151,7 +158,8 @@ fn node_suite_slice_builds_and_reproduces_expected_outputs() {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
-    let only = "node__test_(abs|castlike_FLOAT16_to_FLOAT|cast_BFLOAT16_to_FLOAT|add_int16|add_uint64|\
+    let only =
+        "node__test_(abs|castlike_FLOAT16_to_FLOAT|cast_BFLOAT16_to_FLOAT|add_int16|add_uint64|\
                 regex_full_match_basic|ai_onnx_ml_label_encoder_string_int|sequence_insert_at_back|\
                 optional_has_element_tensor_input|conv_with_strides_padding|string_concat)$|\
                 pytorch-converted__test_(Conv2d|PixelShuffle)$|light__light_squeezenet$";
@@ -170,10 +178,17 @@ fn node_suite_slice_builds_and_reproduces_expected_outputs() {
         String::from_utf8_lossy(&out.stderr)
     );
     let wrote = std::fs::read_dir(tmp.path()).unwrap().count();
-    assert!(wrote >= 12, "only {wrote} tests extracted from {}", wheel.display());
+    assert!(
+        wrote >= 12,
+        "only {wrote} tests extracted from {}",
+        wheel.display()
+    );
     let (ok, text) = run_corpus(tmp.path(), &["--no-export"]);
     assert!(ok, "{text}");
-    assert!(text.contains(&format!("pass rate: {wrote}/{wrote}")), "{text}");
+    assert!(
+        text.contains(&format!("pass rate: {wrote}/{wrote}")),
+        "{text}"
+    );
     let exported = "node__test_(abs|castlike_FLOAT16_to_FLOAT|add_int16|add_uint64|regex_full_match_basic|\
                     conv_with_strides_padding|string_concat)$|pytorch-converted__test_PixelShuffle$";
     let (ok, text) = run_corpus(tmp.path(), &["--only", exported]);
