@@ -381,8 +381,8 @@ fn candidates(axes: &[Axis], bound: &BTreeMap<String, i64>) -> Vec<Candidate> {
         .filter(|l| !batch.contains(*l))
         .cloned()
         .collect();
-    for one in &names {
-        for s in SEARCH_SIZES {
+    for s in SEARCH_SIZES {
+        for one in &names {
             push(format!("{one} {s}, the rest 1"), &|l, _| {
                 if l == one {
                     s
@@ -397,7 +397,7 @@ fn candidates(axes: &[Axis], bound: &BTreeMap<String, i64>) -> Vec<Candidate> {
 }
 
 /// At most this many shape sets are tried (each is one run of the original model).
-pub const MAX_CANDIDATES: usize = 64;
+pub const MAX_CANDIDATES: usize = 96;
 
 /// The concrete shape of `input` under a candidate (`None`: a symbol did not evaluate, or
 /// came out negative).
