@@ -10,7 +10,7 @@ Validation inputs (class 1): strided pooling + upsampling that needs even spatia
 whose mask length is `past_sequence + sequence` (GPT-2 with past key values), and unnamed
 batch axes that two inputs share. Element types (class 2): float16 in and out, int16 and
 uint64, a LabelEncoder to strings, ZipMap's seq(map(int64, float)), a sequence output.
-IR < 4 (class 3): initializers listed as graph inputs, one of them a Reshape's shape.
+strings in (unicode and object arrays). IR < 4 (class 3): initializers listed as graph inputs, one of them a Reshape's shape.
 `impossible` needs a size no default tries; the test checks its error instead.
 """
 import os
@@ -131,6 +131,16 @@ def models():
             ml=True,
         ),
         {"x": np.array([0, 2, 1, 5], np.int64)},
+    )
+    # String inputs: a fixed-width unicode array and an object array (pickled in the .npy).
+    out["string_inputs"] = (
+        model(
+            [h.make_node("StringConcat", ["a", "b"], ["y"])],
+            [vi("a", T.STRING, ["n"]), vi("b", T.STRING, ["n"])],
+            [vi("y", T.STRING, ["n"])],
+            opset=20,
+        ),
+        {"a": np.array(["ab", "c", ""]), "b": np.array(["x", "yz", "é"], dtype=object)},
     )
     zipmap_out = h.make_value_info(
         "probs", h.make_sequence_type_proto(h.make_map_type_proto(T.INT64, h.make_tensor_type_proto(T.FLOAT, [])))
