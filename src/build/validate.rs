@@ -271,7 +271,7 @@ fn eval(symbol: &str, leaf: &BTreeMap<String, i64>) -> Option<i64> {
 }
 
 /// The leaves that name batch axes (kept at 1 while the other sizes grow): by name
-/// (`batch…`, `N`, `B`), or because every axis they name is the first of an input of rank 2
+/// (`batch…`), or because every axis they name is the first of an input of rank 2
 /// or more (exporters that number their symbols, `s18`, name a batch only by position).
 fn batch_leaves(axes: &[Axis]) -> std::collections::BTreeSet<String> {
     let mut first: BTreeMap<String, bool> = BTreeMap::new();
@@ -289,10 +289,7 @@ fn batch_leaves(axes: &[Axis]) -> std::collections::BTreeSet<String> {
     }
     first
         .into_iter()
-        .filter(|(l, at0)| {
-            let n = l.to_ascii_lowercase();
-            *at0 || n.contains("batch") || n == "n" || n == "b"
-        })
+        .filter(|(l, at0)| *at0 || l.to_ascii_lowercase().contains("batch"))
         .map(|(l, _)| l)
         .collect()
 }
