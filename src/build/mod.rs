@@ -13,6 +13,7 @@ pub mod gpu;
 pub mod pickle;
 pub mod pipeline;
 pub mod runtime;
+pub mod search;
 pub mod validate;
 pub mod values;
 
