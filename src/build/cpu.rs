@@ -72,6 +72,36 @@ pub fn fixed_dims(inputs: &ModelInputs, profile: &ShapeProfile) -> BTreeMap<Stri
         .collect()
 }
 
+/// For an IR < 4 model (old Caffe2 and PyTorch exports), where the IR required every
+/// initializer to be listed as a graph input too: the model re-encoded with those inputs
+/// removed and the IR raised to 4, so ONNX Runtime treats the weights as constants. Built as
+/// they are, ORT keeps them overridable: the saved artifact then takes inputs the original
+/// never asked a caller for (`…__SHAPE` from folded shape arithmetic) and is slower.
+/// The inputs a caller feeds are unchanged: ORT never counts initializer-backed inputs as
+/// required inputs. `None` when nothing needs to change, or when the model has external
+/// data (which resolves relative to the model's file, so it must be read from its path).
+pub fn initializers_as_constants(m: &Model) -> Option<Vec<u8>> {
+    use prost::Message;
+    if m.proto.ir_version >= 4 || !m.external_files.is_empty() {
+        return None;
+    }
+    let g = m.graph();
+    let inits: std::collections::HashSet<&str> =
+        g.initializer.iter().map(|t| t.name.as_str()).collect();
+    if !g.input.iter().any(|i| inits.contains(i.name.as_str())) {
+        return None;
+    }
+    let mut proto = m.proto.clone();
+    let graph = proto.graph.as_mut()?;
+    graph.input.retain(|i| !inits.contains(i.name.as_str()));
+    proto.ir_version = 4;
+    tracing::info!(
+        ir_version = m.proto.ir_version,
+        "IR < 4: initializers listed as graph inputs are built as constants"
+    );
+    Some(proto.encode_to_vec())
+}
+
 /// Offline-optimized model for ONNX Runtime's CPU provider.
 #[derive(Debug, Clone, Copy)]
 pub struct OrtCpu;
@@ -132,13 +162,13 @@ impl BackendImpl for OrtCpu {
                 opts.external_min_bytes.to_string(),
             )
             .map_err(|e| BuildError::ort(stage, model, e))?;
+        let m = Model::load(model).map_err(|e| BuildError::Model {
+            path: model.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        let constants = initializers_as_constants(&m);
         if let (true, Some(profile)) = (opts.specialize, &opts.profile) {
-            let m = Model::load(model).map_err(|e| BuildError::Model {
-                path: model.to_path_buf(),
-                message: e.to_string(),
-            })?;
             let dims = fixed_dims(&ModelInputs::of(&m), profile);
-            drop(m);
             if !dims.is_empty() {
                 tracing::info!(
                     ?dims,
@@ -156,9 +186,12 @@ impl BackendImpl for OrtCpu {
                 .with_config_entry("session.save_external_prepacked_constant_initializers", "1")
                 .map_err(|e| BuildError::ort(stage, model, e))?;
         }
-        let session = b
-            .commit_from_file(model)
-            .map_err(|e| BuildError::ort(stage, model, e))?;
+        drop(m);
+        let session = match &constants {
+            Some(bytes) => b.commit_from_memory(bytes),
+            None => b.commit_from_file(model),
+        }
+        .map_err(|e| BuildError::ort(stage, model, e))?;
         drop(session);
         if !entry.is_file() {
             return Err(BuildError::ort(

@@ -1,10 +1,14 @@
-//! Golden validation inputs from a NumPy `.npz` file (as written by `np.savez`): one array per
-//! model input, by input name.
+//! Golden validation inputs from a NumPy `.npz` file (as written by `np.savez` or
+//! `np.savez_compressed`): one array per model input, by input name.
 //!
 //! Enters: the `.npz` path. Leaves: name → [`GoldenArray`] (shape + typed data), or a
-//! [`BuildError::Validation`] naming the file and what is wrong. Only stored (uncompressed)
-//! archives are read (`np.savez`, not `np.savez_compressed`), ZIP64 included; arrays must be
-//! little-endian, C order.
+//! [`BuildError::Validation`] naming the file and what is wrong. Stored and deflated members
+//! are read, ZIP64 included (a deflated member may not inflate past the size its header
+//! declares). Every numpy dtype that maps to an ONNX tensor type is accepted: floats (f2, f4,
+//! f8), signed and unsigned integers of every width, bools, complex (c8, c16), fixed-width
+//! strings (`U`, `S`) and object arrays of strings (their pickle is read, nothing is
+//! executed); bfloat16 inputs take `uint16` arrays of the raw bits. Arrays must be
+//! little-endian (or single-byte), C order.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -14,13 +18,27 @@ use super::BuildError;
 /// Typed array data.
 #[derive(Clone, Debug, PartialEq)]
 pub enum GoldenData {
-    F32(Vec<f32>),
-    F64(Vec<f64>),
-    I64(Vec<i64>),
-    I32(Vec<i32>),
-    I8(Vec<i8>),
-    U8(Vec<u8>),
-    Bool(Vec<bool>),
+    /// Fixed-width elements: the ONNX element type and the little-endian bytes.
+    Raw {
+        ty: ort::value::TensorElementType,
+        bytes: Vec<u8>,
+    },
+    /// Strings (`U`, `S` or object arrays).
+    Str(Vec<String>),
+}
+
+impl GoldenData {
+    /// The numpy-style name of the element type, for messages.
+    pub fn type_name(&self) -> String {
+        match self {
+            GoldenData::Raw { ty, .. } => {
+                crate::onnx::ElemType::from_code(super::values::elem_code(*ty))
+                    .name()
+                    .into_owned()
+            }
+            GoldenData::Str(_) => "string".into(),
+        }
+    }
 }
 
 /// One array of the archive.
@@ -75,6 +93,8 @@ pub fn read_npz(path: &Path) -> Result<BTreeMap<String, GoldenArray>, BuildError
     let mut out = BTreeMap::new();
     let mut at = cd as usize;
     for _ in 0..entries {
+        let at_entry = at;
+        let mut zip64_csize = None;
         if u32_at(&bytes, at) != Some(0x0201_4b50) {
             return Err(bad("corrupt central directory"));
         }
@@ -104,6 +124,7 @@ pub fn read_npz(path: &Path) -> Result<BTreeMap<String, GoldenArray>, BuildError
                     p += 8;
                 }
                 if csize32 == 0xFFFF_FFFF {
+                    zip64_csize = u64_at(&bytes, p);
                     p += 8;
                 }
                 if local == 0xFFFF_FFFF {
@@ -113,11 +134,19 @@ pub fn read_npz(path: &Path) -> Result<BTreeMap<String, GoldenArray>, BuildError
             e += 4 + len;
         }
         at = end + comment_len;
-        if method != 0 {
+        if method != 0 && method != 8 {
             return Err(bad(&format!(
-                "`{name}` is compressed (np.savez_compressed); write it with np.savez"
+                "`{name}` uses zip compression method {method}; write it with np.savez or np.savez_compressed"
             )));
         }
+        let csize = {
+            let c = u32_at(&bytes, at_entry + 20).ok_or_else(|| bad("truncated"))? as u64;
+            if c == 0xFFFF_FFFF {
+                zip64_csize.unwrap_or(c)
+            } else {
+                c
+            }
+        };
         let l = local as usize;
         if u32_at(&bytes, l) != Some(0x0403_4b50) {
             return Err(bad("corrupt local header"));
@@ -126,9 +155,18 @@ pub fn read_npz(path: &Path) -> Result<BTreeMap<String, GoldenArray>, BuildError
             + 30
             + u16_at(&bytes, l + 26).unwrap_or(0) as usize
             + u16_at(&bytes, l + 28).unwrap_or(0) as usize;
+        let stored = if method == 0 { size } else { csize };
         let data = bytes
-            .get(data_at..data_at + size as usize)
+            .get(data_at..data_at.saturating_add(stored as usize))
             .ok_or_else(|| bad("truncated member"))?;
+        let inflated;
+        let data = if method == 8 {
+            inflated = miniz_oxide::inflate::decompress_to_vec_with_limit(data, size as usize)
+                .map_err(|e| err(path, format!("`{name}`: cannot inflate ({:?})", e.status)))?;
+            &inflated[..]
+        } else {
+            data
+        };
         let key = name.strip_suffix(".npy").unwrap_or(&name).to_string();
         let arr = parse_npy(data).map_err(|w| err(path, format!("`{name}`: {w}")))?;
         out.insert(key, arr);
@@ -179,38 +217,93 @@ pub fn parse_npy(b: &[u8]) -> Result<GoldenArray, String> {
                 .map_err(|_| format!("bad shape `{shape_src}`"))
         })
         .collect::<Result<_, _>>()?;
-    let n: usize = shape.iter().map(|&d| d.max(0) as usize).product();
-    let raw = &b[hstart + hlen..];
-    macro_rules! le {
-        ($t:ty, $w:expr) => {{
-            let need = n * $w;
-            let s = raw.get(..need).ok_or("data shorter than the shape")?;
-            s.chunks_exact($w)
-                .map(|c| <$t>::from_le_bytes(c.try_into().expect("chunk width")))
-                .collect::<Vec<$t>>()
-        }};
-    }
-    let data = match descr {
-        "<f4" => GoldenData::F32(le!(f32, 4)),
-        "<f8" => GoldenData::F64(le!(f64, 8)),
-        "<i8" => GoldenData::I64(le!(i64, 8)),
-        "<i4" => GoldenData::I32(le!(i32, 4)),
-        "|i1" => GoldenData::I8(le!(i8, 1)),
-        "|u1" => GoldenData::U8(le!(u8, 1)),
-        "|b1" => GoldenData::Bool(
-            raw.get(..n)
-                .ok_or("data shorter than the shape")?
-                .iter()
-                .map(|&v| v != 0)
-                .collect(),
-        ),
-        other => {
-            return Err(format!(
-                "dtype `{other}` is not supported (little-endian f4, f8, i8, i4, i1, u1, b1)"
-            ))
-        }
-    };
+    let n: usize = shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d.max(0) as usize))
+        .ok_or("shape too large")?;
+    let raw = b.get(hstart + hlen..).ok_or("truncated")?;
+    let data = parse_data(descr, n, raw)?;
     Ok(GoldenArray { shape, data })
+}
+
+fn parse_data(descr: &str, n: usize, raw: &[u8]) -> Result<GoldenData, String> {
+    use ort::value::TensorElementType as T;
+    let unsupported = || {
+        format!(
+            "dtype `{descr}` is not supported (little-endian f2/f4/f8, i1-i8, u1-u8, b1, c8/c16, U, S, or object arrays of strings)"
+        )
+    };
+    let (order, kind) = descr.split_at(1.min(descr.len()));
+    if order == ">" {
+        return Err(format!(
+            "dtype `{descr}` is big-endian; write the array with .astype('<{kind}')"
+        ));
+    }
+    if kind == "O" {
+        return super::pickle::object_strings(raw, n).map(GoldenData::Str);
+    }
+    if let Some(w) = kind.strip_prefix('U') {
+        let w: usize = w.parse().map_err(|_| unsupported())?;
+        let need = n.checked_mul(w * 4).ok_or("shape too large")?;
+        let s = raw.get(..need).ok_or("data shorter than the shape")?;
+        let out = s
+            .chunks(w * 4)
+            .map(|c| {
+                c.chunks_exact(4)
+                    .map(|u| u32::from_le_bytes(u.try_into().expect("4")))
+                    .take_while(|&u| u != 0)
+                    .map(|u| char::from_u32(u).ok_or("not a unicode character"))
+                    .collect::<Result<String, _>>()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        return Ok(GoldenData::Str(if w == 0 {
+            vec![String::new(); n]
+        } else {
+            out
+        }));
+    }
+    if let Some(w) = kind.strip_prefix('S') {
+        let w: usize = w.parse().map_err(|_| unsupported())?;
+        let need = n.checked_mul(w).ok_or("shape too large")?;
+        let s = raw.get(..need).ok_or("data shorter than the shape")?;
+        let out = if w == 0 {
+            vec![String::new(); n]
+        } else {
+            s.chunks(w)
+                .map(|c| {
+                    let end = c.iter().position(|&x| x == 0).unwrap_or(c.len());
+                    String::from_utf8_lossy(&c[..end]).into_owned()
+                })
+                .collect()
+        };
+        return Ok(GoldenData::Str(out));
+    }
+    let ty = match kind {
+        "f2" => T::Float16,
+        "f4" => T::Float32,
+        "f8" => T::Float64,
+        "i1" => T::Int8,
+        "i2" => T::Int16,
+        "i4" => T::Int32,
+        "i8" => T::Int64,
+        "u1" => T::Uint8,
+        "u2" => T::Uint16,
+        "u4" => T::Uint32,
+        "u8" => T::Uint64,
+        "b1" => T::Bool,
+        "c8" => T::Complex64,
+        "c16" => T::Complex128,
+        _ => return Err(unsupported()),
+    };
+    if !matches!(order, "<" | "|" | "=") {
+        return Err(unsupported());
+    }
+    let need = ty.byte_size(n).ok_or_else(unsupported)?;
+    let bytes = raw
+        .get(..need)
+        .ok_or("data shorter than the shape")?
+        .to_vec();
+    Ok(GoldenData::Raw { ty, bytes })
 }
 
 #[cfg(test)]
@@ -232,14 +325,36 @@ mod tests {
 
     #[test]
     fn npy_headers() {
+        use ort::value::TensorElementType as T;
+        let raw = |ty, bytes: Vec<u8>| GoldenData::Raw { ty, bytes };
         let a = parse_npy(&npy("<f4", "(2, 2)", &[0u8; 16])).unwrap();
         assert_eq!(a.shape, vec![2, 2]);
-        assert_eq!(a.data, GoldenData::F32(vec![0.0; 4]));
+        assert_eq!(a.data, raw(T::Float32, vec![0; 16]));
         let a = parse_npy(&npy("<i8", "(3,)", &[1, 0, 0, 0, 0, 0, 0, 0].repeat(3))).unwrap();
-        assert_eq!(a.data, GoldenData::I64(vec![1, 1, 1]));
+        assert_eq!(a.data, raw(T::Int64, [1, 0, 0, 0, 0, 0, 0, 0].repeat(3)));
         let a = parse_npy(&npy("|b1", "()", &[1])).unwrap();
-        assert_eq!((a.shape.len(), a.data), (0, GoldenData::Bool(vec![true])));
-        assert!(parse_npy(&npy(">f4", "(1,)", &[0; 4])).is_err());
+        assert_eq!((a.shape.len(), a.data), (0, raw(T::Bool, vec![1])));
+        for (d, ty, w) in [
+            ("<f2", T::Float16, 2),
+            ("<i2", T::Int16, 2),
+            ("<u2", T::Uint16, 2),
+            ("<u4", T::Uint32, 4),
+            ("<u8", T::Uint64, 8),
+            ("<c8", T::Complex64, 8),
+        ] {
+            let a = parse_npy(&npy(d, "(2,)", &vec![7u8; 2 * w])).unwrap();
+            assert_eq!(a.data, raw(ty, vec![7; 2 * w]), "{d}");
+        }
+        let mut u = Vec::new();
+        for c in "ab\0c\0\0".chars() {
+            u.extend((c as u32).to_le_bytes());
+        }
+        let a = parse_npy(&npy("<U3", "(2,)", &u)).unwrap();
+        assert_eq!(a.data, GoldenData::Str(vec!["ab".into(), "c".into()]));
+        let a = parse_npy(&npy("|S2", "(2,)", b"hix\0")).unwrap();
+        assert_eq!(a.data, GoldenData::Str(vec!["hi".into(), "x".into()]));
+        let e = parse_npy(&npy(">f4", "(1,)", &[0; 4])).unwrap_err();
+        assert!(e.contains("big-endian"), "{e}");
         assert!(parse_npy(&npy("<f4", "(4,)", &[0; 4])).is_err());
         assert!(parse_npy(b"junk").is_err());
     }

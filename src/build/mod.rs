@@ -10,9 +10,12 @@
 pub mod cpu;
 pub(crate) mod golden;
 pub(crate) mod gpu;
+pub(crate) mod pickle;
 pub(crate) mod pipeline;
 pub mod runtime;
+pub(crate) mod search;
 pub(crate) mod validate;
+pub(crate) mod values;
 pub mod worker;
 
 use std::collections::BTreeMap;

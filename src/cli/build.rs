@@ -132,8 +132,9 @@ pub struct BuildArgs {
     /// Validation: seed of the random inputs (default: the sidecar's `golden.seed`).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Validation: golden inputs from a NumPy `.npz` (np.savez; one array per input name)
-    /// instead of seeded random tensors (default: the sidecar's `golden.npz`).
+    /// Validation: golden inputs from a NumPy `.npz` (np.savez or np.savez_compressed; one
+    /// array per input name) instead of the default search and seeded random tensors
+    /// (default: the sidecar's `golden.npz`).
     #[arg(long, value_name = "FILE.npz")]
     pub golden: Option<PathBuf>,
     /// Validation: integer inputs are drawn from [LO, HI), e.g. `0:2` (default: the

@@ -1,6 +1,6 @@
 //! Shape specs and profile validation against the model's inputs: trtexec-syntax parsing
 //! ([`parse_shapes`]), the model's dynamic-input signature ([`ModelInputs`]), the checks of
-//! [`validate_profile`] and the concrete shapes validation runs feed ([`concrete_shapes`]).
+//! [`validate_profile`] and the first shapes validation tries ([`concrete_shapes`]).
 
 use std::collections::BTreeMap;
 
@@ -255,8 +255,10 @@ pub fn validate_profile(
     Ok(Some(out))
 }
 
-/// The concrete shape of every tensor input for a validation run: the profile's opt shape,
-/// else the model's dims with every dynamic axis set to 1.
+/// The first shape set a validation run tries for every tensor input: the profile's opt
+/// shape, else the model's dims with every dynamic axis set to 1. When the original model
+/// refuses it, validation searches further (`build::validate`: shared symbol values,
+/// `past + sequence` expressions, growing sizes); the shapes it used are in the record.
 pub fn concrete_shapes(
     inputs: &ModelInputs,
     profile: Option<&ShapeProfile>,

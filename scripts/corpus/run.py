@@ -1,0 +1,265 @@
+#!/usr/bin/env python3
+"""Runs a corpus written by `node_tests.py` or `realworld.py` through trtcache and writes a
+summary by failure class.
+
+    scripts/corpus/run.py CORPUS [--trtcache target/release/trtcache] [--only REGEX]
+        [--defaults] [--no-export] [--json OUT.json] [--cache-dir DIR] [--jobs N]
+
+Per test (a folder with model.onnx, feed.pkl, expected.pkl, optionally golden.npz):
+  1. reference: ONNX Runtime CPU, optimizations off, runs the model on the feed and matches
+     expected.pkl; a test it cannot load, run or match is counted as `ort-cannot` and left
+     out of the rates (the suite's denominator is "the tests ORT runs");
+  2. `trtcache build --backend ort-cpu --json` (with `--golden golden.npz` unless
+     --defaults, which checks the default validation inputs) must store a validated,
+     servable artifact;
+  3. the artifact, opened as the clients open it (optimizations off), reproduces
+     expected.pkl on the feed;
+  4. `trtcache inspect --export-subgraphs`: the partitions, run one after another in the
+     manifest's order, reproduce expected.pkl.
+Floats compare with |a - e| <= atol + rtol |e| (default atol 1e-4, rtol 1e-3, trtcache's
+fp32 tolerance); integers, bools and strings exactly; maps key by key; sequences item by
+item. Exit status 0 when every test ORT runs passes every step.
+"""
+import argparse
+import collections
+import json
+import os
+import pickle
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import onnxruntime as ort
+
+ort.set_default_logger_severity(4)
+ENV = dict(os.environ, NO_COLOR="1", RUST_LOG="error")
+
+
+def session(path, opt=ort.GraphOptimizationLevel.ORT_DISABLE_ALL):
+    so = ort.SessionOptions()
+    so.graph_optimization_level = opt
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 4
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def ortify(v):
+    """bfloat16 arrays (ml_dtypes) as OrtValues: numpy has no bfloat16 of its own, so ONNX
+    Runtime's Python binding cannot take them as arrays."""
+    if isinstance(v, np.ndarray) and v.dtype.name == "bfloat16":
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(np.ascontiguousarray(v).view(np.uint16), 16)
+    return v
+
+
+def feed_for(sess, feed):
+    names = {i.name for i in sess.get_inputs()}
+    return {k: ortify(v) for k, v in feed.items() if k in names}
+
+
+def same(a, e, atol, rtol, path="out"):
+    """None when `a` matches `e`, else a short reason."""
+    if e is None or a is None:
+        return None if a is None and e is None else f"{path}: one side is None"
+    if isinstance(e, dict):
+        if not isinstance(a, dict):
+            return f"{path}: map expected, got {type(a).__name__}"
+        if set(a) != set(e):
+            return f"{path}: keys differ"
+        for k in e:
+            r = same(a[k], e[k], atol, rtol, f"{path}[{k!r}]")
+            if r:
+                return r
+        return None
+    if isinstance(e, list):
+        if not isinstance(a, list) or len(a) != len(e):
+            return f"{path}: sequence length differs"
+        for i, (x, y) in enumerate(zip(a, e)):
+            r = same(x, y, atol, rtol, f"{path}[{i}]")
+            if r:
+                return r
+        return None
+    a = np.asarray(a)
+    e = np.asarray(e)
+    if a.shape != e.shape:
+        return f"{path}: shape {a.shape} != expected {e.shape}"
+    if e.dtype.kind in "fc":
+        af = a.astype(np.complex128 if e.dtype.kind == "c" else np.float64)
+        ef = e.astype(af.dtype)
+        np.seterr(all="ignore")
+        both_nan = np.isnan(af) & np.isnan(ef)
+        eq = af == ef
+        close = np.abs(af - ef) <= atol + rtol * np.abs(ef)
+        bad = ~(both_nan | eq | close)
+        if bad.any():
+            d = np.abs(af - ef)[bad]
+            return f"{path}: {int(bad.sum())} of {e.size} elements off (max abs {float(np.nanmax(d.real)) if d.size else 0:.3g})"
+        return None
+    if a.dtype != e.dtype and not (a.dtype.kind in "OUS" and e.dtype.kind in "OUS"):
+        return f"{path}: dtype {a.dtype} != expected {e.dtype}"
+    if e.dtype.kind in "OUS":
+        ok = [str(x) == str(y) for x, y in zip(a.ravel(), e.ravel())]
+        return None if all(ok) else f"{path}: strings differ"
+    return None if np.array_equal(a, e) else f"{path}: values differ"
+
+
+def compare_all(got, expected, atol, rtol):
+    if len(got) != len(expected):
+        return f"{len(got)} outputs, expected {len(expected)}"
+    for i, (g, e) in enumerate(zip(got, expected)):
+        r = same(g, e, atol, rtol, f"output {i}")
+        if r:
+            return r
+    return None
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def first_line(s, n=400):
+    """The error line of a trtcache stderr (or an exception's first line)."""
+    lines = [ANSI.sub("", x).strip() for x in (s or "").splitlines()]
+    lines = [x for x in lines if x]
+    for x in lines:
+        if x.startswith("error:"):
+            return x[:n]
+    return (lines[0] if lines else "")[:n]
+
+
+def run_partitions(man_dir, feed, out_names):
+    man = json.load(open(os.path.join(man_dir, "manifest.json")))
+    env = dict(feed)
+    parts = {p["id"]: p for p in man["partitions"]}
+    for pid in man["order"]:
+        p = parts[pid]
+        s = session(os.path.join(man_dir, p["file"]))
+        res = s.run(None, feed_for(s, env))
+        for o, v in zip(s.get_outputs(), res):
+            env[o.name] = v
+    return [env[n] for n in out_names]
+
+
+def one(t, a, cache):
+    model = os.path.join(t, "model.onnx")
+    feed = pickle.load(open(os.path.join(t, "feed.pkl"), "rb"))
+    expected = pickle.load(open(os.path.join(t, "expected.pkl"), "rb"))
+    res = {"test": os.path.basename(t)}
+    try:
+        ref = session(model)
+        got = ref.run(None, feed_for(ref, feed))
+    except Exception as e:
+        res.update(cls="ort-cannot", why=first_line(str(e)))
+        return res
+    r = compare_all(got, expected, a.atol, a.rtol)
+    if r:
+        res.update(cls="ort-cannot", why=f"ORT's own outputs differ from expected: {r}")
+        return res
+    out_names = [o.name for o in ref.get_outputs()]
+    cmd = [a.trtcache, "build", "--backend", "ort-cpu", "--json", "--no-sidecar", "--cache-dir", cache, "--threads", "1"]
+    golden = os.path.join(t, "golden.npz")
+    if not a.defaults and os.path.exists(golden):
+        cmd += ["--golden", golden]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd + [model], capture_output=True, text=True, timeout=a.timeout, env=ENV)
+    res["build_s"] = round(time.monotonic() - t0, 3)
+    try:
+        j = json.loads(p.stdout)
+    except ValueError:
+        res.update(cls="build-error", why=first_line(p.stderr))
+        return res
+    if not j.get("servable"):
+        v = (j.get("record") or {}).get("validation") or {}
+        why = j.get("unservable") or first_line(p.stderr)
+        res.update(cls="validation-failed" if v else "build-error", why=str(why)[:240])
+        return res
+    try:
+        s = session(j["artifact"]["entry"])
+        missing = [i.name for i in s.get_inputs() if i.name not in feed]
+        extra = [n for n in (i.name for i in ref.get_inputs()) if n not in {i.name for i in s.get_inputs()}]
+        if missing:
+            res.update(cls="artifact-inputs", why=f"artifact demands inputs the original lacks: {missing}")
+            return res
+        got = s.run(None, feed_for(s, feed))
+        names = [o.name for o in s.get_outputs()]
+        got = [got[names.index(n)] if n in names else None for n in out_names]
+    except Exception as e:
+        res.update(cls="artifact-error", why=first_line(str(e)))
+        return res
+    r = compare_all(got, expected, a.atol, a.rtol)
+    if r:
+        res.update(cls="artifact-mismatch", why=r)
+        return res
+    if extra:
+        res["note"] = f"artifact dropped optional inputs {extra}"
+    if a.no_export:
+        res["cls"] = "pass"
+        return res
+    with tempfile.TemporaryDirectory() as ex:
+        p = subprocess.run([a.trtcache, "inspect", "--export-subgraphs", ex, model], capture_output=True, text=True, timeout=a.timeout, env=ENV)
+        if p.returncode != 0:
+            res.update(cls="export-error", why=first_line(p.stderr))
+            return res
+        try:
+            got = run_partitions(ex, feed, out_names)
+        except Exception as e:
+            res.update(cls="partition-error", why=first_line(str(e)))
+            return res
+        r = compare_all(got, expected, a.atol, a.rtol)
+        if r:
+            res.update(cls="partition-mismatch", why=r)
+            return res
+    res["cls"] = "pass"
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("corpus")
+    ap.add_argument("--trtcache", default=os.path.join(os.path.dirname(__file__), "../../target/release/trtcache"))
+    ap.add_argument("--only")
+    ap.add_argument("--defaults", action="store_true", help="validate on the default inputs, not golden.npz")
+    ap.add_argument("--no-export", action="store_true")
+    ap.add_argument("--json", help="write every result here")
+    ap.add_argument("--cache-dir")
+    ap.add_argument("--atol", type=float, default=1e-4)
+    ap.add_argument("--rtol", type=float, default=1e-3)
+    ap.add_argument("--timeout", type=float, default=600)
+    a = ap.parse_args()
+    only = re.compile(a.only) if a.only else None
+    tests = sorted(
+        os.path.join(a.corpus, d)
+        for d in os.listdir(a.corpus)
+        if os.path.isfile(os.path.join(a.corpus, d, "model.onnx")) and (not only or only.search(d))
+    )
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = a.cache_dir or os.path.join(tmp, "cache")
+        for t in tests:
+            try:
+                r = one(t, a, cache)
+            except subprocess.TimeoutExpired:
+                r = {"test": os.path.basename(t), "cls": "timeout", "why": f"over {a.timeout}s"}
+            results.append(r)
+            if r["cls"] not in ("pass", "ort-cannot"):
+                print(f"{r['test']}: {r['cls']}: {r.get('why', '')}", flush=True)
+    by = collections.Counter(r["cls"] for r in results)
+    ran = len(results) - by["ort-cannot"]
+    print(f"\n{len(results)} tests; ONNX Runtime runs {ran} (ort-cannot: {by['ort-cannot']})")
+    for cls, n in sorted(by.items(), key=lambda x: -x[1]):
+        print(f"  {cls:20} {n}")
+    if ran:
+        print(f"pass rate: {by['pass']}/{ran} = {100 * by['pass'] / ran:.2f}%")
+        built = ran - by["build-error"] - by["validation-failed"] - by["timeout"]
+        print(f"build validates: {built}/{ran} = {100 * built / ran:.2f}%")
+        print(f"artifact mismatches: {by['artifact-mismatch'] + by['artifact-error'] + by['artifact-inputs']}; "
+              f"partition mismatches: {by['partition-mismatch'] + by['partition-error'] + by['export-error']}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+    sys.exit(0 if by["pass"] == ran else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,381 @@
+//! The default validation inputs' shape search: which shape sets to try, in which order,
+//! for a model's dynamic axes (validation runs the original model on each until one works;
+//! [`super::validate`]).
+//!
+//! Enters: the dynamic axes of the inputs (name, axis, rank, `dim_param`) and the sizes a
+//! profile binds. Leaves: the [`Candidate`]s (one value per leaf dimension: a symbol name,
+//! a part of an expression such as `past_sequence + sequence`, or an unnamed axis) and the
+//! concrete shape of an input under one ([`shape_under`]).
+
+use std::collections::BTreeMap;
+
+use ort::value::{TensorElementType, ValueType};
+
+/// One dynamic axis of a model input, as ONNX Runtime reports it.
+#[derive(Clone, Debug)]
+pub(super) struct Axis {
+    pub(super) input: String,
+    pub(super) axis: usize,
+    /// The input's rank.
+    pub(super) rank: usize,
+    /// The `dim_param`, `""` when unnamed.
+    pub(super) symbol: String,
+}
+
+/// A tensor input's element type, shape (`-1` dynamic) and symbols; sequences and optionals
+/// by their contained tensor.
+pub(super) fn tensor_of(vt: &ValueType) -> Option<(TensorElementType, Vec<i64>, Vec<String>)> {
+    match vt {
+        ValueType::Tensor {
+            ty,
+            shape,
+            dimension_symbols,
+        } => Some((
+            *ty,
+            shape.to_vec(),
+            dimension_symbols.iter().map(|s| s.to_string()).collect(),
+        )),
+        ValueType::Optional(inner) | ValueType::Sequence(inner) => tensor_of(inner),
+        ValueType::Map { .. } => None,
+    }
+}
+
+/// The leaf names a symbol depends on: itself, or the identifiers of an arithmetic
+/// expression such as `past_sequence + sequence` (as exporters name a KV cache's total
+/// length).
+pub(super) fn leaves(symbol: &str) -> Vec<String> {
+    if !symbol.contains(['+', '-', '*', '/']) {
+        return vec![symbol.to_string()];
+    }
+    symbol
+        .split(['+', '-', '*', '/', '(', ')', ' '])
+        .filter(|t| !t.is_empty() && t.parse::<i64>().is_err())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Evaluates a symbol (a name or an expression of `+ - * /`, integers and names) with the
+/// leaves' values; `None` when it does not parse.
+pub(super) fn eval(symbol: &str, leaf: &BTreeMap<String, i64>) -> Option<i64> {
+    if let Some(v) = leaf.get(symbol) {
+        return Some(*v);
+    }
+    // Tokens, then + - over * / (left to right).
+    let mut toks: Vec<String> = Vec::new();
+    let mut cur = String::new();
+    for c in symbol.chars() {
+        if "+-*/()".contains(c) || c.is_whitespace() {
+            if !cur.is_empty() {
+                toks.push(std::mem::take(&mut cur));
+            }
+            if !c.is_whitespace() {
+                toks.push(c.to_string());
+            }
+        } else {
+            cur.push(c);
+        }
+    }
+    if !cur.is_empty() {
+        toks.push(cur);
+    }
+    fn expr(t: &[String], i: &mut usize, l: &BTreeMap<String, i64>) -> Option<i64> {
+        let mut v = term(t, i, l)?;
+        while let Some(op) = t.get(*i).map(String::as_str) {
+            match op {
+                "+" => {
+                    *i += 1;
+                    v = v.checked_add(term(t, i, l)?)?
+                }
+                "-" => {
+                    *i += 1;
+                    v = v.checked_sub(term(t, i, l)?)?
+                }
+                _ => break,
+            }
+        }
+        Some(v)
+    }
+    fn term(t: &[String], i: &mut usize, l: &BTreeMap<String, i64>) -> Option<i64> {
+        let mut v = atom(t, i, l)?;
+        while let Some(op) = t.get(*i).map(String::as_str) {
+            match op {
+                "*" => {
+                    *i += 1;
+                    v = v.checked_mul(atom(t, i, l)?)?
+                }
+                "/" => {
+                    *i += 1;
+                    v = v.checked_div(atom(t, i, l)?)?
+                }
+                _ => break,
+            }
+        }
+        Some(v)
+    }
+    fn atom(t: &[String], i: &mut usize, l: &BTreeMap<String, i64>) -> Option<i64> {
+        let tok = t.get(*i)?;
+        *i += 1;
+        if tok == "(" {
+            let v = expr(t, i, l)?;
+            (t.get(*i)? == ")").then_some(())?;
+            *i += 1;
+            return Some(v);
+        }
+        tok.parse::<i64>().ok().or_else(|| l.get(tok).copied())
+    }
+    let mut i = 0;
+    let v = expr(&toks, &mut i, leaf)?;
+    (i == toks.len()).then_some(v)
+}
+
+/// The leaves that name batch axes (kept at 1 while the other sizes grow): by name
+/// (`batch…`), or because every axis they name is the first of an input of rank 2
+/// or more (exporters that number their symbols, `s18`, name a batch only by position).
+pub(super) fn batch_leaves(axes: &[Axis]) -> std::collections::BTreeSet<String> {
+    let mut first: BTreeMap<String, bool> = BTreeMap::new();
+    for a in axes {
+        let at0 = a.axis == 0 && a.rank >= 2;
+        if a.symbol.is_empty() {
+            first.insert(unnamed(a), at0);
+        } else if leaves(&a.symbol) == [a.symbol.clone()] {
+            *first.entry(a.symbol.clone()).or_insert(true) &= at0;
+        } else {
+            for l in leaves(&a.symbol) {
+                first.insert(l, false);
+            }
+        }
+    }
+    first
+        .into_iter()
+        .filter(|(l, at0)| *at0 || l.to_ascii_lowercase().contains("batch"))
+        .map(|(l, _)| l)
+        .collect()
+}
+
+/// Whether a leaf names a cache length that may be empty (`past_sequence_length`, …).
+pub(super) fn past_like(leaf: &str) -> bool {
+    let l = leaf.to_ascii_lowercase();
+    l.contains("past") || l.contains("cache")
+}
+
+/// The leaf of an unnamed dynamic axis: its own, one per input and axis.
+pub(super) fn unnamed(a: &Axis) -> String {
+    format!("{}[{}]", a.input, a.axis)
+}
+
+/// Sizes the bounded search tries for the non-batch leaves, after all-ones: powers of two
+/// (strided vision models need multiples of their stride, 32 for YOLO) and the common image
+/// sides.
+pub(super) const SEARCH_SIZES: [i64; 11] = [2, 4, 8, 16, 32, 64, 128, 224, 256, 320, 640];
+
+/// One candidate of the default search: a value per leaf, and a label for messages.
+pub(super) struct Candidate {
+    pub(super) label: String,
+    pub(super) leaf: BTreeMap<String, i64>,
+}
+
+/// The candidates of the default validation-input search, in order: every leaf 1 (the
+/// profile's opt shapes bind the leaves of the inputs they name); cache lengths 0; then the
+/// bounded sizes for every non-batch leaf, with cache lengths 0 and as they are.
+pub(super) fn candidates(axes: &[Axis], bound: &BTreeMap<String, i64>) -> Vec<Candidate> {
+    let batch = batch_leaves(axes);
+    let batch_like = |l: &str, _: &Axis| batch.contains(l);
+    let mut leaf_axes: BTreeMap<String, &Axis> = BTreeMap::new();
+    for a in axes {
+        if a.symbol.is_empty() {
+            leaf_axes.insert(unnamed(a), a);
+        } else {
+            for l in leaves(&a.symbol) {
+                leaf_axes.entry(l).or_insert(a);
+            }
+        }
+    }
+    let mut out: Vec<Candidate> = Vec::new();
+    let mut push = |label: String, f: &dyn Fn(&str, &Axis) -> i64| {
+        let leaf: BTreeMap<String, i64> = leaf_axes
+            .iter()
+            .map(|(l, a)| (l.clone(), bound.get(l).copied().unwrap_or_else(|| f(l, a))))
+            .collect();
+        if !out.iter().any(|c| c.leaf == leaf) {
+            out.push(Candidate { label, leaf });
+        }
+    };
+    push("every dynamic dimension 1".into(), &|_, _| 1);
+    push("cache lengths 0, the rest 1".into(), &|l, _| {
+        if past_like(l) {
+            0
+        } else {
+            1
+        }
+    });
+    for s in SEARCH_SIZES {
+        push(
+            format!("batch 1, cache lengths 0, the rest {s}"),
+            &|l, a| {
+                if batch_like(l, a) {
+                    1
+                } else if past_like(l) {
+                    0
+                } else {
+                    s
+                }
+            },
+        );
+        push(format!("batch 1, the rest {s}"), &|l, a| {
+            if batch_like(l, a) {
+                1
+            } else {
+                s
+            }
+        });
+    }
+    // One non-batch dimension at a time (axes that must agree, such as a batch named
+    // differently or not at all in two inputs, stay at 1 together).
+    let names: Vec<String> = leaf_axes
+        .keys()
+        .filter(|l| !batch.contains(*l))
+        .cloned()
+        .collect();
+    for s in SEARCH_SIZES {
+        for one in &names {
+            push(format!("{one} {s}, the rest 1"), &|l, _| {
+                if l == one {
+                    s
+                } else {
+                    1
+                }
+            });
+        }
+    }
+    out.truncate(MAX_CANDIDATES);
+    out
+}
+
+/// At most this many shape sets are tried (each is one run of the original model).
+pub const MAX_CANDIDATES: usize = 96;
+
+/// The concrete shape of `input` under a candidate (`None`: a symbol did not evaluate, or
+/// came out negative).
+pub(super) fn shape_under(
+    name: &str,
+    shape: &[i64],
+    symbols: &[String],
+    leaf: &BTreeMap<String, i64>,
+) -> Option<Vec<i64>> {
+    shape
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| {
+            if d >= 0 {
+                return Some(d);
+            }
+            let sym = symbols.get(i).map(String::as_str).unwrap_or("");
+            let v = if sym.is_empty() {
+                leaf.get(&format!("{name}[{i}]")).copied()
+            } else {
+                eval(sym, leaf)
+            }?;
+            (v >= 0).then_some(v)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn symbols_and_expressions_evaluate_from_shared_leaves() {
+        let l: BTreeMap<String, i64> = [("past".into(), 3), ("seq".into(), 2)].into();
+        assert_eq!(eval("past", &l), Some(3));
+        assert_eq!(eval("past + seq", &l), Some(5));
+        assert_eq!(eval("past+seq", &l), Some(5));
+        assert_eq!(eval("2*seq - 1", &l), Some(3));
+        assert_eq!(eval("(past + seq) * 2", &l), Some(10));
+        assert_eq!(eval("other", &l), None);
+        assert_eq!(eval("past +", &l), None);
+        assert_eq!(
+            leaves("past_sequence + sequence"),
+            ["past_sequence", "sequence"]
+        );
+        assert_eq!(leaves("batch"), ["batch"]);
+    }
+
+    fn axis(input: &str, axis: usize, symbol: &str) -> Axis {
+        Axis {
+            input: input.into(),
+            axis,
+            rank: 4,
+            symbol: symbol.into(),
+        }
+    }
+
+    #[test]
+    fn numbered_symbols_at_axis_0_are_batches() {
+        // torch.onnx.export(dynamo=True) with Dim.AUTO: GPT-2 with past key values.
+        let axes = [
+            axis("input_ids", 0, "s18"),
+            axis("input_ids", 1, "s70"),
+            axis("attention_mask", 0, "s43"),
+            axis("attention_mask", 1, "s53"),
+            axis("past", 0, "s18"),
+            axis("past", 2, "s58"),
+        ];
+        let b = batch_leaves(&axes);
+        assert_eq!(b.into_iter().collect::<Vec<_>>(), ["s18", "s43"]);
+        let c = candidates(&axes, &BTreeMap::new());
+        assert!(c.iter().all(|c| c.leaf["s18"] == 1 && c.leaf["s43"] == 1));
+        // The mask one longer than ids + past: total = past + sequence.
+        assert!(c
+            .iter()
+            .any(|c| c.leaf["s53"] == 2 && c.leaf["s70"] == 1 && c.leaf["s58"] == 1));
+    }
+
+    #[test]
+    fn candidates_start_at_ones_then_search_non_batch_sizes() {
+        let axes = [
+            axis("images", 0, "batch"),
+            axis("images", 2, "height"),
+            axis("images", 3, "width"),
+            axis("mask", 1, "past + seq"),
+            axis("x", 1, ""),
+        ];
+        let c = candidates(&axes, &BTreeMap::new());
+        assert_eq!(c[0].leaf.values().copied().collect::<Vec<_>>(), [1; 6]);
+        assert_eq!(c[1].leaf["past"], 0);
+        assert_eq!(c[1].leaf["seq"], 1);
+        let at32 = c
+            .iter()
+            .find(|c| c.leaf["height"] == 32)
+            .expect("32 is tried");
+        assert_eq!(
+            (at32.leaf["batch"], at32.leaf["width"], at32.leaf["x[1]"]),
+            (1, 32, 32)
+        );
+        // Bounded, no duplicates.
+        assert!(c.len() <= MAX_CANDIDATES);
+        assert!(
+            c.iter()
+                .any(|c| c.leaf["x[1]"] == 256 && c.leaf["height"] == 1),
+            "one axis at a time"
+        );
+        for (i, a) in c.iter().enumerate() {
+            assert!(c[..i].iter().all(|b| b.leaf != a.leaf));
+        }
+        // A profile-bound symbol keeps its size in every candidate.
+        let bound: BTreeMap<String, i64> = [("height".into(), 480)].into();
+        assert!(candidates(&axes, &bound)
+            .iter()
+            .all(|c| c.leaf["height"] == 480));
+        // Shared names give one size to every input that uses them.
+        let s = shape_under(
+            "mask",
+            &[1, -1],
+            &["".into(), "past + seq".into()],
+            &c[1].leaf,
+        );
+        assert_eq!(s, Some(vec![1, 1]));
+        let s = shape_under("x", &[-1, -1], &["n".into(), "".into()], &at32.leaf);
+        assert_eq!(s, None, "an unknown symbol gives no shape");
+    }
+}
