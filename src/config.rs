@@ -52,6 +52,9 @@ pub struct Config {
     pub external_min_bytes: u64,
     /// Limits.
     pub limits: Limits,
+    /// The fleet tier (`[remote]`, see docs/fleet.md); absent = off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<crate::remote::RemoteConfig>,
 }
 
 /// Every limit the daemon enforces.
@@ -167,6 +170,7 @@ impl Default for Config {
             backends: vec!["ort-cpu".into()],
             external_min_bytes: crate::build::DEFAULT_EXTERNAL_MIN_BYTES,
             limits: Limits::default(),
+            remote: None,
         }
     }
 }
@@ -260,6 +264,12 @@ impl Config {
                 key: "limits.max_frame_bytes",
                 message: "must be at least 256".into(),
             });
+        }
+        if let Some(r) = &self.remote {
+            r.validate().map_err(|e| ConfigError::Invalid {
+                key: "remote",
+                message: e.to_string(),
+            })?;
         }
         if self.backends.is_empty() {
             return Err(ConfigError::Invalid {

@@ -17,4 +17,5 @@ pub mod fuzzing;
 pub mod key;
 pub mod onnx;
 pub mod plan;
+pub mod remote;
 pub mod rng;

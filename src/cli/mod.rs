@@ -10,6 +10,7 @@ pub mod output;
 mod sku;
 
 pub use inspect::opset_bounds;
+mod remote;
 mod serve;
 mod warm;
 
@@ -65,6 +66,15 @@ pub enum Command {
     Warm(warm::WarmArgs),
     /// Show each model's state per backend/profile (from the daemon when one runs).
     Status(warm::StatusArgs),
+    /// Write an Ed25519 keypair (PATH.key, mode 0600, and PATH.pub) for signing fleet uploads.
+    Keygen(remote::KeygenArgs),
+    /// Upload local entries to the fleet bucket, signed (docs/fleet.md).
+    Push(remote::PushArgs),
+    /// Fetch a model's artifact from the fleet bucket into the local cache (build's flags).
+    Pull(Box<remote::PullArgs>),
+    /// The fleet bucket: `remote gc --older-than AGE`.
+    #[command(subcommand)]
+    Remote(remote::RemoteCommand),
 }
 
 /// Installs the tracing subscriber (stderr). ort reports provider fallbacks only through
@@ -100,5 +110,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Config(a) => serve::config(a),
         Command::Warm(a) => warm::warm(a),
         Command::Status(a) => warm::status(a),
+        Command::Keygen(a) => remote::keygen(a),
+        Command::Push(a) => remote::push(a),
+        Command::Pull(a) => remote::pull(*a),
+        Command::Remote(c) => remote::remote(c),
     }
 }

@@ -10,6 +10,7 @@ mod daemon_system;
 mod fuzz_regressions;
 mod keys;
 mod onnx_load;
+mod remote;
 mod reliability_crash;
 mod reliability_hostile;
 mod reliability_races;
