@@ -120,7 +120,9 @@ fn parse_age(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (n, unit) = t.split_at(split);
-    let n: u64 = n.parse().map_err(|_| format!("`{s}`: expected e.g. 30d, 12h, 90m, 60s"))?;
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("`{s}`: expected e.g. 30d, 12h, 90m, 60s"))?;
     let mult = match unit {
         "s" | "" => 1,
         "m" => 60,
@@ -161,7 +163,12 @@ pub fn push(a: PushArgs) -> anyhow::Result<ExitCode> {
     }
     let (store, _dir) = open_store(&a.cache, None)?;
     let keys: Vec<CacheKey> = if a.all {
-        store.list().context("listing the cache")?.into_iter().map(|r| r.key).collect()
+        store
+            .list()
+            .context("listing the cache")?
+            .into_iter()
+            .map(|r| r.key)
+            .collect()
     } else {
         a.keys
             .iter()
@@ -178,13 +185,15 @@ pub fn push(a: PushArgs) -> anyhow::Result<ExitCode> {
             Lookup::Hit { record, served } => UploadJob {
                 record,
                 dir: served.dir,
+                release_lease: false,
             },
             Lookup::Unservable { why, .. } if !a.all => {
                 rep.failed.push((key.hex(), format!("not servable: {why}")));
                 continue;
             }
             Lookup::Miss if !a.all => {
-                rep.failed.push((key.hex(), "no such entry in the local cache".into()));
+                rep.failed
+                    .push((key.hex(), "no such entry in the local cache".into()));
                 continue;
             }
             _ => continue,
@@ -209,16 +218,22 @@ pub fn push(a: PushArgs) -> anyhow::Result<ExitCode> {
                 };
                 vec![
                     o.key[..16].to_string(),
-                    format!("{} blobs, {}", o.blobs_uploaded, human_bytes(o.bytes_uploaded)),
+                    format!(
+                        "{} blobs, {}",
+                        o.blobs_uploaded,
+                        human_bytes(o.bytes_uploaded)
+                    ),
                     what,
                 ]
             })
             .collect();
-        rows.extend(
-            rep.failed
-                .iter()
-                .map(|(k, why)| vec![k[..16.min(k.len())].to_string(), "FAILED".into(), why.clone()]),
-        );
+        rows.extend(rep.failed.iter().map(|(k, why)| {
+            vec![
+                k[..16.min(k.len())].to_string(),
+                "FAILED".into(),
+                why.clone(),
+            ]
+        }));
         print!("{}", table("", &rows));
     }
     Ok(if rep.failed.is_empty() {
@@ -332,11 +347,9 @@ pub fn pull(a: PullArgs) -> anyhow::Result<ExitCode> {
                 "result".into(),
                 match (rep.origin, &rep.refused) {
                     (Some("local"), _) => "already in the local cache (no network)".into(),
-                    (Some(_), _) => format!(
-                        "pulled {} in {:.2} s",
-                        human_bytes(rep.bytes),
-                        rep.seconds
-                    ),
+                    (Some(_), _) => {
+                        format!("pulled {} in {:.2} s", human_bytes(rep.bytes), rep.seconds)
+                    }
                     (None, Some(why)) => format!("not pulled: {why}"),
                     (None, None) => "not pulled".into(),
                 },
@@ -358,9 +371,7 @@ pub fn remote(c: RemoteCommand) -> anyhow::Result<ExitCode> {
     match c {
         RemoteCommand::Gc(a) => {
             let tier = a.remote.open()?;
-            let rep = tier
-                .gc(a.older_than, a.dry_run)
-                .context("remote gc")?;
+            let rep = tier.gc(a.older_than, a.dry_run).context("remote gc")?;
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&rep)?);
             } else {

@@ -12,7 +12,9 @@ use sha2::{Digest, Sha256};
 
 use super::manifest::{Envelope, Manifest, Rejection};
 use super::{Counters, Inner, RemoteError, RemoteTier};
-use crate::cache::{now_secs, Artifact, ArtifactFile, Lookup, Record, Status, Store, RECORD_FORMAT};
+use crate::cache::{
+    now_secs, Artifact, ArtifactFile, Lookup, Record, Status, Store, RECORD_FORMAT,
+};
 use crate::key::{hex, CacheKey, KeyParts};
 
 /// This host's own check of a fetched artifact before it is stored (at least: it opens).
@@ -154,11 +156,16 @@ impl Inner {
         for f in &m.files {
             let dest = staging.path().join(&f.name);
             let op = "get blob";
-            match self.call(op, download(&*self.os, &self.blob_path(&f.sha256), &dest, f))? {
+            match self.call(
+                op,
+                download(&*self.os, &self.blob_path(&f.sha256), &dest, f),
+            )? {
                 Ok(Ok(())) => {}
                 Ok(Err(Fail::Bad(reason))) => return Err(rejected(reason)),
                 Ok(Err(Fail::Io(path, source))) => {
-                    return Err(RemoteError::Store(crate::cache::StoreError::io(&path, source)))
+                    return Err(RemoteError::Store(crate::cache::StoreError::io(
+                        &path, source,
+                    )))
                 }
                 Err(object_store::Error::NotFound { .. }) => {
                     return Err(RemoteError::MissingBlob {

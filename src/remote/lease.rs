@@ -61,19 +61,7 @@ impl RemoteTier {
 
     /// Gives the lease back if this host holds it.
     pub fn release(&self, key: &CacheKey) -> Result<(), RemoteError> {
-        let inner = &self.inner;
-        if inner.cfg.mode != Mode::ReadWrite {
-            return Ok(());
-        }
-        if let Some((l, _)) = inner.read_lease(key)? {
-            if l.holder == inner.holder {
-                match inner.call("delete lease", inner.os.delete(&inner.lease_path(key)))? {
-                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                    Err(e) => return Err(Inner::unavailable("delete lease", e)),
-                }
-            }
-        }
-        Ok(())
+        self.inner.release_lease(key)
     }
 
     /// Before building `parts` locally: the remote artifact if there is one; else, when
@@ -151,6 +139,21 @@ impl RemoteTier {
 }
 
 impl Inner {
+    pub(super) fn release_lease(&self, key: &CacheKey) -> Result<(), RemoteError> {
+        if self.cfg.mode != Mode::ReadWrite {
+            return Ok(());
+        }
+        if let Some((l, _)) = self.read_lease(key)? {
+            if l.holder == self.holder {
+                match self.call("delete lease", self.os.delete(&self.lease_path(key)))? {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(Self::unavailable("delete lease", e)),
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The lease object and its version, `None` when absent; an unreadable one counts as
     /// expired (held by nobody).
     fn read_lease(&self, key: &CacheKey) -> Result<Option<(Lease, UpdateVersion)>, RemoteError> {

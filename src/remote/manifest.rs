@@ -135,10 +135,7 @@ impl Manifest {
             return Err(wrong(format!("it is for {}", self.key)));
         }
         if self.parts.key() != *want {
-            return Err(wrong(format!(
-                "its key parts hash to {}",
-                self.parts.key()
-            )));
+            return Err(wrong(format!("its key parts hash to {}", self.parts.key())));
         }
         if !self.validation.as_ref().is_some_and(|v| v.passed) {
             return Err(Rejection::NotValidated);
@@ -200,8 +197,8 @@ impl Envelope {
                 }
             }
         }
-        let m: Manifest = serde_json::from_str(&env.manifest)
-            .map_err(|e| Rejection::Malformed(e.to_string()))?;
+        let m: Manifest =
+            serde_json::from_str(&env.manifest).map_err(|e| Rejection::Malformed(e.to_string()))?;
         m.check(want)?;
         Ok(m)
     }

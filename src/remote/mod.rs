@@ -227,7 +227,8 @@ fn hostname() -> String {
 
 fn nonce() -> String {
     let mut b = [0u8; 6];
-    let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b));
+    let _ = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b));
     crate::key::hex(&b)
 }
 
@@ -267,7 +268,11 @@ impl RemoteTier {
         let options = ClientOptions::new()
             .with_timeout(timeout)
             .with_connect_timeout(Duration::from_millis(cfg.connect_timeout_ms))
-            .with_allow_http(cfg.endpoint.as_deref().is_some_and(|e| e.starts_with("http://")));
+            .with_allow_http(
+                cfg.endpoint
+                    .as_deref()
+                    .is_some_and(|e| e.starts_with("http://")),
+            );
         let retry = RetryConfig {
             backoff: BackoffConfig {
                 init_backoff: Duration::from_millis(100),
@@ -416,9 +421,20 @@ impl Inner {
     }
 
     fn unavailable(op: &str, e: object_store::Error) -> RemoteError {
+        // The causes say what happened (refused, timed out, a status): keep them all.
+        let mut message = e.to_string();
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            let m = s.to_string();
+            if !message.contains(&m) {
+                message.push_str(": ");
+                message.push_str(&m);
+            }
+            src = s.source();
+        }
         RemoteError::Unavailable {
             op: op.to_string(),
-            message: e.to_string(),
+            message,
         }
     }
 }

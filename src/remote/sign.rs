@@ -202,9 +202,15 @@ mod tests {
     fn keygen_sign_verify_and_refuse() {
         let d = tempfile::tempdir().unwrap();
         let r = keygen(&d.path().join("ci-builder")).unwrap();
-        let mode = std::fs::metadata(&r.secret_key).unwrap().permissions().mode();
+        let mode = std::fs::metadata(&r.secret_key)
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
-        assert!(keygen(&d.path().join("ci-builder")).is_err(), "never overwrites");
+        assert!(
+            keygen(&d.path().join("ci-builder")).is_err(),
+            "never overwrites"
+        );
         let sk = NamedSigningKey::load(&r.secret_key).unwrap();
         let pk = NamedPublicKey::load(&r.public_key).unwrap();
         assert_eq!(pk.name, "ci-builder");

@@ -20,6 +20,9 @@ use crate::key::hex;
 pub struct UploadJob {
     pub record: Record,
     pub dir: PathBuf,
+    /// Release this host's build lease on the key once the upload is done (or failed), so
+    /// hosts waiting on the lease find the manifest rather than an empty bucket.
+    pub release_lease: bool,
 }
 
 /// What an upload did.
@@ -120,7 +123,12 @@ impl RemoteTier {
             return;
         };
         {
-            let mut n = self.inner.pending.0.lock().unwrap_or_else(|p| p.into_inner());
+            let mut n = self
+                .inner
+                .pending
+                .0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             *n += 1;
         }
         if let Err(e) = q.try_send(job) {
@@ -166,6 +174,11 @@ pub(super) fn worker(inner: &Inner, rx: std::sync::mpsc::Receiver<UploadJob>) {
             Err(e) => {
                 inner.counters.count_err(&e);
                 tracing::warn!(key = %job.record.key, error = %e, "remote upload failed");
+            }
+        }
+        if job.release_lease {
+            if let Err(e) = inner.release_lease(&job.record.key) {
+                tracing::warn!(key = %job.record.key, error = %e, "cannot release the build lease (it expires by itself)");
             }
         }
         inner.done_one();
@@ -241,7 +254,8 @@ impl Inner {
         };
         match self.call(
             "put manifest",
-            self.os.put_opts(&mpath, PutPayload::from(bytes.clone()), opts),
+            self.os
+                .put_opts(&mpath, PutPayload::from(bytes.clone()), opts),
         )? {
             Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => {}
             Err(e) => return Err(Self::unavailable("put manifest", e)),
@@ -266,6 +280,11 @@ impl Inner {
                 key: rec.key.hex(),
                 reason,
             })?;
+        let same_writer = theirs.builder.host == self.host
+            && theirs.builder.key == self.signer.as_ref().map(|k| k.name.clone());
+        if same_writer && theirs.files == manifest.files {
+            return Ok(out); // this host's own earlier upload
+        }
         out.adopted = Some(format!(
             "{} ({})",
             theirs.builder.host,

@@ -15,6 +15,9 @@ use trtcache::remote::{LeaseState, Mode, RemoteConfig, RemoteError, RemoteTier, 
 use crate::support::{cmd, json, ort_dylib, python};
 
 const BUCKET: &str = "fleet";
+/// moto does not check signatures, but maps the credential to an account: without one a
+/// request is anonymous and may not read the objects the tier wrote.
+const AUTH: &str = "Authorization: AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=0";
 
 /// A moto S3 server on a free port, killed on drop.
 struct Moto {
@@ -33,7 +36,14 @@ impl Moto {
     fn start() -> Self {
         let port = free_port();
         let child = Command::new(python())
-            .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()])
+            .args([
+                "-m",
+                "moto.server",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -62,7 +72,7 @@ impl Moto {
         s.set_read_timeout(Some(Duration::from_secs(30)))?;
         write!(
             s,
-            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: {}\r\nConnection: close\r\n{AUTH}\r\n\r\n",
             self.port,
             body.len()
         )?;
@@ -80,7 +90,10 @@ impl Moto {
             .and_then(|s| s.parse().ok())
             .unwrap_or(0);
         let mut body = raw[split + 4..].to_vec();
-        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        if head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
             body = dechunk(&body);
         }
         Ok((status, body))
@@ -98,7 +111,9 @@ impl Moto {
     }
 
     fn delete(&self, key: &str) {
-        let (st, _) = self.http("DELETE", &format!("/{BUCKET}/{key}"), b"").unwrap();
+        let (st, _) = self
+            .http("DELETE", &format!("/{BUCKET}/{key}"), b"")
+            .unwrap();
         assert_eq!(st, 204, "DELETE {key}");
     }
 
@@ -132,7 +147,8 @@ fn dechunk(b: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     let mut i = 0;
     while let Some(nl) = b[i..].windows(2).position(|w| w == b"\r\n") {
-        let n = usize::from_str_radix(String::from_utf8_lossy(&b[i..i + nl]).trim(), 16).unwrap_or(0);
+        let n =
+            usize::from_str_radix(String::from_utf8_lossy(&b[i..i + nl]).trim(), 16).unwrap_or(0);
         i += nl + 2;
         if n == 0 {
             break;
@@ -203,7 +219,11 @@ impl Host {
     fn keygen(&self, name: &str) -> PathBuf {
         let p = self.dir.path().join(name);
         let out = self.run(&["keygen", p.to_str().unwrap()]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         p
     }
 }
@@ -231,7 +251,10 @@ fn reader_cfg(trusted: &[&Path]) -> String {
         .iter()
         .map(|p| format!("\"{}.pub\"", p.display()))
         .collect();
-    format!("trusted_keys = [{}]\nretries = 0\ntimeout_ms = 10000", t.join(", "))
+    format!(
+        "trusted_keys = [{}]\nretries = 0\ntimeout_ms = 10000",
+        t.join(", ")
+    )
 }
 
 /// A built and pushed model: the writer host, its key and the model's key.
@@ -292,7 +315,11 @@ fn blob_keys(m: &Moto, key: &str) -> Vec<(String, String)> {
 
 fn local_entries(h: &Host) -> usize {
     let out = h.run(&["ls", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     json(&out).as_array().map_or(0, |a| a.len())
 }
 
@@ -337,7 +364,10 @@ fn untrusted_unsigned_and_edited_manifests_are_refused_and_counted() {
     let other = reader.keygen("someone-else");
     reader.write_config(&f.moto.endpoint(), &reader_cfg(&[&other]));
     let p = pull(&reader, &f, 1);
-    assert!(p["refused"].as_str().unwrap().contains("does not trust"), "{p}");
+    assert!(
+        p["refused"].as_str().unwrap().contains("does not trust"),
+        "{p}"
+    );
     assert_eq!(p["stats"]["remote_rejected"], 1);
     assert_eq!(local_entries(&reader), 0);
     // Rotation: trusting both keys accepts it.
@@ -351,17 +381,25 @@ fn untrusted_unsigned_and_edited_manifests_are_refused_and_counted() {
     // Unsigned.
     let mut env = envelope(&f.moto, &f.key);
     env["signatures"] = serde_json::json!([]);
-    f.moto.put(&manifest_key(&f.key), &serde_json::to_vec(&env).unwrap());
+    f.moto
+        .put(&manifest_key(&f.key), &serde_json::to_vec(&env).unwrap());
     let p = pull(&trusting, &f, 1);
     assert!(p["refused"].as_str().unwrap().contains("unsigned"), "{p}");
     assert_eq!(p["stats"]["remote_rejected"], 1);
     // Edited after signing (the signature is kept).
     let mut env: serde_json::Value = serde_json::from_slice(&original).unwrap();
-    let m = env["manifest"].as_str().unwrap().replace("\"build_ms\":", "\"build_ms\":1");
+    let m = env["manifest"]
+        .as_str()
+        .unwrap()
+        .replace("\"build_ms\":", "\"build_ms\":1");
     env["manifest"] = serde_json::Value::String(m);
-    f.moto.put(&manifest_key(&f.key), &serde_json::to_vec(&env).unwrap());
+    f.moto
+        .put(&manifest_key(&f.key), &serde_json::to_vec(&env).unwrap());
     let p = pull(&trusting, &f, 1);
-    assert!(p["refused"].as_str().unwrap().contains("does not verify"), "{p}");
+    assert!(
+        p["refused"].as_str().unwrap().contains("does not verify"),
+        "{p}"
+    );
     assert_eq!(local_entries(&trusting), 0);
     // Restored: accepted.
     f.moto.put(&manifest_key(&f.key), &original);
@@ -411,7 +449,11 @@ fn flipped_truncated_and_missing_blobs_are_refused_never_stored_and_rebuilt_loca
 }
 
 fn wait_output(mut c: Command, limit: Duration) -> Output {
-    let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let deadline = Instant::now() + limit;
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
@@ -459,14 +501,23 @@ fn a_dead_or_silent_endpoint_fails_the_pull_with_an_error_and_local_builds_go_on
     let out = wait_output(c, Duration::from_secs(60));
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr).to_lowercase();
-    assert!(err.contains("timed out") || err.contains("timeout"), "{err}");
+    assert!(
+        err.contains("timed out") || err.contains("timeout"),
+        "{err}"
+    );
     // Building locally does not need the tier.
     let b = h.run_json(&["build", m.to_str().unwrap(), "--json"], 0);
     assert_eq!(b["source"], "built");
     let _ = hold.join();
 }
 
-fn cfg(moto: &Moto, mode: Mode, dir: &Path, signer: Option<&Path>, trusted: &[&Path]) -> RemoteConfig {
+fn cfg(
+    moto: &Moto,
+    mode: Mode,
+    dir: &Path,
+    signer: Option<&Path>,
+    trusted: &[&Path],
+) -> RemoteConfig {
     let _ = dir;
     RemoteConfig {
         url: format!("s3://{BUCKET}/fleet-test"),
@@ -502,10 +553,16 @@ fn the_circuit_breaker_opens_after_repeated_failures() {
     let t = tier(&c);
     let key = CacheKey([7; 32]);
     for _ in 0..2 {
-        assert!(matches!(t.manifest(&key), Err(RemoteError::Unavailable { .. })));
+        assert!(matches!(
+            t.manifest(&key),
+            Err(RemoteError::Unavailable { .. })
+        ));
     }
     // Open: fails at once without a request.
-    assert!(matches!(t.manifest(&key), Err(RemoteError::CircuitOpen { .. })));
+    assert!(matches!(
+        t.manifest(&key),
+        Err(RemoteError::CircuitOpen { .. })
+    ));
     let store_dir = tempfile::tempdir().unwrap();
     let store = SledStore::open(store_dir.path(), StoreOptions::default()).unwrap();
     let parts = some_parts();
@@ -542,6 +599,7 @@ fn built_job(cache: &Path, models: &Path) -> (SledStore, UploadJob) {
         Lookup::Hit { record, served } => UploadJob {
             record,
             dir: served.dir,
+            release_lease: false,
         },
         other => panic!("not built: {other:?}"),
     };
@@ -566,7 +624,11 @@ fn read_only_hosts_never_write() {
         .unwrap()
         .is_none());
     assert_eq!(ro.stats().remote_misses, 1);
-    assert_eq!(moto.listing(), before, "a read-only host wrote to the bucket");
+    assert_eq!(
+        moto.listing(),
+        before,
+        "a read-only host wrote to the bucket"
+    );
     // And the CLI refuses to push.
     let h = Host::new();
     h.write_config(&moto.endpoint(), "");
@@ -618,15 +680,30 @@ fn two_writers_racing_on_one_key_end_with_one_manifest_both_adopt() {
     for k in [&k1, &k2] {
         crate::support::trtcache(["keygen", k.to_str().unwrap()]);
     }
-    let a = tier(&cfg(&moto, Mode::ReadWrite, d.path(), Some(&k1), &[&k1, &k2]));
-    let b = tier(&cfg(&moto, Mode::ReadWrite, d.path(), Some(&k2), &[&k1, &k2]));
+    let a = tier(&cfg(
+        &moto,
+        Mode::ReadWrite,
+        d.path(),
+        Some(&k1),
+        &[&k1, &k2],
+    ));
+    let b = tier(&cfg(
+        &moto,
+        Mode::ReadWrite,
+        d.path(),
+        Some(&k2),
+        &[&k1, &k2],
+    ));
     let (ra, rb) = std::thread::scope(|s| {
         let ha = s.spawn(|| a.upload(&job, true));
         let hb = s.spawn(|| b.upload(&job, true));
         (ha.join().unwrap().unwrap(), hb.join().unwrap().unwrap())
     });
     assert_eq!(
-        [ra.manifest_written, rb.manifest_written].iter().filter(|w| **w).count(),
+        [ra.manifest_written, rb.manifest_written]
+            .iter()
+            .filter(|w| **w)
+            .count(),
         1,
         "{ra:?} {rb:?}"
     );
@@ -648,16 +725,29 @@ fn two_writers_racing_on_one_key_end_with_one_manifest_both_adopt() {
 fn remote_gc_prunes_by_age_only() {
     let f = fleet();
     let before = f.moto.listing();
-    let keep = f.writer.run_json(&["remote", "gc", "--older-than", "1d", "--json"], 0);
+    let keep = f
+        .writer
+        .run_json(&["remote", "gc", "--older-than", "1d", "--json"], 0);
     assert_eq!(keep["manifests_kept"], 1);
-    assert_eq!(f.moto.listing(), before);
-    let dry = f.writer.run_json(&["remote", "gc", "--older-than", "0s", "--dry-run", "--json"], 0);
-    assert_eq!(dry["manifests_deleted"].as_array().unwrap().len(), 1);
     assert_eq!(f.moto.listing(), before);
     // moto's LastModified has one-second resolution: wait until the objects are older.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let g = f.writer.run_json(&["remote", "gc", "--older-than", "0s", "--json"], 0);
+        let dry = f.writer.run_json(
+            &["remote", "gc", "--older-than", "0s", "--dry-run", "--json"],
+            0,
+        );
+        assert_eq!(f.moto.listing(), before, "a dry run deleted");
+        if dry["manifests_deleted"].as_array().unwrap().len() == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{dry}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    loop {
+        let g = f
+            .writer
+            .run_json(&["remote", "gc", "--older-than", "0s", "--json"], 0);
         if !g["blobs_deleted"].as_array().unwrap().is_empty() {
             break;
         }
@@ -667,4 +757,131 @@ fn remote_gc_prunes_by_age_only() {
     assert!(f.moto.listing().is_empty(), "{:?}", f.moto.listing());
     // Local entries are untouched.
     assert_eq!(local_entries(&f.writer), 1);
+}
+
+#[test]
+fn a_sigkill_mid_download_leaves_no_partial_entry() {
+    let moto = Moto::start();
+    let writer = Host::new();
+    let signer = writer.keygen("ci-builder");
+    writer.write_config(&moto.endpoint(), &writer_cfg(&signer, &[&signer]));
+    let models = tempfile::tempdir().unwrap();
+    // ~64 MiB of weights, so the download takes long enough to be caught in the middle.
+    let m = models.path().join("big.onnx");
+    trtcache::fixtures::write(&trtcache::fixtures::models::big_weights(4, 2048), &m).unwrap();
+    let built = writer.run_json(&["build", m.to_str().unwrap(), "--json"], 0);
+    let key = built["key"].as_str().unwrap().to_string();
+    writer.run_json(&["push", &key, "--json"], 0);
+    let reader = Host::new();
+    reader.write_config(&moto.endpoint(), &reader_cfg(&[&signer]));
+    let mut caught = false;
+    for _ in 0..5 {
+        let _ = std::fs::remove_dir_all(reader.cache());
+        let mut c = cmd();
+        c.args(["pull", m.to_str().unwrap()])
+            .env("ORT_DYLIB_PATH", ort_dylib())
+            .env("TRTCACHE_CACHE_DIR", reader.cache())
+            .env("TRTCACHE_CONFIG", reader.config())
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut child = c.spawn().unwrap();
+        let tmp = reader.cache().join("tmp");
+        let deadline = Instant::now() + Duration::from_secs(120);
+        // Poll for a partly written download in a staging directory, then SIGKILL.
+        while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+            let partial = std::fs::read_dir(&tmp)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|d| d.file_name().to_string_lossy().starts_with("build-"))
+                .flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
+                .any(|f| f.metadata().map(|x| x.len() > 0).unwrap_or(false));
+            if partial {
+                child.kill().unwrap();
+                caught = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let _ = child.wait();
+        if caught {
+            break;
+        }
+    }
+    assert!(caught, "never caught the pull mid-download");
+    // Nothing half-stored: no entry, and the next open removes the staging leftovers.
+    let ls = reader.run_json(&["ls", "--json"], 0);
+    assert_eq!(ls.as_array().unwrap().len(), 0, "{ls}");
+    let leftovers = std::fs::read_dir(reader.cache().join("tmp")).unwrap().count();
+    assert_eq!(leftovers, 0);
+    // And a new pull completes.
+    assert_eq!(
+        reader.run_json(&["pull", m.to_str().unwrap(), "--json"], 0)["origin"],
+        "remote"
+    );
+}
+
+/// A daemon (tests/it/daemon.rs) with a `[remote]` section, started with AWS credentials.
+fn fleet_daemon(moto: &Moto, key: &Path, trusted: &Path) -> crate::daemon::Daemon {
+    let mut d = crate::daemon::Daemon::new();
+    let mut cfg = std::fs::read_to_string(d.config()).unwrap();
+    cfg.push_str(&format!(
+        "[remote]\nurl = \"s3://{BUCKET}/fleet-test\"\nendpoint = \"{}\"\nmode = \"read-write\"\nsigning_key = \"{}.key\"\ntrusted_keys = [\"{}.pub\"]\nlease_poll_ms = 100\nretries = 1\n",
+        moto.endpoint(),
+        key.display(),
+        trusted.display()
+    ));
+    std::fs::write(d.config(), cfg).unwrap();
+    let m = d.models().join("tiny_encoder.onnx");
+    trtcache::fixtures::write(&trtcache::fixtures::models::tiny_encoder(false), &m).unwrap();
+    let log = std::fs::File::create(d.root.join("daemon.log")).unwrap();
+    let child = Command::new(crate::support::bin())
+        .args(["-v", "serve", "--config"])
+        .arg(d.config())
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("LISTEN_FDS")
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    d.child = Some(child);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while trtcache_client::Client::connect(d.socket()).is_err() {
+        assert!(Instant::now() < deadline, "daemon did not come up: {}", d.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    d
+}
+
+#[test]
+fn several_daemons_on_one_bucket_build_a_model_once_in_total() {
+    let moto = Moto::start();
+    let keys = tempfile::tempdir().unwrap();
+    let k = keys.path().join("fleet-writer");
+    crate::support::trtcache(["keygen", k.to_str().unwrap()]);
+    let daemons: Vec<_> = (0..3).map(|_| fleet_daemon(&moto, &k, &k)).collect();
+    for d in &daemons {
+        let st = d.wait_settled(&["tiny_encoder"]);
+        assert!(
+            st.iter().all(|m| m.variants.iter().all(|v| v.state == trtcache_client::protocol::VariantState::Ready)),
+            "{st:?} {}",
+            d.log()
+        );
+    }
+    let logs: Vec<String> = daemons.iter().map(|d| d.log()).collect();
+    let fetched = logs
+        .iter()
+        .filter(|l| l.contains("fetched from the remote tier"))
+        .count();
+    assert_eq!(fetched, 2, "two of three daemons fetch: {logs:#?}");
+    let manifests = moto
+        .listing()
+        .iter()
+        .filter(|o| o.starts_with("fleet-test/manifests/"))
+        .count();
+    assert_eq!(manifests, 1);
 }
