@@ -151,14 +151,17 @@ impl CachedEngine {
 
     /// The bucket's artifact for `planned` (fetched, or waited for while another host holds
     /// the build lease), stored locally; `None` = build here. Never an error.
-    fn from_remote(&self, planned: &Planned, req: &BuildRequest) -> Option<Artifact> {
+    fn remote_artifact(&self, planned: &Planned, req: &BuildRequest) -> Option<Artifact> {
         let tier = self.remote.as_ref()?;
         let parts = self.snap_builder.key_parts(req).ok()?;
         let rt = runtime::loaded()?;
         let backend = crate::build::backend(&req.backend).ok()?;
         let check = |a: &crate::cache::Artifact, _: &crate::remote::Manifest| {
             let entry = a.dir.join(&a.entry);
-            backend.open(rt, &entry, &req.options).map(drop).map_err(|e| e.to_string())
+            backend
+                .open(rt, &entry, &req.options)
+                .map(drop)
+                .map_err(|e| e.to_string())
         };
         let model = planned.model.path.display().to_string();
         (parts.key() == planned.key).then_some(())?;
@@ -526,7 +529,7 @@ impl Engine for CachedEngine {
                     planned.model.name
                 )),
             })?;
-        if let Some(a) = self.from_remote(planned, &req) {
+        if let Some(a) = self.remote_artifact(planned, &req) {
             return Ok(a);
         }
         let cancelled = || cancel.is_cancelled();
@@ -546,7 +549,11 @@ impl Engine for CachedEngine {
         };
         let outcome = self.snap_builder.build_watched(&req, &step, watch);
         if let Some(tier) = &self.remote {
-            match outcome.as_ref().ok().and_then(|o| o.served.as_ref().map(|s| (o, s))) {
+            match outcome
+                .as_ref()
+                .ok()
+                .and_then(|o| o.served.as_ref().map(|s| (o, s)))
+            {
                 Some((o, served)) => tier.enqueue_upload(crate::remote::UploadJob {
                     record: o.record.clone(),
                     dir: served.dir.clone(),
