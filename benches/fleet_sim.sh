@@ -31,7 +31,7 @@ run() { # $1 = shared|alone
   for i in $(seq "$HOSTS"); do
     local h="$DIR/$mode/host$i"
     rm -rf "$h" && mkdir -p "$h/models" "$h/cache"
-    cp "$DIR/src"/*.onnx "$DIR/src"/*.data "$h/models/" 2>/dev/null || cp "$DIR/src"/*.onnx "$h/models/"
+    cp "$DIR/src"/*.onnx "$h/models/" && cp -r "$DIR/src/tiny_encoder_external" "$h/models/"
     printf 'models = "%s"\ncache_dir = "%s"\nsocket = "%s"\n' "$PWD/$h/models" "$PWD/$h/cache" "$PWD/$h/cache/s.sock" >"$h/config.toml"
     if [ "$mode" = shared ]; then
       printf '[remote]\nurl = "s3://fleet/sim"\nendpoint = "http://127.0.0.1:%s"\nmode = "read-write"\nsigning_key = "%s"\ntrusted_keys = ["%s"]\nlease_poll_ms = 200\n' \
@@ -39,14 +39,16 @@ run() { # $1 = shared|alone
     fi
   done
   t0=$(date +%s.%N)
+  local pids=()
   for i in $(seq "$HOSTS"); do
     $BIN -v warm --config "$DIR/$mode/host$i/config.toml" --json >"$DIR/$mode/host$i/warm.json" 2>"$DIR/$mode/host$i/warm.log" &
+    pids+=($!)
   done
-  wait
+  wait "${pids[@]}"   # not moto
   t1=$(date +%s.%N)
   local fetched n
   fetched=$(cat "$DIR/$mode"/host*/warm.log | grep -c "fetched from the remote tier" || true)
-  n=$(ls "$DIR/src"/*.onnx | wc -l)
+  n=$(( $(ls "$DIR/src"/*.onnx | wc -l) + 1 ))
   echo "$mode: $HOSTS hosts x $n models ready in $(echo "$t1 - $t0" | bc) s; fetched from the bucket: $fetched; built: $((HOSTS * n - fetched))"
 }
 run alone
