@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::spec::Backend;
 
+pub mod remote;
+
 /// Default `external_min_bytes` (`BuildOptions::external_min_bytes`): 256 KiB. ONNX Runtime
 /// maps each external initializer with its own open and mmap, which costs more than copying a
 /// small tensor out of the parsed graph; measured on this project's machines
@@ -62,6 +64,9 @@ pub struct Config {
     pub external_min_bytes: u64,
     /// Limits.
     pub limits: Limits,
+    /// The fleet tier (`[remote]`, see docs/fleet.md); absent = off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<remote::RemoteConfig>,
 }
 
 /// Every limit the daemon enforces.
@@ -267,6 +272,7 @@ impl Default for Config {
             backends: vec![Backend::DEFAULT],
             external_min_bytes: DEFAULT_EXTERNAL_MIN_BYTES,
             limits: Limits::default(),
+            remote: None,
         }
     }
 }
@@ -360,6 +366,12 @@ impl Config {
                 key: "limits.max_frame_bytes",
                 message: "must be at least 256".into(),
             });
+        }
+        if let Some(r) = &self.remote {
+            r.validate().map_err(|e| ConfigError::Invalid {
+                key: "remote",
+                message: e.to_string(),
+            })?;
         }
         if self.backends.is_empty() {
             return Err(ConfigError::Invalid {

@@ -20,6 +20,7 @@ pub mod key;
 pub mod libs;
 pub mod onnx;
 pub mod plan;
+pub mod remote;
 pub mod rng;
 pub mod spec;
 pub mod trt;

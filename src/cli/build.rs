@@ -205,7 +205,9 @@ struct ArtifactReport {
     bytes: u64,
 }
 
-pub fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
+/// The request `build` (and `pull`, which must compute the same key) makes of its flags:
+/// the plan from the model and its sidecar, then flags over it; and `--max-size` in bytes.
+pub(super) fn request(a: &BuildArgs) -> anyhow::Result<(BuildRequest, Option<u64>)> {
     // The plan first: a profile that contradicts the model fails here, before any build.
     let model = Model::load(&a.model).map_err(anyhow::Error::new)?;
     let plan = resolve(
@@ -259,6 +261,12 @@ pub fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         }),
         golden: a.golden.clone().or(req.validation.golden),
     };
+    Ok((req, max_bytes))
+}
+
+pub fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
+    let (req, max_bytes) = request(&a)?;
+    let backend = req.backend;
     let (store, dir) = open_store(&a.cache, max_bytes)?;
     // The same bounded worker the daemon builds in (config::Limits::worker).
     let limits = crate::config::Limits {

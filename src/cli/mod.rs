@@ -10,6 +10,7 @@ pub(crate) mod output;
 mod sku;
 
 pub use inspect::opset_bounds;
+mod remote;
 mod serve;
 mod warm;
 
@@ -69,6 +70,15 @@ pub enum Command {
     /// every build in such a bounded worker process).
     #[command(hide = true)]
     Worker,
+    /// Write an Ed25519 keypair (PATH.key, mode 0600, and PATH.pub) for signing fleet uploads.
+    Keygen(remote::KeygenArgs),
+    /// Upload local entries to the fleet bucket, signed (docs/fleet.md).
+    Push(remote::PushArgs),
+    /// Fetch a model's artifact from the fleet bucket into the local cache (build's flags).
+    Pull(Box<remote::PullArgs>),
+    /// The fleet bucket: `remote gc --older-than AGE`.
+    #[command(subcommand)]
+    Remote(remote::RemoteCommand),
 }
 
 /// Installs the tracing subscriber (stderr). ort reports provider fallbacks only through
@@ -110,5 +120,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Worker => Ok(ExitCode::from(
             u8::try_from(crate::build::worker::serve_one()).unwrap_or(2),
         )),
+        Command::Keygen(a) => remote::keygen(a),
+        Command::Push(a) => remote::push(a),
+        Command::Pull(a) => remote::pull(*a),
+        Command::Remote(c) => remote::remote(c),
     }
 }

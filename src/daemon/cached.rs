@@ -35,6 +35,8 @@ pub struct CachedEngine {
     max_bytes: u64,
     /// [`BuildOptions::external_min_bytes`] for every build (config `external_min_bytes`).
     external_min_bytes: u64,
+    /// The fleet tier (config `[remote]`): consulted before a build, fed after one.
+    remote: Option<crate::remote::RemoteTier>,
 }
 
 impl std::fmt::Debug for CachedEngine {
@@ -137,7 +139,37 @@ impl CachedEngine {
             store,
             max_bytes,
             external_min_bytes,
+            remote: None,
         })
+    }
+
+    /// Uses the fleet tier on local misses and uploads validated builds (docs/fleet.md).
+    pub fn with_remote(mut self, tier: crate::remote::RemoteTier) -> Self {
+        self.remote = Some(tier);
+        self
+    }
+
+    /// The bucket's artifact for `planned` (fetched, or waited for while another host holds
+    /// the build lease), stored locally; `None` = build here. Never an error.
+    fn remote_artifact(&self, planned: &Planned, req: &BuildRequest) -> Option<Artifact> {
+        let tier = self.remote.as_ref()?;
+        let parts = self.snap_builder.key_parts(req).ok()?;
+        let rt = runtime::loaded()?;
+        let backend = crate::build::backend(req.backend);
+        let check = |a: &crate::cache::Artifact, _: &crate::remote::Manifest| {
+            let entry = a.dir.join(&a.entry);
+            backend
+                .open(rt, &entry, &req.options)
+                .map(drop)
+                .map_err(|e| e.to_string())
+        };
+        let model = planned.model.path.display().to_string();
+        (parts.key() == planned.key).then_some(())?;
+        tier.before_build(&parts, &model, &*self.store, &check)?;
+        match self.store.peek(&planned.key).ok()? {
+            Lookup::Hit { record, served } => self.artifact(planned, &record, &served).ok(),
+            _ => None,
+        }
     }
 
     /// The build request for a model and selection, as `trtcache build MODEL --sidecar S
@@ -474,6 +506,9 @@ impl Engine for CachedEngine {
                     .into(),
                 ),
             })?;
+        if let Some(a) = self.remote_artifact(planned, &req) {
+            return Ok(a);
+        }
         let cancelled = || cancel.is_cancelled();
         let step = |s: &str| {
             if s.starts_with("validating") {
@@ -489,10 +524,24 @@ impl Engine for CachedEngine {
             cancelled: &cancelled,
             snapshot_of: Some(&planned.model.path),
         };
-        let outcome = self
-            .snap_builder
-            .build_watched(&req, &step, watch)
-            .map_err(build_err)?;
+        let outcome = self.snap_builder.build_watched(&req, &step, watch);
+        if let Some(tier) = &self.remote {
+            match outcome
+                .as_ref()
+                .ok()
+                .and_then(|o| o.served.as_ref().map(|s| (o, s)))
+            {
+                Some((o, served)) => tier.enqueue_upload(crate::remote::UploadJob {
+                    record: o.record.clone(),
+                    dir: served.dir.clone(),
+                    release_lease: true,
+                }),
+                None => {
+                    let _ = tier.release(&planned.key);
+                }
+            }
+        }
+        let outcome = outcome.map_err(build_err)?;
         drop(staging);
         match (&outcome.served, &outcome.unservable) {
             (Some(served), _) => self.artifact(planned, &outcome.record, served),
@@ -537,11 +586,18 @@ impl Engine for CachedEngine {
 
 /// The cache directory's engine for a daemon config.
 pub fn open(cfg: &crate::config::Config) -> Result<CachedEngine, EngineError> {
-    CachedEngine::open(
+    let engine = CachedEngine::open(
         &cfg.cache_dir,
         cfg.ort_dylib.as_deref(),
         cfg.limits.cache_size_bytes,
         cfg.external_min_bytes,
         cfg.limits.worker(),
-    )
+    )?;
+    Ok(match &cfg.remote {
+        Some(r) => engine.with_remote(
+            crate::remote::RemoteTier::open(r)
+                .map_err(|e| EngineError::Runtime(format!("remote tier {}: {e}", r.url).into()))?,
+        ),
+        None => engine,
+    })
 }

@@ -18,5 +18,6 @@ mod reliability_hostile;
 mod reliability_races;
 mod reliability_store;
 mod reliability_worker;
+mod remote;
 mod support;
 mod trt;
