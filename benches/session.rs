@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ort::session::builder::GraphOptimizationLevel;
-use trtcache::build::{cpu, runtime, BuildRequest, Builder, OptLevel};
+use trtcache::build::{cpu, runtime, BuildJob, Builder, OptLevel};
 use trtcache::cache::{SledStore, StoreOptions};
 use trtcache::fixtures::{bert, models, write, write_external};
 use trtcache::onnx::proto::ModelProto;
@@ -207,7 +207,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("|---|---|---|---|---|---|---|---|");
     for (name, path, profile) in &cases {
         for level in &levels {
-            let mut req = BuildRequest::new(path, trtcache::spec::Backend::OrtCpu);
+            let mut req = BuildJob::new(path, trtcache::spec::Backend::OrtCpu);
             req.options.threads = threads;
             req.options.profile = profile.clone();
             req.options.opt_level = *level;

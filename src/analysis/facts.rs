@@ -1,5 +1,5 @@
 //! The facts the analysis stages share: symbolic dimensions ([`SymDim`]), what is known about
-//! one tensor ([`TensorInfo`]) and every tensor of a graph ([`GraphFacts`]), value classes,
+//! one tensor ([`TensorFacts`]) and every tensor of a graph ([`GraphFacts`]), value classes,
 //! data-dependent-shape origins ([`DdsOrigin`]), a rule's answer for one output ([`Out`]) and
 //! the shape arithmetic every rule uses (broadcasting, axes, products).
 //!
@@ -60,7 +60,7 @@ pub enum ValueClass {
 
 /// What is known about one tensor.
 #[derive(Clone, Debug)]
-pub struct TensorInfo {
+pub struct TensorFacts {
     pub dtype: Option<ElemType>,
     /// `None` when even the rank is unknown.
     pub shape: Option<Vec<SymDim>>,
@@ -74,7 +74,7 @@ pub struct TensorInfo {
     pub initializer: bool,
 }
 
-impl TensorInfo {
+impl TensorFacts {
     pub fn unknown(class: ValueClass) -> Self {
         Self {
             dtype: None,
@@ -104,13 +104,13 @@ impl TensorInfo {
 #[derive(Debug, Default)]
 pub struct GraphFacts<'a> {
     /// Keyed by names borrowed from the model (no copy per tensor).
-    pub tensors: FastMap<&'a str, TensorInfo>,
+    pub tensors: FastMap<&'a str, TensorFacts>,
     /// Data-dependent-shape origins, in discovery order.
     pub dds: Vec<DdsOrigin>,
 }
 
 impl GraphFacts<'_> {
-    pub fn get(&self, name: &str) -> Option<&TensorInfo> {
+    pub fn get(&self, name: &str) -> Option<&TensorFacts> {
         if name.is_empty() {
             return None;
         }
@@ -174,8 +174,8 @@ pub fn tensor_ints(t: &TensorProto) -> Option<Vec<i64>> {
 }
 
 /// Info for an initializer or constant tensor.
-pub fn tensor_info(t: &TensorProto) -> TensorInfo {
-    TensorInfo {
+pub fn tensor_info(t: &TensorProto) -> TensorFacts {
+    TensorFacts {
         dtype: Some(ElemType::from_code(t.data_type)),
         shape: Some(
             t.dims

@@ -2,7 +2,7 @@
 //!
 //! Enters: a [`Graph`] view, the node order to walk, the model's ai.onnx opset and, for
 //! If/Loop/Scan bodies, the facts of the enclosing graph (outer-scope captures). Leaves:
-//! [`GraphFacts`], a map from tensor name to [`TensorInfo`]. Per-op rules live in
+//! [`GraphFacts`], a map from tensor name to [`TensorFacts`]. Per-op rules live in
 //! [`super::infer`]; data-dependent-shape origins are recorded here as the walk goes
 //! (see [`super::dds`]) because a `Shape` of a data-dependent tensor is itself data-derived.
 //!
@@ -10,7 +10,7 @@
 
 use super::dds;
 use super::facts::{
-    from_dim, tensor_info, FastSet, GraphFacts, Out, SymDim, TensorInfo, ValueClass,
+    from_dim, tensor_info, FastSet, GraphFacts, Out, SymDim, TensorFacts, ValueClass,
 };
 use super::infer;
 use crate::onnx::facts::{elem_type_of, shape_of};
@@ -64,7 +64,7 @@ pub fn propagate_with<'a>(
     for v in &g.inputs {
         f.tensors.insert(
             v.name.as_str(),
-            TensorInfo {
+            TensorFacts {
                 dtype: elem_type_of(v),
                 shape: shape_of(v).map(|s| s.iter().map(from_dim).collect()),
                 class: ValueClass::DataDerived,
@@ -143,7 +143,7 @@ fn step<'a>(g: &Graph<'a>, id: usize, node: &'a NodeProto, opset: i64, f: &mut G
 fn merge(
     inferred: Option<Out>,
     declared: Option<&crate::onnx::proto::ValueInfoProto>,
-) -> TensorInfo {
+) -> TensorFacts {
     let (dt, sh, val) = match inferred {
         Some(o) => (o.dtype, o.shape, o.value),
         None => (None, None, None),
@@ -160,7 +160,7 @@ fn merge(
         (_, Some(d)) => Some(d),
         (i, None) => i,
     };
-    TensorInfo {
+    TensorFacts {
         dtype: dt.or_else(|| declared.and_then(elem_type_of)),
         shape,
         class: ValueClass::DataDerived,

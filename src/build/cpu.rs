@@ -17,7 +17,7 @@ use std::path::Path;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 
-use super::{Artifact, BackendImpl, BuildError, BuildOptions, Runtime};
+use super::{BackendImpl, BuildError, BuildOptions, Runtime, StagedArtifact};
 use crate::onnx::facts::Dim;
 use crate::onnx::Model;
 use crate::plan::ModelInputs;
@@ -31,12 +31,12 @@ pub const DATA: &str = "model.onnx.data";
 
 /// The artifact ONNX Runtime wrote into `out` when saving an optimized model: the graph, and
 /// its external initializers when there are any.
-pub fn optimized_artifact(out: &Path) -> Artifact {
+pub fn optimized_artifact(out: &Path) -> StagedArtifact {
     let mut files = vec![ENTRY.to_string()];
     if out.join(DATA).is_file() {
         files.push(DATA.to_string());
     }
-    Artifact {
+    StagedArtifact {
         dir: out.to_path_buf(),
         entry: ENTRY.into(),
         files,
@@ -136,7 +136,7 @@ impl BackendImpl for OrtCpu {
         model: &Path,
         opts: &BuildOptions,
         out: &Path,
-    ) -> Result<Artifact, BuildError> {
+    ) -> Result<StagedArtifact, BuildError> {
         let entry = out.join(ENTRY);
         let stage = "optimize (ort-cpu)";
         let mut b = base_builder(rt, model, opts.threads)?;

@@ -17,7 +17,7 @@ use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
 use ort::session::Session;
 
 use super::cpu::{optimized_artifact, DATA, ENTRY};
-use super::{Artifact, BackendImpl, BuildError, BuildOptions, Runtime};
+use super::{BackendImpl, BuildError, BuildOptions, Runtime, StagedArtifact};
 use crate::spec::{Backend, Precision, ShapeProfile};
 
 const CUDA_FIX: &str = "install onnxruntime-gpu (`pip install onnxruntime-gpu`) with the CUDA and cuDNN libraries it needs, then point ORT_DYLIB_PATH or `ort_library` at its capi/libonnxruntime.so.*";
@@ -137,7 +137,7 @@ impl BackendImpl for OrtCuda {
         model: &Path,
         opts: &BuildOptions,
         out: &Path,
-    ) -> Result<Artifact, BuildError> {
+    ) -> Result<StagedArtifact, BuildError> {
         self.check(rt)?;
         let stage = "optimize (ort-cuda)";
         let entry = out.join(ENTRY);
@@ -192,7 +192,7 @@ impl BackendImpl for OrtTensorRt {
         model: &Path,
         opts: &BuildOptions,
         out: &Path,
-    ) -> Result<Artifact, BuildError> {
+    ) -> Result<StagedArtifact, BuildError> {
         self.check(rt)?;
         let stage = "build engine (ort-tensorrt)";
         // Engine and timing caches live in the staging dir's scratch folder, not in the
@@ -220,7 +220,7 @@ impl BackendImpl for OrtTensorRt {
                 "the TensorRT provider did not write an EP-context model",
             ));
         }
-        Ok(Artifact {
+        Ok(StagedArtifact {
             dir: out.to_path_buf(),
             entry: CTX_ENTRY.into(),
             files: vec![CTX_ENTRY.into()],

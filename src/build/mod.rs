@@ -1,4 +1,4 @@
-//! Stage 5: building artifacts. A [`Backend`] turns a model file into an [`Artifact`] (one or
+//! Stage 5: building artifacts. A [`BackendImpl`] turns a model file into a [`StagedArtifact`] (one or
 //! more files in a staging directory) and opens sessions on artifacts the way they will be
 //! served; [`validate`] compares an artifact against the original model; [`pipeline`] ties
 //! key, store, build and validation together with single-flight per key.
@@ -23,9 +23,9 @@ use std::path::{Path, PathBuf};
 
 use ort::session::Session;
 
-pub use crate::cache::Artifact;
+pub use crate::cache::StagedArtifact;
 use crate::spec::{Backend, Precision, ShapeProfile};
-pub use pipeline::{BuildOutcome, BuildRequest, Builder, Source, Watch};
+pub use pipeline::{BuildJob, BuildOutcome, Builder, Source, Watch};
 pub use runtime::{Runtime, RuntimeError};
 pub use worker::WorkerLimits;
 
@@ -255,7 +255,7 @@ pub trait BackendImpl: Send + Sync {
         model: &Path,
         opts: &BuildOptions,
         out: &Path,
-    ) -> Result<Artifact, BuildError>;
+    ) -> Result<StagedArtifact, BuildError>;
     /// Opens a session on an artifact's graph file the way consumers will.
     fn open(&self, rt: &Runtime, entry: &Path, opts: &BuildOptions) -> Result<Session, BuildError>;
 }

@@ -1,8 +1,8 @@
-//! The build pipeline: key → store lookup → build → validate → store. [`BuildRequest::from_plan`]
+//! The build pipeline: key → store lookup → build → validate → store. [`BuildJob::from_plan`]
 //! is the one mapping of a resolved [`Plan`] to a request (the CLI's `build` and the daemon
 //! both use it). Single flight is the daemon's build queue; across processes the cache lock.
 //!
-//! Enters: a [`BuildRequest`]. Leaves: a [`BuildOutcome`] with the stored record and, when it
+//! Enters: a [`BuildJob`]. Leaves: a [`BuildOutcome`] with the stored record and, when it
 //! is servable, the artifact's paths. Progress goes to a caller-supplied callback.
 
 use std::collections::BTreeMap;
@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use super::validate::{validate, ValidationConfig};
 use super::worker::{self, WorkerLimits};
-use super::{backend, runtime, Artifact, BuildError, BuildOptions};
+use super::{backend, runtime, BuildError, BuildOptions, StagedArtifact};
 use crate::cache::{now_secs, Lookup, Record, Served, Status, Store, RECORD_FORMAT};
 use crate::key::{self, DigestOptions, KeyInput, KeyParts};
 use crate::onnx::Model;
@@ -21,7 +21,7 @@ use crate::spec::{Backend, CacheKey};
 
 /// What to build.
 #[derive(Clone, Debug)]
-pub struct BuildRequest {
+pub struct BuildJob {
     pub model: PathBuf,
     pub backend: Backend,
     pub options: BuildOptions,
@@ -30,7 +30,7 @@ pub struct BuildRequest {
     pub force: bool,
 }
 
-impl BuildRequest {
+impl BuildJob {
     pub fn new(model: impl Into<PathBuf>, backend: Backend) -> Self {
         Self {
             model: model.into(),
@@ -90,11 +90,11 @@ pub struct BuildOutcome {
 }
 
 /// Called between steps with a short description (for progress output).
-pub type Progress<'a> = &'a dyn Fn(&str);
+pub type ProgressFn<'a> = &'a dyn Fn(&str);
 
 /// A hook run on the staged artifact before validation (tests use it to prove that a wrong
 /// artifact is caught).
-pub type ArtifactHook = Arc<dyn Fn(&Artifact) + Send + Sync>;
+pub type ArtifactHook = Arc<dyn Fn(&StagedArtifact) + Send + Sync>;
 
 /// What a caller that may abandon a build (the daemon) asks the pipeline to observe. ONNX
 /// Runtime calls cannot be interrupted, so `cancelled` is polled between phases (after
@@ -189,7 +189,7 @@ impl Builder {
     /// does: the tree-scheme model digest (memo per [`Builder::with_digest_memo`]), opsets,
     /// the SKU the backend builds for, the backend with the LOADED ONNX Runtime's version,
     /// precision, profile and [`BuildOptions::key_options`](super::BuildOptions::key_options).
-    pub fn key_parts(&self, req: &BuildRequest) -> Result<KeyParts, BuildError> {
+    pub fn key_parts(&self, req: &BuildJob) -> Result<KeyParts, BuildError> {
         let rt = runtime::load(self.ort_library.as_deref())?;
         let model = if self.read_models {
             Model::read(&req.model)
@@ -235,9 +235,9 @@ impl Builder {
     fn build_in_process(
         &self,
         rt: &runtime::Runtime,
-        req: &BuildRequest,
+        req: &BuildJob,
         out: &Path,
-        progress: &Progress,
+        progress: &ProgressFn,
         watch: &Watch,
     ) -> Result<worker::Built, BuildError> {
         let backend = backend(req.backend);
@@ -271,19 +271,15 @@ impl Builder {
     }
 
     /// Returns the cached artifact for the request, or builds, validates and stores it.
-    pub fn build(
-        &self,
-        req: &BuildRequest,
-        progress: Progress,
-    ) -> Result<BuildOutcome, BuildError> {
+    pub fn build(&self, req: &BuildJob, progress: ProgressFn) -> Result<BuildOutcome, BuildError> {
         self.build_watched(req, progress, Watch::none())
     }
 
     /// [`Builder::build`] observing `watch`: the planned key and cancellation.
     pub fn build_watched(
         &self,
-        req: &BuildRequest,
-        progress: Progress,
+        req: &BuildJob,
+        progress: ProgressFn,
         watch: Watch,
     ) -> Result<BuildOutcome, BuildError> {
         // A backend that cannot run here fails with its precise reason before hashing.
@@ -337,10 +333,10 @@ impl Builder {
     #[tracing::instrument(skip_all, fields(model = %req.model.display(), backend = %req.backend, key = %key))]
     fn build_now(
         &self,
-        req: &BuildRequest,
+        req: &BuildJob,
         parts: crate::key::KeyParts,
         key: CacheKey,
-        progress: Progress,
+        progress: ProgressFn,
         watch: Watch,
     ) -> Result<BuildOutcome, BuildError> {
         let rt = runtime::load(self.ort_library.as_deref())?;

@@ -3,7 +3,7 @@
 //! recorded against tolerances that depend on the precision.
 //!
 //! Enters: a session on the artifact, the original model path, the profile and
-//! [`ValidationConfig`]. Leaves: a [`Validation`] (stored in the record; `passed == false`
+//! [`ValidationConfig`]. Leaves: a [`ValidationReport`] (stored in the record; `passed == false`
 //! means the artifact is never served) or an error when the model cannot be run at all.
 //!
 //! Inputs: a golden `.npz` when one is given. Otherwise seeded random values whose shapes
@@ -32,7 +32,7 @@ use super::{BuildError, Runtime};
 use crate::plan::{Precision, ShapeProfile};
 use crate::rng::SplitMix64;
 
-pub use crate::cache::{OutputError, Validation};
+pub use crate::cache::{OutputError, ValidationReport};
 /// Allowed error per element: the sidecar's tolerance type (`atol + rtol·|reference|`).
 pub use crate::spec::Tolerance;
 
@@ -410,7 +410,7 @@ pub fn validate(
     precision: Precision,
     cfg: &ValidationConfig,
     threads: usize,
-) -> Result<Validation, BuildError> {
+) -> Result<ValidationReport, BuildError> {
     let mut reference = super::cpu::open_raw(
         rt,
         model,
@@ -438,7 +438,7 @@ pub fn validate(
         tracing::debug!(output = %name, max_abs = e.max_abs, max_rel = e.max_rel, passed = e.passed, "validated output");
         outputs.push(e);
     }
-    Ok(Validation {
+    Ok(ValidationReport {
         passed: outputs.iter().all(|o| o.passed),
         tolerance: tol,
         seed: cfg.seed,
@@ -484,7 +484,7 @@ mod tests {
         assert_eq!(e.mismatched, 3);
         assert_eq!(e.max_rel, UNBOUNDED);
         assert_eq!(e.max_abs, UNBOUNDED);
-        let v = Validation {
+        let v = ValidationReport {
             passed: false,
             tolerance: tol,
             seed: 1,
@@ -492,7 +492,8 @@ mod tests {
             shapes: BTreeMap::new(),
             outputs: vec![e, compare("z", &[1.0], &[1.0, 2.0], tol)],
         };
-        let back: Validation = serde_json::from_slice(&serde_json::to_vec(&v).unwrap()).unwrap();
+        let back: ValidationReport =
+            serde_json::from_slice(&serde_json::to_vec(&v).unwrap()).unwrap();
         assert_eq!(back, v);
     }
 }

@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::validate::{validate, ValidationConfig};
-use super::{backend, runtime, Artifact, BuildError, BuildOptions};
-use crate::cache::Validation;
+use super::{backend, runtime, BuildError, BuildOptions, StagedArtifact};
+use crate::cache::ValidationReport;
 pub use crate::config::WorkerLimits;
 use crate::spec::Backend;
 
@@ -59,8 +59,8 @@ pub struct Job {
 /// What a worker built and how it validated.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Built {
-    pub artifact: Artifact,
-    pub validation: Validation,
+    pub artifact: StagedArtifact,
+    pub validation: ValidationReport,
     pub build_ms: u64,
 }
 

@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 
 pub use disk::{OpenReport, SledStore, StoreOptions};
 pub use record::{
-    Artifact, ArtifactFile, OutputError, Record, Status, StoredArtifact, Validation, RECORD_FORMAT,
+    OutputError, Record, StagedArtifact, Status, StoredArtifact, StoredFile, ValidationReport,
+    RECORD_FORMAT,
 };
 
 use crate::key::CacheKey;
@@ -149,7 +150,7 @@ pub trait Store: Send + Sync {
     fn peek(&self, key: &CacheKey) -> Result<Lookup, StoreError>;
     /// Stores `record` and, when given, the artifact's files (copied in as one unit,
     /// fsynced, then indexed). Returns the record as stored.
-    fn put(&self, record: Record, artifact: Option<&Artifact>) -> Result<Record, StoreError>;
+    fn put(&self, record: Record, artifact: Option<&StagedArtifact>) -> Result<Record, StoreError>;
     /// Every record, most recently used first.
     fn list(&self) -> Result<Vec<Record>, StoreError>;
     /// Removes a record and any blob no other record names. `false` if there was none.

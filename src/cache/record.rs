@@ -28,7 +28,7 @@ pub struct OutputError {
 
 /// The outcome of validation, stored in the cache record.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Validation {
+pub struct ValidationReport {
     pub passed: bool,
     pub tolerance: Tolerance,
     pub seed: u64,
@@ -54,7 +54,7 @@ pub enum Status {
 
 /// One file of a stored artifact.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ArtifactFile {
+pub struct StoredFile {
     /// Plain file name inside the artifact directory.
     pub name: String,
     pub sha256: String,
@@ -68,13 +68,13 @@ pub struct StoredArtifact {
     pub digest: String,
     /// The file to open (the graph); the others are its external data.
     pub entry: String,
-    pub files: Vec<ArtifactFile>,
+    pub files: Vec<StoredFile>,
     pub bytes: u64,
 }
 
 /// An artifact a backend produced, before it is stored: files in one directory.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Artifact {
+pub struct StagedArtifact {
     pub dir: PathBuf,
     /// File name of the graph to open.
     pub entry: String,
@@ -102,7 +102,7 @@ pub struct Record {
     /// Model file the build came from (informational, not part of the key).
     pub model_path: String,
     pub build_ms: u64,
-    pub validation: Option<Validation>,
+    pub validation: Option<ValidationReport>,
     /// Unix seconds.
     pub created: u64,
     pub last_used: u64,

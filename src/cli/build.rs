@@ -14,7 +14,7 @@ use serde::Serialize;
 use super::cache::{open_store, CacheArgs};
 use super::output::{human_bytes, table, Style};
 use crate::build::validate::{Tolerance, ValidationConfig};
-use crate::build::{runtime, BuildOptions, BuildOutcome, BuildRequest, Builder, OptLevel, Source};
+use crate::build::{runtime, BuildJob, BuildOptions, BuildOutcome, Builder, OptLevel, Source};
 use crate::cache::DIGEST_MEMO;
 use crate::onnx::Model;
 use crate::plan::{resolve, ModelInputs, Plan, ProfileArgs};
@@ -207,7 +207,7 @@ struct ArtifactReport {
 
 /// The request `build` (and `pull`, which must compute the same key) makes of its flags:
 /// the plan from the model and its sidecar, then flags over it; and `--max-size` in bytes.
-pub(super) fn request(a: &BuildArgs) -> anyhow::Result<(BuildRequest, Option<u64>)> {
+pub(super) fn request(a: &BuildArgs) -> anyhow::Result<(BuildJob, Option<u64>)> {
     // The plan first: a profile that contradicts the model fails here, before any build.
     let model = Model::load(&a.model).map_err(anyhow::Error::new)?;
     let plan = resolve(
@@ -248,8 +248,7 @@ pub(super) fn request(a: &BuildArgs) -> anyhow::Result<(BuildRequest, Option<u64
             }
         }
     }
-    let mut req =
-        BuildRequest::from_plan(&a.model, backend, &plan, a.build.options(&plan, a.threads)?);
+    let mut req = BuildJob::from_plan(&a.model, backend, &plan, a.build.options(&plan, a.threads)?);
     // Flags override the plan's validation settings (the sidecar's, or the defaults).
     req.force = a.force;
     req.validation = ValidationConfig {

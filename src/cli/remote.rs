@@ -292,7 +292,7 @@ pub fn pull(a: PullArgs) -> anyhow::Result<ExitCode> {
     } else {
         let tier = a.remote.open()?;
         let revalidate = tier.config().revalidate;
-        let check = |art: &crate::cache::Artifact, _m: &crate::remote::Manifest| {
+        let check = |art: &crate::cache::StagedArtifact, _m: &crate::remote::Manifest| {
             let entry = art.dir.join(&art.entry);
             let mut session = backend
                 .open(rt, &entry, &req.options)

@@ -7,7 +7,7 @@
 //! Enters: a [`ModelEntry`] and a [`Selection`]; the model's sidecar (flat
 //! `NAME.trtcache.toml`, Triton `NAME/trtcache.toml`) supplies profiles, backends, precision,
 //! tolerances and golden inputs exactly as it does for `trtcache build --sidecar`. Leaves: an
-//! [`Artifact`] (wire metadata plus the stored files, graph first). The store keeps the
+//! [`Handout`] (wire metadata plus the stored files, graph first). The store keeps the
 //! configured size with LRU eviction after every store; digests are remembered in
 //! `CACHE_DIR/digests.json`, shared with `trtcache key`.
 
@@ -17,7 +17,7 @@ use std::sync::Arc;
 use trtcache_client::protocol::{ArtifactFile, ArtifactMeta, TensorInfo, Validation};
 
 use super::engine::*;
-use crate::build::{runtime, BuildError, BuildOptions, BuildRequest, Builder, Watch};
+use crate::build::{runtime, BuildError, BuildJob, BuildOptions, Builder, Watch};
 use crate::cache::{Lookup, Record, Served, SledStore, Status, Store, StoreError, StoreOptions};
 use crate::key::memo::FileId;
 use crate::onnx::facts::{elem_type_of, shape_of, Dim};
@@ -151,12 +151,12 @@ impl CachedEngine {
 
     /// The bucket's artifact for `planned` (fetched, or waited for while another host holds
     /// the build lease), stored locally; `None` = build here. Never an error.
-    fn remote_artifact(&self, planned: &Planned, req: &BuildRequest) -> Option<Artifact> {
+    fn remote_artifact(&self, planned: &Planned, req: &BuildJob) -> Option<Handout> {
         let tier = self.remote.as_ref()?;
         let parts = self.snap_builder.key_parts(req).ok()?;
         let rt = runtime::loaded()?;
         let backend = crate::build::backend(req.backend);
-        let check = |a: &crate::cache::Artifact, _: &crate::remote::Manifest| {
+        let check = |a: &crate::cache::StagedArtifact, _: &crate::remote::Manifest| {
             let entry = a.dir.join(&a.entry);
             backend
                 .open(rt, &entry, &req.options)
@@ -178,7 +178,7 @@ impl CachedEngine {
         &self,
         model: &ModelEntry,
         sel: &Selection,
-    ) -> Result<(BuildRequest, Plan), EngineError> {
+    ) -> Result<(BuildJob, Plan), EngineError> {
         // Read, not mapped: a repository file truncated in place would fault a map.
         let m = Model::read(&model.path).map_err(|e| EngineError::Invalid(e.into()))?;
         let args = profile_args(model, sel.profile.as_deref());
@@ -193,7 +193,7 @@ impl CachedEngine {
             e => EngineError::Invalid(format!("{}: {e}", model.path.display()).into()),
         })?;
         drop(m);
-        let req = BuildRequest::from_plan(
+        let req = BuildJob::from_plan(
             &model.path,
             sel.backend,
             &plan,
@@ -211,7 +211,7 @@ impl CachedEngine {
         planned: &Planned,
         record: &Record,
         served: &Served,
-    ) -> Result<Artifact, EngineError> {
+    ) -> Result<Handout, EngineError> {
         let Some(stored) = &record.artifact else {
             return Err(EngineError::Invalid("record has no artifact".into()));
         };
@@ -252,7 +252,7 @@ impl CachedEngine {
             max_abs_err: v.map(|v| v.outputs.iter().map(|o| o.max_abs).fold(0.0, f64::max)),
             max_rel_err: v.map(|v| v.outputs.iter().map(|o| o.max_rel).fold(0.0, f64::max)),
         };
-        Ok(Artifact {
+        Ok(Handout {
             metadata: ArtifactMeta {
                 model: planned.model.name.clone(),
                 version: planned.model.version,
@@ -441,7 +441,7 @@ impl Engine for CachedEngine {
     /// byte checked against the record. A mismatch, or files missing or of the wrong size,
     /// quarantines the entry (files moved to `quarantine/`) and answers `None`: the daemon
     /// rebuilds it.
-    fn lookup(&self, planned: &Planned) -> Result<Option<Artifact>, EngineError> {
+    fn lookup(&self, planned: &Planned) -> Result<Option<Handout>, EngineError> {
         let quarantine = |why: &str| {
             tracing::warn!(key = %planned.key, %why, "stored artifact damaged: quarantined, will rebuild");
             if let Err(e) = self.store.quarantine_key(&planned.key, why) {
@@ -481,7 +481,7 @@ impl Engine for CachedEngine {
         planned: &Planned,
         cancel: &CancelToken,
         progress: &dyn Fn(BuildPhase),
-    ) -> Result<Artifact, EngineError> {
+    ) -> Result<Handout, EngineError> {
         progress(BuildPhase::Building);
         if cancel.is_cancelled() {
             return Err(EngineError::Cancelled);

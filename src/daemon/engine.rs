@@ -1,7 +1,7 @@
 //! What the daemon needs from the build and cache stages, as one small trait. The daemon owns
 //! the repository, the queue and the socket; an [`Engine`] owns keys, builds, validation and
 //! storage. Models enter as [`ModelEntry`] (a file in the repository) plus a [`Selection`]
-//! (profile/backend/precision); they leave as an [`Artifact`]: wire metadata plus the paths
+//! (profile/backend/precision); they leave as a [`Handout`]: wire metadata plus the paths
 //! of its files, graph first. Every method blocks (hashing, building, fsync): the daemon calls
 //! them through `spawn_blocking`.
 
@@ -76,7 +76,7 @@ pub struct Planned {
 
 /// A ready, validated artifact.
 #[derive(Clone, Debug)]
-pub struct Artifact {
+pub struct Handout {
     /// Wire metadata (files listed in the order of `paths`).
     pub metadata: ArtifactMeta,
     /// The files, graph first, then external data.
@@ -225,7 +225,7 @@ pub trait Engine: Send + Sync + 'static {
     /// Key and plan for a model file and a selection; blocking (hashes the file).
     fn plan(&self, model: &ModelEntry, sel: &Selection) -> Result<Planned, EngineError>;
     /// A ready, validated artifact for this key, after cheap integrity checks.
-    fn lookup(&self, planned: &Planned) -> Result<Option<Artifact>, EngineError>;
+    fn lookup(&self, planned: &Planned) -> Result<Option<Handout>, EngineError>;
     /// Builds, validates and stores; observes `cancel`; reports phases through `progress`.
     /// Leaves no temporary files behind, whether it succeeds, fails or is cancelled.
     fn build(
@@ -233,7 +233,7 @@ pub trait Engine: Send + Sync + 'static {
         planned: &Planned,
         cancel: &CancelToken,
         progress: &dyn Fn(BuildPhase),
-    ) -> Result<Artifact, EngineError>;
+    ) -> Result<Handout, EngineError>;
     /// Removes one artifact; whether it existed.
     fn evict(&self, key: &CacheKey) -> Result<bool, EngineError>;
     /// Records a use of a ready artifact served from the daemon's memory, so that the

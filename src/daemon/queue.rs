@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify, Semaphore};
 use trtcache_client::protocol::ErrorCode;
 
-use super::engine::{Artifact, CancelToken, Engine, EngineError, Planned};
+use super::engine::{CancelToken, Engine, EngineError, Handout, Planned};
 use crate::key::CacheKey;
 
 /// A job's state as waiters see it.
@@ -26,7 +26,7 @@ pub enum JobStatus {
     /// Building; the phase name.
     Running(&'static str),
     /// Finished: the artifact, or a typed failure.
-    Done(Result<Artifact, (ErrorCode, String)>),
+    Done(Result<Handout, (ErrorCode, String)>),
 }
 
 struct Job {
@@ -368,7 +368,7 @@ mod tests {
         fn plan(&self, _: &ModelEntry, _: &Selection) -> Result<Planned, EngineError> {
             Err(EngineError::Runtime("unused".into()))
         }
-        fn lookup(&self, _: &Planned) -> Result<Option<Artifact>, EngineError> {
+        fn lookup(&self, _: &Planned) -> Result<Option<Handout>, EngineError> {
             Ok(None)
         }
         fn build(
@@ -376,7 +376,7 @@ mod tests {
             p: &Planned,
             _: &CancelToken,
             _: &dyn Fn(BuildPhase),
-        ) -> Result<Artifact, EngineError> {
+        ) -> Result<Handout, EngineError> {
             self.started.lock().unwrap().push(p.model.name.clone());
             let _ = self.release.lock().unwrap().recv();
             Err(EngineError::Invalid(
@@ -407,7 +407,7 @@ mod tests {
         }
     }
 
-    async fn done(mut rx: watch::Receiver<JobStatus>) -> Result<Artifact, (ErrorCode, String)> {
+    async fn done(mut rx: watch::Receiver<JobStatus>) -> Result<Handout, (ErrorCode, String)> {
         loop {
             if let JobStatus::Done(r) = &*rx.borrow_and_update() {
                 return r.clone();
@@ -461,7 +461,7 @@ mod tests {
         fn plan(&self, _: &ModelEntry, _: &Selection) -> Result<Planned, EngineError> {
             Err(EngineError::Runtime("unused".into()))
         }
-        fn lookup(&self, _: &Planned) -> Result<Option<Artifact>, EngineError> {
+        fn lookup(&self, _: &Planned) -> Result<Option<Handout>, EngineError> {
             Ok(None)
         }
         fn build(
@@ -469,7 +469,7 @@ mod tests {
             _: &Planned,
             _: &CancelToken,
             _: &dyn Fn(BuildPhase),
-        ) -> Result<Artifact, EngineError> {
+        ) -> Result<Handout, EngineError> {
             let mut n = self.0.lock().unwrap();
             *n += 1;
             Err(match *n {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use trtcache_client::protocol::*;
 
-use super::engine::{Artifact, Engine, ModelEntry, Planned, Selection};
+use super::engine::{Engine, Handout, ModelEntry, Planned, Selection};
 use super::queue::{JobStatus, Queue};
 use super::repo::{RepoModel, Snapshot};
 use crate::config::Config;
@@ -37,7 +37,7 @@ struct ModelState {
 #[derive(Default)]
 struct State {
     models: BTreeMap<String, ModelState>,
-    ready: HashMap<CacheKey, Artifact>,
+    ready: HashMap<CacheKey, Handout>,
     /// When each ready artifact's use was last passed on to the store ([`Engine::touch`]).
     touched: HashMap<CacheKey, Instant>,
 }
@@ -365,7 +365,7 @@ impl Service {
     }
 
     /// A ready artifact from memory or, failing that, from the engine's store.
-    async fn ready_artifact(&self, p: &Planned) -> Option<Artifact> {
+    async fn ready_artifact(&self, p: &Planned) -> Option<Handout> {
         {
             let mut st = self.lock();
             if let Some(a) = st.ready.get(&p.key).cloned() {
@@ -397,13 +397,13 @@ impl Service {
         }
     }
 
-    fn open_files(&self, a: &Artifact) -> Result<Vec<File>, std::io::Error> {
+    fn open_files(&self, a: &Handout) -> Result<Vec<File>, std::io::Error> {
         a.paths.iter().map(File::open).collect()
     }
 
     /// Whether the opened files are still the ones the engine last checked (one `fstat`
     /// each): a write, truncation or replacement since changes the stamp.
-    fn unchanged(&self, a: &Artifact, files: &[File]) -> Result<(), String> {
+    fn unchanged(&self, a: &Handout, files: &[File]) -> Result<(), String> {
         if a.stamps.is_empty() {
             return Ok(());
         }
@@ -424,7 +424,7 @@ impl Service {
     /// A read-only descriptor of the directory holding every file of `a` (`None` when the
     /// files do not share one directory, or it cannot be opened: the client then uses the
     /// per-file descriptors alone).
-    fn open_dir(&self, a: &Artifact) -> Option<File> {
+    fn open_dir(&self, a: &Handout) -> Option<File> {
         use std::os::unix::fs::OpenOptionsExt;
         let dir = a.paths.first()?.parent()?;
         if a.paths.iter().any(|p| p.parent() != Some(dir)) {
@@ -547,7 +547,7 @@ impl Service {
         mut rx: watch::Receiver<JobStatus>,
         planned: &Planned,
         limit: Duration,
-    ) -> Result<Artifact, Failure> {
+    ) -> Result<Handout, Failure> {
         let wait = async {
             loop {
                 if let JobStatus::Done(r) = &*rx.borrow_and_update() {

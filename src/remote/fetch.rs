@@ -13,12 +13,12 @@ use sha2::{Digest, Sha256};
 use super::manifest::{Envelope, Manifest, Rejection};
 use super::{Counters, Inner, RemoteError, RemoteTier};
 use crate::cache::{
-    now_secs, Artifact, ArtifactFile, Lookup, Record, Status, Store, RECORD_FORMAT,
+    now_secs, Lookup, Record, StagedArtifact, Status, Store, StoredFile, RECORD_FORMAT,
 };
 use crate::key::{hex, CacheKey, KeyParts};
 
 /// This host's own check of a fetched artifact before it is stored (at least: it opens).
-pub type Check<'a> = &'a dyn Fn(&Artifact, &Manifest) -> Result<(), String>;
+pub type Check<'a> = &'a dyn Fn(&StagedArtifact, &Manifest) -> Result<(), String>;
 
 enum Fail {
     Bad(Rejection),
@@ -31,7 +31,7 @@ async fn download(
     os: &dyn object_store::ObjectStore,
     path: &object_store::path::Path,
     dest: &Path,
-    want: &ArtifactFile,
+    want: &StoredFile,
 ) -> object_store::Result<Result<(), Fail>> {
     let got = os.get(path).await?;
     let mut stream = got.into_stream();
@@ -177,7 +177,7 @@ impl Inner {
                 Err(e) => return Err(Self::unavailable(op, e)),
             }
         }
-        let artifact = Artifact {
+        let artifact = StagedArtifact {
             dir: staging.path().to_path_buf(),
             entry: m.entry.clone(),
             files: m.files.iter().map(|f| f.name.clone()).collect(),

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::sign::{NamedPublicKey, NamedSigningKey, Signature};
-use crate::cache::Validation;
-use crate::cache::{ArtifactFile, Record};
+use crate::cache::ValidationReport;
+use crate::cache::{Record, StoredFile};
 use crate::key::{CacheKey, KeyParts};
 
 /// Version of the manifest encoding.
@@ -38,12 +38,12 @@ pub struct Manifest {
     /// The file to open.
     pub entry: String,
     /// Each file's name, SHA-256 and size; blobs are `blobs/sha256/<sha256>`.
-    pub files: Vec<ArtifactFile>,
+    pub files: Vec<StoredFile>,
     /// Library → version of the runtime that built it (the key parts' backend versions).
     pub runtime: BTreeMap<String, String>,
     pub builder: BuilderIdentity,
     /// The builder's validation verdict (passed, tolerances, errors per output).
-    pub validation: Option<Validation>,
+    pub validation: Option<ValidationReport>,
     pub providers: Option<BTreeMap<String, usize>>,
     pub partitions: Option<Vec<String>>,
     pub build_ms: u64,

@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 
 use super::manifest::{BuilderIdentity, Envelope, Manifest};
 use super::{Counters, Inner, Mode, RemoteError, RemoteTier};
-use crate::cache::{ArtifactFile, Record};
+use crate::cache::{Record, StoredFile};
 use crate::key::hex;
 
 /// A validated local record and the directory holding its files.
@@ -48,7 +48,7 @@ async fn put_blob(
     os: &dyn object_store::ObjectStore,
     path: &object_store::path::Path,
     src: &Path,
-    f: &ArtifactFile,
+    f: &StoredFile,
     part: usize,
 ) -> object_store::Result<Result<(), Local>> {
     let io = |e| Ok(Err(Local::Io(src.to_path_buf(), e)));

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::Value;
-use trtcache::build::{runtime, BuildRequest, Builder, Source};
+use trtcache::build::{runtime, BuildJob, Builder, Source};
 use trtcache::cache::{Lookup, SledStore, Status, Store, StoreOptions};
 use trtcache::fixtures::{bert, models, write};
 use trtcache::spec::Backend;
@@ -542,7 +542,7 @@ fn an_artifact_that_fails_validation_is_recorded_failed_and_never_served() {
     let (store, builder) = library_builder(&d.path().join("cache"));
     // The hook swaps the artifact's graph for the same model with other weights, as a
     // broken optimizer or a bad engine would.
-    let builder = builder.with_artifact_hook(Arc::new(|art: &trtcache::cache::Artifact| {
+    let builder = builder.with_artifact_hook(Arc::new(|art: &trtcache::cache::StagedArtifact| {
         let mut wrong = models::tiny_encoder(false);
         let g = wrong.graph.as_mut().unwrap();
         let bias = g
@@ -553,7 +553,7 @@ fn an_artifact_that_fails_validation_is_recorded_failed_and_never_served() {
         *bias = trtcache::fixtures::tensor_f32("fc.bias", &[64], &[0.5; 64]);
         write(&wrong, &art.dir.join(&art.entry)).unwrap();
     }));
-    let req = BuildRequest::new(&m, Backend::OrtCpu);
+    let req = BuildJob::new(&m, Backend::OrtCpu);
     let out = builder.build(&req, &|_| {}).unwrap();
     assert_eq!(out.source, Source::Built);
     assert!(out.served.is_none());

@@ -6,7 +6,7 @@
 //! shapes written into the graph become known.
 
 use super::{one, shape, Answer, NodeCx};
-use crate::analysis::facts::{axis, tensor_info, Out, SymDim, TensorInfo, MAX_TRACKED_VALUES};
+use crate::analysis::facts::{axis, tensor_info, Out, SymDim, TensorFacts, MAX_TRACKED_VALUES};
 use crate::onnx::attr;
 use crate::onnx::ElemType;
 
@@ -65,7 +65,7 @@ fn constant(cx: &NodeCx<'_>) -> Vec<Option<Out>> {
         return vec![];
     };
     let o = match a.name.as_str() {
-        "value" => a.t.as_ref().map(tensor_info).map(|t: TensorInfo| Out {
+        "value" => a.t.as_ref().map(tensor_info).map(|t: TensorFacts| Out {
             dtype: t.dtype,
             shape: t.shape,
             value: t.value,

@@ -20,7 +20,7 @@ mod shape_ops;
 mod slicing;
 mod types;
 
-use super::facts::{GraphFacts, Out, SymDim, TensorInfo};
+use super::facts::{GraphFacts, Out, SymDim, TensorFacts};
 use crate::onnx::proto::NodeProto;
 use crate::onnx::ElemType;
 
@@ -67,7 +67,7 @@ struct NodeCx<'a> {
 
 impl<'a> NodeCx<'a> {
     /// Facts about input `i` (none for a missing or empty input).
-    fn inp(&self, i: usize) -> Option<&'a TensorInfo> {
+    fn inp(&self, i: usize) -> Option<&'a TensorFacts> {
         self.n.input.get(i).and_then(|s| self.f.get(s))
     }
 
@@ -91,7 +91,7 @@ fn one(o: Option<Out>) -> Vec<Option<Out>> {
 }
 
 /// An output with `t`'s type and shape (no value).
-fn same(t: &TensorInfo) -> Out {
+fn same(t: &TensorFacts) -> Out {
     Out {
         dtype: t.dtype,
         shape: t.shape.clone(),

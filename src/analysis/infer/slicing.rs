@@ -6,7 +6,7 @@
 //! Leaves: `None` for ops of other families, else one [`Out`] per output.
 
 use super::{one, shape, Answer, NodeCx};
-use crate::analysis::facts::{axis, GraphFacts, Out, SymDim, TensorInfo, MAX_TRACKED_VALUES};
+use crate::analysis::facts::{axis, GraphFacts, Out, SymDim, TensorFacts, MAX_TRACKED_VALUES};
 use crate::onnx::attr;
 use crate::onnx::proto::NodeProto;
 
@@ -25,7 +25,7 @@ pub(super) fn rules(cx: &NodeCx<'_>) -> Answer {
 /// Concat along `axis`: the dims of the axis add up, the others are taken from any input that
 /// knows them; rank-0/1 values are joined.
 fn concat(n: &NodeProto, f: &GraphFacts) -> Option<Out> {
-    let ins: Vec<Option<&TensorInfo>> = n.input.iter().map(|i| f.get(i)).collect();
+    let ins: Vec<Option<&TensorFacts>> = n.input.iter().map(|i| f.get(i)).collect();
     let dt = ins.iter().flatten().find_map(|t| t.dtype);
     let shapes: Option<Vec<Vec<SymDim>>> = ins
         .iter()

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use super::lock::DirLock;
-use super::record::{Artifact, ArtifactFile, Record, Status, StoredArtifact, RECORD_FORMAT};
+use super::record::{Record, StagedArtifact, Status, StoredArtifact, StoredFile, RECORD_FORMAT};
 use super::{now_secs, GcReport, Lookup, Served, Store, StoreError, VerifyReport};
 use crate::key::{hex, CacheKey};
 
@@ -320,7 +320,7 @@ impl SledStore {
     }
 
     /// Copies (hard-links where possible) the artifact into `blobs/<digest>/` as one unit.
-    fn commit_blob(&self, art: &Artifact) -> Result<StoredArtifact, StoreError> {
+    fn commit_blob(&self, art: &StagedArtifact) -> Result<StoredArtifact, StoreError> {
         if !art.files.iter().any(|f| f == &art.entry) {
             return Err(StoreError::BadArtifact {
                 name: art.entry.clone(),
@@ -333,7 +333,7 @@ impl SledStore {
             }
             let p = art.dir.join(name);
             let (sha256, bytes) = hash_file(&p).map_err(io(&p))?;
-            files.push(ArtifactFile {
+            files.push(StoredFile {
                 name: name.clone(),
                 sha256,
                 bytes,
@@ -463,7 +463,11 @@ impl Store for SledStore {
         self.find(key, false)
     }
 
-    fn put(&self, mut record: Record, artifact: Option<&Artifact>) -> Result<Record, StoreError> {
+    fn put(
+        &self,
+        mut record: Record,
+        artifact: Option<&StagedArtifact>,
+    ) -> Result<Record, StoreError> {
         let previous = self.read_record(&record.key)?;
         record.artifact = match artifact {
             Some(a) => Some(self.commit_blob(a)?),
@@ -570,11 +574,11 @@ mod tests {
         }
     }
 
-    fn artifact(dir: &Path, content: &[u8]) -> Artifact {
+    fn artifact(dir: &Path, content: &[u8]) -> StagedArtifact {
         std::fs::create_dir_all(dir).unwrap();
         std::fs::write(dir.join("model.onnx"), content).unwrap();
         std::fs::write(dir.join("model.onnx.data"), [content, content].concat()).unwrap();
-        Artifact {
+        StagedArtifact {
             dir: dir.to_path_buf(),
             entry: "model.onnx".into(),
             files: vec!["model.onnx".into(), "model.onnx.data".into()],
