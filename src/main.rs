@@ -4,6 +4,15 @@ use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     let cli = trtcache::cli::Cli::parse();
+    if !matches!(cli.command, trtcache::cli::Command::Serve(_)) {
+        // A command's output piped into `head` ends it quietly, as for any Unix tool, instead
+        // of a "Broken pipe" panic. The daemon keeps Rust's default (SIGPIPE ignored): a
+        // client that hangs up is an error on that connection, never the daemon's death.
+        // SAFETY: setting a signal disposition before any thread is started.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     trtcache::cli::init_tracing(cli.verbose);
     match trtcache::cli::run(cli) {
         Ok(code) => code,

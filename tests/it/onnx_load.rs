@@ -364,3 +364,30 @@ fn weights_are_never_copied() {
         );
     }
 }
+
+/// `trtcache inspect --json | head -1` (a reader that goes away) ends the command quietly:
+/// no "Broken pipe" panic (rc 101), only the pipe's signal.
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("chain.onnx");
+    trtcache::fixtures::write(&trtcache::fixtures::models::long_chain(3000), &m).unwrap();
+    let mut child = crate::support::cmd()
+        .args(["inspect", "--json", m.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Close the read end at once: every write of the (hundreds of KB of) JSON fails.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_ne!(out.status.code(), Some(101), "{err}");
+    assert!(
+        out.status.signal() == Some(libc::SIGPIPE) || out.status.success(),
+        "{:?}: {err}",
+        out.status
+    );
+}
