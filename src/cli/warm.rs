@@ -385,12 +385,14 @@ fn local_status(cfg: &Config, only: Option<&str>) -> anyhow::Result<Vec<ModelSta
                 key: None,
                 reason: None,
                 phase: None,
+                origin: None,
             };
             match engine.plan(entry, &sel) {
                 Ok(p) => {
                     v.key = Some(p.key.hex());
-                    if engine.lookup(&p).ok().flatten().is_some() {
+                    if let Some(h) = engine.lookup(&p).ok().flatten() {
                         v.state = VariantState::Ready;
+                        v.origin = Some(h.origin);
                     }
                 }
                 Err(e) => {

@@ -14,7 +14,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use trtcache_client::protocol::{ArtifactFile, ArtifactMeta, TensorInfo, Validation};
+use trtcache_client::protocol::{ArtifactFile, ArtifactMeta, Origin, TensorInfo, Validation};
 
 use super::engine::*;
 use crate::build::{runtime, BuildError, BuildJob, BuildOptions, Builder, Watch};
@@ -167,7 +167,9 @@ impl CachedEngine {
         (parts.key() == planned.key).then_some(())?;
         tier.before_build(&parts, &model, &*self.store, &check)?;
         match self.store.peek(&planned.key).ok()? {
-            Lookup::Hit { record, served } => self.artifact(planned, &record, &served).ok(),
+            Lookup::Hit { record, served } => self
+                .artifact(planned, &record, &served, Origin::Remote)
+                .ok(),
             _ => None,
         }
     }
@@ -205,12 +207,13 @@ impl CachedEngine {
         Ok((req, plan))
     }
 
-    /// Wire metadata and paths of a servable record.
+    /// Wire metadata and paths of a servable record, and where it came from.
     fn artifact(
         &self,
         planned: &Planned,
         record: &Record,
         served: &Served,
+        origin: Origin,
     ) -> Result<Handout, EngineError> {
         let Some(stored) = &record.artifact else {
             return Err(EngineError::Invalid("record has no artifact".into()));
@@ -272,6 +275,7 @@ impl CachedEngine {
             },
             paths,
             stamps,
+            origin,
         })
     }
 }
@@ -449,19 +453,21 @@ impl Engine for CachedEngine {
             }
         };
         match self.store.lookup(&planned.key).map_err(store_err)? {
-            Lookup::Hit { record, served } => match self.artifact(planned, &record, &served) {
-                Ok(a) => match record.artifact.as_ref().map(|s| self.store.check_hashes(s)) {
-                    Some(Err(why)) => {
-                        quarantine(&why);
+            Lookup::Hit { record, served } => {
+                match self.artifact(planned, &record, &served, Origin::Local) {
+                    Ok(a) => match record.artifact.as_ref().map(|s| self.store.check_hashes(s)) {
+                        Some(Err(why)) => {
+                            quarantine(&why);
+                            Ok(None)
+                        }
+                        _ => Ok(Some(a)),
+                    },
+                    Err(e) => {
+                        tracing::warn!(key = %planned.key, error = %e, "stored artifact unreadable; treating as missing");
                         Ok(None)
                     }
-                    _ => Ok(Some(a)),
-                },
-                Err(e) => {
-                    tracing::warn!(key = %planned.key, error = %e, "stored artifact unreadable; treating as missing");
-                    Ok(None)
                 }
-            },
+            }
             Lookup::Unservable { why, record } => {
                 // A ready record that failed the cheap checks: its files were truncated or
                 // removed under us.
@@ -544,7 +550,7 @@ impl Engine for CachedEngine {
         let outcome = outcome.map_err(build_err)?;
         drop(staging);
         match (&outcome.served, &outcome.unservable) {
-            (Some(served), _) => self.artifact(planned, &outcome.record, served),
+            (Some(served), _) => self.artifact(planned, &outcome.record, served, Origin::Built),
             // Built and validated, then gone before it could be served: the size limit
             // evicted it (a concurrent build's store), or it was removed. Nothing is wrong
             // with the model, so this must not be remembered as its failure (the soak found
@@ -565,6 +571,10 @@ impl Engine for CachedEngine {
                     .into(),
             )),
         }
+    }
+
+    fn remote_stats(&self) -> Option<crate::remote::RemoteStats> {
+        self.remote.as_ref().map(|t| t.stats())
     }
 
     fn evict(&self, key: &CacheKey) -> Result<bool, EngineError> {

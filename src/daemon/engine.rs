@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use trtcache_client::protocol::{ArtifactMeta, ErrorCode};
+use trtcache_client::protocol::{ArtifactMeta, ErrorCode, Origin};
 
 use crate::key::memo::FileId;
 use crate::spec::{Backend, CacheKey, Precision};
@@ -88,6 +88,8 @@ pub struct Handout {
     /// from user space); bit rot on the medium changes none of them, which is what hashing
     /// (`trtcache verify`, and the engine's check when it loads an artifact) is for.
     pub stamps: Vec<FileId>,
+    /// Where it came from (`status` shows it).
+    pub origin: Origin,
 }
 
 /// Phases a build reports.
@@ -236,6 +238,10 @@ pub trait Engine: Send + Sync + 'static {
     ) -> Result<Handout, EngineError>;
     /// Removes one artifact; whether it existed.
     fn evict(&self, key: &CacheKey) -> Result<bool, EngineError>;
+    /// The fleet tier's counters, when the engine has a tier.
+    fn remote_stats(&self) -> Option<crate::remote::RemoteStats> {
+        None
+    }
     /// Records a use of a ready artifact served from the daemon's memory, so that the
     /// store's least-recently-used eviction sees it (the daemon calls it at most every
     /// few seconds per key).

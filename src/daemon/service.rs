@@ -582,6 +582,7 @@ impl Service {
             key: None,
             reason: None,
             phase: None,
+            origin: None,
         };
         match p {
             Err((_, msg)) => {
@@ -591,8 +592,9 @@ impl Service {
             Ok(p) => {
                 v.key = Some(p.key.hex());
                 v.profile = p.profile.clone();
-                if st.ready.contains_key(&p.key) {
+                if let Some(h) = st.ready.get(&p.key) {
                     v.state = VariantState::Ready;
+                    v.origin = Some(h.origin);
                 } else if let Some(js) = self.queue.job_status(&p.key) {
                     match js {
                         JobStatus::Queued => v.state = VariantState::Queued,
@@ -634,6 +636,7 @@ impl Service {
                             key: None,
                             reason: None,
                             phase: Some("planning".into()),
+                            origin: None,
                         },
                     })
                     .collect()
@@ -876,7 +879,13 @@ impl Service {
             let st = self.lock();
             (st.models.len() as u64, st.ready.len() as u64)
         };
+        let remote = self.engine.remote_stats().unwrap_or_default();
         Stats {
+            remote_hits: remote.remote_hits,
+            remote_misses: remote.remote_misses,
+            remote_uploads: remote.remote_uploads,
+            remote_rejected: remote.remote_rejected,
+            remote_errors: remote.remote_errors,
             hits: self.counters.hits.load(Ordering::Relaxed),
             misses: self.counters.misses.load(Ordering::Relaxed),
             builds: q.builds.load(Ordering::Relaxed),

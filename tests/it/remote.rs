@@ -881,6 +881,30 @@ fn several_daemons_on_one_bucket_build_a_model_once_in_total() {
         .filter(|l| l.contains("fetched from the remote tier"))
         .count();
     assert_eq!(fetched, 2, "two of three daemons fetch: {logs:#?}");
+    // `status` says where each ready artifact came from, and `stats` counts the tier.
+    let mut origins = Vec::new();
+    let mut hits = 0;
+    for d in &daemons {
+        let mut c = d.client();
+        let st = c.list().unwrap();
+        origins.push(st[0].variants[0].origin);
+        let s = c.stats().unwrap();
+        hits += s.remote_hits;
+    }
+    use trtcache_client::protocol::Origin;
+    origins.sort_by_key(|o| format!("{o:?}"));
+    assert_eq!(
+        origins,
+        [
+            Some(Origin::Built),
+            Some(Origin::Remote),
+            Some(Origin::Remote)
+        ],
+        "{logs:#?}"
+    );
+    assert_eq!(hits, 2, "remote_hits over the three daemons");
+    let text = daemons[0].client().stats_prometheus().unwrap();
+    assert!(text.contains("trtcache_remote_hits_total"), "{text}");
     let manifests = moto
         .listing()
         .iter()

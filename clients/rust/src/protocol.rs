@@ -363,6 +363,22 @@ pub struct VariantStatus {
     /// The current build phase (for `building`).
     #[serde(default)]
     pub phase: Option<String>,
+    /// Where the ready artifact came from (for `ready`): built by this daemon, found in its
+    /// local cache, or fetched from the fleet tier. Absent from daemons that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<Origin>,
+}
+
+/// Where a ready artifact came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Origin {
+    /// Built (and validated) by this daemon since it started.
+    Built,
+    /// Found in this host's cache.
+    Local,
+    /// Fetched from the fleet tier (S3) and verified against its signed manifest.
+    Remote,
 }
 
 /// Name, element type and shape of one input or output; dynamic dims are names or `-1`.
@@ -510,6 +526,21 @@ pub struct Stats {
     /// (0) from daemons that predate it.
     #[serde(default)]
     pub artifacts_in_memory: u64,
+    /// Fleet tier: local misses answered from the bucket (0 without a `[remote]` tier).
+    #[serde(default)]
+    pub remote_hits: u64,
+    /// Fleet tier: local misses the bucket could not answer.
+    #[serde(default)]
+    pub remote_misses: u64,
+    /// Fleet tier: artifacts uploaded (signed) by this host.
+    #[serde(default)]
+    pub remote_uploads: u64,
+    /// Fleet tier: manifests or blobs refused (unsigned, untrusted, edited, wrong bytes).
+    #[serde(default)]
+    pub remote_rejected: u64,
+    /// Fleet tier: network or server errors (timeouts, 5xx, an open circuit breaker).
+    #[serde(default)]
+    pub remote_errors: u64,
 }
 
 impl Stats {
@@ -588,6 +619,35 @@ impl Stats {
             "Seconds since start.",
             format!("{}", self.uptime_seconds),
         );
+        for (name, help, v) in [
+            (
+                "remote_hits_total",
+                "Local misses answered from the fleet bucket.",
+                self.remote_hits,
+            ),
+            (
+                "remote_misses_total",
+                "Local misses the fleet bucket could not answer.",
+                self.remote_misses,
+            ),
+            (
+                "remote_uploads_total",
+                "Artifacts uploaded to the fleet bucket.",
+                self.remote_uploads,
+            ),
+            (
+                "remote_rejected_total",
+                "Fleet manifests or blobs refused.",
+                self.remote_rejected,
+            ),
+            (
+                "remote_errors_total",
+                "Fleet tier network or server errors.",
+                self.remote_errors,
+            ),
+        ] {
+            one(name, "counter", help, v.to_string());
+        }
         s
     }
 }
