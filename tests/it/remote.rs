@@ -912,3 +912,80 @@ fn several_daemons_on_one_bucket_build_a_model_once_in_total() {
         .count();
     assert_eq!(manifests, 1);
 }
+
+/// The endpoint going down in the middle of a download: the pull fails with an error, stores
+/// nothing and leaves no staging files, and a local build of the same model goes on.
+#[test]
+fn the_endpoint_going_down_mid_download_fails_the_pull_cleanly_and_local_builds_go_on() {
+    let models = tempfile::tempdir().unwrap();
+    let m = models.path().join("big.onnx");
+    trtcache::fixtures::write(&trtcache::fixtures::models::big_weights(4, 2048), &m).unwrap();
+    let writer = Host::new();
+    let signer = writer.keygen("ci-builder");
+    let reader = Host::new();
+    let tmp = reader.cache().join("tmp");
+    // A download of ~64 MiB takes long enough to be caught in the middle; a few attempts,
+    // each on a fresh server, in case one finishes before the poll sees it.
+    let mut caught = None;
+    let mut key = String::new();
+    for _ in 0..3 {
+        let mut moto = Moto::start();
+        writer.write_config(&moto.endpoint(), &writer_cfg(&signer, &[&signer]));
+        let built = writer.run_json(&["build", m.to_str().unwrap(), "--json"], 0);
+        key = built["key"].as_str().unwrap().to_string();
+        writer.run_json(&["push", &key, "--json"], 0);
+        reader.write_config(&moto.endpoint(), &reader_cfg(&[&signer]));
+        let _ = std::fs::remove_dir_all(reader.cache());
+        let mut c = cmd();
+        c.args(["pull", m.to_str().unwrap()])
+            .env("ORT_DYLIB_PATH", ort_dylib())
+            .env("TRTCACHE_CACHE_DIR", reader.cache())
+            .env("TRTCACHE_CONFIG", reader.config())
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut killed = false;
+        // Poll for a partly written download in a staging directory, then stop the server.
+        while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+            let partial = std::fs::read_dir(&tmp)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
+                .any(|f| f.metadata().map(|x| x.len() > 0).unwrap_or(false));
+            if partial {
+                moto.child.kill().unwrap();
+                let _ = moto.child.wait();
+                killed = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let out = child.wait_with_output().unwrap();
+        if killed {
+            caught = Some(out);
+            break;
+        }
+    }
+    let out = caught.expect("never caught the pull mid-download");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "the pull succeeded without its server: {err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    // The failed pull cleaned its own staging files (looked at before any other command
+    // opens the cache, which would clean them too), and stored nothing.
+    let leftovers: Vec<_> = std::fs::read_dir(&tmp)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    let ls = reader.run_json(&["ls", "--json"], 0);
+    assert_eq!(ls.as_array().unwrap().len(), 0, "{ls}");
+    // A local build of the model goes on with the endpoint down.
+    let b = reader.run_json(&["build", m.to_str().unwrap(), "--json"], 0);
+    assert_eq!(b["key"], key);
+}
