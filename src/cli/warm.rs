@@ -15,7 +15,6 @@ use trtcache_client::{Client, ClientError};
 use super::output::{table, Style};
 use super::serve::PathArgs;
 use crate::config::Config;
-use crate::daemon::engine::{CancelToken, EngineError};
 use crate::daemon::repo;
 
 /// Build (or confirm in the cache) every model in the repository, with progress per model on
@@ -135,30 +134,34 @@ pub fn warm(a: WarmArgs) -> anyhow::Result<ExitCode> {
             .collect();
     }
     let start = Instant::now();
+    let req = BuildRequest {
+        models: names,
+        backend: None,
+        timeout_ms: timeout.map(|t| t.as_millis() as u64),
+        paths: files.iter().map(|f| f.display().to_string()).collect(),
+    };
+    let bars = Bars::new();
+    let mut show = |p: &trtcache_client::protocol::Progress| {
+        let elapsed = Duration::from_millis(p.elapsed_ms);
+        bars.update(&p.model, &p.backend, &p.profile, &p.phase, elapsed);
+    };
     let results = match connect(&cfg)? {
         Some(mut c) => {
             eprintln!("warm: using the daemon at {}", cfg.socket.display());
-            let req = BuildRequest {
-                models: names,
-                backend: None,
-                timeout_ms: timeout.map(|t| t.as_millis() as u64),
-                paths: files.iter().map(|f| f.display().to_string()).collect(),
-            };
-            let bars = Bars::new();
-            c.build(&req, |p| {
-                let elapsed = Duration::from_millis(p.elapsed_ms);
-                bars.update(&p.model, &p.backend, &p.profile, &p.phase, elapsed);
-            })
-            .map_err(anyhow::Error::new)
-            .context("warming through the daemon")?
+            c.build(&req, |p| show(p))
+                .map_err(anyhow::Error::new)
+                .context("warming through the daemon")?
         }
         None => {
+            // The daemon's own warm, run here (same planning, queue, worker builds, results).
             eprintln!(
                 "warm: no daemon at {}; building in-process into {}",
                 cfg.socket.display(),
                 cfg.cache_dir.display()
             );
-            local_warm(&cfg, &names, &files, timeout, start)?
+            crate::daemon::warm_in_process(&cfg, &req, &mut show)
+                .map_err(anyhow::Error::new)
+                .context("warming in-process")?
         }
     };
     let ok = results.iter().all(|r| r.state == VariantState::Ready);
@@ -184,112 +187,6 @@ pub fn warm(a: WarmArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
-}
-
-fn local_warm(
-    cfg: &Config,
-    names: &[String],
-    files: &[std::path::PathBuf],
-    timeout: Option<Duration>,
-    start: Instant,
-) -> anyhow::Result<Vec<BuildResult>> {
-    let engine = crate::daemon::open_engine(cfg).context("opening the cache")?;
-    let snapshot =
-        repo::scan(&cfg.models).with_context(|| format!("scanning {}", cfg.models.display()))?;
-    for n in names {
-        anyhow::ensure!(
-            snapshot.contains_key(n),
-            "no model `{n}` in {}",
-            cfg.models.display()
-        );
-    }
-    let bars = Bars::new();
-    let cancel = CancelToken::new();
-    if let Some(t) = timeout {
-        let c = cancel.clone();
-        std::thread::spawn(move || {
-            std::thread::sleep(t);
-            c.cancel();
-        });
-    }
-    let mut entries: Vec<_> = snapshot
-        .values()
-        .filter(|m| {
-            if names.is_empty() {
-                files.is_empty()
-            } else {
-                names.contains(&m.name)
-            }
-        })
-        .filter_map(|m| m.served().cloned())
-        .collect();
-    for f in files {
-        entries.push(repo::entry_for_path(f).map_err(anyhow::Error::msg)?);
-    }
-    let mut out = Vec::new();
-    for entry in &entries {
-        for sel in engine.variants(entry, &cfg.backends).selections {
-            let t0 = Instant::now();
-            let mut r = BuildResult {
-                model: entry.name.clone(),
-                backend: sel.backend.to_string(),
-                profile: sel.profile.clone().unwrap_or_else(|| "default".into()),
-                state: VariantState::Failed,
-                key: None,
-                cached: false,
-                code: None,
-                reason: None,
-                seconds: 0.0,
-            };
-            let prof = r.profile.clone();
-            let say = |phase: &str| {
-                bars.update(
-                    &entry.name,
-                    sel.backend.as_str(),
-                    &prof,
-                    phase,
-                    start.elapsed(),
-                )
-            };
-            say("planning");
-            let outcome = engine.plan(entry, &sel).and_then(|p| {
-                r.key = Some(p.key.hex());
-                r.profile = p.profile.clone();
-                if let Some(_a) = engine.lookup(&p)? {
-                    r.cached = true;
-                    return Ok(());
-                }
-                if cancel.is_cancelled() {
-                    return Err(EngineError::Cancelled);
-                }
-                engine
-                    .build(&p, &cancel, &|ph| say(ph.as_str()))
-                    .map(|_| ())
-            });
-            r.seconds = t0.elapsed().as_secs_f64();
-            match outcome {
-                Ok(()) => {
-                    r.state = VariantState::Ready;
-                    say("ready");
-                }
-                Err(e) => {
-                    use trtcache_client::protocol::ErrorCode;
-                    // Local warm cancels a build only when its --timeout is up.
-                    r.code = Some(match e {
-                        EngineError::Cancelled => ErrorCode::Timeout,
-                        ref e => e.code(),
-                    });
-                    r.reason = Some(match e {
-                        EngineError::Cancelled => "timed out".into(),
-                        e => e.to_string(),
-                    });
-                    say("failed");
-                }
-            }
-            out.push(r);
-        }
-    }
-    Ok(out)
 }
 
 fn render_results(results: &[BuildResult], st: Style) -> String {

@@ -104,6 +104,78 @@ fn bind(cfg: &Config) -> Result<std::os::unix::net::UnixListener, ServeError> {
     Ok(l)
 }
 
+/// `trtcache warm` when no daemon runs: the daemon's own service (the same planning, queue,
+/// single flight, builds in workers, timeouts and results as a `build` request on the
+/// socket), run in this process on the configured repository and cache, without the socket,
+/// the watcher or background builds. `progress` sees every progress event.
+pub fn warm_in_process(
+    cfg: &Config,
+    req: &trtcache_client::protocol::BuildRequest,
+    progress: &mut dyn FnMut(&trtcache_client::protocol::Progress),
+) -> Result<Vec<trtcache_client::protocol::BuildResult>, WarmError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| WarmError::Failed(format!("starting the runtime: {e}")))?;
+    let grace = Duration::from_secs(cfg.limits.shutdown_grace_secs);
+    let out = rt.block_on(async {
+        let root = repo::canonical_root(&cfg.models)
+            .map_err(|e| WarmError::Failed(format!("{}: {e}", cfg.models.display())))?;
+        let c2 = cfg.clone();
+        let engine = tokio::task::spawn_blocking(move || open_engine(&c2))
+            .await
+            .map_err(|e| WarmError::Failed(e.to_string()))?
+            .map_err(WarmError::Engine)?;
+        let svc = service::Service::new(
+            Config {
+                models: root.clone(),
+                ..cfg.clone()
+            },
+            engine,
+        );
+        tokio::spawn(svc.queue.clone().run());
+        let r = root.clone();
+        let snapshot = tokio::task::spawn_blocking(move || repo::scan(&r))
+            .await
+            .map_err(|e| WarmError::Failed(e.to_string()))?
+            .map_err(|e| WarmError::Failed(format!("scanning {}: {e}", root.display())))?;
+        svc.register(snapshot.into_values().collect(), Vec::new());
+        let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+        let s2 = svc.clone();
+        let req = req.clone();
+        let task = tokio::spawn(async move { s2.build(&req, tx).await });
+        while let Some(p) = rx.recv().await {
+            progress(&p);
+        }
+        let results = task
+            .await
+            .map_err(|e| WarmError::Failed(e.to_string()))?
+            .map_err(|(code, m)| WarmError::Request { code, message: m })?;
+        svc.queue.close(grace).await;
+        let e = svc.engine.clone();
+        if let Ok(Err(err)) = tokio::task::spawn_blocking(move || e.flush()).await {
+            tracing::warn!(error = %err, "flushing the cache failed");
+        }
+        Ok(results)
+    });
+    rt.shutdown_timeout(grace);
+    out
+}
+
+/// Why an in-process warm could not run (a model's failure is a result, not this).
+#[derive(Debug, thiserror::Error)]
+pub enum WarmError {
+    #[error("opening the cache: {0}")]
+    Engine(#[source] EngineError),
+    #[error("{code}: {message}")]
+    Request {
+        code: trtcache_client::protocol::ErrorCode,
+        message: String,
+    },
+    #[error("{0}")]
+    Failed(String),
+}
+
 /// Runs the daemon until SIGTERM, SIGINT or an admin `shutdown`; returns once builds are
 /// cancelled (within the grace period), the store is flushed and the socket removed.
 pub fn serve(cfg: Config) -> Result<(), ServeError> {

@@ -127,6 +127,23 @@ impl Service {
     /// builds of replaced or removed content, then plans and queues the new content in the
     /// background. Returns how many models changed.
     pub fn apply(self: &Arc<Self>, changed: Vec<RepoModel>, removed: Vec<String>) -> usize {
+        let n = changed.len() + removed.len();
+        for name in self.register(changed, removed) {
+            let svc = self.clone();
+            tokio::spawn(async move { svc.warm_model(&name).await });
+        }
+        n
+    }
+
+    /// [`Service::apply`] without the background warming: the models are known (and builds
+    /// of replaced or removed content cancelled), nothing is planned or queued until a
+    /// request asks. `trtcache warm` without a daemon runs this service in-process this way
+    /// (`super::warm_in_process`). Returns the names of the new or changed models.
+    pub fn register(
+        self: &Arc<Self>,
+        changed: Vec<RepoModel>,
+        removed: Vec<String>,
+    ) -> Vec<String> {
         let mut cancel = Vec::new();
         let mut fresh = Vec::new();
         {
@@ -179,12 +196,7 @@ impl Service {
         for k in &cancel {
             self.queue.cancel(k);
         }
-        let n = fresh.len() + removed.len();
-        for name in fresh {
-            let svc = self.clone();
-            tokio::spawn(async move { svc.warm_model(&name).await });
-        }
-        n
+        fresh
     }
 
     /// The current snapshot's fingerprints (for the watcher's diff).
