@@ -20,6 +20,8 @@ use super::{ElemType, OnnxError};
 pub struct LoadOptions {
     /// Largest model file accepted, in bytes (external data not counted).
     pub max_model_bytes: u64,
+    /// What decoding may allocate (nodes, attributes, tensors, bytes; see `onnx::budget`).
+    pub decode: super::budget::DecodeLimits,
 }
 
 impl Default for LoadOptions {
@@ -27,6 +29,7 @@ impl Default for LoadOptions {
         // Protobuf itself cannot exceed 2 GiB; anything larger is not a valid ONNX file.
         Self {
             max_model_bytes: 2 << 30,
+            decode: super::budget::DecodeLimits::default(),
         }
     }
 }
@@ -55,6 +58,16 @@ pub struct Model {
     pub proto: ModelProto,
     /// External-data files, sorted by location, each listed once.
     pub external_files: Vec<ExternalFile>,
+}
+
+/// Refuses bytes whose decode would allocate past `opts.decode`, before decoding them.
+fn budget_check(path: &Path, bytes: &[u8], opts: &LoadOptions) -> Result<(), OnnxError> {
+    super::budget::check(bytes, &opts.decode)
+        .map(drop)
+        .map_err(|why| OnnxError::TooCostly {
+            path: path.to_path_buf(),
+            why,
+        })
 }
 
 /// Only regular files are read (symlinks to them included): a FIFO would block the reader
@@ -96,6 +109,7 @@ impl Model {
     pub fn load_with(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<Self, OnnxError> {
         let path = path.as_ref().to_path_buf();
         let bytes = map_file(&path, opts)?;
+        budget_check(&path, &bytes, opts)?;
         let proto = ModelProto::decode(bytes.clone()).map_err(|e| OnnxError::Decode {
             path: path.clone(),
             message: e.to_string(),
@@ -150,6 +164,7 @@ impl Model {
     /// resolves relative to `path`'s folder.
     pub fn from_bytes(path: impl AsRef<Path>, bytes: Bytes) -> Result<Self, OnnxError> {
         let path = path.as_ref().to_path_buf();
+        budget_check(&path, &bytes, &LoadOptions::default())?;
         let proto = ModelProto::decode(bytes.clone()).map_err(|e| OnnxError::Decode {
             path: path.clone(),
             message: e.to_string(),

@@ -8,6 +8,7 @@
 //! for `inspect`.
 
 pub(crate) mod attr;
+pub mod budget;
 pub(crate) mod dtype;
 pub mod facts;
 pub(crate) mod fxhash;
@@ -44,6 +45,9 @@ pub enum OnnxError {
     Decode { path: PathBuf, message: String },
     #[error("{path}: not an ONNX model: {why}")]
     NotAModel { path: PathBuf, why: String },
+    /// Decoding would allocate far more than the file's size (see `onnx::budget`).
+    #[error("{path}: {why}")]
+    TooCostly { path: PathBuf, why: String },
     #[error("{path}: tensor `{tensor}`: external data {why}")]
     ExternalData {
         path: PathBuf,

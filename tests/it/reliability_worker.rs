@@ -106,3 +106,49 @@ fn the_cli_build_kills_an_endless_model_at_its_timeout() {
     // Not a timing assertion: an unkilled loop of 10^15 trips would never return at all.
     assert!(t0.elapsed() < Duration::from_secs(120));
 }
+
+/// A 10 MB protobuf of 5,000,000 empty nodes (2 bytes each) would decode to gigabytes in
+/// `key`, `inspect` and the daemon's planner, which run in the daemon: it is refused before
+/// decoding, by the CLI and by the daemon, which keeps serving.
+fn amplification_model() -> Vec<u8> {
+    let nodes = 5_000_000usize;
+    let mut graph = Vec::with_capacity(2 * nodes);
+    for _ in 0..nodes {
+        graph.extend_from_slice(&[0x0a, 0x00]); // GraphProto.node (field 1), empty
+    }
+    let mut out = vec![0x08, 0x08]; // ModelProto.ir_version = 8
+    out.push(0x3a); // ModelProto.graph (field 7)
+    let mut len = graph.len() as u64;
+    while len >= 0x80 {
+        out.push((len as u8 & 0x7f) | 0x80);
+        len >>= 7;
+    }
+    out.push(len as u8);
+    out.extend_from_slice(&graph);
+    out
+}
+
+#[test]
+fn a_protobuf_that_decodes_to_gigabytes_is_refused_before_decoding() {
+    let dir = tempfile::tempdir().unwrap();
+    let amp = dir.path().join("amp.onnx");
+    std::fs::write(&amp, amplification_model()).unwrap();
+    for cmd in [&["key"][..], &["inspect", "--json"]] {
+        let mut args: Vec<&str> = cmd.to_vec();
+        args.push(amp.to_str().unwrap());
+        let out = support::trtcache(&args);
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cmd:?}: {e}");
+        assert!(e.contains("decoding it would allocate"), "{cmd:?}: {e}");
+    }
+    let mut d = Daemon::new();
+    std::fs::write(d.models().join("amp.onnx"), amplification_model()).unwrap();
+    write(&models::tiny_encoder(false), &d.models().join("enc.onnx")).unwrap();
+    d.start();
+    let list = d.wait_settled(&["amp", "enc"]);
+    let why = reason(&list, "amp");
+    assert!(why.contains("decoding it would allocate"), "{why}");
+    let enc = list.iter().find(|m| m.name == "enc").unwrap();
+    assert_eq!(enc.variants[0].state, VariantState::Ready, "{}", d.log());
+    assert!(d.stop(), "{}", d.log());
+}
