@@ -115,6 +115,10 @@ pub struct Limits {
     /// CPU-seconds bound of a build worker (`RLIMIT_CPU`); 0: none (`build_timeout_secs`
     /// bounds the wall time, after which the worker is killed).
     pub worker_cpu_secs: u64,
+    /// Largest total size of a model's random validation inputs, in bytes: a model whose
+    /// fixed input would need more is refused (give it golden inputs) before anything is
+    /// allocated.
+    pub validation_max_bytes: u64,
 }
 
 impl Limits {
@@ -174,6 +178,7 @@ impl Default for Limits {
             io_threads: 1,
             worker_memory_bytes: 0,
             worker_cpu_secs: 0,
+            validation_max_bytes: 2 << 30,
         }
     }
 }

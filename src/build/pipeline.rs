@@ -61,6 +61,7 @@ impl BuildJob {
                 int_range: (plan.golden.int_range[0], plan.golden.int_range[1]),
                 tolerance: Some(plan.tolerance),
                 golden: plan.golden.npz.clone(),
+                ..ValidationConfig::default()
             },
             force: false,
         }

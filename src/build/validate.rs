@@ -46,6 +46,17 @@ pub struct ValidationConfig {
     pub tolerance: Option<Tolerance>,
     /// Golden inputs (`.npz`, one array per input name) instead of random ones.
     pub golden: Option<PathBuf>,
+    /// Largest total size of the random inputs, in bytes (`limits.validation_max_bytes`): a
+    /// model with a huge fixed input is refused with this, before anything is allocated.
+    #[serde(default = "default_max_input_bytes")]
+    pub max_input_bytes: u64,
+}
+
+/// Default [`ValidationConfig::max_input_bytes`]: 2 GiB.
+pub const DEFAULT_MAX_INPUT_BYTES: u64 = 2 << 30;
+
+fn default_max_input_bytes() -> u64 {
+    DEFAULT_MAX_INPUT_BYTES
 }
 
 impl Default for ValidationConfig {
@@ -57,7 +68,22 @@ impl Default for ValidationConfig {
             int_range: (0, 2),
             tolerance: None,
             golden: None,
+            max_input_bytes: DEFAULT_MAX_INPUT_BYTES,
         }
+    }
+}
+
+/// Bytes one random input of type `vt` and `dims` takes, with checked arithmetic (`None`:
+/// the element count overflows). Strings are counted at 16 bytes an element.
+fn input_bytes(vt: &ValueType, dims: &[i64]) -> Option<u64> {
+    let n = dims
+        .iter()
+        .try_fold(1u64, |a, &d| a.checked_mul(u64::try_from(d.max(0)).ok()?))?;
+    match vt {
+        ValueType::Tensor { ty, .. } => n.checked_mul(ty.byte_size(1).unwrap_or(16) as u64),
+        ValueType::Optional(inner) => input_bytes(inner, dims),
+        ValueType::Sequence(inner) => input_bytes(inner, dims)?.checked_mul(2),
+        _ => Some(0),
     }
 }
 
@@ -135,6 +161,26 @@ fn random_inputs(
     shapes: &Shapes,
     cfg: &ValidationConfig,
 ) -> Result<Inputs, BuildError> {
+    // The byte budget first, with checked arithmetic: a fixed float32[100000, 100000] input
+    // (40 GB) or a shape whose element count overflows is refused before any allocation.
+    let mut total: u64 = 0;
+    for input in session.inputs() {
+        let dims = shapes.get(input.name()).cloned().unwrap_or_default();
+        let what = format!("input `{}` {dims:?}", input.name());
+        total = input_bytes(input.dtype(), &dims)
+            .and_then(|b| total.checked_add(b))
+            .ok_or_else(|| {
+                BuildError::Validation(format!(
+                    "{what}: the element count overflows; give golden inputs (--golden or [golden] npz)"
+                ))
+            })?;
+        if total > cfg.max_input_bytes {
+            return Err(BuildError::Validation(format!(
+                "validation inputs need at least {total} bytes ({what}), over limits.validation_max_bytes ({}); give golden inputs, a smaller profile, or raise the limit",
+                cfg.max_input_bytes
+            )));
+        }
+    }
     let mut rng = SplitMix64(cfg.seed);
     let mut values = Vec::new();
     for input in session.inputs() {

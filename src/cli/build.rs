@@ -252,6 +252,7 @@ pub(super) fn request(a: &BuildArgs) -> anyhow::Result<(BuildJob, Option<u64>)> 
     // Flags override the plan's validation settings (the sidecar's, or the defaults).
     req.force = a.force;
     req.validation = ValidationConfig {
+        max_input_bytes: req.validation.max_input_bytes,
         seed: a.seed.unwrap_or(req.validation.seed),
         int_range,
         tolerance: Some(Tolerance {

@@ -35,6 +35,8 @@ pub struct CachedEngine {
     max_bytes: u64,
     /// [`BuildOptions::external_min_bytes`] for every build (config `external_min_bytes`).
     external_min_bytes: u64,
+    /// `limits.validation_max_bytes` for every build.
+    validation_max_bytes: u64,
     /// The fleet tier (config `[remote]`): consulted before a build, fed after one.
     remote: Option<crate::remote::RemoteTier>,
 }
@@ -96,10 +98,11 @@ impl CachedEngine {
     pub fn open(
         cache_dir: &Path,
         ort_library: Option<&Path>,
-        max_bytes: u64,
         external_min_bytes: u64,
-        worker: crate::build::WorkerLimits,
+        limits: &crate::config::Limits,
     ) -> Result<Self, EngineError> {
+        let max_bytes = limits.cache_size_bytes;
+        let worker = limits.worker();
         let store = SledStore::open(
             cache_dir,
             StoreOptions {
@@ -139,6 +142,7 @@ impl CachedEngine {
             store,
             max_bytes,
             external_min_bytes,
+            validation_max_bytes: limits.validation_max_bytes,
             remote: None,
         })
     }
@@ -195,7 +199,7 @@ impl CachedEngine {
             e => EngineError::Invalid(format!("{}: {e}", model.path.display()).into()),
         })?;
         drop(m);
-        let req = BuildJob::from_plan(
+        let mut req = BuildJob::from_plan(
             &model.path,
             sel.backend,
             &plan,
@@ -204,6 +208,7 @@ impl CachedEngine {
                 ..BuildOptions::default()
             },
         );
+        req.validation.max_input_bytes = self.validation_max_bytes;
         Ok((req, plan))
     }
 
@@ -599,9 +604,8 @@ pub fn open(cfg: &crate::config::Config) -> Result<CachedEngine, EngineError> {
     let engine = CachedEngine::open(
         &cfg.cache_dir,
         cfg.ort_dylib.as_deref(),
-        cfg.limits.cache_size_bytes,
         cfg.external_min_bytes,
-        cfg.limits.worker(),
+        &cfg.limits,
     )?;
     Ok(match &cfg.remote {
         Some(r) => engine.with_remote(
