@@ -34,6 +34,7 @@ from typing import (
     Union,
 )
 
+from . import errors as _errors
 from .errors import (
     BY_CODE,
     BadFrame,
@@ -75,32 +76,7 @@ __all__ = [
     "DEFAULT_MAX_RESPONSE",
     "MAX_FDS",
     "BACKEND_PROVIDERS",
-    "TrtcacheError",
-    "BadFrame",
-    "FrameTooLarge",
-    "UnknownRequest",
-    "BadRequest",
-    "UnsupportedVersion",
-    "BadName",
-    "NotFound",
-    "NotReady",
-    "BuildFailed",
-    "Cancelled",
-    "Timeout",
-    "PermissionDenied",
-    "Busy",
-    "IdleTimeout",
-    "ShuttingDown",
-    "Internal",
-    "ConnectionFailed",
-    "ConnectionTimeout",
-    "ResponseTooLarge",
-    "DescriptorsTruncated",
-    "ProviderUnavailable",
-    "UnexpectedResponse",
-    "BY_CODE",
-    "error_for",
-]
+] + _errors.__all__
 
 PROTOCOL_VERSION = 1
 DEFAULT_SOCKET = "/run/trtcache/trtcache.sock"
