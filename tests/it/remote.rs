@@ -753,6 +753,31 @@ fn remote_gc_prunes_by_age_only() {
     assert_eq!(local_entries(&f.writer), 1);
 }
 
+/// `trtcache pull MODEL` as `reader`, in the background (stderr as given).
+fn spawn_pull(reader: &Host, m: &Path, stderr: Stdio) -> Child {
+    let mut c = cmd();
+    c.args(["pull", m.to_str().unwrap()])
+        .env("ORT_DYLIB_PATH", ort_dylib())
+        .env("TRTCACHE_CACHE_DIR", reader.cache())
+        .env("TRTCACHE_CONFIG", reader.config())
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .stdout(Stdio::null())
+        .stderr(stderr);
+    c.spawn().unwrap()
+}
+
+/// Whether a staging directory under `tmp` holds a partly written download.
+fn partial_download(tmp: &Path) -> bool {
+    std::fs::read_dir(tmp)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|d| d.file_name().to_string_lossy().starts_with("build-"))
+        .flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
+        .any(|f| f.metadata().map(|x| x.len() > 0).unwrap_or(false))
+}
+
 #[test]
 fn a_sigkill_mid_download_leaves_no_partial_entry() {
     let moto = Moto::start();
@@ -771,28 +796,12 @@ fn a_sigkill_mid_download_leaves_no_partial_entry() {
     let mut caught = false;
     for _ in 0..5 {
         let _ = std::fs::remove_dir_all(reader.cache());
-        let mut c = cmd();
-        c.args(["pull", m.to_str().unwrap()])
-            .env("ORT_DYLIB_PATH", ort_dylib())
-            .env("TRTCACHE_CACHE_DIR", reader.cache())
-            .env("TRTCACHE_CONFIG", reader.config())
-            .env("AWS_ACCESS_KEY_ID", "test")
-            .env("AWS_SECRET_ACCESS_KEY", "test")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let mut child = c.spawn().unwrap();
+        let mut child = spawn_pull(&reader, &m, Stdio::null());
         let tmp = reader.cache().join("tmp");
         let deadline = Instant::now() + Duration::from_secs(120);
         // Poll for a partly written download in a staging directory, then SIGKILL.
         while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
-            let partial = std::fs::read_dir(&tmp)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .filter(|d| d.file_name().to_string_lossy().starts_with("build-"))
-                .flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
-                .any(|f| f.metadata().map(|x| x.len() > 0).unwrap_or(false));
-            if partial {
+            if partial_download(&tmp) {
                 child.kill().unwrap();
                 caught = true;
                 break;
@@ -936,27 +945,12 @@ fn the_endpoint_going_down_mid_download_fails_the_pull_cleanly_and_local_builds_
         writer.run_json(&["push", &key, "--json"], 0);
         reader.write_config(&moto.endpoint(), &reader_cfg(&[&signer]));
         let _ = std::fs::remove_dir_all(reader.cache());
-        let mut c = cmd();
-        c.args(["pull", m.to_str().unwrap()])
-            .env("ORT_DYLIB_PATH", ort_dylib())
-            .env("TRTCACHE_CACHE_DIR", reader.cache())
-            .env("TRTCACHE_CONFIG", reader.config())
-            .env("AWS_ACCESS_KEY_ID", "test")
-            .env("AWS_SECRET_ACCESS_KEY", "test")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = c.spawn().unwrap();
+        let mut child = spawn_pull(&reader, &m, Stdio::piped());
         let deadline = Instant::now() + Duration::from_secs(120);
         let mut killed = false;
         // Poll for a partly written download in a staging directory, then stop the server.
         while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
-            let partial = std::fs::read_dir(&tmp)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
-                .any(|f| f.metadata().map(|x| x.len() > 0).unwrap_or(false));
-            if partial {
+            if partial_download(&tmp) {
                 moto.child.kill().unwrap();
                 let _ = moto.child.wait();
                 killed = true;
