@@ -220,7 +220,16 @@ fn render_results(results: &[BuildResult], st: Style) -> String {
 
 pub fn status(a: StatusArgs) -> anyhow::Result<ExitCode> {
     let cfg = a.paths.load()?;
-    let models = match connect(&cfg)? {
+    let conn = connect(&cfg)?;
+    // A socket named on the command line that does not answer is an error: reading the cache
+    // instead would print every model as `missing` and exit 0.
+    if conn.is_none() && a.paths.socket.is_some() {
+        anyhow::bail!(
+            "no daemon answers at {} (the --socket given); start it (`trtcache serve`) or drop --socket to read the cache directly",
+            cfg.socket.display()
+        );
+    }
+    let models = match conn {
         Some(mut c) => match &a.model {
             Some(m) => vec![c
                 .status(m)

@@ -713,3 +713,24 @@ fn a_model_rewritten_with_identical_bytes_during_its_build_still_becomes_ready()
         d.tmp_files()
     );
 }
+
+/// `status --socket PATH` for a socket nobody serves is an error naming it, never a silent
+/// read of the cache that prints every model `missing` and exits 0.
+#[test]
+fn status_for_a_named_socket_that_does_not_answer_is_an_error() {
+    let d = Daemon::new();
+    let sock = d.root.join("nobody.sock");
+    let out = support::trtcache([
+        "status",
+        "--config",
+        d.config().to_str().unwrap(),
+        "--socket",
+        sock.to_str().unwrap(),
+    ]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains("no daemon answers at") && e.contains("nobody.sock"),
+        "{e}"
+    );
+}
