@@ -80,6 +80,18 @@ fn cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
     None
 }
 
+/// The module a file under `root` belongs to: its first path component, without `.rs`.
+fn module_of(root: &Path, p: &Path) -> String {
+    let rel = p.strip_prefix(root).unwrap();
+    let first = rel
+        .components()
+        .next()
+        .unwrap()
+        .as_os_str()
+        .to_string_lossy();
+    first.trim_end_matches(".rs").to_string()
+}
+
 fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
@@ -89,14 +101,7 @@ fn top_level_modules_import_each_other_without_cycles() {
     let root = src();
     let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (p, code) in sources(&root) {
-        let rel = p.strip_prefix(&root).unwrap();
-        let first = rel
-            .components()
-            .next()
-            .unwrap()
-            .as_os_str()
-            .to_string_lossy();
-        let module = first.trim_end_matches(".rs").to_string();
+        let module = module_of(&root, &p);
         for u in uses(&code, "crate::") {
             if u != module {
                 g.entry(module.clone()).or_default().insert(u.to_string());
@@ -120,27 +125,12 @@ fn analysis_files_import_each_other_without_cycles() {
     let dir = src().join("analysis");
     let files: BTreeSet<String> = sources(&dir)
         .iter()
-        .map(|(p, _)| {
-            let rel = p.strip_prefix(&dir).unwrap();
-            let first = rel
-                .components()
-                .next()
-                .unwrap()
-                .as_os_str()
-                .to_string_lossy();
-            first.trim_end_matches(".rs").to_string()
-        })
+        .map(|(p, _)| module_of(&dir, p))
         .collect();
     let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (p, code) in sources(&dir) {
         let rel = p.strip_prefix(&dir).unwrap();
-        let first = rel
-            .components()
-            .next()
-            .unwrap()
-            .as_os_str()
-            .to_string_lossy();
-        let me = first.trim_end_matches(".rs").to_string();
+        let me = module_of(&dir, &p);
         if me == "mod" {
             continue;
         }
