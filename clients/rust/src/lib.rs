@@ -25,7 +25,7 @@ mod session;
 pub use client::{Artifact, Client, ClientError, DEFAULT_MAX_RESPONSE};
 pub use protocol::{
     AcquireRequest, ArtifactMeta, BuildRequest, ErrorCode, ModelStatus, Progress, Request,
-    Response, Stats, VariantState, PROTOCOL_VERSION,
+    Response, Stats, VariantState, WatchEvent, WatchReason, PROTOCOL_VERSION,
 };
 #[cfg(feature = "ort")]
 pub use session::SessionError;
