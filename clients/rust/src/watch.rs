@@ -75,7 +75,7 @@ impl Watcher {
     /// [`WatchCloser::close`] was called.
     pub fn next_event(&mut self) -> Result<WatchEvent, ClientError> {
         self.next_timeout(None)?
-            .ok_or_else(|| ClientError::Frame(FrameError::Closed))
+            .ok_or(ClientError::Frame(FrameError::Closed))
     }
 
     /// The next event if one arrives within `timeout` (`None`: wait for ever); `Ok(None)`
