@@ -314,6 +314,16 @@ impl Service {
         if let Some(m) = st.models.get_mut(&entry.name) {
             if keep && m.generation == generation {
                 m.plans.insert(slot, r.clone());
+                // A model whose new content cannot even be planned (not ONNX, an unknown
+                // profile in its sidecar) tells its watchers so, as a failed build does.
+                let served = m.repo.served().map(|e| e.version);
+                if let (Err((_, msg)), Some(v)) = (&r, served) {
+                    if v == entry.version {
+                        let profile = sel.profile.clone().unwrap_or_else(|| "default".into());
+                        let change = Change::Failed(msg.clone());
+                        self.announce_variant(&entry.name, m, v, sel, &profile, &change);
+                    }
+                }
             }
         }
         r
@@ -395,7 +405,7 @@ impl Service {
         match r {
             Ok(a) => {
                 st.ready.insert(key, a.clone());
-                self.announce(&mut st, key, Change::Ready(a.origin));
+                self.announce(&mut st, key, Change::Ready(key, a.origin));
             }
             Err((ErrorCode::Cancelled | ErrorCode::ShuttingDown, _)) => {}
             Err((_, msg)) => self.announce(&mut st, key, Change::Failed(msg.clone())),
@@ -409,25 +419,44 @@ impl Service {
             let Some(version) = m.repo.served().map(|e| e.version) else {
                 continue;
             };
-            for ((v, sel), p) in &m.plans {
-                let Ok(p) = p else { continue };
-                if *v != version || p.key != key {
-                    continue;
-                }
-                let variant = VariantId {
-                    model: name,
-                    version,
-                    profile: &p.profile,
-                    backend: sel.backend.to_string(),
-                };
-                let mut last = m.announced.get(sel).cloned();
-                if let Some(ev) = change.event(variant, key, &mut last) {
-                    if let Some(l) = last {
-                        m.announced.insert(sel.clone(), l);
+            let hits: Vec<(Selection, String)> = m
+                .plans
+                .iter()
+                .filter_map(|((v, sel), p)| match p {
+                    Ok(p) if *v == version && p.key == key => {
+                        Some((sel.clone(), p.profile.clone()))
                     }
-                    self.watchers.publish(ev);
-                }
+                    _ => None,
+                })
+                .collect();
+            for (sel, profile) in hits {
+                self.announce_variant(name, m, version, &sel, &profile, &change);
             }
+        }
+    }
+
+    /// Publishes `change` of one variant of `m` unless it was the last thing said about it.
+    fn announce_variant(
+        &self,
+        name: &str,
+        m: &mut ModelState,
+        version: u64,
+        sel: &Selection,
+        profile: &str,
+        change: &Change,
+    ) {
+        let variant = VariantId {
+            model: name,
+            version,
+            profile,
+            backend: sel.backend.to_string(),
+        };
+        let mut last = m.announced.get(sel).cloned();
+        if let Some(ev) = change.event(variant, &mut last) {
+            if let Some(l) = last {
+                m.announced.insert(sel.clone(), l);
+            }
+            self.watchers.publish(ev);
         }
     }
 
@@ -477,7 +506,7 @@ impl Service {
             Ok(Ok(Some(a))) => {
                 let mut st = self.lock();
                 st.ready.insert(p.key, a.clone());
-                self.announce(&mut st, p.key, Change::Ready(a.origin));
+                self.announce(&mut st, p.key, Change::Ready(p.key, a.origin));
                 Some(a)
             }
             Ok(Err(e)) => {

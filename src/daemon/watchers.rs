@@ -79,8 +79,8 @@ pub struct Announced {
 /// What happened to a variant's artifact.
 #[derive(Clone, Debug)]
 pub enum Change {
-    /// Ready (in memory now), from where.
-    Ready(Origin),
+    /// Ready (in memory now) with this key, from where.
+    Ready(CacheKey, Origin),
     /// Evicted from the cache.
     Evicted,
     /// Its build failed, with the reason.
@@ -100,11 +100,10 @@ impl Change {
     pub fn event(
         &self,
         variant: VariantId<'_>,
-        key: CacheKey,
         last: &mut Option<Announced>,
     ) -> Option<WatchEvent> {
         let (key, reason, origin, message) = match self {
-            Change::Ready(o) => (Some(key), WatchReason::Ready, Some(*o), None),
+            Change::Ready(k, o) => (Some(*k), WatchReason::Ready, Some(*o), None),
             Change::Evicted => (None, WatchReason::Evicted, None, None),
             Change::Failed(m) => (None, WatchReason::Failed, None, Some(m.clone())),
         };
@@ -205,7 +204,8 @@ mod tests {
     use super::*;
 
     fn ready(key: u8) -> (Change, CacheKey) {
-        (Change::Ready(Origin::Built), CacheKey([key; 32]))
+        let k = CacheKey([key; 32]);
+        (Change::Ready(k, Origin::Built), k)
     }
 
     fn variant() -> VariantId<'static> {
@@ -221,17 +221,27 @@ mod tests {
     fn a_change_seen_twice_is_announced_once() {
         let mut last = None;
         let (c, k) = ready(1);
-        let ev = c.event(variant(), k, &mut last).expect("first");
+        let ev = c.event(variant(), &mut last).expect("first");
         assert_eq!(ev.key.as_deref(), Some(k.hex().as_str()));
         assert_eq!((ev.reason, ev.version), (WatchReason::Ready, Some(3)));
-        assert!(c.event(variant(), k, &mut last).is_none(), "repeat");
-        let ev = Change::Evicted.event(variant(), k, &mut last).unwrap();
+        assert!(c.event(variant(), &mut last).is_none(), "repeat");
+        let ev = Change::Evicted.event(variant(), &mut last).unwrap();
         assert_eq!((ev.reason, ev.key), (WatchReason::Evicted, None));
-        assert!(Change::Evicted.event(variant(), k, &mut last).is_none());
+        assert!(Change::Evicted.event(variant(), &mut last).is_none());
         // Built again after the eviction: the same key is news again.
-        assert!(c.event(variant(), k, &mut last).is_some());
-        let (c2, k2) = ready(2);
-        assert!(c2.event(variant(), k2, &mut last).is_some(), "new key");
+        assert!(c.event(variant(), &mut last).is_some());
+        let (c2, _) = ready(2);
+        assert!(c2.event(variant(), &mut last).is_some(), "new key");
+        let failed = Change::Failed("no".into());
+        assert_eq!(
+            failed
+                .event(variant(), &mut last)
+                .unwrap()
+                .message
+                .as_deref(),
+            Some("no")
+        );
+        assert!(failed.event(variant(), &mut last).is_none());
     }
 
     fn limits(queue: usize, frame_secs: u64) -> Limits {

@@ -147,6 +147,30 @@ fn a_watcher_hears_new_content_evictions_and_removal_and_the_follower_swaps_its_
     // The acquired artifact itself is the new model too.
     assert_eq!(run_encoder(&mut artifact_session(&art), 4), after);
 
+    // New content that fails: an op ONNX Runtime cannot load (the build fails), then bytes
+    // that are not ONNX (planning fails). Each is `changed`, then `failed` with the reason;
+    // the follower keeps its session.
+    for (what, bytes) in [
+        ("build", None),
+        ("plan", Some(b"not an onnx model".to_vec())),
+    ] {
+        let staged = d.root.join("outside/enc.onnx");
+        match bytes {
+            None => write(&models::custom_domain(), &staged).unwrap(),
+            Some(b) => std::fs::write(&staged, b).unwrap(),
+        }
+        std::fs::rename(&staged, d.models().join("enc.onnx")).unwrap();
+        until(&d, &mut w, "changed", |e| e.reason == WatchReason::Changed);
+        let failed = until(&d, &mut w, "failed", |e| e.reason == WatchReason::Failed);
+        assert_eq!(failed.key, None, "{what}");
+        assert!(
+            failed.message.as_deref().is_some_and(|m| !m.is_empty()),
+            "{what}: {failed:?}"
+        );
+    }
+    assert_eq!(run(&f), after, "a failed deploy keeps the session");
+    assert_eq!(f.swaps(), 1);
+
     // Gone from the repository: `removed`; the subscription goes on.
     std::fs::remove_file(d.models().join("enc.onnx")).unwrap();
     until(&d, &mut w, "removed", |e| e.reason == WatchReason::Removed);

@@ -82,9 +82,13 @@ class Watcher:
     def __init__(self, client: "Client", model: str) -> None:
         self._client = client
         self.model: str = model
-        msg, fds = client._call({"op": "watch", "model": model})
-        _close(fds)
-        self.status: Json = dict(client._expect(msg, "watching", "model"))
+        try:
+            msg, fds = client._call({"op": "watch", "model": model})
+            _close(fds)
+            self.status: Json = dict(client._expect(msg, "watching", "model"))
+        except BaseException:
+            client.close()  # refused (not_found, busy): the connection is of no further use
+            raise
 
     def next(self, timeout: Optional[float] = None) -> Optional[WatchEvent]:
         """The next event, or None when none arrives within ``timeout`` seconds (None: wait
@@ -186,7 +190,11 @@ class SessionHandle:
         self.last_event: Optional[WatchEvent] = None
         # Subscribe first, then acquire: a change in between is an event, never missed.
         self._watcher: Optional[Watcher] = Watcher(self._client(), model)
-        self._metadata, self._session = self._load()
+        try:
+            self._metadata, self._session = self._load()
+        except BaseException:
+            self._watcher.close()
+            raise
         self._thread = threading.Thread(
             target=self._follow, name="trtcache-watch-%s" % model, daemon=True
         )

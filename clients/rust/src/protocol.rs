@@ -801,6 +801,41 @@ mod tests {
     }
 
     #[test]
+    fn watch_frames_round_trip() {
+        let r: Request = serde_json::from_str(r#"{"op":"watch","model":"m"}"#).unwrap();
+        assert_eq!(r, Request::Watch { model: "m".into() });
+        assert!(REQUEST_OPS.contains(&"watch"));
+        let ev = Response::WatchEvent(WatchEvent {
+            model: "m".into(),
+            reason: WatchReason::Ready,
+            version: Some(2),
+            profile: Some("default".into()),
+            backend: Some("ort-cpu".into()),
+            key: Some("ab".repeat(32)),
+            origin: Some(Origin::Built),
+            message: None,
+        });
+        let j = serde_json::to_string(&ev).unwrap();
+        assert!(
+            j.contains(r#""kind":"watch_event""#) && j.contains(r#""reason":"ready""#),
+            "{j}"
+        );
+        assert_eq!(serde_json::from_str::<Response>(&j).unwrap(), ev);
+        // A model-wide event from a peer that leaves the optional fields out.
+        let bare: Response =
+            serde_json::from_str(r#"{"kind":"watch_event","model":"m","reason":"resync"}"#)
+                .unwrap();
+        let Response::WatchEvent(e) = bare else {
+            unreachable!()
+        };
+        assert_eq!(
+            (e.reason, e.key, e.profile),
+            (WatchReason::Resync, None, None)
+        );
+        assert_eq!(WatchReason::Evicted.to_string(), "evicted");
+    }
+
+    #[test]
     fn names_that_are_paths_are_invalid() {
         for bad in [
             "",
