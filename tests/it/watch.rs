@@ -2,8 +2,10 @@
 //! an eviction and of the model leaving; the clients' followers swap their ONNX Runtime
 //! session for one of the new artifact (its outputs change) and keep it across evictions; an
 //! unknown model is `not_found`; a watcher that never reads stalls neither builds nor other
-//! clients; `limits.max_watchers` bounds subscriptions. The Python client's watcher and
-//! `watch_session` run the same story.
+//! clients; `limits.max_watchers` bounds subscriptions; shutdown ends subscriptions; both
+//! followers keep their session while the daemon is down and catch up with a model replaced
+//! meanwhile once it is back. The Python client's watcher and `watch_session` run the same
+//! story.
 
 use std::io::Write;
 use std::os::unix::net::UnixStream;
@@ -246,7 +248,43 @@ fn a_watcher_that_never_reads_stalls_neither_builds_nor_other_clients() {
             Err(e) => panic!("{e}"),
         }
     };
-    drop((again, deaf, w));
+    drop((again, deaf));
+
+    // Shutdown ends every subscription with `shutting_down` and does not wait for them.
+    assert!(d.stop());
+    match w.next_event() {
+        Err(e) => assert!(
+            e.code() == Some(ErrorCode::ShuttingDown)
+                || matches!(
+                    e,
+                    trtcache_client::ClientError::Frame(trtcache_client::frame::FrameError::Closed)
+                ),
+            "{e}"
+        ),
+        Ok(ev) => panic!("an event after shutdown: {ev:?}"),
+    }
+}
+
+#[test]
+fn a_follower_keeps_its_session_while_the_daemon_is_away_and_catches_up_after() {
+    let mut d = daemon_with("");
+    let f = follower(&d);
+    let before = run(&f);
+    let k0 = f.current().metadata.key.clone();
+    assert!(d.stop());
+    assert_eq!(run(&f), before, "the session works with no daemon");
+    // Deployed while the daemon is down: no event can tell the follower, the reconnect does.
+    deploy(&d, "enc", 31);
+    d.start();
+    assert!(
+        f.wait_swap(0, Duration::from_secs(180)),
+        "no swap after the restart: {:?}\n{}",
+        f.last_error(),
+        d.log()
+    );
+    assert_ne!(f.current().metadata.key, k0);
+    assert_ne!(run(&f), before);
+    drop(f);
     assert!(d.stop());
 }
 
@@ -307,5 +345,53 @@ print("watch ok")
         ],
     );
     assert!(out.contains("watch ok"), "{out}");
+    assert!(d.stop());
+}
+
+#[test]
+fn python_watch_session_keeps_its_session_while_the_daemon_is_away_and_catches_up_after() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let mut d = daemon_with("");
+    let script = r#"
+import sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import trtcache_client as t
+x = {"x": np.ones((1, 3, 64), np.float32)}
+with t.Client(sys.argv[2], timeout=300).watch_session("enc", providers=["CPUExecutionProvider"]) as h:
+    k0, before = h.key, h.current().run(None, x)[0]
+    print("following", flush=True)
+    sys.stdin.readline()                    # the daemon was stopped, the model replaced, restarted
+    assert np.allclose(h.current().run(None, x)[0], before), "the session worked meanwhile"
+    assert h.wait_swap(0, timeout=180), h.last_error
+    assert h.key != k0 and not np.allclose(h.current().run(None, x)[0], before)
+print("caught up", flush=True)
+"#;
+    let mut child = Command::new(support::python())
+        .arg("-c")
+        .arg(script)
+        .arg(crate::clients::python_client())
+        .arg(d.socket())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "following", "{}", d.log());
+    assert!(d.stop());
+    deploy(&d, "enc", 41);
+    d.start();
+    writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    let st = child.wait().unwrap();
+    assert!(
+        st.success() && line.trim() == "caught up",
+        "{line:?} {st}\n{}",
+        d.log()
+    );
     assert!(d.stop());
 }
