@@ -119,6 +119,13 @@ pub struct Limits {
     /// fixed input would need more is refused (give it golden inputs) before anything is
     /// allocated.
     pub validation_max_bytes: u64,
+    /// Connections subscribed with `watch` at once (each also holds one of
+    /// `max_connections`, and is never reclaimed: it is not waiting for a request); more get
+    /// `busy`.
+    pub max_watchers: usize,
+    /// Events a watcher may fall behind (its backlog, shared ring of this many events) before
+    /// the daemon drops them and sends it one `resync` event instead.
+    pub watch_queue: usize,
 }
 
 impl Limits {
@@ -179,6 +186,8 @@ impl Default for Limits {
             worker_memory_bytes: 0,
             worker_cpu_secs: 0,
             validation_max_bytes: 2 << 30,
+            max_watchers: 256,
+            watch_queue: 256,
         }
     }
 }
@@ -349,7 +358,7 @@ impl Config {
     fn validate(&self) -> Result<(), ConfigError> {
         self.socket_mode_bits()?;
         let l = &self.limits;
-        let positive: [(&'static str, u64); 7] = [
+        let positive: [(&'static str, u64); 9] = [
             ("limits.build_concurrency", l.build_concurrency as u64),
             ("limits.io_threads", l.io_threads as u64),
             ("limits.max_connections", l.max_connections as u64),
@@ -357,6 +366,8 @@ impl Config {
             ("limits.build_timeout_secs", l.build_timeout_secs),
             ("limits.idle_timeout_secs", l.idle_timeout_secs),
             ("limits.frame_timeout_secs", l.frame_timeout_secs),
+            ("limits.max_watchers", l.max_watchers as u64),
+            ("limits.watch_queue", l.watch_queue as u64),
         ];
         for (key, v) in positive {
             if v == 0 {

@@ -2,7 +2,8 @@
 //! keeps every model's artifacts built through the [`engine::Engine`] with a single-flight
 //! build queue (`queue`), and hands them to local processes over a Unix socket (`server`)
 //! speaking [`trtcache_client::protocol`]. `service` holds the state between them; `systemd`
-//! does readiness, watchdog and socket activation. Shutdown happens in one place, [`serve`]:
+//! does readiness, watchdog and socket activation; `watchers` streams a model's artifact
+//! changes to subscribed clients. Shutdown happens in one place, [`serve`]:
 //! a watch channel that the accept loop, the watcher and the queue all observe.
 
 pub(crate) mod cached;
@@ -15,6 +16,7 @@ pub(crate) mod server;
 pub(crate) mod service;
 pub(crate) mod systemd;
 pub(crate) mod watch;
+mod watchers;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

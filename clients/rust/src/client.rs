@@ -271,6 +271,26 @@ impl Client {
         }
     }
 
+    /// The socket this client connects to.
+    pub fn socket_path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The read/write timeout set with [`Client::set_timeout`].
+    pub fn timeout(&self) -> Option<Duration> {
+        self.stream.read_timeout().ok().flatten()
+    }
+
+    /// The largest response frame accepted ([`Client::set_max_response`]).
+    pub fn max_response(&self) -> u32 {
+        self.max_response
+    }
+
+    /// A second handle on the connection's socket (to shut it down from another thread).
+    pub(crate) fn try_clone_stream(&self) -> std::io::Result<UnixStream> {
+        self.stream.try_clone()
+    }
+
     /// The server's name and version from the handshake.
     pub fn server(&self) -> &str {
         &self.server
@@ -476,7 +496,7 @@ fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, ClientError> {
 
 /// "`kind` frame: {first 200 bytes of its JSON}", so the message says what came without
 /// pasting a whole model list.
-fn unexpected(r: &Response) -> ClientError {
+pub(crate) fn unexpected(r: &Response) -> ClientError {
     let json = serde_json::to_string(r).unwrap_or_else(|_| format!("{r:?}"));
     let kind = serde_json::from_str::<serde_json::Value>(&json)
         .ok()

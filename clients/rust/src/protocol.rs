@@ -20,7 +20,7 @@ pub const DEFAULT_MAX_FRAME: u32 = 1 << 20;
 
 /// Every request name, so a server can tell an unknown request from a malformed one.
 pub const REQUEST_OPS: &[&str] = &[
-    "hello", "list", "status", "acquire", "build", "evict", "stats", "shutdown",
+    "hello", "list", "status", "acquire", "build", "evict", "stats", "shutdown", "watch",
 ];
 
 /// A request from a client; the first one on a connection must be [`Request::Hello`].
@@ -63,6 +63,13 @@ pub enum Request {
     },
     /// Admin: stop accepting, cancel builds, flush and exit.
     Shutdown,
+    /// Subscribe to a model: answered with [`Response::Watching`], then a
+    /// [`Response::WatchEvent`] each time the model's ready artifact changes, until the
+    /// client closes the connection. The connection takes no other request afterwards.
+    Watch {
+        /// Model name as it appears in the repository.
+        model: String,
+    },
 }
 
 /// What [`Request::Acquire`] asks for. [`Default`] is the wire's default: `wait: true`, the
@@ -197,6 +204,14 @@ pub enum Response {
     },
     /// Answer to `shutdown`.
     ShuttingDown,
+    /// Answer to `watch`: the model's state at the moment the subscription started (every
+    /// change after it arrives as a [`Response::WatchEvent`]).
+    Watching {
+        /// The model's state.
+        model: ModelStatus,
+    },
+    /// A change of a watched model's ready artifact (after [`Response::Watching`]).
+    WatchEvent(WatchEvent),
     /// The request failed; the connection stays usable unless the code says otherwise.
     Error(ErrorBody),
 }
@@ -379,6 +394,79 @@ pub enum Origin {
     Local,
     /// Fetched from the fleet tier (S3) and verified against its signed manifest.
     Remote,
+}
+
+/// Why a [`WatchEvent`] was sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WatchReason {
+    /// A variant's artifact became ready (built, found in the cache or fetched: see
+    /// [`WatchEvent::origin`]); [`WatchEvent::key`] is the key to acquire.
+    Ready,
+    /// The model's files changed (new content, a new version, a new sidecar): the artifacts
+    /// of its old content are no longer served; a `ready` (or `failed`) event per variant
+    /// follows once the new content is built. Model-wide: no profile, backend or key.
+    Changed,
+    /// The model left the repository. Model-wide. Should it come back, `changed` and
+    /// `ready` events follow on the same subscription.
+    Removed,
+    /// A variant's artifact was evicted from the cache (the admin `evict` request); it is
+    /// built again at the next acquire, then a `ready` event follows.
+    Evicted,
+    /// Building a variant's new content failed; [`WatchEvent::message`] says why.
+    Failed,
+    /// This watcher fell behind and events were dropped (`limits.watch_queue`): ask for
+    /// `status` (or acquire) to learn the current state. Model-wide.
+    Resync,
+}
+
+impl WatchReason {
+    /// The snake_case name used on the wire.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            WatchReason::Ready => "ready",
+            WatchReason::Changed => "changed",
+            WatchReason::Removed => "removed",
+            WatchReason::Evicted => "evicted",
+            WatchReason::Failed => "failed",
+            WatchReason::Resync => "resync",
+        }
+    }
+}
+
+impl std::fmt::Display for WatchReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A change of a watched model's ready artifact. Variant events (`ready`, `evicted`,
+/// `failed`) name the profile and backend; model-wide ones (`changed`, `removed`, `resync`)
+/// leave them out.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WatchEvent {
+    /// Model name.
+    pub model: String,
+    /// What happened.
+    pub reason: WatchReason,
+    /// The version the event is about (the served one); absent for `removed` and `resync`.
+    #[serde(default)]
+    pub version: Option<u64>,
+    /// Shape-profile name of the variant; absent for model-wide events.
+    #[serde(default)]
+    pub profile: Option<String>,
+    /// Backend of the variant; absent for model-wide events.
+    #[serde(default)]
+    pub backend: Option<String>,
+    /// The variant's new ready key (for `ready`); absent when it has none.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Where the ready artifact came from (for `ready`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<Origin>,
+    /// Details for people: why a build failed, how many events a `resync` dropped.
+    #[serde(default)]
+    pub message: Option<String>,
 }
 
 /// Name, element type and shape of one input or output; dynamic dims are names or `-1`.
@@ -710,6 +798,41 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), ErrorCode::ALL.len());
+    }
+
+    #[test]
+    fn watch_frames_round_trip() {
+        let r: Request = serde_json::from_str(r#"{"op":"watch","model":"m"}"#).unwrap();
+        assert_eq!(r, Request::Watch { model: "m".into() });
+        assert!(REQUEST_OPS.contains(&"watch"));
+        let ev = Response::WatchEvent(WatchEvent {
+            model: "m".into(),
+            reason: WatchReason::Ready,
+            version: Some(2),
+            profile: Some("default".into()),
+            backend: Some("ort-cpu".into()),
+            key: Some("ab".repeat(32)),
+            origin: Some(Origin::Built),
+            message: None,
+        });
+        let j = serde_json::to_string(&ev).unwrap();
+        assert!(
+            j.contains(r#""kind":"watch_event""#) && j.contains(r#""reason":"ready""#),
+            "{j}"
+        );
+        assert_eq!(serde_json::from_str::<Response>(&j).unwrap(), ev);
+        // A model-wide event from a peer that leaves the optional fields out.
+        let bare: Response =
+            serde_json::from_str(r#"{"kind":"watch_event","model":"m","reason":"resync"}"#)
+                .unwrap();
+        let Response::WatchEvent(e) = bare else {
+            unreachable!()
+        };
+        assert_eq!(
+            (e.reason, e.key, e.profile),
+            (WatchReason::Resync, None, None)
+        );
+        assert_eq!(WatchReason::Evicted.to_string(), "evicted");
     }
 
     #[test]
