@@ -494,11 +494,9 @@ mod tests {
         assert!(Config::from_toml("[limits]\nframe_timeout_secs = 0", Path::new("x")).is_err());
         let e = Config::from_toml("metrics_listen = \"localhost\"", Path::new("x")).unwrap_err();
         assert!(e.to_string().contains("metrics_listen"), "{e}");
-        assert!(Config::from_toml(
-            "[limits]\nmetrics_max_request_bytes = 100",
-            Path::new("x")
-        )
-        .is_err());
+        assert!(
+            Config::from_toml("[limits]\nmetrics_max_request_bytes = 100", Path::new("x")).is_err()
+        );
         let c = Config::from_toml(
             "metrics_listen = \"127.0.0.1:9464\"\nlog_format = \"json\"",
             Path::new("x"),

@@ -80,7 +80,9 @@ pub fn health(a: HealthArgs) -> anyhow::Result<ExitCode> {
     let deadline = a.wait.map(|w| Instant::now() + Duration::from_secs(w));
     let verdict = loop {
         let v = check(&cfg.socket, a.ready, timeout);
-        let left = deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(Instant::now()));
+        let left = deadline.map_or(Duration::ZERO, |d| {
+            d.saturating_duration_since(Instant::now())
+        });
         if v.code() == 0 || left.is_zero() {
             break v;
         }
@@ -177,7 +179,11 @@ fn print_human(v: &Verdict) {
                 "ok: {server} answers at {} ({} models{})",
                 v.socket,
                 models.unwrap_or(0),
-                if ready == Some(true) { ", all ready" } else { "" }
+                if ready == Some(true) {
+                    ", all ready"
+                } else {
+                    ""
+                }
             ),
         },
     }

@@ -60,7 +60,9 @@ pub fn init(s: LogSettings) {
             .with_writer(std::io::stderr)
             .with_ansi(false)
             .event_format(Journal(
-                tracing_subscriber::fmt::format().without_time().with_target(false),
+                tracing_subscriber::fmt::format()
+                    .without_time()
+                    .with_target(false),
             ))
             .boxed(),
         LogFormat::Text => tracing_subscriber::fmt::layer()

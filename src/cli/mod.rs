@@ -115,7 +115,14 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Rm(a) => cache::rm(a),
         Command::Gc(a) => cache::gc(a),
         Command::Verify(a) => cache::verify(a),
-        Command::Serve(a) => serve::serve(a, cli.log_format, log::LogSettings { daemon: true, ..logs }),
+        Command::Serve(a) => serve::serve(
+            a,
+            cli.log_format,
+            log::LogSettings {
+                daemon: true,
+                ..logs
+            },
+        ),
         Command::Config(a) => serve::config(a),
         Command::Warm(a) => warm::warm(a),
         Command::Status(a) => warm::status(a),

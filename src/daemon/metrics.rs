@@ -97,18 +97,18 @@ pub fn encode(svc: &Service, format: Format) -> Result<String, std::fmt::Error> 
     let mut reg = Registry::with_prefix("trtcache");
     reg.register(
         "build",
-        "The daemon's version.",
+        "The daemon's version",
         Info::new([("version", env!("CARGO_PKG_VERSION"))]),
     );
     reg.register_with_unit(
         "acquire_duration",
-        "Acquire latency by outcome (hit: served from the cache, miss: waited for a build, error).",
+        "Acquire latency by outcome (hit: served from the cache, miss: waited for a build, error)",
         Unit::Seconds,
         svc.acquire_seconds.0.clone(),
     );
     reg.register_with_unit(
         "build_duration",
-        "Build time by outcome (ok, failed, cancelled), validation included.",
+        "Build time by outcome (ok, failed, cancelled), validation included",
         Unit::Seconds,
         svc.queue.build_seconds.0.clone(),
     );
@@ -144,12 +144,15 @@ fn one<M: EncodeMetric>(
     m.encode(enc.encode_descriptor(name, help, unit, m.metric_type())?)
 }
 
-/// Writes one metric family of `(labels, value)` samples (nothing when there are none).
+/// One sample of a family: its labels and its value.
+type Sample<'a, M> = (&'a [(&'a str, &'a str)], M);
+
+/// Writes one metric family of samples (nothing when there are none).
 fn family<M: EncodeMetric>(
     enc: &mut DescriptorEncoder,
     name: &str,
     help: &str,
-    samples: &[(&[(&str, &str)], M)],
+    samples: &[Sample<'_, M>],
 ) -> Result<(), std::fmt::Error> {
     let Some((_, first)) = samples.first() else {
         return Ok(());
@@ -275,7 +278,7 @@ impl Snapshot {
         let names: Vec<String> = STATES.iter().map(|s| s.to_string()).collect();
         let totals: Vec<[(&str, &str); 1]> =
             names.iter().map(|n| [("state", n.as_str())]).collect();
-        let samples: Vec<(&[(&str, &str)], ConstGauge<u64>)> = totals
+        let samples: Vec<Sample<'_, ConstGauge<u64>>> = totals
             .iter()
             .zip(total)
             .map(|(l, v)| (l.as_slice(), ConstGauge::new(v)))
@@ -291,10 +294,16 @@ impl Snapshot {
         }
         let labels: Vec<[(&str, &str); 2]> = per_model
             .iter()
-            .flat_map(|(model, _)| names.iter().map(|n| [("model", *model), ("state", n.as_str())]))
+            .flat_map(|(model, _)| {
+                names
+                    .iter()
+                    .map(|n| [("model", *model), ("state", n.as_str())])
+            })
             .collect();
-        let values = per_model.iter().flat_map(|(_, counts)| counts.iter().copied());
-        let samples: Vec<(&[(&str, &str)], ConstGauge<u64>)> = labels
+        let values = per_model
+            .iter()
+            .flat_map(|(_, counts)| counts.iter().copied());
+        let samples: Vec<Sample<'_, ConstGauge<u64>>> = labels
             .iter()
             .zip(values)
             .map(|(l, v)| (l.as_slice(), ConstGauge::new(v)))
