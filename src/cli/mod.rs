@@ -25,7 +25,8 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "trtcache", version, about, long_about = None, propagate_version = true)]
 pub struct Cli {
-    /// More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
+    /// More log output on stderr (-v info, -vv debug, -vvv trace; `serve` logs at info without
+    /// -v); RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
     /// Log line format on stderr [default: the config's log_format for `serve`, else text].
