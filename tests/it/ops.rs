@@ -311,6 +311,12 @@ fn readiness_metrics_and_health_follow_builds_and_acquires() {
     assert!(head.contains("application/openmetrics-text"), "{head}");
     assert!(body.ends_with("# EOF\n"), "{body}");
     assert_eq!(get(&addr, "/nope", None).0, 404);
+
+    // An evict request is counted and logged at the default level.
+    assert_eq!(d.client().evict(Some("enc"), None).unwrap(), 1);
+    let m = scrape(&addr);
+    assert_eq!(m["trtcache_evictions_total{reason=\"request\"}"], 1.0);
+    assert!(d.log().contains("evicted by request"), "{}", d.log());
     assert!(d.stop());
 }
 
@@ -426,6 +432,21 @@ fn completions_and_man_page() {
     let page = String::from_utf8_lossy(&out.stdout);
     assert!(page.starts_with(".ie") || page.starts_with(".TH"), "{page}");
     assert!(page.contains(".TH trtcache 1"), "{page}");
+    // groff reads it without a warning, where groff is installed.
+    if let Ok(mut groff) = Command::new("groff")
+        .args(["-man", "-Tutf8", "-ww", "-z"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        groff.stdin.take().unwrap().write_all(&out.stdout).unwrap();
+        let g = groff.wait_with_output().unwrap();
+        assert!(
+            g.status.success() && g.stderr.is_empty(),
+            "groff: {}",
+            String::from_utf8_lossy(&g.stderr)
+        );
+    }
     let out = support::trtcache(["man", "health"]);
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains(".TH trtcache-health"));

@@ -743,10 +743,13 @@ mod tests {
         )
         .unwrap();
         let r0 = s.put(record(0, 1), Some(&a0)).unwrap();
+        assert_eq!(s.evictions(), 0);
         let r1 = s.put(record(1, 2), Some(&a1)).unwrap();
         let keys: Vec<_> = s.list().unwrap().into_iter().map(|r| r.key).collect();
         assert_eq!(keys, vec![r1.key]);
         assert!(s.get(&r0.key).unwrap().is_none());
+        // Counted for the daemon's `trtcache_evictions_total{reason="size"}`.
+        assert_eq!(s.evictions(), 1);
     }
 
     #[test]
