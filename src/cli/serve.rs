@@ -28,14 +28,17 @@ pub struct PathArgs {
 impl PathArgs {
     /// The effective configuration.
     pub fn load(&self) -> anyhow::Result<Config> {
-        let o = Overrides {
+        Config::load(&self.overrides()).context("reading the configuration")
+    }
+
+    fn overrides(&self) -> Overrides {
+        Overrides {
             config: self.config.clone(),
             models: self.models.clone(),
             cache_dir: self.cache_dir.clone(),
             socket: self.socket.clone(),
             ..Default::default()
-        };
-        Config::load(&o).context("reading the configuration")
+        }
     }
 }
 
@@ -60,11 +63,8 @@ pub fn serve(
     logs: super::log::LogSettings,
 ) -> anyhow::Result<ExitCode> {
     let loaded = Config::load(&Overrides {
-        config: a.paths.config.clone(),
-        models: a.paths.models.clone(),
-        cache_dir: a.paths.cache_dir.clone(),
-        socket: a.paths.socket.clone(),
         metrics_listen: a.metrics_listen.clone(),
+        ..a.paths.overrides()
     })
     .context("reading the configuration");
     let format = match (&loaded, format_flag) {
