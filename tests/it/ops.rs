@@ -260,20 +260,18 @@ fn readiness_metrics_and_health_follow_builds_and_acquires() {
     );
     assert!(failed.contains("com.example:Scale"), "the reason: {failed}");
 
+    // --wait gives up with the last verdict.
+    let out = health(&d, &["--ready", "--wait", "1"]);
+    assert_eq!(out.status.code(), Some(1));
+
     replace_with(&d, "enc.onnx", &models::tiny_encoder(false));
-    let body = eventually(&d, "/readyz 200", || {
-        let (status, _, body) = get(&addr, "/readyz", None);
-        (status == 200).then_some(body)
-    });
-    assert_eq!(body, "ready\n");
-    let out = health(&d, &["--ready"]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // --wait is the deploy gate: it returns once the new content is built.
+    let out = health(&d, &["--ready", "--wait", "120"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("all ready"));
+    let (status, _, body) = get(&addr, "/readyz", None);
+    assert_eq!((status, body.as_str()), (200, "ready\n"));
 
     d.client().acquire_model("enc").unwrap();
     let after = scrape(&addr);
