@@ -134,7 +134,8 @@ impl Connection {
             Ok(ReadOutcome::Frame(body)) => {
                 let r = parse(&body);
                 if let Err(body) = &r {
-                    tracing::info!(uid = peer.uid, code = %body.code, "rejected request: {}", body.message);
+                    // debug: a client sending garbage must not flood the daemon's log.
+                    tracing::debug!(uid = peer.uid, code = %body.code, "rejected request: {}", body.message);
                 }
                 return Some(r);
             }

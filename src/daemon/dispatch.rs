@@ -88,9 +88,19 @@ impl Session {
                 StatsFormat::Json => Response::Stats {
                     stats: self.svc.stats(),
                 },
-                StatsFormat::Prometheus => Response::StatsText {
-                    text: self.svc.stats().prometheus(),
-                },
+                StatsFormat::Prometheus => {
+                    let svc = self.svc.clone();
+                    // Reads every model's variants (their sidecars): off the socket's thread.
+                    let text = tokio::task::spawn_blocking(move || {
+                        super::metrics::encode(&svc, super::metrics::Format::Prometheus)
+                    })
+                    .await;
+                    match text {
+                        Ok(Ok(text)) => Response::StatsText { text },
+                        Ok(Err(e)) => error(ErrorCode::Internal, format!("encoding metrics: {e}")),
+                        Err(e) => error(ErrorCode::Internal, e.to_string()),
+                    }
+                }
             }),
             Request::Watch { model } => return self.watch(&model, conn).await,
             Request::Shutdown => self.admin("shutdown").map(|()| {

@@ -10,6 +10,8 @@ pub(crate) mod cached;
 mod conn;
 mod dispatch;
 pub(crate) mod engine;
+mod http;
+pub mod metrics;
 pub(crate) mod queue;
 pub(crate) mod repo;
 pub(crate) mod server;
@@ -39,6 +41,12 @@ pub enum ServeError {
     Engine(#[from] EngineError),
     #[error("socket {path}: {message}")]
     Socket { path: PathBuf, message: String },
+    #[error("metrics listener {addr} (metrics_listen)")]
+    Metrics {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Runtime(std::io::Error),
 }
@@ -211,6 +219,16 @@ async fn serve_async(mut cfg: Config) -> Result<(), ServeError> {
         None => (bind(&cfg)?, true),
     };
     let listener = tokio::net::UnixListener::from_std(std_listener).map_err(ServeError::Runtime)?;
+    let metrics_listener = match cfg.metrics_addr() {
+        Ok(Some(addr)) => {
+            if !addr.ip().is_loopback() {
+                tracing::warn!(%addr, "metrics_listen is not a loopback address: whoever reaches it reads model names and states");
+            }
+            Some(http::bind(addr).map_err(|source| ServeError::Metrics { addr, source })?)
+        }
+        // Validated when the configuration was loaded.
+        _ => None,
+    };
     let svc = service::Service::new(cfg.clone(), engine);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(svc.queue.clone().run());
@@ -220,16 +238,16 @@ async fn serve_async(mut cfg: Config) -> Result<(), ServeError> {
             path: root.clone(),
             source,
         })?;
-    tracing::info!(socket = %cfg.socket.display(), models = n, cache = %cfg.cache_dir.display(), "ready");
+    if let Some(l) = metrics_listener {
+        let addr = l.local_addr().map_err(ServeError::Runtime)?;
+        tracing::info!(%addr, "metrics listener: /metrics, /healthz, /readyz");
+        tokio::spawn(http::run(svc.clone(), l, stop_rx.clone()));
+    }
+    tracing::info!(socket = %cfg.socket.display(), models = n, repository = %root.display(), cache = %cfg.cache_dir.display(), "ready");
     systemd::notify(&format!(
         "READY=1\nSTATUS=serving {n} models\nMAINPID={}",
         std::process::id()
     ));
-    eprintln!(
-        "trtcache: serving {n} models from {} on {}",
-        root.display(),
-        cfg.socket.display()
-    );
     tokio::spawn(watch::run(svc.clone(), root, stop_rx.clone()));
     tokio::spawn(heartbeat(svc.clone(), stop_rx.clone()));
     tokio::spawn(signals(stop_tx.clone()));

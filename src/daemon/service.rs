@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,7 @@ use tokio::sync::{mpsc, watch};
 use trtcache_client::protocol::*;
 
 use super::engine::{Engine, Handout, ModelEntry, Planned, Selection};
+use super::metrics::Durations;
 use super::queue::{JobStatus, Queue};
 use super::repo::{RepoModel, Snapshot};
 use super::watchers::{model_event, Announced, Change, VariantId, Watchers};
@@ -57,6 +58,8 @@ const TOUCH_EVERY: Duration = Duration::from_secs(5);
 pub struct Counters {
     pub hits: AtomicU64,
     pub misses: AtomicU64,
+    pub acquire_errors: AtomicU64,
+    pub evictions_requested: AtomicU64,
     pub connections: AtomicU64,
 }
 
@@ -66,6 +69,10 @@ pub struct Service {
     pub engine: Arc<dyn Engine>,
     pub queue: Arc<Queue>,
     pub counters: Counters,
+    /// Acquire latency by outcome (the metrics' histogram).
+    pub acquire_seconds: Durations,
+    /// Whether the socket's accept loop runs (`/healthz`).
+    pub accepting: AtomicBool,
     pub started: Instant,
     /// Watch subscriptions; published to with `state` locked.
     pub watchers: Watchers,
@@ -92,6 +99,8 @@ impl Service {
             engine,
             queue,
             counters: Counters::default(),
+            acquire_seconds: Durations::acquires(),
+            accepting: AtomicBool::new(false),
             started: Instant::now(),
             state: Mutex::new(State::default()),
             generation: AtomicU64::new(1),
@@ -355,8 +364,13 @@ impl Service {
         let planned = tokio::task::spawn_blocking(move || engine.plan(&e, &s))
             .await
             .map_err(|e| fail(ErrorCode::Internal, e.to_string()))?;
-        if let Ok(p) = &planned {
-            tracing::info!(model = %entry.name, version = entry.version, profile = ?sel.profile, backend = %sel.backend, key = %p.key, "planned");
+        match &planned {
+            Ok(p) => {
+                tracing::info!(model = %entry.name, version = entry.version, profile = ?sel.profile, backend = %sel.backend, key = %p.key, "planned")
+            }
+            Err(e) => {
+                tracing::warn!(model = %entry.name, version = entry.version, profile = ?sel.profile, backend = %sel.backend, error = %e, "cannot plan")
+            }
         }
         planned.map_err(|e| match e.code() {
             ErrorCode::BuildFailed => fail(
@@ -565,10 +579,28 @@ impl Service {
 
     /// Acquire: the artifact's metadata and open read-only files (then the artifact's
     /// directory, when the request asks for it and `metadata.dir_fd_index` says so).
+    /// Counted by outcome (hit, miss, error) with its latency.
     pub async fn acquire(
         self: &Arc<Self>,
         req: &AcquireRequest,
     ) -> Result<(ArtifactMeta, Vec<File>), Failure> {
+        let t0 = Instant::now();
+        let r = self.acquire_uncounted(req).await;
+        let (counter, outcome) = match &r {
+            Ok((_, _, true)) => (&self.counters.hits, "hit"),
+            Ok((_, _, false)) => (&self.counters.misses, "miss"),
+            Err(_) => (&self.counters.acquire_errors, "error"),
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        self.acquire_seconds.observe(outcome, t0.elapsed());
+        r.map(|(meta, files, _)| (meta, files))
+    }
+
+    /// [`Service::acquire`]; the flag says whether the artifact was ready (a hit).
+    async fn acquire_uncounted(
+        self: &Arc<Self>,
+        req: &AcquireRequest,
+    ) -> Result<(ArtifactMeta, Vec<File>, bool), Failure> {
         let entry = self.entry(&req.model, req.version)?;
         let backend = wire_backend(req.backend.as_deref())?;
         let sel = self.selection_for(&entry, req.profile.clone(), backend);
@@ -643,12 +675,6 @@ impl Service {
                 }
             }
         };
-        let c = if hit {
-            &self.counters.hits
-        } else {
-            &self.counters.misses
-        };
-        c.fetch_add(1, Ordering::Relaxed);
         let mut meta = artifact.metadata.clone();
         meta.model = entry.name.clone();
         meta.version = entry.version;
@@ -659,7 +685,7 @@ impl Service {
                 files.push(d);
             }
         }
-        Ok((meta, files))
+        Ok((meta, files, hit))
     }
 
     async fn wait_job(
@@ -991,8 +1017,14 @@ impl Service {
                 // fresh build, not the evicted files.
                 self.announce(&mut self.lock(), k, Change::Evicted);
             }
+            if gone {
+                tracing::info!(key = %k, model = ?model, "evicted by request");
+            }
             removed += gone as u64;
         }
+        self.counters
+            .evictions_requested
+            .fetch_add(removed, Ordering::Relaxed);
         Ok(removed)
     }
 
@@ -1012,6 +1044,9 @@ impl Service {
             remote_uploads: remote.remote_uploads,
             remote_rejected: remote.remote_rejected,
             remote_errors: remote.remote_errors,
+            acquire_errors: self.counters.acquire_errors.load(Ordering::Relaxed),
+            evictions: self.engine.evictions(),
+            evictions_requested: self.counters.evictions_requested.load(Ordering::Relaxed),
             hits: self.counters.hits.load(Ordering::Relaxed),
             misses: self.counters.misses.load(Ordering::Relaxed),
             builds: q.builds.load(Ordering::Relaxed),

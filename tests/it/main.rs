@@ -13,6 +13,7 @@ mod fuzz_regressions;
 mod keys;
 mod layering;
 mod onnx_load;
+mod ops;
 mod reliability_crash;
 mod reliability_hostile;
 mod reliability_races;

@@ -175,8 +175,20 @@ impl std::os::fd::AsRawFd for Client {
 impl Client {
     /// Connects to the daemon's socket and performs the version handshake.
     pub fn connect(path: impl AsRef<Path>) -> Result<Self, ClientError> {
-        let path = path.as_ref();
+        Self::connect_with(path.as_ref(), None)
+    }
+
+    /// [`Client::connect`] with a timeout on the handshake and every later call (as
+    /// [`Client::set_timeout`]): a daemon that accepts but does not answer is
+    /// [`ClientError::Timeout`] instead of a wait without end (health checks, probes).
+    pub fn connect_timeout(path: impl AsRef<Path>, timeout: Duration) -> Result<Self, ClientError> {
+        Self::connect_with(path.as_ref(), Some(timeout))
+    }
+
+    fn connect_with(path: &Path, timeout: Option<Duration>) -> Result<Self, ClientError> {
         let stream = Self::open(path)?;
+        stream.set_read_timeout(timeout)?;
+        stream.set_write_timeout(timeout)?;
         let mut c = Client {
             stream,
             path: path.to_path_buf(),

@@ -629,115 +629,15 @@ pub struct Stats {
     /// Fleet tier: network or server errors (timeouts, 5xx, an open circuit breaker).
     #[serde(default)]
     pub remote_errors: u64,
-}
-
-impl Stats {
-    /// Prometheus text exposition of these counters.
-    pub fn prometheus(&self) -> String {
-        let mut s = String::new();
-        let mut one = |name: &str, kind: &str, help: &str, v: String| {
-            s.push_str(&format!(
-                "# HELP trtcache_{name} {help}\n# TYPE trtcache_{name} {kind}\ntrtcache_{name} {v}\n"
-            ));
-        };
-        one(
-            "hits_total",
-            "counter",
-            "Acquires served from the cache.",
-            self.hits.to_string(),
-        );
-        one(
-            "misses_total",
-            "counter",
-            "Acquires that waited for a build.",
-            self.misses.to_string(),
-        );
-        one(
-            "builds_total",
-            "counter",
-            "Successful builds.",
-            self.builds.to_string(),
-        );
-        one(
-            "build_failures_total",
-            "counter",
-            "Failed builds.",
-            self.failures.to_string(),
-        );
-        one(
-            "builds_cancelled_total",
-            "counter",
-            "Cancelled builds.",
-            self.cancelled.to_string(),
-        );
-        one(
-            "build_seconds_total",
-            "counter",
-            "Seconds spent building.",
-            format!("{}", self.build_seconds),
-        );
-        one(
-            "queue_depth",
-            "gauge",
-            "Builds waiting for a slot.",
-            self.queue_depth.to_string(),
-        );
-        one(
-            "builds_running",
-            "gauge",
-            "Builds running.",
-            self.building.to_string(),
-        );
-        one("models", "gauge", "Models served.", self.models.to_string());
-        one(
-            "artifacts_in_memory",
-            "gauge",
-            "Ready artifacts held in memory for the current models.",
-            self.artifacts_in_memory.to_string(),
-        );
-        one(
-            "connections",
-            "gauge",
-            "Open connections.",
-            self.connections.to_string(),
-        );
-        one(
-            "uptime_seconds",
-            "gauge",
-            "Seconds since start.",
-            format!("{}", self.uptime_seconds),
-        );
-        for (name, help, v) in [
-            (
-                "remote_hits_total",
-                "Local misses answered from the fleet bucket.",
-                self.remote_hits,
-            ),
-            (
-                "remote_misses_total",
-                "Local misses the fleet bucket could not answer.",
-                self.remote_misses,
-            ),
-            (
-                "remote_uploads_total",
-                "Artifacts uploaded to the fleet bucket.",
-                self.remote_uploads,
-            ),
-            (
-                "remote_rejected_total",
-                "Fleet manifests or blobs refused.",
-                self.remote_rejected,
-            ),
-            (
-                "remote_errors_total",
-                "Fleet tier network or server errors.",
-                self.remote_errors,
-            ),
-        ] {
-            one(name, "counter", help, v.to_string());
-        }
-        s
-    }
+    /// Acquires answered with an error (`not_ready`, `not_found`, a failed build, ...).
+    #[serde(default)]
+    pub acquire_errors: u64,
+    /// Artifacts evicted least-recently-used to keep the cache under its size limit.
+    #[serde(default)]
+    pub evictions: u64,
+    /// Artifacts removed by `evict` requests.
+    #[serde(default)]
+    pub evictions_requested: u64,
 }
 
 /// Checks that a model name is a plain repository name: non-empty, at most 255 bytes, no
