@@ -27,12 +27,14 @@ use engine::{Engine, EngineError};
 /// Errors that stop the daemon from starting.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("model repository {path}")]
+    #[error("model repository {}", path.display())]
     Models {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Scan(#[from] repo::ScanError),
     #[error("opening the cache")]
     Engine(#[from] EngineError),
     #[error("socket {path}: {message}")]
@@ -138,7 +140,7 @@ pub fn warm_in_process(
         let snapshot = tokio::task::spawn_blocking(move || repo::scan(&r))
             .await
             .map_err(|e| WarmError::Failed(e.to_string()))?
-            .map_err(|e| WarmError::Failed(format!("scanning {}: {e}", root.display())))?;
+            .map_err(|e| WarmError::Failed(e.to_string()))?;
         svc.register(snapshot.into_values().collect(), Vec::new());
         let (tx, mut rx) = tokio::sync::mpsc::channel(64);
         let s2 = svc.clone();
@@ -212,12 +214,7 @@ async fn serve_async(mut cfg: Config) -> Result<(), ServeError> {
     let svc = service::Service::new(cfg.clone(), engine);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(svc.queue.clone().run());
-    let n = watch::initial(&svc, root.clone())
-        .await
-        .map_err(|source| ServeError::Models {
-            path: root.clone(),
-            source,
-        })?;
+    let n = watch::initial(&svc, root.clone()).await?;
     tracing::info!(socket = %cfg.socket.display(), models = n, cache = %cfg.cache_dir.display(), "ready");
     systemd::notify(&format!(
         "READY=1\nSTATUS=serving {n} models\nMAINPID={}",

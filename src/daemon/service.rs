@@ -1,7 +1,10 @@
 //! The daemon's state and the operations requests map to: the served model set (from
 //! repository snapshots), each variant's plan, the ready-artifact map, and the acquire / list /
 //! build logic on top of the [`Queue`]. Socket I/O lives in `server`; this module only deals
-//! in protocol types and engine artifacts.
+//! in protocol types and engine artifacts; `maintain` serves the cache commands against the
+//! daemon's open store.
+
+mod maintain;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -66,6 +69,10 @@ pub struct Service {
     generation: AtomicU64,
     /// Bounds concurrent `plan` calls (`limits.plan_concurrency`).
     plan_slots: tokio::sync::Semaphore,
+    /// Skipped repository entries already warned about (`watch`).
+    pub(super) warned: super::watch::Warned,
+    /// Serialises `rescan` requests.
+    pub(super) rescanning: tokio::sync::Mutex<()>,
 }
 
 impl Service {
@@ -88,6 +95,8 @@ impl Service {
             state: Mutex::new(State::default()),
             generation: AtomicU64::new(1),
             plan_slots: tokio::sync::Semaphore::new(plan_slots),
+            warned: Default::default(),
+            rescanning: Default::default(),
         })
     }
 
@@ -159,6 +168,11 @@ impl Service {
                 }
             }
             for m in changed {
+                // The watcher and a `rescan` may both bring the same scan: the second is no
+                // change (applying it again would cancel the build the first one queued).
+                if st.models.get(&m.name).is_some_and(|old| old.repo == m) {
+                    continue;
+                }
                 let generation = self.generation.fetch_add(1, Ordering::SeqCst);
                 if let Some(old) = st.models.remove(&m.name) {
                     tracing::info!(model = %m.name, "model changed");
