@@ -14,10 +14,11 @@ fn main() -> std::process::ExitCode {
         }
     }
     trtcache::cli::init_tracing(cli.verbose);
+    let json = cli.command.json();
     match trtcache::cli::run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            trtcache::cli::report_error(&e, json);
             std::process::ExitCode::from(2)
         }
     }

@@ -12,6 +12,7 @@ mod sku;
 pub use inspect::opset_bounds;
 mod remote;
 mod serve;
+mod stats;
 mod warm;
 
 use std::process::ExitCode;
@@ -58,6 +59,8 @@ pub enum Command {
     Gc(cache::GcArgs),
     /// Re-hash every stored artifact; quarantine the ones whose files changed.
     Verify(cache::VerifyArgs),
+    /// Print the running daemon's counters: hits, misses, builds, failures, queue, connections.
+    Stats(stats::StatsArgs),
     /// Run the daemon: watch models, build and cache artifacts, serve them on a Unix socket.
     Serve(serve::ServeArgs),
     /// Print the effective configuration (file + flags).
@@ -80,6 +83,34 @@ pub enum Command {
     #[command(subcommand)]
     Remote(remote::RemoteCommand),
 }
+
+impl Command {
+    /// Whether the command was asked for JSON output; its errors are then JSON too
+    /// ([`output::report_error`]).
+    pub fn json(&self) -> bool {
+        match self {
+            Command::Inspect(a) => a.json,
+            Command::Key(a) => a.json,
+            Command::Sku(a) => a.json,
+            Command::Build(a) => a.json,
+            Command::Ls(a) => a.json,
+            Command::Rm(a) => a.json,
+            Command::Gc(a) => a.json,
+            Command::Verify(a) => a.json,
+            Command::Stats(a) => a.json,
+            Command::Config(a) => a.json,
+            Command::Warm(a) => a.json,
+            Command::Status(a) => a.json,
+            Command::Keygen(a) => a.json,
+            Command::Push(a) => a.json,
+            Command::Pull(a) => a.build.json,
+            Command::Remote(remote::RemoteCommand::Gc(a)) => a.json,
+            Command::Serve(_) | Command::Worker => false,
+        }
+    }
+}
+
+pub use output::report_error;
 
 /// Installs the tracing subscriber (stderr). ort reports provider fallbacks only through
 /// tracing, so every binary installs one.
@@ -113,6 +144,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Rm(a) => cache::rm(a),
         Command::Gc(a) => cache::gc(a),
         Command::Verify(a) => cache::verify(a),
+        Command::Stats(a) => stats::run(a),
         Command::Serve(a) => serve::serve(a),
         Command::Config(a) => serve::config(a),
         Command::Warm(a) => warm::warm(a),

@@ -49,6 +49,7 @@ pub struct ServeArgs {
 
 pub fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
     let cfg = a.paths.load()?;
+    super::cache::creatable_cache(&cfg.cache_dir)?;
     tracing::info!(models = %cfg.models.display(), cache = %cfg.cache_dir.display(), socket = %cfg.socket.display(), "starting");
     crate::daemon::serve(cfg).map_err(anyhow::Error::new)?;
     Ok(ExitCode::SUCCESS)

@@ -39,6 +39,16 @@ impl RepoModel {
         self.versions.values().next_back()
     }
 
+    /// Whether every file of the model was last modified at least `d` ago: its copy is over
+    /// by the watcher's rule (a writer that pauses longer than `d` mid-copy looks done too).
+    pub fn quiet_for(&self, d: std::time::Duration) -> bool {
+        let now = SystemTime::now();
+        !self.fingerprint.is_empty()
+            && self.fingerprint.iter().all(|(_, _, mtime)| {
+                mtime.is_some_and(|t| now.duration_since(t).is_ok_and(|age| age >= d))
+            })
+    }
+
     /// Total bytes of the model's files.
     pub fn bytes(&self) -> u64 {
         self.fingerprint.iter().map(|(_, n, _)| n).sum()

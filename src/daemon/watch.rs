@@ -9,7 +9,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::{mpsc, watch};
@@ -69,13 +69,8 @@ async fn scan(svc: &Service, root: PathBuf) -> Option<Snapshot> {
     }
 }
 
-/// Whether every file of the model was last modified at least `d` ago.
 fn quiet_for(m: &RepoModel, d: Duration) -> bool {
-    let now = SystemTime::now();
-    !m.fingerprint.is_empty()
-        && m.fingerprint.iter().all(|(_, _, mtime)| {
-            mtime.is_some_and(|t| now.duration_since(t).is_ok_and(|age| age >= d))
-        })
+    m.quiet_for(d)
 }
 
 /// Scans once and applies everything (startup: files already present count as stable).

@@ -9,6 +9,7 @@ mod corpus;
 mod daemon;
 mod daemon_engine;
 mod daemon_system;
+mod deploy;
 mod fuzz_regressions;
 mod keys;
 mod layering;
