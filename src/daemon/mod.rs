@@ -106,6 +106,19 @@ fn bind(cfg: &Config) -> Result<std::os::unix::net::UnixListener, ServeError> {
     Ok(l)
 }
 
+/// The socket file this daemon bound (none when systemd passed the listener): removed when
+/// this goes out of scope, on every way out of [`serve`], a failed start included, so no
+/// dead socket is left for clients to find.
+struct BoundSocket(Option<PathBuf>);
+
+impl Drop for BoundSocket {
+    fn drop(&mut self) {
+        if let Some(p) = &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
 /// `trtcache warm` when no daemon runs: the daemon's own service (the same planning, queue,
 /// single flight, builds in workers, timeouts and results as a `build` request on the
 /// socket), run in this process on the configured repository and cache, without the socket,
@@ -206,16 +219,23 @@ async fn serve_async(mut cfg: Config) -> Result<(), ServeError> {
     let engine = tokio::task::spawn_blocking(move || open_engine(&c2))
         .await
         .map_err(|e| ServeError::Runtime(std::io::Error::other(e)))??;
-    let (std_listener, owns_path) = match systemd::listener().map_err(ServeError::Runtime)? {
-        Some(l) => (l, false),
-        None => (bind(&cfg)?, true),
+    let (std_listener, bound) = match systemd::listener().map_err(ServeError::Runtime)? {
+        Some(l) => (l, BoundSocket(None)),
+        None => (bind(&cfg)?, BoundSocket(Some(cfg.socket.clone()))),
     };
+    // The path clients reach: a socket systemd passed may be bound elsewhere than the config
+    // says (the socket unit's ListenStream= is what counts).
+    let socket_path = std_listener
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_pathname().map(Path::to_path_buf))
+        .unwrap_or_else(|| cfg.socket.clone());
     let listener = tokio::net::UnixListener::from_std(std_listener).map_err(ServeError::Runtime)?;
     let svc = service::Service::new(cfg.clone(), engine);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(svc.queue.clone().run());
     let n = watch::initial(&svc, root.clone()).await?;
-    tracing::info!(socket = %cfg.socket.display(), models = n, cache = %cfg.cache_dir.display(), "ready");
+    tracing::info!(socket = %socket_path.display(), models = n, cache = %cfg.cache_dir.display(), "ready");
     systemd::notify(&format!(
         "READY=1\nSTATUS=serving {n} models\nMAINPID={}",
         std::process::id()
@@ -223,7 +243,7 @@ async fn serve_async(mut cfg: Config) -> Result<(), ServeError> {
     eprintln!(
         "trtcache: serving {n} models from {} on {}",
         root.display(),
-        cfg.socket.display()
+        socket_path.display()
     );
     tokio::spawn(watch::run(svc.clone(), root, stop_rx.clone()));
     tokio::spawn(heartbeat(svc.clone(), stop_rx.clone()));
@@ -232,9 +252,7 @@ async fn serve_async(mut cfg: Config) -> Result<(), ServeError> {
 
     systemd::notify("STOPPING=1\nSTATUS=stopping: cancelling builds");
     tracing::info!("shutting down");
-    if owns_path {
-        let _ = std::fs::remove_file(&cfg.socket);
-    }
+    drop(bound);
     svc.queue
         .close(Duration::from_secs(cfg.limits.shutdown_grace_secs))
         .await;
