@@ -58,7 +58,7 @@ fn socket_err(path: &Path, message: impl Into<String>) -> ServeError {
 
 /// Binds the configured socket path: refuses when a live daemon answers there, replaces a
 /// stale socket file, then applies the mode and group.
-fn bind(cfg: &Config) -> Result<std::os::unix::net::UnixListener, ServeError> {
+fn bind(cfg: &Config) -> Result<(std::os::unix::net::UnixListener, BoundSocket), ServeError> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     let path = &cfg.socket;
     if let Some(dir) = path.parent() {
@@ -82,6 +82,8 @@ fn bind(cfg: &Config) -> Result<std::os::unix::net::UnixListener, ServeError> {
     }
     let l = std::os::unix::net::UnixListener::bind(path)
         .map_err(|e| socket_err(path, e.to_string()))?;
+    // From here on a failure (mode, group) removes the file again.
+    let bound = BoundSocket(Some(path.clone()));
     let mode = cfg
         .socket_mode_bits()
         .map_err(|e| socket_err(path, e.to_string()))?;
@@ -103,7 +105,7 @@ fn bind(cfg: &Config) -> Result<std::os::unix::net::UnixListener, ServeError> {
     }
     l.set_nonblocking(true)
         .map_err(|e| socket_err(path, e.to_string()))?;
-    Ok(l)
+    Ok((l, bound))
 }
 
 /// The socket file this daemon bound (none when systemd passed the listener): removed when
@@ -221,7 +223,7 @@ async fn serve_async(mut cfg: Config) -> Result<(), ServeError> {
         .map_err(|e| ServeError::Runtime(std::io::Error::other(e)))??;
     let (std_listener, bound) = match systemd::listener().map_err(ServeError::Runtime)? {
         Some(l) => (l, BoundSocket(None)),
-        None => (bind(&cfg)?, BoundSocket(Some(cfg.socket.clone()))),
+        None => bind(&cfg)?,
     };
     // The path clients reach: a socket systemd passed may be bound elsewhere than the config
     // says (the socket unit's ListenStream= is what counts).

@@ -244,3 +244,23 @@ fn a_missing_cache_dir_is_an_error_for_reads_and_json_errors_are_json() {
         .unwrap()
         .contains("nobody.sock"));
 }
+
+#[test]
+fn a_failed_start_leaves_no_socket_behind() {
+    let d = Daemon::new();
+    let cfg = std::fs::read_to_string(d.config()).unwrap().replace(
+        "[limits]\n",
+        "socket_group = \"no-such-group-trtcache\"\n[limits]\n",
+    );
+    std::fs::write(d.config(), cfg).unwrap();
+    let out = support::cmd()
+        .args(["serve", "--config"])
+        .arg(d.config())
+        .env_remove("LISTEN_FDS")
+        .env_remove("NOTIFY_SOCKET")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no-such-group-trtcache"), "{}", stderr(&out));
+    assert!(!d.socket().exists(), "the failed start left {}", d.socket().display());
+}
