@@ -14,6 +14,7 @@ mod fuzz_regressions;
 mod keys;
 mod layering;
 mod onnx_load;
+mod readme;
 mod reliability_crash;
 mod reliability_hostile;
 mod reliability_races;
