@@ -543,7 +543,12 @@ mod tests {
         assert!(e.passed);
         // Passing on non-finite references is counted, so it can be warned about.
         assert_eq!(e.non_finite, 1);
-        let e = compare("y", &[f64::NAN, 1.0, f64::NEG_INFINITY], &[f64::NAN, 1.0, f64::NEG_INFINITY], tol);
+        let e = compare(
+            "y",
+            &[f64::NAN, 1.0, f64::NEG_INFINITY],
+            &[f64::NAN, 1.0, f64::NEG_INFINITY],
+            tol,
+        );
         assert!(e.passed && e.non_finite == 2, "{e:?}");
         assert!(non_finite_warning(&e).contains("2 NaN or infinite values of 3"));
         assert_eq!(compare("y", &[1.0], &[1.0], tol).non_finite, 0);

@@ -173,7 +173,9 @@ pub fn open_target(a: &MaintainArgs) -> anyhow::Result<Target> {
                 tried.join(" or ")
             )))
         }
-        Err(e) => Err(anyhow::Error::new(e)).with_context(|| format!("opening cache {}", dir.display())),
+        Err(e) => {
+            Err(anyhow::Error::new(e)).with_context(|| format!("opening cache {}", dir.display()))
+        }
     }
 }
 
@@ -293,9 +295,7 @@ pub fn ls(a: LsArgs) -> anyhow::Result<ExitCode> {
             socket,
         } => {
             via("ls", &socket);
-            let (theirs, records) = client
-                .cache_list()
-                .map_err(|e| daemon_err(e, &socket))?;
+            let (theirs, records) = client.cache_list().map_err(|e| daemon_err(e, &socket))?;
             same_cache(&dir, &theirs, &socket)?;
             (records, dir)
         }
@@ -467,9 +467,7 @@ pub fn verify(a: VerifyArgs) -> anyhow::Result<ExitCode> {
                 socket,
             } => {
                 via("verify", &socket);
-                let r = client
-                    .cache_verify()
-                    .map_err(|e| daemon_err(e, &socket))?;
+                let r = client.cache_verify().map_err(|e| daemon_err(e, &socket))?;
                 same_cache(&dir, &r.cache_dir, &socket)?;
                 (r, dir, None)
             }

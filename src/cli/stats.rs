@@ -32,10 +32,12 @@ pub fn run(a: StatsArgs) -> anyhow::Result<ExitCode> {
                 cfg.socket.display()
             )
         })?;
-    let s = c
-        .stats()
-        .map_err(anyhow::Error::new)
-        .with_context(|| format!("asking the daemon at {} for its counters", cfg.socket.display()))?;
+    let s = c.stats().map_err(anyhow::Error::new).with_context(|| {
+        format!(
+            "asking the daemon at {} for its counters",
+            cfg.socket.display()
+        )
+    })?;
     if a.json {
         println!(
             "{}",

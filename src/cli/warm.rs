@@ -136,7 +136,7 @@ pub fn warm(a: WarmArgs) -> anyhow::Result<ExitCode> {
         .map(|p| std::path::absolute(p).with_context(|| format!("resolving {}", p.display())))
         .collect::<anyhow::Result<Vec<_>>>()?;
     // With --path and no names only the paths are built; otherwise the repository's models.
-    let repository = !(a.model.is_empty() && !files.is_empty());
+    let repository = !a.model.is_empty() || files.is_empty();
     let bars = Bars::new();
     let mut show = |p: &trtcache_client::protocol::Progress| {
         let elapsed = Duration::from_millis(p.elapsed_ms);
@@ -155,12 +155,16 @@ pub fn warm(a: WarmArgs) -> anyhow::Result<ExitCode> {
         if !a.allow_empty {
             return Err(EmptyRepository(cfg.models.clone()).into());
         }
-        eprintln!("warm: no models in {} (--allow-empty)", cfg.models.display());
+        eprintln!(
+            "warm: no models in {} (--allow-empty)",
+            cfg.models.display()
+        );
     }
     let req = BuildRequest {
         models: names.clone(),
         backend: None,
-        timeout_ms: deadline.map(|d| d.saturating_duration_since(Instant::now()).as_millis() as u64),
+        timeout_ms: deadline
+            .map(|d| d.saturating_duration_since(Instant::now()).as_millis() as u64),
         paths: files.iter().map(|f| f.display().to_string()).collect(),
     };
     let mut results = if req.models.is_empty() && req.paths.is_empty() {
@@ -363,7 +367,10 @@ fn settle_in_process(
                 .iter()
                 .map(|n| not_built(n, "still being written when --timeout ran out"))
                 .collect();
-            let ready = names2.into_iter().filter(|n| !pending.contains(n)).collect();
+            let ready = names2
+                .into_iter()
+                .filter(|n| !pending.contains(n))
+                .collect();
             return Ok((ready, late));
         }
         first = second;

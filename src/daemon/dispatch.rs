@@ -95,12 +95,11 @@ impl Session {
                 .await
                 .map(Response::Rescanned)
                 .map_err(|e| (ErrorCode::Internal, e.to_string())),
-            Request::CacheList => {
-                self.svc
-                    .cache_list()
-                    .await
-                    .map(|(cache_dir, records)| Response::CacheEntries { cache_dir, records })
-            }
+            Request::CacheList => self
+                .svc
+                .cache_list()
+                .await
+                .map(|(cache_dir, records)| Response::CacheEntries { cache_dir, records }),
             Request::CacheRemove { key } => match self.admin("cache_remove") {
                 Ok(()) => self
                     .svc
@@ -110,7 +109,11 @@ impl Session {
                 Err(e) => Err(e),
             },
             Request::CacheGc { max_bytes, dry_run } => {
-                match if dry_run { Ok(()) } else { self.admin("cache_gc") } {
+                match if dry_run {
+                    Ok(())
+                } else {
+                    self.admin("cache_gc")
+                } {
                     Ok(()) => self
                         .svc
                         .cache_gc(max_bytes, dry_run)

@@ -239,9 +239,7 @@ fn model_file_name(dir: &Path) -> Result<String, String> {
     let cfg = dir.join("config.pbtxt");
     let text = match fs::read_to_string(&cfg) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(DEFAULT_MODEL_FILE.into())
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(DEFAULT_MODEL_FILE.into()),
         Err(e) => return Err(format!("cannot read config.pbtxt: {e}")),
     };
     match pbtxt_top_level_string(&text, "default_model_filename") {
@@ -527,7 +525,11 @@ mod tests {
         fs::write(r.join("m/1/encoder.onnx"), b"x").unwrap();
         fs::write(r.join("m/2/model.onnx"), b"x").unwrap();
         fs::create_dir_all(r.join("n")).unwrap();
-        fs::write(r.join("n/config.pbtxt"), "default_model_filename: '../x.onnx'").unwrap();
+        fs::write(
+            r.join("n/config.pbtxt"),
+            "default_model_filename: '../x.onnx'",
+        )
+        .unwrap();
         fs::write(r.join("n/model.onnx"), b"x").unwrap();
         let s = scan_all(r).unwrap();
         let m = &s.models["m"];
@@ -538,7 +540,12 @@ mod tests {
         let reasons: Vec<(PathBuf, &str)> = s
             .skipped
             .iter()
-            .map(|k| (k.path.strip_prefix(r).unwrap().to_path_buf(), k.reason.as_str()))
+            .map(|k| {
+                (
+                    k.path.strip_prefix(r).unwrap().to_path_buf(),
+                    k.reason.as_str(),
+                )
+            })
             .collect();
         assert!(
             reasons
@@ -563,8 +570,14 @@ mod tests {
     #[test]
     fn pbtxt_fields_outside_comments_strings_and_nested_messages() {
         let f = |t: &str| pbtxt_top_level_string(t, "default_model_filename");
-        assert_eq!(f("default_model_filename: \"a.onnx\""), Some("a.onnx".into()));
-        assert_eq!(f("default_model_filename:'b.onnx' # c"), Some("b.onnx".into()));
+        assert_eq!(
+            f("default_model_filename: \"a.onnx\""),
+            Some("a.onnx".into())
+        );
+        assert_eq!(
+            f("default_model_filename:'b.onnx' # c"),
+            Some("b.onnx".into())
+        );
         assert_eq!(f("# default_model_filename: \"a\"\n"), None);
         assert_eq!(f("x { default_model_filename: \"a\" }"), None);
         assert_eq!(f("my_default_model_filename: \"a\""), None);

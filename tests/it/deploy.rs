@@ -57,7 +57,10 @@ fn warm_right_after_a_copy_waits_for_the_model_and_reports_it_ready() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     let v = support::json(&out);
     assert_eq!(v["error"]["code"], "empty_repository", "{v}");
-    assert!(v["error"]["message"].as_str().unwrap().contains("no models"));
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("no models"));
     let out = warm(&d, &["--allow-empty"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(support::json(&out), serde_json::json!([]));
@@ -131,7 +134,11 @@ fn warm_serves_triton_folders_named_by_config_pbtxt_and_names_what_it_skips() {
     for skipped in ["README.txt", "tri/labels"] {
         let p = m.join(skipped).display().to_string();
         assert!(err.contains(&format!("skipped {p}")), "{skipped}: {err}");
-        assert!(d.log().contains(&p), "daemon log names {skipped}: {}", d.log());
+        assert!(
+            d.log().contains(&p),
+            "daemon log names {skipped}: {}",
+            d.log()
+        );
     }
     let st = d.client().status("tri").unwrap();
     assert_eq!((st.layout.as_str(), st.version), ("triton", 1), "{st:?}");
@@ -161,7 +168,11 @@ fn cache_commands_go_through_the_daemon_that_holds_the_cache() {
     let out = run(&["verify", "--json"], &c);
     assert!(out.status.success(), "{}", stderr(&out));
     let v = support::json(&out);
-    assert_eq!((v["checked"].as_u64(), v["passed"].as_bool()), (Some(1), Some(true)), "{v}");
+    assert_eq!(
+        (v["checked"].as_u64(), v["passed"].as_bool()),
+        (Some(1), Some(true)),
+        "{v}"
+    );
 
     let out = run(&["gc", "--json", "--dry-run", "--max-size", "0"], &c);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -170,7 +181,11 @@ fn cache_commands_go_through_the_daemon_that_holds_the_cache() {
     let out = run(&["stats", "--json"], &c);
     assert!(out.status.success(), "{}", stderr(&out));
     let s = support::json(&out);
-    assert_eq!((s["builds"].as_u64(), s["models"].as_u64()), (Some(1), Some(1)), "{s}");
+    assert_eq!(
+        (s["builds"].as_u64(), s["models"].as_u64()),
+        (Some(1), Some(1)),
+        "{s}"
+    );
     let out = run(&["stats"], &c);
     assert!(String::from_utf8_lossy(&out.stdout).contains("builds"));
 
@@ -206,7 +221,13 @@ fn cache_commands_go_through_the_daemon_that_holds_the_cache() {
 fn a_missing_cache_dir_is_an_error_for_reads_and_json_errors_are_json() {
     let tmp = tempfile::tempdir().unwrap();
     let typo = tmp.path().join("cahce");
-    for cmd in [&["ls"][..], &["verify"], &["gc", "--dry-run"], &["rm", "01234567"], &["stats"]] {
+    for cmd in [
+        &["ls"][..],
+        &["verify"],
+        &["gc", "--dry-run"],
+        &["rm", "01234567"],
+        &["stats"],
+    ] {
         let mut args = cmd.to_vec();
         args.push("--json");
         let out = run(&args, &["--cache-dir".as_ref(), typo.as_path()]);
@@ -231,9 +252,17 @@ fn a_missing_cache_dir_is_an_error_for_reads_and_json_errors_are_json() {
     assert_eq!(support::json(&out)["error"]["code"], "no_such_cache");
     assert!(!tmp.path().join("no").exists());
     // Errors of other commands with --json are JSON on stdout too.
-    let out = run(&["inspect", "--json"], &[tmp.path().join("missing.onnx").as_path()]);
+    let out = run(
+        &["inspect", "--json"],
+        &[tmp.path().join("missing.onnx").as_path()],
+    );
     assert_eq!(out.status.code(), Some(2));
-    assert_eq!(support::json(&out)["error"]["code"], "not_found", "{}", stderr(&out));
+    assert_eq!(
+        support::json(&out)["error"]["code"],
+        "not_found",
+        "{}",
+        stderr(&out)
+    );
     let out = run(
         &["status", "--json", "--socket"],
         &[tmp.path().join("nobody.sock").as_path()],
@@ -261,6 +290,14 @@ fn a_failed_start_leaves_no_socket_behind() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("no-such-group-trtcache"), "{}", stderr(&out));
-    assert!(!d.socket().exists(), "the failed start left {}", d.socket().display());
+    assert!(
+        stderr(&out).contains("no-such-group-trtcache"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        !d.socket().exists(),
+        "the failed start left {}",
+        d.socket().display()
+    );
 }

@@ -45,7 +45,10 @@ fn script(path: &Path, body: &str) {
 #[test]
 fn the_block_is_found_and_a_heading_without_one_is_not() {
     let md = "# x\n\n## A walk-through\n\ntext\n\n```sh\na\nb   # c\n```\n\n## Next\n";
-    assert_eq!(shell_block(md, "## A walk-through").as_deref(), Some("a\nb   # c\n"));
+    assert_eq!(
+        shell_block(md, "## A walk-through").as_deref(),
+        Some("a\nb   # c\n")
+    );
     assert_eq!(shell_block(md, "## Next"), None);
 }
 

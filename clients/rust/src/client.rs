@@ -484,7 +484,11 @@ impl Client {
     }
 
     /// Admin unless `dry_run`: evicts least-recently-used entries down to `max_bytes`.
-    pub fn cache_gc(&mut self, max_bytes: u64, dry_run: bool) -> Result<CacheGcReport, ClientError> {
+    pub fn cache_gc(
+        &mut self,
+        max_bytes: u64,
+        dry_run: bool,
+    ) -> Result<CacheGcReport, ClientError> {
         match self.call(&Request::CacheGc { max_bytes, dry_run })?.0 {
             Response::CacheGc(r) => Ok(r),
             other => Err(unexpected(&other)),
