@@ -301,3 +301,26 @@ fn a_failed_start_leaves_no_socket_behind() {
         d.socket().display()
     );
 }
+
+#[test]
+fn rescan_from_both_clients_reports_models_and_skipped_entries() {
+    let mut d = Daemon::new();
+    write(&models::tiny_encoder(false), &d.models().join("enc.onnx")).unwrap();
+    std::fs::write(d.models().join("notes.txt"), "x").unwrap();
+    d.start();
+    let r = d.client().rescan().unwrap();
+    assert_eq!(r.models.len(), 1, "{r:?}");
+    assert!(r.models[0].settled && r.models[0].name == "enc", "{r:?}");
+    assert_eq!(r.skipped.len(), 1, "{r:?}");
+    assert!(r.skipped[0].path.ends_with("notes.txt"), "{r:?}");
+    assert_eq!(r.settle_ms, 150);
+    let py = support::run_python(
+        "import sys; sys.path.insert(0, 'clients/python')\n\
+         from trtcache_client import Client\n\
+         r = Client(sys.argv[1]).rescan()\n\
+         print(r['models'][0]['name'], r['models'][0]['settled'], len(r['skipped']))",
+        &[&d.socket()],
+    );
+    assert_eq!(py.trim(), "enc True 1");
+    assert!(d.stop());
+}
