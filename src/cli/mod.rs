@@ -51,13 +51,17 @@ pub enum Command {
     Sku(sku::SkuArgs),
     /// Build (or find in the cache) a validated artifact for a model and backend.
     Build(Box<build::BuildArgs>),
-    /// List cache entries: key, state, backend, size, hits, last use, model.
+    /// List cache entries: key, state, backend, size, hits, last use, model (through the
+    /// daemon when one holds the cache).
     Ls(cache::LsArgs),
-    /// Remove one cache entry (and its files when no other entry shares them).
+    /// Remove one cache entry (and its files when no other entry shares them); through the
+    /// daemon when one holds the cache.
     Rm(cache::RmArgs),
-    /// Evict least-recently-used entries to a size limit; drop quarantined ones.
+    /// Evict least-recently-used entries to a size limit; drop quarantined ones (through the
+    /// daemon when one holds the cache).
     Gc(cache::GcArgs),
-    /// Re-hash every stored artifact; quarantine the ones whose files changed.
+    /// Re-hash every stored artifact; quarantine the ones whose files changed (through the
+    /// daemon when one holds the cache).
     Verify(cache::VerifyArgs),
     /// Print the running daemon's counters: hits, misses, builds, failures, queue, connections.
     Stats(stats::StatsArgs),
@@ -65,7 +69,8 @@ pub enum Command {
     Serve(serve::ServeArgs),
     /// Print the effective configuration (file + flags).
     Config(serve::ConfigArgs),
-    /// Build every model (through the daemon when one runs); exit 0 only when all are ready.
+    /// Build every model present, waiting for files still being copied in (through the
+    /// daemon when one runs); exit 0 only when all are ready.
     Warm(warm::WarmArgs),
     /// Show each model's state per backend/profile (from the daemon when one runs).
     Status(warm::StatusArgs),
