@@ -275,10 +275,25 @@ fn settle_through_daemon(
     let mut waiting = std::collections::BTreeMap::new();
     loop {
         let t0 = Instant::now();
-        let r = c
-            .rescan()
-            .map_err(anyhow::Error::new)
-            .context("asking the daemon to rescan its repository")?;
+        let r = match c.rescan() {
+            Ok(r) => r,
+            // A daemon older than `rescan`: the folder is read here, as the daemon sees it.
+            Err(ClientError::Server {
+                code: ErrorCode::UnknownRequest,
+                ..
+            }) => {
+                eprintln!(
+                    "warm: the daemon at {} predates `rescan`; reading {} here",
+                    cfg.socket.display(),
+                    cfg.models.display()
+                );
+                return settle_in_process(cfg, a, deadline);
+            }
+            Err(e) => {
+                return Err(anyhow::Error::new(e))
+                    .context("asking the daemon to rescan its repository")
+            }
+        };
         if a.paths.models.is_some() {
             let mine = std::fs::canonicalize(&cfg.models)
                 .with_context(|| format!("model repository {}", cfg.models.display()))?;
