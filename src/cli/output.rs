@@ -151,18 +151,17 @@ pub fn error_code(e: &anyhow::Error) -> &'static str {
     "failed"
 }
 
-/// Reports a command's error: `error: …` (every cause, one line) on stderr; with `--json`,
-/// `{"error":{"code":…,"message":…}}` on stdout instead, where the command's JSON output
-/// would have gone.
+/// Reports a command's error: `error: …` (every cause, one line) on stderr; with `--json`
+/// also `{"error":{"code":…,"message":…}}` on stdout, where the command's JSON output would
+/// have gone.
 pub fn report_error(e: &anyhow::Error, json: bool) {
     if json {
         let v = serde_json::json!({
             "error": { "code": error_code(e), "message": format!("{e:#}") }
         });
         println!("{v}");
-    } else {
-        eprintln!("error: {e:#}");
     }
+    eprintln!("error: {e:#}");
 }
 
 #[cfg(test)]

@@ -143,10 +143,12 @@ pub fn warm(a: WarmArgs) -> anyhow::Result<ExitCode> {
         bars.update(&p.model, &p.backend, &p.profile, &p.phase, elapsed);
     };
     let mut client = connect(&cfg)?;
+    if client.is_some() {
+        eprintln!("warm: using the daemon at {}", cfg.socket.display());
+    }
     let (names, mut unsettled) = if !repository {
         (Vec::new(), Vec::new())
     } else if let Some(c) = &mut client {
-        eprintln!("warm: using the daemon at {}", cfg.socket.display());
         settle_through_daemon(c, &cfg, &a, deadline)?
     } else {
         settle_in_process(&cfg, &a, deadline)?
