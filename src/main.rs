@@ -13,11 +13,11 @@ fn main() -> std::process::ExitCode {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
     }
-    // `run` installs the logging (`cli::log`) once it knows the format.
+    let json = cli.command.json();
     match trtcache::cli::run(cli) {
         Ok(code) => code,
         Err(e) => {
-            trtcache::cli::log::report_error(&e);
+            trtcache::cli::report_error(&e, json);
             std::process::ExitCode::from(2)
         }
     }

@@ -412,6 +412,7 @@ pub fn compare(name: &str, reference: &[f64], got: &[f64], tol: Tolerance) -> Ou
         max_rel: 0.0,
         mismatched: 0,
         passed: true,
+        non_finite: reference.iter().filter(|r| !r.is_finite()).count(),
     };
     if reference.len() != got.len() {
         e.mismatched = reference.len().max(got.len());
@@ -443,6 +444,15 @@ pub fn compare(name: &str, reference: &[f64], got: &[f64], tol: Tolerance) -> Ou
     }
     e.passed = e.mismatched == 0;
     e
+}
+
+/// What a person is told when a reference output holds NaN or infinity: those elements pass
+/// when the artifact gives the same value, which proves little about them.
+pub fn non_finite_warning(e: &OutputError) -> String {
+    format!(
+        "the reference output `{}` has {} NaN or infinite values of {}: validation only checks that the artifact gives the same there (an overflow in the model or its validation inputs?)",
+        e.name, e.non_finite, e.elements
+    )
 }
 
 /// Validates `candidate` (a session on the artifact) against `model` run on ORT CPU with
@@ -479,9 +489,20 @@ pub fn validate(
                 max_rel: UNBOUNDED,
                 mismatched: 1,
                 passed: false,
+                non_finite: 0,
             },
         };
         tracing::debug!(output = %name, max_abs = e.max_abs, max_rel = e.max_rel, passed = e.passed, "validated output");
+        if e.non_finite > 0 {
+            tracing::warn!(
+                model = %model.display(),
+                output = %name,
+                non_finite = e.non_finite,
+                elements = e.elements,
+                "{}",
+                non_finite_warning(&e)
+            );
+        }
         outputs.push(e);
     }
     Ok(ValidationReport {
@@ -520,6 +541,17 @@ mod tests {
         assert!(!e.passed);
         let e = compare("y", &[f64::INFINITY], &[f64::INFINITY], tol);
         assert!(e.passed);
+        // Passing on non-finite references is counted, so it can be warned about.
+        assert_eq!(e.non_finite, 1);
+        let e = compare(
+            "y",
+            &[f64::NAN, 1.0, f64::NEG_INFINITY],
+            &[f64::NAN, 1.0, f64::NEG_INFINITY],
+            tol,
+        );
+        assert!(e.passed && e.non_finite == 2, "{e:?}");
+        assert!(non_finite_warning(&e).contains("2 NaN or infinite values of 3"));
+        assert_eq!(compare("y", &[1.0], &[1.0], tol).non_finite, 0);
     }
 
     #[test]

@@ -512,10 +512,24 @@ pub fn compare_out(name: &str, reference: &Out, got: &Out, tol: Tolerance) -> Ou
         max_rel: 0.0,
         mismatched: 0,
         passed: true,
+        non_finite: non_finite(reference),
     });
     acc.add(reference, got, tol);
     acc.0.passed = acc.0.mismatched == 0;
     acc.0
+}
+
+/// Float elements of an output that are NaN or infinite.
+fn non_finite(o: &Out) -> usize {
+    match o {
+        Out::Tensor {
+            data: Data::Float(v),
+            ..
+        } => v.iter().filter(|x| !x.is_finite()).count(),
+        Out::Tensor { .. } => 0,
+        Out::Seq(v) => v.iter().map(non_finite).sum(),
+        Out::Map(v) => v.iter().map(|(_, o)| non_finite(o)).sum(),
+    }
 }
 
 #[cfg(test)]
@@ -594,6 +608,9 @@ mod tests {
         assert!(!compare_out("p", &a, &Out::Seq(vec![m(&["0", "1"], &[0.25, 0.8])]), tol).passed);
         assert!(!compare_out("p", &a, &Out::Seq(vec![m(&["0", "2"], &[0.25, 0.75])]), tol).passed);
         assert!(!compare_out("p", &a, &Out::Seq(vec![]), tol).passed);
+        let nan = Out::Seq(vec![m(&["0", "1"], &[f64::NAN, 0.5])]);
+        let e = compare_out("p", &nan, &nan.clone(), tol);
+        assert!(e.passed && e.non_finite == 1, "{e:?}");
         // Shapes must agree even when the values do.
         assert!(
             !compare_out(

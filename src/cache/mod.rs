@@ -162,6 +162,45 @@ pub trait Store: Send + Sync {
     fn gc(&self, max_bytes: u64, dry_run: bool) -> Result<GcReport, StoreError>;
 }
 
+/// Why a key given by a person (`trtcache rm KEY`) names no single entry.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyPrefixError {
+    #[error("`{0}` is not a cache key (64 hex digits, or a unique prefix of at least 8)")]
+    NotAKey(String),
+    #[error("no cache entry with key {0}")]
+    NoEntry(String),
+    #[error("key prefix {prefix} is ambiguous ({entries} entries)")]
+    Ambiguous { prefix: String, entries: usize },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Resolves a full key, or a unique prefix of at least 8 hex digits among the store's
+/// records.
+pub fn resolve_key(store: &dyn Store, s: &str) -> Result<CacheKey, KeyPrefixError> {
+    if let Ok(k) = CacheKey::parse(s) {
+        return Ok(k);
+    }
+    let p = s.to_ascii_lowercase();
+    if p.len() < 8 || !p.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(KeyPrefixError::NotAKey(s.into()));
+    }
+    let hits: Vec<CacheKey> = store
+        .list()?
+        .into_iter()
+        .map(|r| r.key)
+        .filter(|k| k.hex().starts_with(&p))
+        .collect();
+    match hits.as_slice() {
+        [one] => Ok(*one),
+        [] => Err(KeyPrefixError::NoEntry(s.into())),
+        _ => Err(KeyPrefixError::Ambiguous {
+            prefix: s.into(),
+            entries: hits.len(),
+        }),
+    }
+}
+
 /// The digest memo's file in a cache directory: model digests by file identity, shared by
 /// `trtcache key` (which never takes the cache's lock) and builds (see `key::memo`).
 pub const DIGEST_MEMO: &str = "digests.json";

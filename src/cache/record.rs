@@ -24,6 +24,15 @@ pub struct OutputError {
     /// Elements outside both tolerances.
     pub mismatched: usize,
     pub passed: bool,
+    /// Reference elements that are NaN or infinite: they are only checked for being the
+    /// same non-finite value, so the comparison says less about them (0 in records written
+    /// before the field existed).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub non_finite: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// The outcome of validation, stored in the cache record.

@@ -385,6 +385,13 @@ fn render(o: &BuildOutcome, ort: Option<&str>, dir: &std::path::Path, st: Style)
             })
             .collect();
         out.push_str(&table("  ", &rows));
+        for e in v.outputs.iter().filter(|e| e.non_finite > 0) {
+            out.push_str(&format!(
+                "{} {}\n",
+                st.warn("warning:"),
+                crate::build::validate::non_finite_warning(e)
+            ));
+        }
     }
     match (&o.served, &o.unservable) {
         (Some(s), _) => {

@@ -15,6 +15,7 @@ mod sku;
 pub use inspect::opset_bounds;
 mod remote;
 mod serve;
+mod stats;
 mod warm;
 
 use std::process::ExitCode;
@@ -57,19 +58,26 @@ pub enum Command {
     Sku(sku::SkuArgs),
     /// Build (or find in the cache) a validated artifact for a model and backend.
     Build(Box<build::BuildArgs>),
-    /// List cache entries: key, state, backend, size, hits, last use, model.
+    /// List cache entries: key, state, backend, size, hits, last use, model (through the
+    /// daemon when one holds the cache).
     Ls(cache::LsArgs),
-    /// Remove one cache entry (and its files when no other entry shares them).
+    /// Remove one cache entry (and its files when no other entry shares them); through the
+    /// daemon when one holds the cache.
     Rm(cache::RmArgs),
-    /// Evict least-recently-used entries to a size limit; drop quarantined ones.
+    /// Evict least-recently-used entries to a size limit; drop quarantined ones (through the
+    /// daemon when one holds the cache).
     Gc(cache::GcArgs),
-    /// Re-hash every stored artifact; quarantine the ones whose files changed.
+    /// Re-hash every stored artifact; quarantine the ones whose files changed (through the
+    /// daemon when one holds the cache).
     Verify(cache::VerifyArgs),
+    /// Print the running daemon's counters: hits, misses, builds, failures, queue, connections.
+    Stats(stats::StatsArgs),
     /// Run the daemon: watch models, build and cache artifacts, serve them on a Unix socket.
     Serve(serve::ServeArgs),
     /// Print the effective configuration (file + flags).
     Config(serve::ConfigArgs),
-    /// Build every model (through the daemon when one runs); exit 0 only when all are ready.
+    /// Build every model present, waiting for files still being copied in (through the
+    /// daemon when one runs); exit 0 only when all are ready.
     Warm(warm::WarmArgs),
     /// Show each model's state per backend/profile (from the daemon when one runs).
     Status(warm::StatusArgs),
@@ -95,6 +103,37 @@ pub enum Command {
     Man(manual::ManArgs),
 }
 
+impl Command {
+    /// Whether the command was asked for JSON output; its errors are then JSON too
+    /// ([`output::report_error`]).
+    pub fn json(&self) -> bool {
+        match self {
+            Command::Inspect(a) => a.json,
+            Command::Key(a) => a.json,
+            Command::Sku(a) => a.json,
+            Command::Build(a) => a.json,
+            Command::Ls(a) => a.json,
+            Command::Rm(a) => a.json,
+            Command::Gc(a) => a.json,
+            Command::Verify(a) => a.json,
+            Command::Stats(a) => a.json,
+            Command::Config(a) => a.json,
+            Command::Warm(a) => a.json,
+            Command::Status(a) => a.json,
+            Command::Keygen(a) => a.json,
+            Command::Push(a) => a.json,
+            Command::Pull(a) => a.build.json,
+            Command::Remote(remote::RemoteCommand::Gc(a)) => a.json,
+            Command::Health(a) => a.json,
+            Command::Serve(_) | Command::Worker | Command::Completions(_) | Command::Man(_) => {
+                false
+            }
+        }
+    }
+}
+
+pub use output::report_error;
+
 /// Runs one subcommand; the exit code is the command's verdict (errors are `Err`).
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let logs = log::LogSettings {
@@ -116,6 +155,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Rm(a) => cache::rm(a),
         Command::Gc(a) => cache::gc(a),
         Command::Verify(a) => cache::verify(a),
+        Command::Stats(a) => stats::run(a),
         Command::Serve(a) => serve::serve(
             a,
             cli.log_format,

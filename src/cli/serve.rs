@@ -74,6 +74,7 @@ pub fn serve(
     };
     super::log::init(super::log::LogSettings { format, ..logs });
     let cfg = loaded?;
+    super::cache::creatable_cache(&cfg.cache_dir)?;
     tracing::info!(models = %cfg.models.display(), cache = %cfg.cache_dir.display(), socket = %cfg.socket.display(), "starting");
     crate::daemon::serve(cfg).map_err(anyhow::Error::new)?;
     Ok(ExitCode::SUCCESS)

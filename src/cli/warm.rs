@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 use trtcache_client::protocol::{
-    BuildRequest, BuildResult, ModelStatus, VariantState, VariantStatus,
+    BuildRequest, BuildResult, ErrorCode, ModelStatus, VariantState, VariantStatus,
 };
 use trtcache_client::{Client, ClientError};
 
@@ -18,8 +18,12 @@ use crate::config::Config;
 use crate::daemon::repo;
 
 /// Build (or confirm in the cache) every model in the repository, with progress per model on
-/// stderr and a summary table. Exits 0 only when every model/profile/backend is ready and
-/// validated, 1 when any failed, 2 on bad input.
+/// stderr and a summary table. Every model file present when it starts counts, including
+/// files still being written: it first has the daemon rescan the repository and waits until
+/// each model's files keep their size and mtime for the settle interval
+/// (`limits.debounce_ms`). Exits 0 only when every model/profile/backend is ready and
+/// validated, 1 when any failed or was still being written at --timeout, 2 on bad input (an
+/// empty repository too, unless --allow-empty).
 #[derive(Debug, Args)]
 pub struct WarmArgs {
     #[command(flatten)]
@@ -32,9 +36,14 @@ pub struct WarmArgs {
     /// no model names, only the paths are built.
     #[arg(long = "path", value_name = "FILE")]
     pub files: Vec<std::path::PathBuf>,
-    /// Give up after this many seconds (the unfinished builds count as failed).
+    /// Give up after this many seconds (the unfinished builds, and models still being
+    /// written, count as failed).
     #[arg(long)]
     pub timeout: Option<u64>,
+    /// Succeed on an empty repository (by default no model to warm is an error: a deploy
+    /// that copied nothing, or a wrong --models).
+    #[arg(long)]
+    pub allow_empty: bool,
     /// Print the results as JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -119,51 +128,78 @@ fn connect(cfg: &Config) -> anyhow::Result<Option<Client>> {
 
 pub fn warm(a: WarmArgs) -> anyhow::Result<ExitCode> {
     let cfg = a.paths.load()?;
-    let timeout = a.timeout.map(Duration::from_secs);
-    // With --models the names come from that folder, so the daemon builds exactly those.
-    let mut names = a.model.clone();
+    let start = Instant::now();
+    let deadline = a.timeout.map(|t| start + Duration::from_secs(t));
     let files = a
         .files
         .iter()
         .map(|p| std::path::absolute(p).with_context(|| format!("resolving {}", p.display())))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    if names.is_empty() && a.paths.models.is_some() && files.is_empty() {
-        names = repo::scan(&cfg.models)
-            .with_context(|| format!("scanning {}", cfg.models.display()))?
-            .into_keys()
-            .collect();
-    }
-    let start = Instant::now();
-    let req = BuildRequest {
-        models: names,
-        backend: None,
-        timeout_ms: timeout.map(|t| t.as_millis() as u64),
-        paths: files.iter().map(|f| f.display().to_string()).collect(),
-    };
+    // With --path and no names only the paths are built; otherwise the repository's models.
+    let repository = !a.model.is_empty() || files.is_empty();
     let bars = Bars::new();
     let mut show = |p: &trtcache_client::protocol::Progress| {
         let elapsed = Duration::from_millis(p.elapsed_ms);
         bars.update(&p.model, &p.backend, &p.profile, &p.phase, elapsed);
     };
-    let results = match connect(&cfg)? {
-        Some(mut c) => {
-            eprintln!("warm: using the daemon at {}", cfg.socket.display());
-            c.build(&req, |p| show(p))
-                .map_err(anyhow::Error::new)
-                .context("warming through the daemon")?
+    let mut client = connect(&cfg)?;
+    if client.is_some() {
+        eprintln!("warm: using the daemon at {}", cfg.socket.display());
+    }
+    let (names, mut unsettled) = if !repository {
+        (Vec::new(), Vec::new())
+    } else if let Some(c) = &mut client {
+        settle_through_daemon(c, &cfg, &a, deadline)?
+    } else {
+        settle_in_process(&cfg, &a, deadline)?
+    };
+    if repository && names.is_empty() && unsettled.is_empty() {
+        if !a.allow_empty {
+            return Err(EmptyRepository(cfg.models.clone()).into());
         }
-        None => {
-            // The daemon's own warm, run here (same planning, queue, worker builds, results).
-            eprintln!(
-                "warm: no daemon at {}; building in-process into {}",
-                cfg.socket.display(),
-                cfg.cache_dir.display()
-            );
-            crate::daemon::warm_in_process(&cfg, &req, &mut show)
+        eprintln!(
+            "warm: no models in {} (--allow-empty)",
+            cfg.models.display()
+        );
+    }
+    let req = BuildRequest {
+        models: names.clone(),
+        backend: None,
+        timeout_ms: deadline
+            .map(|d| d.saturating_duration_since(Instant::now()).as_millis() as u64),
+        paths: files.iter().map(|f| f.display().to_string()).collect(),
+    };
+    let mut results = if req.models.is_empty() && req.paths.is_empty() {
+        // An empty request means "every model" on the wire: never send it.
+        Vec::new()
+    } else {
+        match &mut client {
+            Some(c) => c
+                .build(&req, |p| show(p))
                 .map_err(anyhow::Error::new)
-                .context("warming in-process")?
+                .context("warming through the daemon")?,
+            None => {
+                super::cache::creatable_cache(&cfg.cache_dir)?;
+                // The daemon's own warm, run here (same planning, queue, worker builds,
+                // results).
+                eprintln!(
+                    "warm: no daemon at {}; building in-process into {}",
+                    cfg.socket.display(),
+                    cfg.cache_dir.display()
+                );
+                crate::daemon::warm_in_process(&cfg, &req, &mut show)
+                    .map_err(anyhow::Error::new)
+                    .context("warming in-process")?
+            }
         }
     };
+    // A model that built no variant is not ready either.
+    for n in &names {
+        if !results.iter().any(|r| &r.model == n) {
+            unsettled.push(not_built(n, "no variant was built for it"));
+        }
+    }
+    results.append(&mut unsettled);
     let ok = results.iter().all(|r| r.state == VariantState::Ready);
     if a.json {
         println!(
@@ -187,6 +223,175 @@ pub fn warm(a: WarmArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// `warm` found no model to warm: a deploy that copied nothing, or the wrong folder.
+#[derive(Debug, thiserror::Error)]
+#[error("no models in the repository {} (nothing to warm; --allow-empty accepts an empty repository)", .0.display())]
+pub struct EmptyRepository(pub std::path::PathBuf);
+
+/// A failed result for a model warm could not build (still being written at the deadline).
+fn not_built(model: &str, reason: &str) -> BuildResult {
+    BuildResult {
+        model: model.into(),
+        backend: String::new(),
+        profile: String::new(),
+        state: VariantState::Failed,
+        key: None,
+        cached: false,
+        code: Some(ErrorCode::Timeout),
+        reason: Some(reason.into()),
+        seconds: 0.0,
+    }
+}
+
+/// The models to warm: the names given (each must exist), else every model found.
+fn wanted<'a>(
+    found: impl Iterator<Item = &'a str>,
+    a: &WarmArgs,
+    root: &str,
+) -> anyhow::Result<Vec<String>> {
+    let found: Vec<&str> = found.collect();
+    if a.model.is_empty() {
+        return Ok(found.iter().map(|s| s.to_string()).collect());
+    }
+    for n in &a.model {
+        anyhow::ensure!(
+            found.contains(&n.as_str()),
+            "no model `{n}` in the repository {root}"
+        );
+    }
+    Ok(a.model.clone())
+}
+
+/// Asks the daemon to rescan until every model present has settled (its files kept their
+/// size and mtime for the daemon's settle interval) and is served, or until the deadline.
+/// Returns the settled names and a failed result for each model still being written.
+fn settle_through_daemon(
+    c: &mut Client,
+    cfg: &Config,
+    a: &WarmArgs,
+    deadline: Option<Instant>,
+) -> anyhow::Result<(Vec<String>, Vec<BuildResult>)> {
+    let mut warned = std::collections::BTreeSet::new();
+    let mut waiting = std::collections::BTreeMap::new();
+    loop {
+        let t0 = Instant::now();
+        let r = match c.rescan() {
+            Ok(r) => r,
+            // A daemon older than `rescan`: the folder is read here, as the daemon sees it.
+            Err(ClientError::Server {
+                code: ErrorCode::UnknownRequest,
+                ..
+            }) => {
+                eprintln!(
+                    "warm: the daemon at {} predates `rescan`; reading {} here",
+                    cfg.socket.display(),
+                    cfg.models.display()
+                );
+                return settle_in_process(cfg, a, deadline);
+            }
+            Err(e) => {
+                return Err(anyhow::Error::new(e))
+                    .context("asking the daemon to rescan its repository")
+            }
+        };
+        if a.paths.models.is_some() {
+            let mine = std::fs::canonicalize(&cfg.models)
+                .with_context(|| format!("model repository {}", cfg.models.display()))?;
+            anyhow::ensure!(
+                mine == std::path::Path::new(&r.root),
+                "the daemon at {} serves {}, not {} (the --models given)",
+                cfg.socket.display(),
+                r.root,
+                mine.display()
+            );
+        }
+        for s in &r.skipped {
+            if warned.insert((s.path.clone(), s.reason.clone())) {
+                eprintln!("warm: skipped {}: {}", s.path, s.reason);
+            }
+        }
+        let names = wanted(r.models.iter().map(|m| m.name.as_str()), a, &r.root)?;
+        let pending: Vec<_> = r
+            .models
+            .iter()
+            .filter(|m| !m.settled && names.contains(&m.name))
+            .collect();
+        if pending.is_empty() {
+            return Ok((names, Vec::new()));
+        }
+        for m in &pending {
+            if waiting.insert(m.name.clone(), m.bytes) != Some(m.bytes) {
+                eprintln!(
+                    "warm: {} is still being written ({}); waiting for it to settle",
+                    m.name,
+                    super::output::human_bytes(m.bytes)
+                );
+            }
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            let late: Vec<BuildResult> = pending
+                .iter()
+                .map(|m| not_built(&m.name, "still being written when --timeout ran out"))
+                .collect();
+            let ready = names
+                .into_iter()
+                .filter(|n| !pending.iter().any(|m| &m.name == n))
+                .collect();
+            return Ok((ready, late));
+        }
+        // The daemon waited a settle interval itself when something was changing.
+        let settle = Duration::from_millis(r.settle_ms.max(10));
+        std::thread::sleep(settle.saturating_sub(t0.elapsed()));
+    }
+}
+
+/// Without a daemon: scans the repository until two scans one settle interval
+/// (`limits.debounce_ms`) apart agree for every model, or every file is older than that.
+fn settle_in_process(
+    cfg: &Config,
+    a: &WarmArgs,
+    deadline: Option<Instant>,
+) -> anyhow::Result<(Vec<String>, Vec<BuildResult>)> {
+    let settle = Duration::from_millis(cfg.limits.debounce_ms);
+    let root = cfg.models.display().to_string();
+    let mut first = repo::scan_all(&cfg.models)?;
+    for s in &first.skipped {
+        eprintln!("warm: skipped {}: {}", s.path.display(), s.reason);
+    }
+    loop {
+        let names = wanted(first.models.keys().map(String::as_str), a, &root)?;
+        if names.iter().all(|n| first.models[n].quiet_for(settle)) {
+            return Ok((names, Vec::new()));
+        }
+        std::thread::sleep(settle);
+        let second = repo::scan_all(&cfg.models)?;
+        let names2 = wanted(second.models.keys().map(String::as_str), a, &root)?;
+        let pending: Vec<String> = names2
+            .iter()
+            .filter(|n| first.models.get(*n) != second.models.get(*n))
+            .cloned()
+            .collect();
+        if pending.is_empty() {
+            return Ok((names2, Vec::new()));
+        }
+        for n in &pending {
+            eprintln!("warm: {n} is still being written; waiting for it to settle");
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            let late = pending
+                .iter()
+                .map(|n| not_built(n, "still being written when --timeout ran out"))
+                .collect();
+            let ready = names2
+                .into_iter()
+                .filter(|n| !pending.contains(n))
+                .collect();
+            return Ok((ready, late));
+        }
+        first = second;
+    }
 }
 
 fn render_results(results: &[BuildResult], st: Style) -> String {
@@ -265,6 +470,7 @@ pub fn status(a: StatusArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn local_status(cfg: &Config, only: Option<&str>) -> anyhow::Result<Vec<ModelStatus>> {
+    super::cache::require_cache(&cfg.cache_dir)?;
     let engine = crate::daemon::open_engine(cfg).context("opening the cache")?;
     let snapshot =
         repo::scan(&cfg.models).with_context(|| format!("scanning {}", cfg.models.display()))?;

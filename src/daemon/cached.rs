@@ -597,6 +597,10 @@ impl Engine for CachedEngine {
         }
     }
 
+    fn store(&self) -> Option<Arc<dyn Store>> {
+        Some(self.store.clone())
+    }
+
     fn flush(&self) -> Result<(), EngineError> {
         // Hit counters are written lazily; make them durable at shutdown.
         self.store.flush().map_err(store_err)

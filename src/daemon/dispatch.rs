@@ -103,6 +103,41 @@ impl Session {
                 }
             }),
             Request::Watch { model } => return self.watch(&model, conn).await,
+            Request::Rescan => super::watch::rescan(&self.svc, self.svc.cfg.models.clone())
+                .await
+                .map(Response::Rescanned)
+                .map_err(|e| (ErrorCode::Internal, e.to_string())),
+            Request::CacheList => self
+                .svc
+                .cache_list()
+                .await
+                .map(|(cache_dir, records)| Response::CacheEntries { cache_dir, records }),
+            Request::CacheRemove { key } => match self.admin("cache_remove") {
+                Ok(()) => self
+                    .svc
+                    .cache_remove(&key)
+                    .await
+                    .map(|(cache_dir, key)| Response::CacheRemoved { cache_dir, key }),
+                Err(e) => Err(e),
+            },
+            Request::CacheGc { max_bytes, dry_run } => {
+                match if dry_run {
+                    Ok(())
+                } else {
+                    self.admin("cache_gc")
+                } {
+                    Ok(()) => self
+                        .svc
+                        .cache_gc(max_bytes, dry_run)
+                        .await
+                        .map(Response::CacheGc),
+                    Err(e) => Err(e),
+                }
+            }
+            Request::CacheVerify => match self.admin("cache_verify") {
+                Ok(()) => self.svc.cache_verify().await.map(Response::CacheVerified),
+                Err(e) => Err(e),
+            },
             Request::Shutdown => self.admin("shutdown").map(|()| {
                 tracing::info!(uid = self.peer.uid, "shutdown requested");
                 let _ = self.stop.send(true);
@@ -145,7 +180,7 @@ impl Session {
         tracing::warn!(uid = self.peer.uid, request = what, "admin request refused");
         Err((
             ErrorCode::PermissionDenied,
-            "evict and shutdown need root or the daemon's user".into(),
+            format!("`{what}` needs root or the daemon's user"),
         ))
     }
 

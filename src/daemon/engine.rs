@@ -250,6 +250,11 @@ pub trait Engine: Send + Sync + 'static {
     /// store's least-recently-used eviction sees it (the daemon calls it at most every
     /// few seconds per key).
     fn touch(&self, _key: &CacheKey) {}
+    /// The store behind the engine, for cache maintenance (`ls`, `rm`, `gc`, `verify`)
+    /// while the daemon holds the cache's lock; `None` when the engine has none.
+    fn store(&self) -> Option<Arc<dyn crate::cache::Store>> {
+        None
+    }
     /// Flushes the store (called on shutdown).
     fn flush(&self) -> Result<(), EngineError> {
         Ok(())

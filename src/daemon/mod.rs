@@ -31,12 +31,14 @@ use engine::{Engine, EngineError};
 /// Errors that stop the daemon from starting.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("model repository {path}")]
+    #[error("model repository {}", path.display())]
     Models {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Scan(#[from] repo::ScanError),
     #[error("opening the cache")]
     Engine(#[from] EngineError),
     #[error("socket {path}: {message}")]
@@ -66,7 +68,7 @@ fn socket_err(path: &Path, message: impl Into<String>) -> ServeError {
 
 /// Binds the configured socket path: refuses when a live daemon answers there, replaces a
 /// stale socket file, then applies the mode and group.
-fn bind(cfg: &Config) -> Result<std::os::unix::net::UnixListener, ServeError> {
+fn bind(cfg: &Config) -> Result<(std::os::unix::net::UnixListener, BoundSocket), ServeError> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     let path = &cfg.socket;
     if let Some(dir) = path.parent() {
@@ -90,6 +92,8 @@ fn bind(cfg: &Config) -> Result<std::os::unix::net::UnixListener, ServeError> {
     }
     let l = std::os::unix::net::UnixListener::bind(path)
         .map_err(|e| socket_err(path, e.to_string()))?;
+    // From here on a failure (mode, group) removes the file again.
+    let bound = BoundSocket(Some(path.clone()));
     let mode = cfg
         .socket_mode_bits()
         .map_err(|e| socket_err(path, e.to_string()))?;
@@ -111,7 +115,20 @@ fn bind(cfg: &Config) -> Result<std::os::unix::net::UnixListener, ServeError> {
     }
     l.set_nonblocking(true)
         .map_err(|e| socket_err(path, e.to_string()))?;
-    Ok(l)
+    Ok((l, bound))
+}
+
+/// The socket file this daemon bound (none when systemd passed the listener): removed when
+/// this goes out of scope, on every way out of [`serve`], a failed start included, so no
+/// dead socket is left for clients to find.
+struct BoundSocket(Option<PathBuf>);
+
+impl Drop for BoundSocket {
+    fn drop(&mut self) {
+        if let Some(p) = &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
 }
 
 /// `trtcache warm` when no daemon runs: the daemon's own service (the same planning, queue,
@@ -148,7 +165,7 @@ pub fn warm_in_process(
         let snapshot = tokio::task::spawn_blocking(move || repo::scan(&r))
             .await
             .map_err(|e| WarmError::Failed(e.to_string()))?
-            .map_err(|e| WarmError::Failed(format!("scanning {}: {e}", root.display())))?;
+            .map_err(|e| WarmError::Failed(e.to_string()))?;
         svc.register(snapshot.into_values().collect(), Vec::new());
         let (tx, mut rx) = tokio::sync::mpsc::channel(64);
         let s2 = svc.clone();
@@ -214,10 +231,17 @@ async fn serve_async(mut cfg: Config) -> Result<(), ServeError> {
     let engine = tokio::task::spawn_blocking(move || open_engine(&c2))
         .await
         .map_err(|e| ServeError::Runtime(std::io::Error::other(e)))??;
-    let (std_listener, owns_path) = match systemd::listener().map_err(ServeError::Runtime)? {
-        Some(l) => (l, false),
-        None => (bind(&cfg)?, true),
+    let (std_listener, bound) = match systemd::listener().map_err(ServeError::Runtime)? {
+        Some(l) => (l, BoundSocket(None)),
+        None => bind(&cfg)?,
     };
+    // The path clients reach: a socket systemd passed may be bound elsewhere than the config
+    // says (the socket unit's ListenStream= is what counts).
+    let socket_path = std_listener
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_pathname().map(Path::to_path_buf))
+        .unwrap_or_else(|| cfg.socket.clone());
     let listener = tokio::net::UnixListener::from_std(std_listener).map_err(ServeError::Runtime)?;
     let metrics_listener = match cfg.metrics_addr() {
         Ok(Some(addr)) => {
@@ -232,18 +256,13 @@ async fn serve_async(mut cfg: Config) -> Result<(), ServeError> {
     let svc = service::Service::new(cfg.clone(), engine);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(svc.queue.clone().run());
-    let n = watch::initial(&svc, root.clone())
-        .await
-        .map_err(|source| ServeError::Models {
-            path: root.clone(),
-            source,
-        })?;
+    let n = watch::initial(&svc, root.clone()).await?;
     if let Some(l) = metrics_listener {
         let addr = l.local_addr().map_err(ServeError::Runtime)?;
         tracing::info!(%addr, "metrics listener: /metrics, /healthz, /readyz");
         tokio::spawn(http::run(svc.clone(), l, stop_rx.clone()));
     }
-    tracing::info!(socket = %cfg.socket.display(), models = n, repository = %root.display(), cache = %cfg.cache_dir.display(), "ready");
+    tracing::info!(socket = %socket_path.display(), models = n, repository = %root.display(), cache = %cfg.cache_dir.display(), "ready");
     systemd::notify(&format!(
         "READY=1\nSTATUS=serving {n} models\nMAINPID={}",
         std::process::id()
@@ -255,9 +274,7 @@ async fn serve_async(mut cfg: Config) -> Result<(), ServeError> {
 
     systemd::notify("STOPPING=1\nSTATUS=stopping: cancelling builds");
     tracing::info!("shutting down");
-    if owns_path {
-        let _ = std::fs::remove_file(&cfg.socket);
-    }
+    drop(bound);
     svc.queue
         .close(Duration::from_secs(cfg.limits.shutdown_grace_secs))
         .await;

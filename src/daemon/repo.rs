@@ -1,9 +1,14 @@
 //! The model repository on disk: scans a folder into named models. Three forms are accepted:
 //! `NAME.onnx` (+ optional `NAME.trtcache.toml`), `NAME/model.onnx` (a folder, for models with
 //! external data) and Triton's `NAME/VERSION/model.onnx` (numeric versions, not starting with
-//! `0`; newest served by default; sidecar `NAME/trtcache.toml`). Hidden names (leading `.`)
-//! are skipped so half-written temp files never become models. Each model carries a
-//! fingerprint (size and mtime of every file it is made of) that the watcher compares.
+//! `0`; newest served by default; sidecar `NAME/trtcache.toml`). A Triton `NAME/config.pbtxt`
+//! may name the model file with `default_model_filename`, which then replaces `model.onnx` in
+//! both folder forms. Hidden names (leading `.`) are skipped so half-written temp files never
+//! become models. Each model carries a fingerprint (size and mtime of every file it is made
+//! of) that the watcher compares.
+//!
+//! Enters: a folder. Leaves: a [`Scan`]: the models by name, and every entry that is not one
+//! with the reason ([`Skipped`]), which the watcher logs as warnings and `rescan` reports.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -33,10 +38,51 @@ impl RepoModel {
     pub fn served(&self) -> Option<&ModelEntry> {
         self.versions.values().next_back()
     }
+
+    /// Whether every file of the model was last modified at least `d` ago: its copy is over
+    /// by the watcher's rule (a writer that pauses longer than `d` mid-copy looks done too).
+    pub fn quiet_for(&self, d: std::time::Duration) -> bool {
+        let now = SystemTime::now();
+        !self.fingerprint.is_empty()
+            && self.fingerprint.iter().all(|(_, _, mtime)| {
+                mtime.is_some_and(|t| now.duration_since(t).is_ok_and(|age| age >= d))
+            })
+    }
+
+    /// Total bytes of the model's files.
+    pub fn bytes(&self) -> u64 {
+        self.fingerprint.iter().map(|(_, n, _)| n).sum()
+    }
 }
 
 /// A scan of the whole repository, by name.
 pub type Snapshot = BTreeMap<String, RepoModel>;
+
+/// An entry of the repository that is not (part of) a model, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Skipped {
+    pub path: PathBuf,
+    pub reason: String,
+}
+
+/// Everything one scan found.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Scan {
+    pub models: Snapshot,
+    pub skipped: Vec<Skipped>,
+}
+
+/// The repository folder itself could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("model repository {}: {source}", path.display())]
+pub struct ScanError {
+    pub path: PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// The model file of a folder when `config.pbtxt` names none.
+const DEFAULT_MODEL_FILE: &str = "model.onnx";
 
 fn hidden(name: &str) -> bool {
     name.starts_with('.')
@@ -61,37 +107,100 @@ fn fingerprint_dir(dir: &Path, out: &mut Fingerprint, depth: usize) {
     }
 }
 
-/// Scans the repository. Unreadable entries are skipped (the next scan retries them).
-pub fn scan(root: &Path) -> std::io::Result<Snapshot> {
+/// Scans the repository: its models only (see [`scan_all`]).
+pub fn scan(root: &Path) -> Result<Snapshot, ScanError> {
+    scan_all(root).map(|s| s.models)
+}
+
+/// Scans the repository. An entry that cannot be read or is not a model is listed in
+/// [`Scan::skipped`] with the reason (the next scan looks again); hidden names are skipped
+/// without a word (they are how writers stage files).
+pub fn scan_all(root: &Path) -> Result<Scan, ScanError> {
+    let mut scan = Scan::default();
     let mut out = Snapshot::new();
+    let mut skipped = Vec::new();
     let mut root_files: Vec<(String, PathBuf)> = Vec::new();
-    for e in fs::read_dir(root)?.flatten() {
+    let rd = fs::read_dir(root).map_err(|source| ScanError {
+        path: root.to_path_buf(),
+        source,
+    })?;
+    for e in rd {
+        let e = match e {
+            Ok(e) => e,
+            Err(err) => {
+                skipped.push(Skipped {
+                    path: root.to_path_buf(),
+                    reason: format!("reading the folder: {err}"),
+                });
+                continue;
+            }
+        };
+        let path = e.path();
         let Some(name) = e.file_name().to_str().map(str::to_owned) else {
+            skipped.push(Skipped {
+                path,
+                reason: "the name is not UTF-8".into(),
+            });
             continue;
         };
         if hidden(&name) {
+            tracing::debug!(path = %path.display(), "hidden name skipped");
             continue;
         }
-        let path = e.path();
-        if path.is_dir() {
-            if let Some(m) = scan_folder(&name, &path) {
-                out.insert(name, m);
+        match fs::metadata(&path) {
+            Err(err) => skipped.push(Skipped {
+                path,
+                reason: format!("cannot read it: {err}"),
+            }),
+            Ok(m) if m.is_dir() => {
+                if !trtcache_client::protocol::valid_model_name(&name) {
+                    skipped.push(Skipped {
+                        path,
+                        reason: "the folder's name is not a valid model name".into(),
+                    });
+                    continue;
+                }
+                if let Some(m) = scan_folder(&name, &path, &mut skipped) {
+                    out.insert(name, m);
+                }
             }
-        } else {
-            root_files.push((name, path));
+            Ok(m) if m.is_file() => root_files.push((name, path)),
+            Ok(_) => skipped.push(Skipped {
+                path,
+                reason: "not a regular file or folder".into(),
+            }),
         }
     }
+    // Files that belong to a flat model: its graph, sidecar and files named after it.
+    let models: Vec<&str> = root_files
+        .iter()
+        .filter_map(|(f, _)| f.strip_suffix(".onnx"))
+        .filter(|n| !n.is_empty())
+        .collect();
     for (file, path) in &root_files {
         let Some(name) = file.strip_suffix(".onnx") else {
+            if !models.iter().any(|m| file.starts_with(&format!("{m}."))) {
+                skipped.push(Skipped {
+                    path: path.clone(),
+                    reason: "not a model: models are NAME.onnx files or NAME/ folders (a \
+                             sidecar or data file must start with its model's `NAME.`)"
+                        .into(),
+                });
+            }
             continue;
         };
-        if name.is_empty() || out.contains_key(name) {
-            if out.contains_key(name) {
-                tracing::warn!(
-                    model = name,
-                    "both NAME.onnx and a NAME/ folder exist; serving the folder"
-                );
-            }
+        if name.is_empty() || !trtcache_client::protocol::valid_model_name(name) {
+            skipped.push(Skipped {
+                path: path.clone(),
+                reason: format!("`{name}` is not a valid model name"),
+            });
+            continue;
+        }
+        if out.contains_key(name) {
+            skipped.push(Skipped {
+                path: path.clone(),
+                reason: format!("a folder `{name}/` exists too; the folder is served"),
+            });
             continue;
         }
         let sidecar = root.join(format!("{name}.trtcache.toml"));
@@ -118,23 +227,140 @@ pub fn scan(root: &Path) -> std::io::Result<Snapshot> {
             },
         );
     }
-    Ok(out)
+    skipped.sort();
+    scan.models = out;
+    scan.skipped = skipped;
+    Ok(scan)
+}
+/// The model file a folder's `config.pbtxt` names (`default_model_filename`), else
+/// `model.onnx`; an error when the config cannot be read or names something that is not a
+/// plain file name.
+fn model_file_name(dir: &Path) -> Result<String, String> {
+    let cfg = dir.join("config.pbtxt");
+    let text = match fs::read_to_string(&cfg) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(DEFAULT_MODEL_FILE.into()),
+        Err(e) => return Err(format!("cannot read config.pbtxt: {e}")),
+    };
+    match pbtxt_top_level_string(&text, "default_model_filename") {
+        None => Ok(DEFAULT_MODEL_FILE.into()),
+        Some(f) if f.is_empty() || f.contains('/') || f == ".." || hidden(&f) => Err(format!(
+            "config.pbtxt: default_model_filename `{f}` is not a plain file name"
+        )),
+        Some(f) => Ok(f),
+    }
 }
 
-fn scan_folder(name: &str, dir: &Path) -> Option<RepoModel> {
+/// Reads a quoted string at the start of `s` (after its opening quote `q`), handling `\`
+/// escapes of the next character; `None` when it does not end.
+fn quoted(s: &str, q: char) -> Option<(String, usize)> {
+    let mut value = String::new();
+    let mut escaped = false;
+    for (i, c) in s.char_indices() {
+        if escaped {
+            value.push(c);
+            escaped = false;
+        } else if c == '\\' {
+            escaped = true;
+        } else if c == q {
+            return Some((value, i + c.len_utf8()));
+        } else {
+            value.push(c);
+        }
+    }
+    None
+}
+
+/// The value of a top-level string field (`name: "value"`) in protobuf text format: comments
+/// (`#` to the end of the line), other strings and fields inside nested messages (`{ ... }`,
+/// `[ ... ]`) are passed over.
+fn pbtxt_top_level_string(text: &str, field: &str) -> Option<String> {
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < text.len() {
+        let rest = &text[i..];
+        let c = rest.chars().next()?;
+        match c {
+            '#' => {
+                i += rest.find('\n').unwrap_or(rest.len());
+                continue;
+            }
+            '"' | '\'' => {
+                let (_, n) = quoted(&rest[1..], c)?;
+                i += 1 + n;
+                continue;
+            }
+            '{' | '[' | '<' => depth += 1,
+            '}' | ']' | '>' => depth = depth.saturating_sub(1),
+            _ if c.is_ascii_alphabetic() || c == '_' => {
+                let len = rest
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(rest.len());
+                let word = &rest[..len];
+                i += len;
+                if depth == 0 && word == field {
+                    let after = text[i..].trim_start().strip_prefix(':')?.trim_start();
+                    let q = after.chars().next().filter(|q| *q == '"' || *q == '\'')?;
+                    return quoted(&after[1..], q).map(|(v, _)| v);
+                }
+                continue;
+            }
+            _ => {}
+        }
+        i += c.len_utf8();
+    }
+    None
+}
+
+fn scan_folder(name: &str, dir: &Path, skipped: &mut Vec<Skipped>) -> Option<RepoModel> {
+    let mut skip = |path: PathBuf, reason: String| skipped.push(Skipped { path, reason });
+    let file = match model_file_name(dir) {
+        Ok(f) => f,
+        Err(why) => {
+            skip(dir.to_path_buf(), why);
+            return None;
+        }
+    };
     let sidecar = dir.join("trtcache.toml");
     let sidecar = sidecar.is_file().then_some(sidecar);
+    let rd = match fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) => {
+            skip(dir.to_path_buf(), format!("cannot read the folder: {e}"));
+            return None;
+        }
+    };
     let mut versions = BTreeMap::new();
-    for e in fs::read_dir(dir).ok()?.flatten() {
-        let fname = e.file_name();
-        let Some(v) = fname.to_str() else { continue };
-        if v.starts_with('0') || !v.bytes().all(|b| b.is_ascii_digit()) {
+    let mut other_dirs = Vec::new();
+    for e in rd.flatten() {
+        let path = e.path();
+        if !path.is_dir() {
             continue;
         }
-        let Ok(version) = v.parse::<u64>() else {
+        let fname = e.file_name();
+        let Some(v) = fname.to_str() else {
+            skip(path, "the name is not UTF-8".into());
             continue;
         };
-        let graph = e.path().join("model.onnx");
+        if hidden(v) {
+            continue;
+        }
+        if !v.bytes().all(|b| b.is_ascii_digit()) {
+            other_dirs.push(path);
+            continue;
+        }
+        let version = match v.parse::<u64>() {
+            Ok(n) if !v.starts_with('0') => n,
+            _ => {
+                skip(
+                    path,
+                    "not a version folder: versions are numbers without leading zeros (1, 2, 10)"
+                        .into(),
+                );
+                continue;
+            }
+        };
+        let graph = path.join(&file);
         if graph.is_file() {
             versions.insert(
                 version,
@@ -146,11 +372,20 @@ fn scan_folder(name: &str, dir: &Path) -> Option<RepoModel> {
                     layout: Layout::Triton,
                 },
             );
+        } else {
+            skip(
+                path,
+                format!("version folder without its model file `{file}`"),
+            );
         }
     }
+    let top = dir.join(&file);
     let layout = if versions.is_empty() {
-        let graph = dir.join("model.onnx");
-        if !graph.is_file() {
+        if !top.is_file() {
+            skip(
+                dir.to_path_buf(),
+                format!("no `{file}` and no version folder (NAME/1/{file}) in it"),
+            );
             return None;
         }
         versions.insert(
@@ -158,13 +393,22 @@ fn scan_folder(name: &str, dir: &Path) -> Option<RepoModel> {
             ModelEntry {
                 name: name.to_string(),
                 version: 0,
-                path: graph,
+                path: top,
                 sidecar,
                 layout: Layout::Flat,
             },
         );
         Layout::Flat
     } else {
+        if top.is_file() {
+            skip(
+                top,
+                "the folder has version folders, which are served instead of this file".into(),
+            );
+        }
+        for p in other_dirs {
+            skip(p, "not a version folder (versions are numbers)".into());
+        }
         Layout::Triton
     };
     let mut fp = Fingerprint::new();
@@ -178,7 +422,6 @@ fn scan_folder(name: &str, dir: &Path) -> Option<RepoModel> {
     })
 }
 
-/// Resolves a directory given on the command line.
 /// A model file outside the repository (an admin's `build` by path, `warm --path`) as a
 /// flat entry named by its canonical path, with `NAME.trtcache.toml` next to it as sidecar.
 pub fn entry_for_path(path: &Path) -> Result<ModelEntry, String> {
@@ -209,6 +452,7 @@ pub fn entry_for_path(path: &Path) -> Result<ModelEntry, String> {
     })
 }
 
+/// The repository folder given on the command line or in the config, canonical.
 pub fn canonical_root(p: &Path) -> std::io::Result<PathBuf> {
     let c = fs::canonicalize(p)?;
     if !c.is_dir() {
@@ -248,6 +492,98 @@ mod tests {
         assert_eq!(s["c"].versions.keys().copied().collect::<Vec<_>>(), [1, 3]);
         assert_eq!(s["c"].served().unwrap().version, 3);
         assert_eq!(s["d"].served().unwrap().path, r.join("d/model.onnx"));
+        // Everything not served is named with its reason; the hidden temp file is not.
+        let skipped = scan_all(r).unwrap().skipped;
+        let why = |p: &str| {
+            skipped
+                .iter()
+                .find(|s| s.path == r.join(p))
+                .map(|s| s.reason.clone())
+                .unwrap_or_else(|| panic!("{p} not reported: {skipped:?}"))
+        };
+        assert!(why("notes.txt").contains("not a model"));
+        assert!(why("c/010").contains("leading zeros"));
+        assert!(why("empty").contains("no `model.onnx`"));
+        assert!(!skipped.iter().any(|s| s.path.ends_with(".b.onnx.tmp")));
+        assert_eq!(skipped.len(), 3, "{skipped:?}");
+    }
+
+    #[test]
+    fn triton_config_names_the_model_file_and_odd_entries_are_reported() {
+        let d = tempfile::tempdir().unwrap();
+        let r = d.path();
+        fs::create_dir_all(r.join("m/1")).unwrap();
+        fs::create_dir_all(r.join("m/2")).unwrap();
+        fs::create_dir_all(r.join("m/labels")).unwrap();
+        fs::write(
+            r.join("m/config.pbtxt"),
+            "# default_model_filename: \"commented.onnx\"\nname: \"m\"\nplatform: \"onnxruntime_onnx\"\n\
+             input [ { name: \"default_model_filename\" default_model_filename: \"nested.onnx\" } ]\n\
+             default_model_filename: \"encoder.onnx\"\n",
+        )
+        .unwrap();
+        fs::write(r.join("m/1/encoder.onnx"), b"x").unwrap();
+        fs::write(r.join("m/2/model.onnx"), b"x").unwrap();
+        fs::create_dir_all(r.join("n")).unwrap();
+        fs::write(
+            r.join("n/config.pbtxt"),
+            "default_model_filename: '../x.onnx'",
+        )
+        .unwrap();
+        fs::write(r.join("n/model.onnx"), b"x").unwrap();
+        let s = scan_all(r).unwrap();
+        let m = &s.models["m"];
+        assert_eq!(m.layout, Layout::Triton);
+        assert_eq!(m.versions.keys().copied().collect::<Vec<_>>(), [1]);
+        assert_eq!(m.served().unwrap().path, r.join("m/1/encoder.onnx"));
+        assert!(!s.models.contains_key("n"));
+        let reasons: Vec<(PathBuf, &str)> = s
+            .skipped
+            .iter()
+            .map(|k| {
+                (
+                    k.path.strip_prefix(r).unwrap().to_path_buf(),
+                    k.reason.as_str(),
+                )
+            })
+            .collect();
+        assert!(
+            reasons
+                .iter()
+                .any(|(p, w)| p == Path::new("m/2") && w.contains("`encoder.onnx`")),
+            "{reasons:?}"
+        );
+        assert!(
+            reasons
+                .iter()
+                .any(|(p, w)| p == Path::new("m/labels") && w.contains("not a version folder")),
+            "{reasons:?}"
+        );
+        assert!(
+            reasons
+                .iter()
+                .any(|(p, w)| p == Path::new("n") && w.contains("not a plain file name")),
+            "{reasons:?}"
+        );
+    }
+
+    #[test]
+    fn pbtxt_fields_outside_comments_strings_and_nested_messages() {
+        let f = |t: &str| pbtxt_top_level_string(t, "default_model_filename");
+        assert_eq!(
+            f("default_model_filename: \"a.onnx\""),
+            Some("a.onnx".into())
+        );
+        assert_eq!(
+            f("default_model_filename:'b.onnx' # c"),
+            Some("b.onnx".into())
+        );
+        assert_eq!(f("# default_model_filename: \"a\"\n"), None);
+        assert_eq!(f("x { default_model_filename: \"a\" }"), None);
+        assert_eq!(f("my_default_model_filename: \"a\""), None);
+        assert_eq!(f("name: \"default_model_filename: x\""), None);
+        assert_eq!(f("default_model_filename: \"unterminated"), None);
+        assert_eq!(f(""), None);
     }
 
     #[test]

@@ -4,6 +4,10 @@
 //! in protocol types and engine artifacts. Every change of what a model serves is published
 //! to watchers ([`Watchers`]) from here, with the state lock held: `announce` for a variant
 //! (ready, evicted, failed), `register` for a whole model (changed, removed).
+//! `maintain` serves the cache commands against the
+//! daemon's open store.
+
+mod maintain;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -80,6 +84,10 @@ pub struct Service {
     generation: AtomicU64,
     /// Bounds concurrent `plan` calls (`limits.plan_concurrency`).
     plan_slots: tokio::sync::Semaphore,
+    /// Skipped repository entries already warned about (`watch`).
+    pub(super) warned: super::watch::Warned,
+    /// Serialises `rescan` requests.
+    pub(super) rescanning: tokio::sync::Mutex<()>,
 }
 
 impl Service {
@@ -105,6 +113,8 @@ impl Service {
             state: Mutex::new(State::default()),
             generation: AtomicU64::new(1),
             plan_slots: tokio::sync::Semaphore::new(plan_slots),
+            warned: Default::default(),
+            rescanning: Default::default(),
         })
     }
 
@@ -178,6 +188,11 @@ impl Service {
                 }
             }
             for m in changed {
+                // The watcher and a `rescan` may both bring the same scan: the second is no
+                // change (applying it again would cancel the build the first one queued).
+                if st.models.get(&m.name).is_some_and(|old| old.repo == m) {
+                    continue;
+                }
                 let generation = self.generation.fetch_add(1, Ordering::SeqCst);
                 if let Some(old) = st.models.remove(&m.name) {
                     tracing::info!(model = %m.name, "model changed");

@@ -4,11 +4,12 @@
 //! fingerprint (size and mtime of its files) differs from the served one is applied only when
 //! a second scan one debounce later sees the same fingerprint, so `cp`, `mv`-into and
 //! write-then-rename all settle before a build starts. A periodic full rescan covers dropped
-//! events and overflow.
+//! events and overflow. A `rescan` request runs the same two-scan settling once, at once
+//! ([`rescan`]), so `trtcache warm` sees models a deploy has just copied in.
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::{mpsc, watch};
@@ -31,34 +32,114 @@ fn diff(served: &Snapshot, scan: &Snapshot) -> (Vec<RepoModel>, Vec<String>) {
     (changed, removed)
 }
 
-async fn scan(root: PathBuf) -> Option<Snapshot> {
-    match tokio::task::spawn_blocking(move || repo::scan(&root)).await {
-        Ok(Ok(s)) => Some(s),
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "repository scan failed");
-            None
+/// Skipped entries already warned about, so that a rescan every few seconds does not repeat
+/// the same warning: each is logged when it first appears (again after it went away).
+#[derive(Default)]
+pub struct Warned(std::sync::Mutex<std::collections::BTreeSet<repo::Skipped>>);
+
+impl Warned {
+    fn report(&self, skipped: &[repo::Skipped]) {
+        let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        for s in skipped.iter().filter(|s| !seen.contains(*s)) {
+            tracing::warn!(path = %s.path.display(), "skipped: {}", s.reason);
         }
-        Err(_) => None,
+        *seen = skipped.iter().cloned().collect();
     }
 }
 
-/// Whether every file of the model was last modified at least `d` ago.
+/// One full scan on the blocking pool; its skipped entries are warned about once.
+async fn scan_full(svc: &Service, root: PathBuf) -> Result<repo::Scan, repo::ScanError> {
+    let s = tokio::task::spawn_blocking(move || repo::scan_all(&root))
+        .await
+        .map_err(|e| repo::ScanError {
+            path: PathBuf::new(),
+            source: std::io::Error::other(e),
+        })??;
+    svc.warned.report(&s.skipped);
+    Ok(s)
+}
+
+async fn scan(svc: &Service, root: PathBuf) -> Option<Snapshot> {
+    match scan_full(svc, root).await {
+        Ok(s) => Some(s.models),
+        Err(e) => {
+            tracing::warn!(error = %e, "repository scan failed");
+            None
+        }
+    }
+}
+
 fn quiet_for(m: &RepoModel, d: Duration) -> bool {
-    let now = SystemTime::now();
-    !m.fingerprint.is_empty()
-        && m.fingerprint.iter().all(|(_, _, mtime)| {
-            mtime.is_some_and(|t| now.duration_since(t).is_ok_and(|age| age >= d))
-        })
+    m.quiet_for(d)
 }
 
 /// Scans once and applies everything (startup: files already present count as stable).
-pub async fn initial(svc: &Arc<Service>, root: PathBuf) -> std::io::Result<usize> {
-    let r = root.clone();
-    let s = tokio::task::spawn_blocking(move || repo::scan(&r))
-        .await
-        .map_err(std::io::Error::other)??;
+pub async fn initial(svc: &Arc<Service>, root: PathBuf) -> Result<usize, repo::ScanError> {
+    let s = scan_full(svc, root).await?.models;
     let (changed, removed) = diff(&svc.fingerprints(), &s);
     Ok(svc.apply(changed, removed))
+}
+
+/// A `rescan` request: scans now, takes in every model whose files have settled (unchanged
+/// for a debounce: quiet already, or the same in a second scan one debounce later, as the
+/// watcher does) and drops models gone in both scans; reports every model of the last scan
+/// with whether the daemon now serves exactly its files, and every skipped entry.
+pub async fn rescan(
+    svc: &Arc<Service>,
+    root: PathBuf,
+) -> Result<trtcache_client::protocol::RescanReport, repo::ScanError> {
+    use trtcache_client::protocol::{FoundModel, RescanReport, SkippedEntry};
+    let debounce = Duration::from_millis(svc.cfg.limits.debounce_ms);
+    // One at a time: concurrent rescans would only scan the same folder twice.
+    let _one = svc.rescanning.lock().await;
+    let first = scan_full(svc, root.clone()).await?;
+    let (changed, removed) = diff(&svc.fingerprints(), &first.models);
+    let (settled, changed): (Vec<RepoModel>, Vec<RepoModel>) =
+        changed.into_iter().partition(|m| quiet_for(m, debounce));
+    if !settled.is_empty() {
+        svc.apply(settled, Vec::new());
+    }
+    let last = if changed.is_empty() && removed.is_empty() {
+        first
+    } else {
+        tokio::time::sleep(debounce).await;
+        let second = scan_full(svc, root.clone()).await?;
+        let stable: Vec<RepoModel> = changed
+            .into_iter()
+            .filter(|m| second.models.get(&m.name) == Some(m))
+            .collect();
+        let gone: Vec<String> = removed
+            .into_iter()
+            .filter(|n| !second.models.contains_key(n))
+            .collect();
+        if !stable.is_empty() || !gone.is_empty() {
+            svc.apply(stable, gone);
+        }
+        second
+    };
+    let served = svc.fingerprints();
+    Ok(RescanReport {
+        root: root.display().to_string(),
+        settle_ms: svc.cfg.limits.debounce_ms,
+        models: last
+            .models
+            .values()
+            .map(|m| FoundModel {
+                name: m.name.clone(),
+                files: m.fingerprint.len() as u64,
+                bytes: m.bytes(),
+                settled: served.get(&m.name) == Some(m),
+            })
+            .collect(),
+        skipped: last
+            .skipped
+            .iter()
+            .map(|s| SkippedEntry {
+                path: s.path.display().to_string(),
+                reason: s.reason.clone(),
+            })
+            .collect(),
+    })
 }
 
 /// Starts the notify watcher and runs the debounce/stability loop until shutdown.
@@ -109,7 +190,7 @@ pub async fn run(svc: Arc<Service>, root: PathBuf, mut shutdown: watch::Receiver
             }
             _ = tokio::time::sleep(wait) => {}
         }
-        let Some(first) = scan(root.clone()).await else {
+        let Some(first) = scan(&svc, root.clone()).await else {
             continue;
         };
         let (changed, removed) = diff(&svc.fingerprints(), &first);
@@ -133,7 +214,7 @@ pub async fn run(svc: Arc<Service>, root: PathBuf, mut shutdown: watch::Receiver
             _ = shutdown.changed() => return,
             _ = tokio::time::sleep(debounce) => {}
         }
-        let Some(second) = scan(root.clone()).await else {
+        let Some(second) = scan(&svc, root.clone()).await else {
             continue;
         };
         let stable: Vec<RepoModel> = changed

@@ -35,6 +35,7 @@ pub fn compare_outputs(
                     max_rel: UNBOUNDED,
                     mismatched: want.len(),
                     passed: false,
+                    non_finite: 0,
                 },
             }
         })

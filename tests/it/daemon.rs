@@ -126,6 +126,25 @@ impl Daemon {
         }
     }
 
+    /// Polls `stats` on `c` until the daemon counts exactly `n` open connections, `c`'s own
+    /// included (panics after 10 s). A client dropped just before still holds its slot until
+    /// the daemon has seen the close: a baseline taken without this counts it.
+    pub(crate) fn wait_connections(&self, c: &mut Client, n: u64) -> u64 {
+        let t0 = Instant::now();
+        loop {
+            let now = c.stats().unwrap().connections;
+            if now == n {
+                return now;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the daemon still counts {now} connections, not {n}: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Polls `list` on `c` until some model has a variant building (panics after 60 s).
     pub(crate) fn wait_building(&self, c: &mut Client) {
         let t0 = Instant::now();

@@ -107,17 +107,22 @@ fn warm_then_serve_serves_the_key_trtcache_key_prints_without_building() {
         "{st}"
     );
 
-    // Maintenance commands point at the daemon instead of failing with a bare pid.
+    // Maintenance commands go through the daemon that holds the cache.
     let ls = support::trtcache([
         "ls".to_string(),
         "--cache-dir".into(),
         d.cache().display().to_string(),
     ]);
-    assert_eq!(ls.status.code(), Some(2), "{}", stderr(&ls));
-    let msg = stderr(&ls);
+    assert_eq!(ls.status.code(), Some(0), "{}", stderr(&ls));
     assert!(
-        msg.contains("trtcache status") && msg.contains("daemon"),
-        "{msg}"
+        stderr(&ls).contains("holds the cache; asking it"),
+        "{}",
+        stderr(&ls)
+    );
+    assert!(
+        String::from_utf8_lossy(&ls.stdout).contains(&warm_key[..16]),
+        "{}",
+        String::from_utf8_lossy(&ls.stdout)
     );
     drop(c);
     assert!(d.stop());

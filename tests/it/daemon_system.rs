@@ -242,6 +242,16 @@ fn socket_activation_and_readiness_notification() {
         !d.socket().exists(),
         "no socket bound at the configured path"
     );
+    // And says so: the start message names the socket it listens on.
+    let log = d.log();
+    assert!(
+        log.contains(&format!("on {}", activated.display())),
+        "the start message names the inherited socket: {log}"
+    );
+    assert!(
+        !log.contains(&format!("on {}", d.socket().display())),
+        "{log}"
+    );
     drop(c);
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };

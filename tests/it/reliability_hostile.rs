@@ -220,6 +220,8 @@ fn hostile_clients_storm_leaves_good_clients_served_and_resources_bounded() {
         good.acquire_model("enc").unwrap();
     }
     let builds_before = good.stats().unwrap().builds;
+    // `wait_settled`'s client may still be closing: its descriptor is no baseline.
+    d.wait_connections(&mut good, 1);
     let (rss0, fds0) = (rss_kb(pid), fd_count(pid));
 
     let stop = Arc::new(AtomicBool::new(false));

@@ -594,6 +594,14 @@ class Client:
             return str(self._expect(msg, "stats_text", "text"))
         return dict(self._expect(msg, "stats", "stats"))
 
+    def rescan(self) -> Json:
+        """Has the daemon scan its repository now: ``root``, ``settle_ms``, every model found
+        in ``models`` (``settled`` once the daemon serves exactly its files) and every entry
+        it skips in ``skipped``, with the reason."""
+        msg = self._call({"op": "rescan"})[0]
+        self._expect(msg, "rescanned", "models")
+        return {k: v for k, v in msg.items() if k != "kind"}
+
     def evict(self, model: Optional[str] = None, key: Optional[str] = None) -> int:
         """Admin: evicts a model's artifacts or one key; returns the number removed."""
         return int(self._expect(self._call({"op": "evict", "model": model, "key": key})[0], "evicted", "removed"))

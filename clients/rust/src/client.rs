@@ -488,6 +488,53 @@ impl Client {
         }
     }
 
+    /// Asks the daemon to scan its repository now: every model present (settled or still
+    /// being written) and every entry it skips, with the reason. Models whose files have
+    /// settled join the served set before the answer.
+    pub fn rescan(&mut self) -> Result<RescanReport, ClientError> {
+        match self.call(&Request::Rescan)?.0 {
+            Response::Rescanned(r) => Ok(r),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The daemon's cache directory and every record in it (as `trtcache ls --json`).
+    pub fn cache_list(&mut self) -> Result<(String, Vec<serde_json::Value>), ClientError> {
+        match self.call(&Request::CacheList)?.0 {
+            Response::CacheEntries { cache_dir, records } => Ok((cache_dir, records)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Admin: removes one cache entry (key or unique prefix); returns the daemon's cache
+    /// directory and the full key.
+    pub fn cache_remove(&mut self, key: &str) -> Result<(String, String), ClientError> {
+        match self.call(&Request::CacheRemove { key: key.into() })?.0 {
+            Response::CacheRemoved { cache_dir, key } => Ok((cache_dir, key)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Admin unless `dry_run`: evicts least-recently-used entries down to `max_bytes`.
+    pub fn cache_gc(
+        &mut self,
+        max_bytes: u64,
+        dry_run: bool,
+    ) -> Result<CacheGcReport, ClientError> {
+        match self.call(&Request::CacheGc { max_bytes, dry_run })?.0 {
+            Response::CacheGc(r) => Ok(r),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Admin: re-hashes every stored artifact; quarantines those whose files changed.
+    pub fn cache_verify(&mut self) -> Result<CacheVerifyReport, ClientError> {
+        match self.call(&Request::CacheVerify)?.0 {
+            Response::CacheVerified(r) => Ok(r),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// Admin: asks the daemon to shut down.
     pub fn shutdown(&mut self) -> Result<(), ClientError> {
         match self.call(&Request::Shutdown)?.0 {

@@ -20,7 +20,20 @@ pub const DEFAULT_MAX_FRAME: u32 = 1 << 20;
 
 /// Every request name, so a server can tell an unknown request from a malformed one.
 pub const REQUEST_OPS: &[&str] = &[
-    "hello", "list", "status", "acquire", "build", "evict", "stats", "shutdown", "watch",
+    "hello",
+    "list",
+    "status",
+    "acquire",
+    "build",
+    "evict",
+    "stats",
+    "shutdown",
+    "rescan",
+    "cache_list",
+    "cache_remove",
+    "cache_gc",
+    "cache_verify",
+    "watch",
 ];
 
 /// A request from a client; the first one on a connection must be [`Request::Hello`].
@@ -70,6 +83,28 @@ pub enum Request {
         /// Model name as it appears in the repository.
         model: String,
     },
+    /// Scan the repository now and report every model present, including files still being
+    /// written; models whose files have settled are taken into the served set at once.
+    Rescan,
+    /// The daemon's cache: every record, most recently used first (`trtcache ls`).
+    CacheList,
+    /// Admin: remove one cache entry by key or unique prefix (`trtcache rm`).
+    CacheRemove {
+        /// 64 hex digits, or a unique prefix of at least 8.
+        key: String,
+    },
+    /// Admin unless `dry_run`: evict least-recently-used entries to `max_bytes` and drop
+    /// quarantined ones (`trtcache gc`).
+    CacheGc {
+        /// The size to evict down to, in bytes.
+        max_bytes: u64,
+        /// Report what would be evicted without deleting anything.
+        #[serde(default)]
+        dry_run: bool,
+    },
+    /// Admin: re-hash every stored artifact and quarantine the ones whose files changed
+    /// (`trtcache verify`).
+    CacheVerify,
 }
 
 /// What [`Request::Acquire`] asks for. [`Default`] is the wire's default: `wait: true`, the
@@ -212,8 +247,99 @@ pub enum Response {
     },
     /// A change of a watched model's ready artifact (after [`Response::Watching`]).
     WatchEvent(WatchEvent),
+    /// Answer to `rescan`.
+    Rescanned(RescanReport),
+    /// Answer to `cache_list`.
+    CacheEntries {
+        /// The daemon's cache directory.
+        cache_dir: String,
+        /// Every record as `trtcache ls --json` prints it (docs/cache.md), most recently
+        /// used first.
+        records: Vec<serde_json::Value>,
+    },
+    /// Answer to `cache_remove`.
+    CacheRemoved {
+        /// The daemon's cache directory.
+        cache_dir: String,
+        /// The full key removed.
+        key: String,
+    },
+    /// Answer to `cache_gc`.
+    CacheGc(CacheGcReport),
+    /// Answer to `cache_verify`.
+    CacheVerified(CacheVerifyReport),
     /// The request failed; the connection stays usable unless the code says otherwise.
     Error(ErrorBody),
+}
+
+/// What a `rescan` found in the repository.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RescanReport {
+    /// The repository the daemon serves (canonical path).
+    pub root: String,
+    /// How long a model's files must keep their size and mtime to count as written
+    /// (`limits.debounce_ms`).
+    pub settle_ms: u64,
+    /// Every model found, sorted by name.
+    pub models: Vec<FoundModel>,
+    /// Entries of the repository that are not models, each with the reason.
+    #[serde(default)]
+    pub skipped: Vec<SkippedEntry>,
+}
+
+/// One model a `rescan` found.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FoundModel {
+    /// Repository name.
+    pub name: String,
+    /// Files the model is made of (every version).
+    pub files: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// `true` once the daemon serves exactly these files (they kept their size and mtime for
+    /// `settle_ms`); `false` while they are still changing.
+    pub settled: bool,
+}
+
+/// A repository entry that is not a model, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkippedEntry {
+    /// The entry's path.
+    pub path: String,
+    /// Why it is not served.
+    pub reason: String,
+}
+
+/// What `cache_gc` evicted (or would have).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CacheGcReport {
+    /// The daemon's cache directory.
+    #[serde(default)]
+    pub cache_dir: String,
+    /// Nothing was deleted.
+    pub dry_run: bool,
+    /// The limit evicted down to.
+    pub max_bytes: u64,
+    /// Artifact bytes before.
+    pub bytes_before: u64,
+    /// Artifact bytes after.
+    pub bytes_after: u64,
+    /// Keys evicted (or that would be).
+    pub evicted: Vec<String>,
+}
+
+/// What `cache_verify` found.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CacheVerifyReport {
+    /// The daemon's cache directory.
+    #[serde(default)]
+    pub cache_dir: String,
+    /// Artifacts re-hashed.
+    pub checked: u64,
+    /// Artifacts whose files matched.
+    pub ok: u64,
+    /// (key, why) of every entry quarantined by this run.
+    pub quarantined: Vec<(String, String)>,
 }
 
 /// A typed error on the wire.
