@@ -264,7 +264,8 @@ pub fn pull(a: PullArgs) -> anyhow::Result<ExitCode> {
     backend.check(rt).map_err(anyhow::Error::new)?;
     let (store, dir) = open_store(&b.cache, max_bytes)?;
     let builder = Builder::new(Arc::new(store), b.ort_library.clone())
-        .with_digest_memo(dir.join(DIGEST_MEMO));
+        .with_digest_memo(dir.join(DIGEST_MEMO))
+        .with_timing_caches(dir.join(crate::trt::timing::TIMING_DIR));
     let parts = builder
         .key_parts(&req)
         .with_context(|| format!("keying {}", b.model.display()))?;

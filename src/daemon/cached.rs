@@ -69,6 +69,7 @@ fn build_err(e: BuildError) -> EngineError {
         | BuildError::ProviderMissing { .. }
         | BuildError::Key(_)
         | BuildError::WorkerUnavailable(_) => EngineError::Runtime(e.into()),
+        BuildError::Trt(ref t) if t.is_host_problem() => EngineError::Runtime(e.into()),
         BuildError::Io { path, source } => EngineError::Io {
             path,
             error: source,
@@ -77,6 +78,7 @@ fn build_err(e: BuildError) -> EngineError {
         BuildError::Ort { .. }
         | BuildError::Model { .. }
         | BuildError::Validation(_)
+        | BuildError::Trt(_)
         | BuildError::Worker(_) => EngineError::Invalid(e.into()),
     }
 }
@@ -134,8 +136,9 @@ impl CachedEngine {
             .with_digest_memo(cache_dir.join(crate::cache::DIGEST_MEMO))
             .with_read_models();
         // Every build and validation runs in a bounded worker process, never in the daemon.
-        let snap_builder =
-            Builder::new(store.clone(), ort_library.map(Path::to_path_buf)).with_worker(worker);
+        let snap_builder = Builder::new(store.clone(), ort_library.map(Path::to_path_buf))
+            .with_worker(worker)
+            .with_timing_caches(cache_dir.join(crate::trt::timing::TIMING_DIR));
         Ok(CachedEngine {
             builder,
             snap_builder,
