@@ -76,6 +76,7 @@ impl BackendImpl for NativeTrt {
         }
         let mut network = trt.parse(&bytes, model.parent())?;
         let io = network.io()?;
+        unprofiled_inputs(&io.inputs, eo.profiles.first(), model)?;
         let built = network.build(&eo)?;
         drop(network);
         if let Some(s) = &store {
@@ -147,6 +148,42 @@ impl BackendImpl for NativeTrt {
             &mut |inputs| run_engine(&mut engine, inputs),
         )
     }
+}
+
+/// TensorRT builds a network with dynamic inputs only over an optimization profile that
+/// gives each of them min/opt/max shapes: an input left out is refused here, naming it and
+/// the flags that give it, before TensorRT's builder says the same less plainly.
+fn unprofiled_inputs(
+    inputs: &[crate::trt::TensorInfo],
+    profile: Option<&crate::spec::ShapeProfile>,
+    model: &Path,
+) -> Result<(), BuildError> {
+    let missing: Vec<String> = inputs
+        .iter()
+        .filter(|t| t.shape.iter().any(|&d| d < 0))
+        .filter(|t| profile.is_none_or(|p| !p.min.contains_key(&t.name)))
+        .map(|t| {
+            let dims: Vec<String> = t
+                .shape
+                .iter()
+                .map(|&d| if d < 0 { "N".into() } else { d.to_string() })
+                .collect();
+            format!("{}:{}", t.name, dims.join("x"))
+        })
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(BuildError::Model {
+        path: model.to_path_buf(),
+        message: format!(
+            "the trt backend needs a shape profile for every dynamic input, and {} has none: \
+             give --min-shapes/--opt-shapes/--max-shapes (e.g. `--opt-shapes {}` with sizes \
+             for N) or [profiles] in the model's sidecar",
+            missing.join(", "),
+            missing.join(",")
+        ),
+    })
 }
 
 /// ONNX Runtime's element type for a TensorRT one (`None`: validation cannot read it).

@@ -345,7 +345,10 @@ fn render(o: &BuildOutcome, ort: Option<&str>, dir: &std::path::Path, st: Style)
         vec!["model".into(), r.model_path.clone()],
         vec![
             "backend".into(),
-            format!("{} (onnxruntime {})", r.backend, ort.unwrap_or("?")),
+            match r.parts.backend.versions.get("tensorrt") {
+                Some(v) if !r.backend.is_onnx() => format!("{} (TensorRT {v})", r.backend),
+                _ => format!("{} (onnxruntime {})", r.backend, ort.unwrap_or("?")),
+            },
         ],
         vec!["key".into(), o.key.hex()],
         vec!["cache".into(), dir.display().to_string()],

@@ -226,7 +226,11 @@ impl CachedEngine {
         let Some(stored) = &record.artifact else {
             return Err(EngineError::Invalid("record has no artifact".into()));
         };
-        let (inputs, outputs) = io_of(&served.entry)?;
+        let (inputs, outputs) = if record.backend.is_onnx() {
+            io_of(&served.entry)?
+        } else {
+            engine_io_of(&served.dir)?
+        };
         let mut files = Vec::new();
         let mut paths = Vec::new();
         let mut stamps = Vec::new();
@@ -353,6 +357,23 @@ fn dim_json(d: &Dim) -> serde_json::Value {
         Dim::Named(n) => serde_json::json!(n),
         Dim::Unknown => serde_json::json!(-1),
     }
+}
+
+/// Inputs and outputs of a `trt` artifact's engine, from its metadata (`engine.json`, whose
+/// digest of the plan is checked): dynamic dimensions are -1.
+fn engine_io_of(dir: &Path) -> Result<(Vec<TensorInfo>, Vec<TensorInfo>), EngineError> {
+    let meta = crate::trt::artifact::read_meta(dir).map_err(|e| EngineError::Invalid(e.into()))?;
+    let info = |t: &crate::trt::TensorInfo| TensorInfo {
+        name: t.name.clone(),
+        dtype: crate::onnx::ElemType::from_code(t.dtype.onnx_code())
+            .name()
+            .into_owned(),
+        shape: t.shape.iter().map(|&d| serde_json::json!(d)).collect(),
+    };
+    Ok((
+        meta.inputs.iter().map(info).collect(),
+        meta.outputs.iter().map(info).collect(),
+    ))
 }
 
 /// Inputs (initializers excluded) and outputs of the artifact's graph.
