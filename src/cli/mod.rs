@@ -4,6 +4,7 @@
 mod build;
 mod cache;
 mod capability;
+mod export;
 mod inspect;
 pub(crate) mod key;
 pub(crate) mod output;
@@ -58,6 +59,9 @@ pub enum Command {
     Gc(cache::GcArgs),
     /// Re-hash every stored artifact; quarantine the ones whose files changed.
     Verify(cache::VerifyArgs),
+    /// Write a Triton model repository (`--triton-repo DIR`) from the cache's `trt` engines:
+    /// NAME/config.pbtxt (platform tensorrt_plan, cc_model_filenames) and NAME/VERSION/*.plan.
+    Export(export::ExportArgs),
     /// Run the daemon: watch models, build and cache artifacts, serve them on a Unix socket.
     Serve(serve::ServeArgs),
     /// Print the effective configuration (file + flags).
@@ -113,6 +117,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Rm(a) => cache::rm(a),
         Command::Gc(a) => cache::gc(a),
         Command::Verify(a) => cache::verify(a),
+        Command::Export(a) => export::export(a),
         Command::Serve(a) => serve::serve(a),
         Command::Config(a) => serve::config(a),
         Command::Warm(a) => warm::warm(a),
