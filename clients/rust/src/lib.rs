@@ -12,11 +12,14 @@
 //! ```
 //!
 //! With the `ort` feature, [`Artifact::session`] opens an `ort::session::Session` from the
-//! acquired descriptors.
+//! acquired descriptors. A `trt` artifact is a TensorRT engine instead:
+//! [`Artifact::engine_file`], [`Artifact::engine_proc_path`] and [`Artifact::engine_meta`]
+//! ([`engine`]).
 
 #![deny(missing_docs)]
 
 mod client;
+pub mod engine;
 pub mod frame;
 pub mod protocol;
 #[cfg(feature = "ort")]
