@@ -46,7 +46,10 @@ pub fn model_name(model_path: &str) -> String {
     let numbered = version_dir
         .and_then(|d| d.file_name())
         .is_some_and(|n| n.to_string_lossy().bytes().all(|b| b.is_ascii_digit()));
-    match version_dir.and_then(|d| d.parent()).and_then(|d| d.file_name()) {
+    match version_dir
+        .and_then(|d| d.parent())
+        .and_then(|d| d.file_name())
+    {
         Some(name) if stem == "model" && numbered => name.to_string_lossy().into_owned(),
         _ => stem,
     }

@@ -21,3 +21,4 @@ mod reliability_worker;
 mod remote;
 mod support;
 mod trt;
+mod trt_backend;

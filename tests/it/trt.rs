@@ -23,7 +23,7 @@ fn repo() -> PathBuf {
 }
 
 /// Compiles C sources into a shared library with the system compiler.
-fn cc(srcs: &[&Path], out: &Path, extra: &[&str]) {
+pub(crate) fn cc(srcs: &[&Path], out: &Path, extra: &[&str]) {
     let st = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
         .args([
             "-std=c11", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
@@ -43,7 +43,7 @@ fn double_src() -> PathBuf {
 }
 
 /// The test double, compiled into `dir` with extra defines.
-fn double(dir: &Path, defines: &[&str]) -> PathBuf {
+pub(crate) fn double(dir: &Path, defines: &[&str]) -> PathBuf {
     let out = dir.join("libtrtcache_trt.so");
     cc(&[&double_src()], &out, defines);
     out
@@ -58,7 +58,7 @@ fn load_double(dir: &Path) -> Trt {
 }
 
 /// Whether this host has TensorRT's library on the loader's path.
-fn host_has_tensorrt() -> bool {
+pub(crate) fn host_has_tensorrt() -> bool {
     // SAFETY: probing a system library by name; it stays loaded only while the handle lives.
     unsafe { libloading::Library::new("libnvinfer.so.10") }.is_ok()
 }
