@@ -500,3 +500,47 @@ with t.Client(sys.argv[2]) as c:
     assert!(out.contains("not an engine: not_an_engine"), "{out}");
     assert!(d.stop());
 }
+
+#[test]
+fn inspect_trt_sets_the_parsers_verdict_beside_the_tables() {
+    let model = repo().join("examples/models/tiny_encoder_static.onnx");
+    // Without TensorRT: exit 2 naming it, before any analysis output.
+    let out = support::cmd()
+        .args(["inspect", s(&model), "--trt"])
+        .env_remove("TRTCACHE_TRT_SHIM")
+        .env_remove("TENSORRT_ROOT")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    assert!(
+        stderr(&out).contains("inspect --trt: TensorRT is not available"),
+        "{}",
+        stderr(&out)
+    );
+    // Through the double (its canned verdict: nodes 0 and 1 in a supported subgraph, the
+    // rest in none), against the real analysis, which puts all four nodes on TensorRT.
+    let h = Host::new(&[], "NVIDIA H200 (trtcache double)");
+    let out = h.run(&["inspect", s(&model), "--trt", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let r = json(&out);
+    let p = &r["parser"];
+    assert_eq!(p["tensorrt_version"], "10.16.1");
+    let nodes = p["nodes"].as_array().unwrap();
+    assert_eq!(
+        nodes.len(),
+        r["capability"]["nodes"].as_array().unwrap().len()
+    );
+    assert_eq!(nodes[0]["parser"], true);
+    assert_eq!(nodes[0]["disagree"], false);
+    assert!(nodes[2]["parser"].is_null());
+    assert_eq!(nodes[2]["table"], true);
+    assert_eq!(nodes[2]["disagree"], true);
+    assert_eq!(p["disagreements"], 2);
+    let text = String::from_utf8(h.run(&["inspect", s(&model), "--trt"]).stdout).unwrap();
+    assert_eq!(text.matches("DISAGREE").count(), 2, "{text}");
+    assert!(
+        text.contains("2 of 4 nodes disagree with the table"),
+        "{text}"
+    );
+}
