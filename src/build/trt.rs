@@ -150,6 +150,86 @@ impl BackendImpl for NativeTrt {
     }
 }
 
+/// The file name ONNX Runtime's TensorRT provider reads and writes its timing cache under,
+/// in the folder `trt_timing_cache_path` names (`TensorrtExecutionProvider_cache_sm90.timing`
+/// on a compute capability 9.0 GPU).
+fn ep_timing_file(cc: &str) -> String {
+    format!(
+        "TensorrtExecutionProvider_cache_sm{}.timing",
+        cc.replace('.', "")
+    )
+}
+
+/// The shared timing cache `ort-tensorrt` builds use: the store, this GPU and the TensorRT
+/// version the provider runs with (asked of `libnvinfer` itself). `None` (the build times
+/// from scratch, as before) when the store is not configured or either is unknown.
+fn ep_shared_cache(opts: &BuildOptions) -> Option<(TimingCacheStore, crate::device::Sku, String)> {
+    let store = TimingCacheStore::at(opts.timing_cache_dir.as_deref()?);
+    let gpu = crate::key::detect_sku(Backend::OrtTensorRt, opts.device_id).ok()?;
+    let version = crate::trt::loader::tensorrt_library_version(&LoaderConfig::from_env())
+        .map_err(|e| tracing::debug!(error = %e, "no shared timing cache for ort-tensorrt"))
+        .ok()?
+        .to_string();
+    Some((store, gpu, version))
+}
+
+/// Before an `ort-tensorrt` build: copies the shared timing cache for (this GPU, this
+/// TensorRT) into `dir`, the folder the provider's `trt_timing_cache_path` names.
+pub(crate) fn seed_ep_timing_cache(opts: &BuildOptions, dir: &Path) {
+    if let Some((store, gpu, version)) = ep_shared_cache(opts) {
+        seed_into(&store, &gpu, &version, dir);
+    }
+}
+
+fn seed_into(store: &TimingCacheStore, gpu: &crate::device::Sku, version: &str, dir: &Path) {
+    let cc = gpu.compute_capability.clone().unwrap_or_default();
+    match store.load(gpu, version) {
+        Ok(b) if !b.is_empty() => {
+            let p = dir.join(ep_timing_file(&cc));
+            if let Err(e) = std::fs::write(&p, b) {
+                tracing::warn!(path = %p.display(), error = %e, "timing cache not seeded");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "shared timing cache not read"),
+    }
+}
+
+/// After an `ort-tensorrt` build: merges the provider's timing cache from `dir` back into
+/// the shared one, with TensorRT's `combine` when the shim is there, else by taking the
+/// provider's file (it started from the shared cache, so it holds its entries too; a build
+/// that finished in between may then lose its new entries, never the file). Never fails
+/// the build.
+pub(crate) fn merge_ep_timing_cache(opts: &BuildOptions, dir: &Path) {
+    if let Some((store, gpu, version)) = ep_shared_cache(opts) {
+        merge_from(&store, &gpu, &version, dir, shim().ok().as_ref());
+    }
+}
+
+fn merge_from(
+    store: &TimingCacheStore,
+    gpu: &crate::device::Sku,
+    version: &str,
+    dir: &Path,
+    trt: Option<&Trt>,
+) {
+    let cc = gpu.compute_capability.clone().unwrap_or_default();
+    let produced = match std::fs::read(dir.join(ep_timing_file(&cc))) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::debug!(error = %e, "the TensorRT provider wrote no timing cache");
+            return;
+        }
+    };
+    let merged = match trt {
+        Some(trt) => store.merge_with(trt, gpu, &produced),
+        None => store.merge_and_store(gpu, version, &produced, |_, ep| Ok(ep.to_vec())),
+    };
+    if let Err(e) = merged {
+        tracing::warn!(error = %e, "timing cache not merged");
+    }
+}
+
 /// TensorRT builds a network with dynamic inputs only over an optimization profile that
 /// gives each of them min/opt/max shapes: an input left out is refused here, naming it and
 /// the flags that give it, before TensorRT's builder says the same less plainly.
@@ -274,5 +354,37 @@ mod tests {
         }
         assert_eq!(ort_type(DType::Int4), None);
         assert_eq!(trt_type(T::String), None);
+    }
+
+    #[test]
+    fn ort_tensorrt_builds_start_from_and_return_to_the_shared_timing_cache() {
+        let d = tempfile::tempdir().unwrap();
+        let store = TimingCacheStore::at(&d.path().join("timing"));
+        let gpu = crate::device::Sku {
+            kind: "gpu".into(),
+            name: "NVIDIA H200".into(),
+            compute_capability: Some("9.0".into()),
+            sm_count: Some(132),
+            isa: vec![],
+        };
+        let ep = d.path().join("ep");
+        std::fs::create_dir(&ep).unwrap();
+        let file = ep.join("TensorrtExecutionProvider_cache_sm90.timing");
+        // Nothing shared yet: nothing seeded; the provider's file becomes the shared one.
+        seed_into(&store, &gpu, "10.16.1", &ep);
+        assert!(!file.exists());
+        std::fs::write(&file, b"first build").unwrap();
+        merge_from(&store, &gpu, "10.16.1", &ep, None);
+        assert_eq!(store.load(&gpu, "10.16.1").unwrap(), b"first build");
+        // The next build (another staging folder) starts from it.
+        let ep2 = d.path().join("ep2");
+        std::fs::create_dir(&ep2).unwrap();
+        seed_into(&store, &gpu, "10.16.1", &ep2);
+        assert_eq!(
+            std::fs::read(ep2.join("TensorrtExecutionProvider_cache_sm90.timing")).unwrap(),
+            b"first build"
+        );
+        // Another TensorRT version has its own.
+        assert!(store.load(&gpu, "10.17.0").unwrap().is_empty());
     }
 }
