@@ -591,6 +591,7 @@ fn gpu_check_reports_every_step_it_cannot_do() {
             ("3", "build-ort-cuda"),
             ("4", "build-ort-tensorrt"),
             ("5", "trt-native"),
+            ("6", "trt-backend"),
         ] {
             assert!(
                 line(step).starts_with(&format!(
@@ -613,6 +614,10 @@ fn gpu_check_reports_every_step_it_cannot_do() {
                 line("5").contains("no TensorRT: libnvinfer.so.10"),
                 "{summary}"
             );
+            assert!(
+                line("6").contains("no TensorRT: libnvinfer.so.10"),
+                "{summary}"
+            );
         }
         let shim = bin.parent().unwrap().join("libtrtcache_trt.so");
         if !shim.exists() {
@@ -624,7 +629,7 @@ fn gpu_check_reports_every_step_it_cannot_do() {
         assert!(summary.contains("\ngpu-check: no step failed"), "{summary}");
     } else {
         // A GPU host: every step reported, none silently skipped.
-        for step in ["1", "2", "3", "4", "5"] {
+        for step in ["1", "2", "3", "4", "5", "6"] {
             let l = line(step);
             assert!(
                 l.contains(": ok") || l.contains(": not available: ") || l.contains(": FAILED: "),
