@@ -544,3 +544,45 @@ fn inspect_trt_sets_the_parsers_verdict_beside_the_tables() {
         "{text}"
     );
 }
+
+#[test]
+fn a_daemon_without_the_shim_says_what_is_missing() {
+    let h = Host::new(&[], "NVIDIA H200 (trtcache double)");
+    let mut d = crate::daemon::Daemon::new();
+    models(&d.models());
+    std::fs::remove_file(d.models().join("bad.onnx")).unwrap();
+    std::fs::write(
+        d.models().join("ident.trtcache.toml"),
+        "[profiles.small]\nopt = { x = [2, 4] }\n",
+    )
+    .unwrap();
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(
+        d.config(),
+        cfg.replace("[limits]", "backends = [\"trt\"]\n[limits]"),
+    )
+    .unwrap();
+    let missing = d.root.join("no-such-shim.so");
+    d.env = h.env();
+    d.env.retain(|(k, _)| k != "TRTCACHE_TRT_SHIM");
+    d.env
+        .push(("TRTCACHE_TRT_SHIM".into(), missing.clone().into()));
+    d.start();
+    d.wait_settled(&["ident"]);
+    let e = d
+        .client()
+        .acquire(&trtcache_client::AcquireRequest {
+            model: "ident".into(),
+            backend: Some("trt".into()),
+            wait: true,
+            ..Default::default()
+        })
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("TensorRT is not available")
+            && msg.contains(&format!("(looked at {})", missing.display())),
+        "{msg}"
+    );
+    assert!(d.stop());
+}
