@@ -324,6 +324,17 @@ pub trait BackendImpl: Send + Sync {
     ) -> Result<StagedArtifact, BuildError>;
     /// Opens a session on an artifact's graph file the way consumers will.
     fn open(&self, rt: &Runtime, entry: &Path, opts: &BuildOptions) -> Result<Session, BuildError>;
+    /// Checks that an artifact (a fetched one) opens the way consumers will: by default an
+    /// ONNX Runtime session on its entry.
+    fn check_artifact(
+        &self,
+        rt: &Runtime,
+        artifact: &StagedArtifact,
+        opts: &BuildOptions,
+    ) -> Result<(), BuildError> {
+        self.open(rt, &artifact.dir.join(&artifact.entry), opts)
+            .map(drop)
+    }
     /// Validates a built artifact against `model` (ONNX Runtime CPU on the raw model, see
     /// [`validate`]): by default through a session [`BackendImpl::open`] makes.
     fn validate(

@@ -124,6 +124,19 @@ impl BackendImpl for NativeTrt {
         ))))
     }
 
+    fn check_artifact(
+        &self,
+        _rt: &Runtime,
+        art: &StagedArtifact,
+        _opts: &BuildOptions,
+    ) -> Result<(), BuildError> {
+        artifact::read_meta(&art.dir)?;
+        let plan_path = artifact::plan_path(&art.dir);
+        let plan = std::fs::read(&plan_path).map_err(io_err(&plan_path))?;
+        shim()?.load_engine(&plan)?;
+        Ok(())
+    }
+
     fn validate(
         &self,
         rt: &Runtime,

@@ -164,10 +164,8 @@ impl CachedEngine {
         let rt = runtime::loaded()?;
         let backend = crate::build::backend(req.backend);
         let check = |a: &crate::cache::StagedArtifact, _: &crate::remote::Manifest| {
-            let entry = a.dir.join(&a.entry);
             backend
-                .open(rt, &entry, &req.options)
-                .map(drop)
+                .check_artifact(rt, a, &req.options)
                 .map_err(|e| e.to_string())
         };
         let model = planned.model.path.display().to_string();
