@@ -35,6 +35,8 @@ pub struct CachedEngine {
     max_bytes: u64,
     /// [`BuildOptions::external_min_bytes`] for every build (config `external_min_bytes`).
     external_min_bytes: u64,
+    /// The `trt` builder settings of every build (config `[trt]`).
+    trt: crate::config::TrtSettings,
     /// `limits.validation_max_bytes` for every build.
     validation_max_bytes: u64,
     /// The fleet tier (config `[remote]`): consulted before a build, fed after one.
@@ -96,13 +98,18 @@ fn profile_args(model: &ModelEntry, profile: Option<&str>) -> ProfileArgs {
 impl CachedEngine {
     /// Opens the cache at `cache_dir` (taking its lock: one owner per cache), loads ONNX
     /// Runtime (once per process, from `ort_library` else the documented search), and evicts
-    /// down to `max_bytes` if a smaller limit was configured since the last run.
+    /// down to `max_bytes` if a smaller limit was configured since the last run. `trt` is
+    /// the `trt` builds' builder settings (config `[trt]`).
     pub fn open(
         cache_dir: &Path,
         ort_library: Option<&Path>,
         external_min_bytes: u64,
         limits: &crate::config::Limits,
+        trt: &crate::config::TrtSettings,
     ) -> Result<Self, EngineError> {
+        // Checked by the config's validation; refused here too for library callers.
+        crate::trt::HwCompat::parse(&trt.hardware_compatibility)
+            .map_err(|e| EngineError::Invalid(format!("[trt] {e}").into()))?;
         let max_bytes = limits.cache_size_bytes;
         let worker = limits.worker();
         let store = SledStore::open(
@@ -145,6 +152,7 @@ impl CachedEngine {
             store,
             max_bytes,
             external_min_bytes,
+            trt: trt.clone(),
             validation_max_bytes: limits.validation_max_bytes,
             remote: None,
         })
@@ -206,6 +214,11 @@ impl CachedEngine {
             &plan,
             BuildOptions {
                 external_min_bytes: self.external_min_bytes,
+                trt_builder_level: self.trt.builder_optimization_level,
+                trt_hardware_compat: crate::trt::HwCompat::parse(&self.trt.hardware_compatibility)
+                    .unwrap_or_default(),
+                trt_workspace_bytes: (self.trt.workspace_bytes > 0)
+                    .then_some(self.trt.workspace_bytes),
                 ..BuildOptions::default()
             },
         );
@@ -628,6 +641,7 @@ pub fn open(cfg: &crate::config::Config) -> Result<CachedEngine, EngineError> {
         cfg.ort_dylib.as_deref(),
         cfg.external_min_bytes,
         &cfg.limits,
+        &cfg.trt,
     )?;
     Ok(match &cfg.remote {
         Some(r) => engine.with_remote(

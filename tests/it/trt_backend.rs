@@ -408,11 +408,22 @@ fn the_daemon_builds_trt_and_clients_get_the_engine() {
     )
     .unwrap();
     let cfg = std::fs::read_to_string(d.config()).unwrap();
+    // The daemon's builder settings for trt come from `[trt]`.
     std::fs::write(
         d.config(),
-        cfg.replace("[limits]", "backends = [\"trt\", \"ort-cpu\"]\n[limits]"),
+        cfg.replace("[limits]", "backends = [\"trt\", \"ort-cpu\"]\n[limits]")
+            + "[trt]\nhardware_compatibility = \"ampere-plus\"\nworkspace_bytes = 1073741824\n",
     )
     .unwrap();
+    let bad_cfg = d.root.join("bad.toml");
+    std::fs::write(&bad_cfg, "[trt]\nhardware_compatibility = \"all\"\n").unwrap();
+    let out = support::trtcache(["config", "--config", s(&bad_cfg)]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("trt.hardware_compatibility"),
+        "{}",
+        stderr(&out)
+    );
     d.env = h.env();
     d.start();
     d.wait_settled(&["ident", "bad"]);
@@ -443,6 +454,8 @@ fn the_daemon_builds_trt_and_clients_get_the_engine() {
     assert_eq!(meta.plan_bytes, plan.len() as u64);
     assert_eq!(meta.profiles[0].opt["x"], vec![2, 4]);
     assert_eq!(meta.outputs[0].shape, vec![-1, 4]);
+    assert_eq!(meta.hardware_compatibility, "ampere-plus");
+    assert!(String::from_utf8_lossy(&plan).contains("\"workspace_bytes\":1073741824,"));
     // An ort-cpu artifact is not an engine.
     let cpu = c
         .acquire(&trtcache_client::AcquireRequest {
