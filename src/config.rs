@@ -62,6 +62,14 @@ pub struct Config {
     /// (faster session creation). Part of the cache key, as `trtcache build
     /// --external-min-size`; the default matches it.
     pub external_min_bytes: u64,
+    /// Log lines on stderr: `text` (human; under journald without timestamps, with syslog
+    /// priorities) or `json` (one JSON object a line, for log shippers). `--log-format`
+    /// overrides it.
+    pub log_format: LogFormat,
+    /// Address of the HTTP listener serving `/metrics`, `/healthz` and `/readyz`
+    /// (`"127.0.0.1:9464"`); absent = off. `serve --metrics-listen` overrides it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_listen: Option<String>,
     /// Limits.
     pub limits: Limits,
     /// The fleet tier (`[remote]`, see docs/fleet.md); absent = off.
@@ -146,6 +154,34 @@ pub struct Limits {
     /// fixed input would need more is refused (give it golden inputs) before anything is
     /// allocated.
     pub validation_max_bytes: u64,
+    /// Connections subscribed with `watch` at once (each also holds one of
+    /// `max_connections`, and is never reclaimed: it is not waiting for a request); more get
+    /// `busy`.
+    pub max_watchers: usize,
+    /// Events a watcher may fall behind (its backlog, shared ring of this many events) before
+    /// the daemon drops them and sends it one `resync` event instead.
+    pub watch_queue: usize,
+    /// Connections the metrics listener serves at once; more are closed unanswered, so a
+    /// scraper flood cannot take the socket service's memory or threads.
+    pub metrics_max_connections: usize,
+    /// Largest HTTP request head (request line and headers) the metrics listener reads, in
+    /// bytes (at least 8192).
+    pub metrics_max_request_bytes: usize,
+    /// Models with their own `model` label in the per-model metrics (in name order); the
+    /// others are summed under `model="/other"`, so a large repository cannot blow up the
+    /// number of series. 0: every model under `/other`.
+    pub metrics_max_models: usize,
+}
+
+/// How log lines are written (`log_format`, `--log-format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object a line.
+    Json,
 }
 
 impl Limits {
@@ -206,6 +242,11 @@ impl Default for Limits {
             worker_memory_bytes: 0,
             worker_cpu_secs: 0,
             validation_max_bytes: 2 << 30,
+            max_watchers: 256,
+            watch_queue: 256,
+            metrics_max_connections: 8,
+            metrics_max_request_bytes: 16 * 1024,
+            metrics_max_models: 100,
         }
     }
 }
@@ -303,6 +344,8 @@ impl Default for Config {
             ort_dylib: None,
             backends: vec![Backend::DEFAULT],
             external_min_bytes: DEFAULT_EXTERNAL_MIN_BYTES,
+            log_format: LogFormat::Text,
+            metrics_listen: None,
             limits: Limits::default(),
             trt: TrtSettings::default(),
             remote: None,
@@ -317,6 +360,8 @@ pub struct Overrides {
     pub models: Option<PathBuf>,
     pub cache_dir: Option<PathBuf>,
     pub socket: Option<PathBuf>,
+    /// `serve --metrics-listen`.
+    pub metrics_listen: Option<String>,
 }
 
 impl Config {
@@ -359,6 +404,9 @@ impl Config {
         if let Some(p) = &o.socket {
             c.socket = p.clone();
         }
+        if let Some(a) = &o.metrics_listen {
+            c.metrics_listen = Some(a.clone());
+        }
         c.validate()?;
         Ok(c)
     }
@@ -374,10 +422,22 @@ impl Config {
             })
     }
 
+    /// The metrics listener's address, when one is configured.
+    pub fn metrics_addr(&self) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+        let Some(a) = &self.metrics_listen else {
+            return Ok(None);
+        };
+        a.parse().map(Some).map_err(|_| ConfigError::Invalid {
+            key: "metrics_listen",
+            message: format!("`{a}` is not an address and port like \"127.0.0.1:9464\""),
+        })
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         self.socket_mode_bits()?;
+        self.metrics_addr()?;
         let l = &self.limits;
-        let positive: [(&'static str, u64); 7] = [
+        let positive: [(&'static str, u64); 10] = [
             ("limits.build_concurrency", l.build_concurrency as u64),
             ("limits.io_threads", l.io_threads as u64),
             ("limits.max_connections", l.max_connections as u64),
@@ -385,6 +445,12 @@ impl Config {
             ("limits.build_timeout_secs", l.build_timeout_secs),
             ("limits.idle_timeout_secs", l.idle_timeout_secs),
             ("limits.frame_timeout_secs", l.frame_timeout_secs),
+            ("limits.max_watchers", l.max_watchers as u64),
+            ("limits.watch_queue", l.watch_queue as u64),
+            (
+                "limits.metrics_max_connections",
+                l.metrics_max_connections as u64,
+            ),
         ];
         for (key, v) in positive {
             if v == 0 {
@@ -398,6 +464,13 @@ impl Config {
             return Err(ConfigError::Invalid {
                 key: "limits.max_frame_bytes",
                 message: "must be at least 256".into(),
+            });
+        }
+        if l.metrics_max_request_bytes < 8192 {
+            // hyper's smallest read buffer.
+            return Err(ConfigError::Invalid {
+                key: "limits.metrics_max_request_bytes",
+                message: "must be at least 8192".into(),
             });
         }
         if let Some(r) = &self.remote {
@@ -475,6 +548,18 @@ mod tests {
         assert!(Config::from_toml("[limits]\nio_threads = 0", Path::new("x")).is_err());
         assert!(Config::from_toml("socket_mode = \"999\"", Path::new("x")).is_err());
         assert!(Config::from_toml("[limits]\nframe_timeout_secs = 0", Path::new("x")).is_err());
+        let e = Config::from_toml("metrics_listen = \"localhost\"", Path::new("x")).unwrap_err();
+        assert!(e.to_string().contains("metrics_listen"), "{e}");
+        assert!(
+            Config::from_toml("[limits]\nmetrics_max_request_bytes = 100", Path::new("x")).is_err()
+        );
+        let c = Config::from_toml(
+            "metrics_listen = \"127.0.0.1:9464\"\nlog_format = \"json\"",
+            Path::new("x"),
+        )
+        .unwrap();
+        assert_eq!(c.log_format, LogFormat::Json);
+        assert_eq!(c.metrics_addr().unwrap().unwrap().port(), 9464);
         let c = Config::from_toml("socket_mode = \"0600\"", Path::new("x")).unwrap();
         assert_eq!(c.socket_mode_bits().unwrap(), 0o600);
     }

@@ -13,11 +13,11 @@ fn main() -> std::process::ExitCode {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
     }
-    trtcache::cli::init_tracing(cli.verbose);
+    // `run` installs the logging (`cli::log`) once it knows the format.
     match trtcache::cli::run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            trtcache::cli::log::report_error(&e);
             std::process::ExitCode::from(2)
         }
     }

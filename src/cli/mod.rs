@@ -5,8 +5,11 @@ mod build;
 mod cache;
 mod capability;
 mod export;
+mod health;
 mod inspect;
 pub(crate) mod key;
+pub mod log;
+mod manual;
 pub(crate) mod output;
 mod sku;
 
@@ -23,9 +26,13 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "trtcache", version, about, long_about = None, propagate_version = true)]
 pub struct Cli {
-    /// More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
+    /// More log output on stderr (-v info, -vv debug, -vvv trace; `serve` logs at info without
+    /// -v); RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
+    /// Log line format on stderr [default: the config's log_format for `serve`, else text].
+    #[arg(long, global = true, value_enum, env = "TRTCACHE_LOG_FORMAT")]
+    pub log_format: Option<log::LogFormat>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -70,6 +77,9 @@ pub enum Command {
     Warm(warm::WarmArgs),
     /// Show each model's state per backend/profile (from the daemon when one runs).
     Status(warm::StatusArgs),
+    /// Check that the daemon answers on its socket (--ready: and that every model is
+    /// ready); exit 0, 1 not ready, 3 not answering. For probes and deploy gates.
+    Health(health::HealthArgs),
     /// Internal: build and validate one job read from stdin (the daemon and `build` run
     /// every build in such a bounded worker process).
     #[command(hide = true)]
@@ -83,31 +93,24 @@ pub enum Command {
     /// The fleet bucket: `remote gc --older-than AGE`.
     #[command(subcommand)]
     Remote(remote::RemoteCommand),
-}
-
-/// Installs the tracing subscriber (stderr). ort reports provider fallbacks only through
-/// tracing, so every binary installs one.
-pub fn init_tracing(verbose: u8) {
-    use tracing_subscriber::EnvFilter;
-    let default = match verbose {
-        0 => "warn,ort=warn",
-        1 => "info,ort=warn",
-        2 => "debug,ort=info",
-        _ => "trace",
-    };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    use std::io::IsTerminal;
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        // Colour only for a person at a terminal: never in journald, files or pipes.
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
+    Completions(manual::CompletionsArgs),
+    /// Print the man page (roff) on stdout: `trtcache man | man -l -`.
+    Man(manual::ManArgs),
 }
 
 /// Runs one subcommand; the exit code is the command's verdict (errors are `Err`).
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let logs = log::LogSettings {
+        verbose: cli.verbose,
+        daemon: false,
+        format: cli.log_format.unwrap_or_default(),
+    };
+    // The daemon's log format may come from its config file: it starts logging once that
+    // is read.
+    if !matches!(cli.command, Command::Serve(_)) {
+        log::init(logs);
+    }
     match cli.command {
         Command::Inspect(a) => inspect::run(a),
         Command::Key(a) => key::run(*a),
@@ -118,10 +121,18 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Gc(a) => cache::gc(a),
         Command::Verify(a) => cache::verify(a),
         Command::Export(a) => export::export(a),
-        Command::Serve(a) => serve::serve(a),
+        Command::Serve(a) => serve::serve(
+            a,
+            cli.log_format,
+            log::LogSettings {
+                daemon: true,
+                ..logs
+            },
+        ),
         Command::Config(a) => serve::config(a),
         Command::Warm(a) => warm::warm(a),
         Command::Status(a) => warm::status(a),
+        Command::Health(a) => health::health(a),
         Command::Worker => Ok(ExitCode::from(
             u8::try_from(crate::build::worker::serve_one()).unwrap_or(2),
         )),
@@ -129,5 +140,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Push(a) => remote::push(a),
         Command::Pull(a) => remote::pull(*a),
         Command::Remote(c) => remote::remote(c),
+        Command::Completions(a) => manual::completions(a),
+        Command::Man(a) => manual::man(a),
     }
 }

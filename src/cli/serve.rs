@@ -28,13 +28,17 @@ pub struct PathArgs {
 impl PathArgs {
     /// The effective configuration.
     pub fn load(&self) -> anyhow::Result<Config> {
-        let o = Overrides {
+        Config::load(&self.overrides()).context("reading the configuration")
+    }
+
+    fn overrides(&self) -> Overrides {
+        Overrides {
             config: self.config.clone(),
             models: self.models.clone(),
             cache_dir: self.cache_dir.clone(),
             socket: self.socket.clone(),
-        };
-        Config::load(&o).context("reading the configuration")
+            ..Default::default()
+        }
     }
 }
 
@@ -45,10 +49,31 @@ impl PathArgs {
 pub struct ServeArgs {
     #[command(flatten)]
     pub paths: PathArgs,
+    /// Serve /metrics (Prometheus), /healthz and /readyz over HTTP on this address, e.g.
+    /// 127.0.0.1:9464 [default: the config's metrics_listen; off when unset].
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
 }
 
-pub fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
-    let cfg = a.paths.load()?;
+/// Loads the configuration, starts logging in its format (the `--log-format` flag wins),
+/// then runs the daemon.
+pub fn serve(
+    a: ServeArgs,
+    format_flag: Option<super::log::LogFormat>,
+    logs: super::log::LogSettings,
+) -> anyhow::Result<ExitCode> {
+    let loaded = Config::load(&Overrides {
+        metrics_listen: a.metrics_listen.clone(),
+        ..a.paths.overrides()
+    })
+    .context("reading the configuration");
+    let format = match (&loaded, format_flag) {
+        (_, Some(f)) => f,
+        (Ok(cfg), None) => cfg.log_format,
+        (Err(_), None) => logs.format,
+    };
+    super::log::init(super::log::LogSettings { format, ..logs });
+    let cfg = loaded?;
     tracing::info!(models = %cfg.models.display(), cache = %cfg.cache_dir.display(), socket = %cfg.socket.display(), "starting");
     crate::daemon::serve(cfg).map_err(anyhow::Error::new)?;
     Ok(ExitCode::SUCCESS)

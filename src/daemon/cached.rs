@@ -621,6 +621,10 @@ impl Engine for CachedEngine {
         self.store.remove(key).map_err(store_err)
     }
 
+    fn evictions(&self) -> u64 {
+        self.store.evictions()
+    }
+
     fn touch(&self, key: &CacheKey) {
         // A lookup counts a hit and stamps the record's last use (written lazily).
         if let Err(e) = self.store.lookup(key) {

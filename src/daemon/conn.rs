@@ -97,6 +97,23 @@ impl Connection {
         hung_up(&self.stream).await
     }
 
+    /// For a connection that takes no further requests (a watch): resolves when the peer
+    /// closes (or shuts down its writing side: `false`) or sends anything (`true`; the byte
+    /// is consumed, the connection is to be closed).
+    pub async fn input(&self) -> bool {
+        loop {
+            if self.stream.readable().await.is_err() {
+                return false;
+            }
+            let mut b = [0u8; 1];
+            match self.stream.try_read(&mut b) {
+                Ok(n) => return n > 0,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(_) => return false,
+            }
+        }
+    }
+
     /// The next request: `Some(Ok)` to dispatch, `Some(Err)` for a frame that is not a
     /// request (answer it and read on), `None` when the connection is over; why it ended has
     /// been answered and logged.
@@ -117,7 +134,8 @@ impl Connection {
             Ok(ReadOutcome::Frame(body)) => {
                 let r = parse(&body);
                 if let Err(body) = &r {
-                    tracing::info!(uid = peer.uid, code = %body.code, "rejected request: {}", body.message);
+                    // debug: a client sending garbage must not flood the daemon's log.
+                    tracing::debug!(uid = peer.uid, code = %body.code, "rejected request: {}", body.message);
                 }
                 return Some(r);
             }

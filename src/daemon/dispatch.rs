@@ -1,7 +1,8 @@
 //! Dispatch: what each request does, one method per request, over a [`Connection`] that did
 //! the framing. Mini-redis's `Command::apply` is the model: [`Session::apply`] checks the
 //! handshake, the shutdown state and permissions, runs the request against the [`Service`]
-//! and writes its answer (an acquire's descriptors, a build's progress frames).
+//! and writes its answer (an acquire's descriptors, a build's progress frames, a watch's
+//! events through [`super::watchers::stream`]).
 //!
 //! Enters: a parsed [`Request`] from [`super::conn`]. Leaves: response frames on the
 //! connection, and a [`Flow`] saying whether the connection goes on.
@@ -87,10 +88,21 @@ impl Session {
                 StatsFormat::Json => Response::Stats {
                     stats: self.svc.stats(),
                 },
-                StatsFormat::Prometheus => Response::StatsText {
-                    text: self.svc.stats().prometheus(),
-                },
+                StatsFormat::Prometheus => {
+                    let svc = self.svc.clone();
+                    // Reads every model's variants (their sidecars): off the socket's thread.
+                    let text = tokio::task::spawn_blocking(move || {
+                        super::metrics::encode(&svc, super::metrics::Format::Prometheus)
+                    })
+                    .await;
+                    match text {
+                        Ok(Ok(text)) => Response::StatsText { text },
+                        Ok(Err(e)) => error(ErrorCode::Internal, format!("encoding metrics: {e}")),
+                        Err(e) => error(ErrorCode::Internal, e.to_string()),
+                    }
+                }
             }),
+            Request::Watch { model } => return self.watch(&model, conn).await,
             Request::Shutdown => self.admin("shutdown").map(|()| {
                 tracing::info!(uid = self.peer.uid, "shutdown requested");
                 let _ = self.stop.send(true);
@@ -168,6 +180,38 @@ impl Session {
             }
             Err(f) => Self::sent(conn.send(&failure(f), &[]).await),
         }
+    }
+
+    /// A watch: `watching` with the model's status, then its events until the connection
+    /// ends; the connection takes no other request. Holds a `limits.max_watchers` slot.
+    async fn watch(&self, model: &str, conn: &mut Connection) -> Flow {
+        let slot = match self.svc.watchers.slot() {
+            Ok(s) => s,
+            Err(f) => {
+                tracing::warn!(
+                    uid = self.peer.uid,
+                    model,
+                    "watch refused: too many watchers"
+                );
+                let _ = conn.send(&failure(f), &[]).await;
+                return Flow::Close;
+            }
+        };
+        let (status, rx) = match self.svc.watch(model) {
+            Ok(w) => w,
+            Err(f) => return Self::sent(conn.send(&failure(f), &[]).await),
+        };
+        tracing::info!(uid = self.peer.uid, model, "watching");
+        if conn
+            .send(&Response::Watching { model: status }, &[])
+            .await
+            .is_ok()
+        {
+            super::watchers::stream(conn, rx, model, wait_true(self.shutdown.clone())).await;
+        }
+        tracing::info!(uid = self.peer.uid, model, "watch ended");
+        drop(slot);
+        Flow::Close
     }
 
     /// A build streams progress frames, then its results.

@@ -242,6 +242,10 @@ pub trait Engine: Send + Sync + 'static {
     fn remote_stats(&self) -> Option<crate::remote::RemoteStats> {
         None
     }
+    /// Artifacts the store evicted least-recently-used to fit its size limit so far.
+    fn evictions(&self) -> u64 {
+        0
+    }
     /// Records a use of a ready artifact served from the daemon's memory, so that the
     /// store's least-recently-used eviction sees it (the daemon calls it at most every
     /// few seconds per key).

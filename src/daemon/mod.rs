@@ -2,19 +2,23 @@
 //! keeps every model's artifacts built through the [`engine::Engine`] with a single-flight
 //! build queue (`queue`), and hands them to local processes over a Unix socket (`server`)
 //! speaking [`trtcache_client::protocol`]. `service` holds the state between them; `systemd`
-//! does readiness, watchdog and socket activation. Shutdown happens in one place, [`serve`]:
+//! does readiness, watchdog and socket activation; `watchers` streams a model's artifact
+//! changes to subscribed clients. Shutdown happens in one place, [`serve`]:
 //! a watch channel that the accept loop, the watcher and the queue all observe.
 
 pub(crate) mod cached;
 mod conn;
 mod dispatch;
 pub(crate) mod engine;
+mod http;
+pub mod metrics;
 pub(crate) mod queue;
 pub(crate) mod repo;
 pub(crate) mod server;
 pub(crate) mod service;
 pub(crate) mod systemd;
 pub(crate) mod watch;
+mod watchers;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -37,6 +41,12 @@ pub enum ServeError {
     Engine(#[from] EngineError),
     #[error("socket {path}: {message}")]
     Socket { path: PathBuf, message: String },
+    #[error("metrics listener {addr} (metrics_listen)")]
+    Metrics {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Runtime(std::io::Error),
 }
@@ -209,6 +219,16 @@ async fn serve_async(mut cfg: Config) -> Result<(), ServeError> {
         None => (bind(&cfg)?, true),
     };
     let listener = tokio::net::UnixListener::from_std(std_listener).map_err(ServeError::Runtime)?;
+    let metrics_listener = match cfg.metrics_addr() {
+        Ok(Some(addr)) => {
+            if !addr.ip().is_loopback() {
+                tracing::warn!(%addr, "metrics_listen is not a loopback address: whoever reaches it reads model names and states");
+            }
+            Some(http::bind(addr).map_err(|source| ServeError::Metrics { addr, source })?)
+        }
+        // Validated when the configuration was loaded.
+        _ => None,
+    };
     let svc = service::Service::new(cfg.clone(), engine);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(svc.queue.clone().run());
@@ -218,16 +238,16 @@ async fn serve_async(mut cfg: Config) -> Result<(), ServeError> {
             path: root.clone(),
             source,
         })?;
-    tracing::info!(socket = %cfg.socket.display(), models = n, cache = %cfg.cache_dir.display(), "ready");
+    if let Some(l) = metrics_listener {
+        let addr = l.local_addr().map_err(ServeError::Runtime)?;
+        tracing::info!(%addr, "metrics listener: /metrics, /healthz, /readyz");
+        tokio::spawn(http::run(svc.clone(), l, stop_rx.clone()));
+    }
+    tracing::info!(socket = %cfg.socket.display(), models = n, repository = %root.display(), cache = %cfg.cache_dir.display(), "ready");
     systemd::notify(&format!(
         "READY=1\nSTATUS=serving {n} models\nMAINPID={}",
         std::process::id()
     ));
-    eprintln!(
-        "trtcache: serving {n} models from {} on {}",
-        root.display(),
-        cfg.socket.display()
-    );
     tokio::spawn(watch::run(svc.clone(), root, stop_rx.clone()));
     tokio::spawn(heartbeat(svc.clone(), stop_rx.clone()));
     tokio::spawn(signals(stop_tx.clone()));

@@ -67,6 +67,8 @@ pub struct Queue {
     timeout: Duration,
     engine: Arc<dyn Engine>,
     pub stats: QueueStats,
+    /// Build time by outcome (the metrics' histogram).
+    pub build_seconds: super::metrics::Durations,
     idle: Notify,
 }
 
@@ -80,6 +82,7 @@ impl Queue {
             timeout,
             engine,
             stats: QueueStats::default(),
+            build_seconds: super::metrics::Durations::builds(),
             idle: Notify::new(),
         })
     }
@@ -311,7 +314,9 @@ impl Queue {
             )),
             r => r,
         };
-        let ms = started.elapsed().as_millis() as u64;
+        let took = started.elapsed();
+        let ms = took.as_millis() as u64;
+        let seconds = took.as_secs_f64();
         {
             let mut g = self.lock();
             if g.jobs.get(&key).is_some_and(|j| Arc::ptr_eq(j, &job)) {
@@ -337,10 +342,20 @@ impl Queue {
                 }
             }
         }
+        let model = &job.planned.model.name;
+        let backend = job.planned.selection.backend;
         match &result {
-            Ok(_) => tracing::info!(model = %job.planned.model.name, key = %key, ms, "build ready"),
+            Ok(_) => {
+                self.build_seconds.observe("ok", took);
+                tracing::info!(model = %model, %backend, key = %key, seconds, "build ready")
+            }
+            Err((ErrorCode::Cancelled, msg)) => {
+                self.build_seconds.observe("cancelled", took);
+                tracing::info!(model = %model, %backend, key = %key, seconds, reason = %msg, "build cancelled")
+            }
             Err((code, msg)) => {
-                tracing::warn!(model = %job.planned.model.name, key = %key, %code, error = %msg, "build failed")
+                self.build_seconds.observe("failed", took);
+                tracing::warn!(model = %model, %backend, key = %key, seconds, %code, reason = %msg, "build failed")
             }
         }
         job.tx.send_replace(JobStatus::Done(result));

@@ -96,6 +96,7 @@ pub async fn accept_loop(
     let slots = Arc::new(Semaphore::new(svc.cfg.limits.max_connections));
     let conns = Arc::new(Conns::default());
     let reclaim_after = Duration::from_secs(svc.cfg.limits.reclaim_idle_secs);
+    svc.accepting.store(true, Ordering::SeqCst);
     loop {
         let conn = tokio::select! {
             r = listener.accept() => r,
@@ -147,6 +148,7 @@ pub async fn accept_loop(
             drop(permit);
         });
     }
+    svc.accepting.store(false, Ordering::SeqCst);
 }
 
 /// Serves one connection until it ends.
@@ -169,7 +171,8 @@ async fn handle(
     tracing::Span::current()
         .record("uid", peer.uid)
         .record("pid", peer.pid.unwrap_or(-1));
-    tracing::info!(uid = peer.uid, pid = ?peer.pid, "connection");
+    // debug: one line per connection would drown the builds at the daemon's default level.
+    tracing::debug!(uid = peer.uid, pid = ?peer.pid, "connection");
     let mut session = Session::new(svc, peer, stop, shutdown);
     while let Some(req) = conn.next_request(slot, peer).await {
         let flow = match req {

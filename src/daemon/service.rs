@@ -1,11 +1,13 @@
 //! The daemon's state and the operations requests map to: the served model set (from
 //! repository snapshots), each variant's plan, the ready-artifact map, and the acquire / list /
 //! build logic on top of the [`Queue`]. Socket I/O lives in `server`; this module only deals
-//! in protocol types and engine artifacts.
+//! in protocol types and engine artifacts. Every change of what a model serves is published
+//! to watchers ([`Watchers`]) from here, with the state lock held: `announce` for a variant
+//! (ready, evicted, failed), `register` for a whole model (changed, removed).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -13,8 +15,10 @@ use tokio::sync::{mpsc, watch};
 use trtcache_client::protocol::*;
 
 use super::engine::{Engine, Handout, ModelEntry, Planned, Selection};
+use super::metrics::Durations;
 use super::queue::{JobStatus, Queue};
 use super::repo::{RepoModel, Snapshot};
+use super::watchers::{model_event, Announced, Change, VariantId, Watchers};
 use crate::config::Config;
 use crate::key::memo::FileId;
 use crate::spec::{Backend, CacheKey};
@@ -32,6 +36,8 @@ struct ModelState {
     generation: u64,
     /// Plans by (version, selection): the key, or why planning failed.
     plans: HashMap<(u64, Selection), Result<Planned, Failure>>,
+    /// The last watch event sent about each variant of the served version.
+    announced: HashMap<Selection, Announced>,
 }
 
 #[derive(Default)]
@@ -52,6 +58,8 @@ const TOUCH_EVERY: Duration = Duration::from_secs(5);
 pub struct Counters {
     pub hits: AtomicU64,
     pub misses: AtomicU64,
+    pub acquire_errors: AtomicU64,
+    pub evictions_requested: AtomicU64,
     pub connections: AtomicU64,
 }
 
@@ -61,7 +69,13 @@ pub struct Service {
     pub engine: Arc<dyn Engine>,
     pub queue: Arc<Queue>,
     pub counters: Counters,
+    /// Acquire latency by outcome (the metrics' histogram).
+    pub acquire_seconds: Durations,
+    /// Whether the socket's accept loop runs (`/healthz`).
+    pub accepting: AtomicBool,
     pub started: Instant,
+    /// Watch subscriptions; published to with `state` locked.
+    pub watchers: Watchers,
     state: Mutex<State>,
     generation: AtomicU64,
     /// Bounds concurrent `plan` calls (`limits.plan_concurrency`).
@@ -80,10 +94,13 @@ impl Service {
             Duration::from_secs(cfg.limits.build_timeout_secs),
         );
         Arc::new(Service {
+            watchers: Watchers::new(&cfg.limits),
             cfg,
             engine,
             queue,
             counters: Counters::default(),
+            acquire_seconds: Durations::acquires(),
+            accepting: AtomicBool::new(false),
             started: Instant::now(),
             state: Mutex::new(State::default()),
             generation: AtomicU64::new(1),
@@ -151,6 +168,8 @@ impl Service {
             for name in &removed {
                 if let Some(old) = st.models.remove(name) {
                     tracing::info!(model = %name, "model removed from the repository");
+                    self.watchers
+                        .publish(model_event(name, WatchReason::Removed, None, None));
                     cancel.extend(
                         old.plans
                             .values()
@@ -171,12 +190,16 @@ impl Service {
                     tracing::info!(model = %m.name, versions = m.versions.len(), "model added");
                 }
                 fresh.push(m.name.clone());
+                let version = m.served().map(|e| e.version);
+                self.watchers
+                    .publish(model_event(&m.name, WatchReason::Changed, version, None));
                 st.models.insert(
                     m.name.clone(),
                     ModelState {
                         repo: m,
                         generation,
                         plans: HashMap::new(),
+                        announced: HashMap::new(),
                     },
                 );
             }
@@ -300,6 +323,16 @@ impl Service {
         if let Some(m) = st.models.get_mut(&entry.name) {
             if keep && m.generation == generation {
                 m.plans.insert(slot, r.clone());
+                // A model whose new content cannot even be planned (not ONNX, an unknown
+                // profile in its sidecar) tells its watchers so, as a failed build does.
+                let served = m.repo.served().map(|e| e.version);
+                if let (Err((_, msg)), Some(v)) = (&r, served) {
+                    if v == entry.version {
+                        let profile = sel.profile.clone().unwrap_or_else(|| "default".into());
+                        let change = Change::Failed(msg.clone());
+                        self.announce_variant(&entry.name, m, v, sel, &profile, &change);
+                    }
+                }
             }
         }
         r
@@ -331,8 +364,13 @@ impl Service {
         let planned = tokio::task::spawn_blocking(move || engine.plan(&e, &s))
             .await
             .map_err(|e| fail(ErrorCode::Internal, e.to_string()))?;
-        if let Ok(p) = &planned {
-            tracing::info!(model = %entry.name, version = entry.version, profile = ?sel.profile, backend = %sel.backend, key = %p.key, "planned");
+        match &planned {
+            Ok(p) => {
+                tracing::info!(model = %entry.name, version = entry.version, profile = ?sel.profile, backend = %sel.backend, key = %p.key, "planned")
+            }
+            Err(e) => {
+                tracing::warn!(model = %entry.name, version = entry.version, profile = ?sel.profile, backend = %sel.backend, error = %e, "cannot plan")
+            }
         }
         planned.map_err(|e| match e.code() {
             ErrorCode::BuildFailed => fail(
@@ -364,9 +402,7 @@ impl Service {
         tokio::spawn(async move {
             loop {
                 if let JobStatus::Done(r) = &*rx.borrow_and_update() {
-                    if let Ok(a) = r {
-                        svc.lock().ready.insert(key, a.clone());
-                    }
+                    svc.finished(key, r);
                     return;
                 }
                 if rx.changed().await.is_err() {
@@ -374,6 +410,90 @@ impl Service {
                 }
             }
         });
+    }
+
+    /// A finished job of `key`: a ready artifact goes into memory; either way watchers hear
+    /// of it (a cancellation is not news: the `changed` that caused it was).
+    fn finished(&self, key: CacheKey, r: &Result<Handout, Failure>) {
+        let mut st = self.lock();
+        match r {
+            Ok(a) => {
+                st.ready.insert(key, a.clone());
+                self.announce(&mut st, key, Change::Ready(key, a.origin));
+            }
+            Err((ErrorCode::Cancelled | ErrorCode::ShuttingDown, _)) => {}
+            Err((_, msg)) => self.announce(&mut st, key, Change::Failed(msg.clone())),
+        }
+    }
+
+    /// Tells watchers what happened to `key`, once per change, for every model whose served
+    /// version has a variant planned to it (identical models share a key).
+    fn announce(&self, st: &mut State, key: CacheKey, change: Change) {
+        for (name, m) in st.models.iter_mut() {
+            let Some(version) = m.repo.served().map(|e| e.version) else {
+                continue;
+            };
+            let hits: Vec<(Selection, String)> = m
+                .plans
+                .iter()
+                .filter_map(|((v, sel), p)| match p {
+                    Ok(p) if *v == version && p.key == key => {
+                        Some((sel.clone(), p.profile.clone()))
+                    }
+                    _ => None,
+                })
+                .collect();
+            for (sel, profile) in hits {
+                self.announce_variant(name, m, version, &sel, &profile, &change);
+            }
+        }
+    }
+
+    /// Publishes `change` of one variant of `m` unless it was the last thing said about it.
+    fn announce_variant(
+        &self,
+        name: &str,
+        m: &mut ModelState,
+        version: u64,
+        sel: &Selection,
+        profile: &str,
+        change: &Change,
+    ) {
+        let variant = VariantId {
+            model: name,
+            version,
+            profile,
+            backend: sel.backend.to_string(),
+        };
+        let mut last = m.announced.get(sel).cloned();
+        if let Some(ev) = change.event(variant, &mut last) {
+            if let Some(l) = last {
+                m.announced.insert(sel.clone(), l);
+            }
+            self.watchers.publish(ev);
+        }
+    }
+
+    /// A watch subscription: the model's status and a receiver of every event after it,
+    /// taken together under the state lock (events are published with it held), so none is
+    /// missed or seen twice.
+    pub fn watch(
+        &self,
+        name: &str,
+    ) -> Result<
+        (
+            ModelStatus,
+            tokio::sync::broadcast::Receiver<Arc<WatchEvent>>,
+        ),
+        Failure,
+    > {
+        self.entry(name, None)?;
+        let st = self.lock();
+        let m = st
+            .models
+            .get(name)
+            .ok_or_else(|| fail(ErrorCode::NotFound, format!("no model `{name}`")))?;
+        Ok((self.model_status(m, &st), self.watchers.subscribe()))
     }
 
     /// A ready artifact from memory or, failing that, from the engine's store.
@@ -398,7 +518,9 @@ impl Service {
         let pc = p.clone();
         match tokio::task::spawn_blocking(move || engine.lookup(&pc)).await {
             Ok(Ok(Some(a))) => {
-                self.lock().ready.insert(p.key, a.clone());
+                let mut st = self.lock();
+                st.ready.insert(p.key, a.clone());
+                self.announce(&mut st, p.key, Change::Ready(p.key, a.origin));
                 Some(a)
             }
             Ok(Err(e)) => {
@@ -457,10 +579,28 @@ impl Service {
 
     /// Acquire: the artifact's metadata and open read-only files (then the artifact's
     /// directory, when the request asks for it and `metadata.dir_fd_index` says so).
+    /// Counted by outcome (hit, miss, error) with its latency.
     pub async fn acquire(
         self: &Arc<Self>,
         req: &AcquireRequest,
     ) -> Result<(ArtifactMeta, Vec<File>), Failure> {
+        let t0 = Instant::now();
+        let r = self.acquire_uncounted(req).await;
+        let (counter, outcome) = match &r {
+            Ok((_, _, true)) => (&self.counters.hits, "hit"),
+            Ok((_, _, false)) => (&self.counters.misses, "miss"),
+            Err(_) => (&self.counters.acquire_errors, "error"),
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        self.acquire_seconds.observe(outcome, t0.elapsed());
+        r.map(|(meta, files, _)| (meta, files))
+    }
+
+    /// [`Service::acquire`]; the flag says whether the artifact was ready (a hit).
+    async fn acquire_uncounted(
+        self: &Arc<Self>,
+        req: &AcquireRequest,
+    ) -> Result<(ArtifactMeta, Vec<File>, bool), Failure> {
         let entry = self.entry(&req.model, req.version)?;
         let backend = wire_backend(req.backend.as_deref())?;
         let sel = self.selection_for(&entry, req.profile.clone(), backend);
@@ -535,12 +675,6 @@ impl Service {
                 }
             }
         };
-        let c = if hit {
-            &self.counters.hits
-        } else {
-            &self.counters.misses
-        };
-        c.fetch_add(1, Ordering::Relaxed);
         let mut meta = artifact.metadata.clone();
         meta.model = entry.name.clone();
         meta.version = entry.version;
@@ -551,7 +685,7 @@ impl Service {
                 files.push(d);
             }
         }
-        Ok((meta, files))
+        Ok((meta, files, hit))
     }
 
     async fn wait_job(
@@ -563,6 +697,7 @@ impl Service {
         let wait = async {
             loop {
                 if let JobStatus::Done(r) = &*rx.borrow_and_update() {
+                    self.finished(planned.key, r);
                     return r.clone();
                 }
                 if rx.changed().await.is_err() {
@@ -570,14 +705,12 @@ impl Service {
                 }
             }
         };
-        let a = tokio::time::timeout(limit, wait).await.map_err(|_| {
+        tokio::time::timeout(limit, wait).await.map_err(|_| {
             fail(
                 ErrorCode::Timeout,
                 format!("not ready within {} ms", limit.as_millis()),
             )
-        })??;
-        self.lock().ready.insert(planned.key, a.clone());
-        Ok(a)
+        })?
     }
 
     fn variant_status(
@@ -813,7 +946,10 @@ impl Service {
                     loop {
                         let st = rx.borrow_and_update().clone();
                         match st {
-                            JobStatus::Done(r) => return r,
+                            JobStatus::Done(r) => {
+                                self.finished(planned.key, &r);
+                                return r;
+                            }
                             JobStatus::Queued => {
                                 let _ = events.send(emit("queued")).await;
                             }
@@ -837,8 +973,7 @@ impl Service {
         };
         res.seconds = t0.elapsed().as_secs_f64();
         match outcome {
-            Ok(a) => {
-                self.lock().ready.insert(planned.key, a);
+            Ok(_) => {
                 res.state = VariantState::Ready;
                 let _ = events.send(emit("ready")).await;
             }
@@ -870,15 +1005,26 @@ impl Service {
         }
         let mut removed = 0;
         for k in keys {
-            self.lock().ready.remove(&k);
+            let was_ready = self.lock().ready.remove(&k).is_some();
             self.queue.forget_failure(&k);
             let engine = self.engine.clone();
             let gone = tokio::task::spawn_blocking(move || engine.evict(&k))
                 .await
                 .map_err(|e| fail(ErrorCode::Internal, e.to_string()))?
                 .map_err(|e| fail(ErrorCode::Internal, e.to_string()))?;
+            if was_ready || gone {
+                // After the store forgot it: a watcher that acquires on this event gets a
+                // fresh build, not the evicted files.
+                self.announce(&mut self.lock(), k, Change::Evicted);
+            }
+            if gone {
+                tracing::info!(key = %k, model = ?model, "evicted by request");
+            }
             removed += gone as u64;
         }
+        self.counters
+            .evictions_requested
+            .fetch_add(removed, Ordering::Relaxed);
         Ok(removed)
     }
 
@@ -898,6 +1044,9 @@ impl Service {
             remote_uploads: remote.remote_uploads,
             remote_rejected: remote.remote_rejected,
             remote_errors: remote.remote_errors,
+            acquire_errors: self.counters.acquire_errors.load(Ordering::Relaxed),
+            evictions: self.engine.evictions(),
+            evictions_requested: self.counters.evictions_requested.load(Ordering::Relaxed),
             hits: self.counters.hits.load(Ordering::Relaxed),
             misses: self.counters.misses.load(Ordering::Relaxed),
             builds: q.builds.load(Ordering::Relaxed),

@@ -27,8 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
-use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
+use object_store::ObjectStore;
 use serde::Serialize;
 
 pub use crate::config::remote::{Mode, RemoteConfig};
@@ -263,41 +262,7 @@ impl RemoteTier {
             (Mode::ReadWrite, Some(p)) => Some(NamedSigningKey::load(p)?),
             _ => None,
         };
-        let timeout = cfg.timeout();
-        let options = ClientOptions::new()
-            .with_timeout(timeout)
-            .with_connect_timeout(Duration::from_millis(cfg.connect_timeout_ms))
-            .with_allow_http(
-                cfg.endpoint
-                    .as_deref()
-                    .is_some_and(|e| e.starts_with("http://")),
-            );
-        let retry = RetryConfig {
-            backoff: BackoffConfig {
-                init_backoff: Duration::from_millis(100),
-                max_backoff: Duration::from_secs(2),
-                base: 2.0,
-            },
-            max_retries: cfg.retries,
-            retry_timeout: timeout.saturating_mul(cfg.retries as u32 + 1),
-        };
-        // from_env: the standard AWS variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
-        // AWS_SESSION_TOKEN, web identity, ECS) and, without them, instance metadata.
-        let mut b = AmazonS3Builder::from_env()
-            .with_bucket_name(&bucket)
-            .with_region(&cfg.region)
-            .with_client_options(options)
-            .with_retry(retry)
-            .with_conditional_put(S3ConditionalPut::ETagMatch);
-        if let Some(e) = &cfg.endpoint {
-            b = b.with_endpoint(e);
-        }
-        if let Some((id, secret)) = creds {
-            b = b.with_access_key_id(id).with_secret_access_key(secret);
-        }
-        let os = b
-            .build()
-            .map_err(|e| RemoteError::Config(format!("remote {}: {e}", cfg.url)))?;
+        let os = s3_store(cfg, &bucket, creds)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("trtcache-remote")
@@ -359,6 +324,66 @@ impl RemoteTier {
     pub fn holder(&self) -> &str {
         &self.inner.holder
     }
+}
+
+/// The S3 client for `[remote]`: the standard AWS credential chain unless `creds` are given,
+/// the configured timeouts and retries, and conditional puts (ETag match) for the leases.
+#[cfg(feature = "fleet")]
+fn s3_store(
+    cfg: &RemoteConfig,
+    bucket: &str,
+    creds: Option<(&str, &str)>,
+) -> Result<object_store::aws::AmazonS3, RemoteError> {
+    use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
+    use object_store::{BackoffConfig, ClientOptions, RetryConfig};
+    let timeout = cfg.timeout();
+    let options = ClientOptions::new()
+        .with_timeout(timeout)
+        .with_connect_timeout(Duration::from_millis(cfg.connect_timeout_ms))
+        .with_allow_http(
+            cfg.endpoint
+                .as_deref()
+                .is_some_and(|e| e.starts_with("http://")),
+        );
+    let retry = RetryConfig {
+        backoff: BackoffConfig {
+            init_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(2),
+            base: 2.0,
+        },
+        max_retries: cfg.retries,
+        retry_timeout: timeout.saturating_mul(cfg.retries as u32 + 1),
+    };
+    // from_env: the standard AWS variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    // AWS_SESSION_TOKEN, web identity, ECS) and, without them, instance metadata.
+    let mut b = AmazonS3Builder::from_env()
+        .with_bucket_name(bucket)
+        .with_region(&cfg.region)
+        .with_client_options(options)
+        .with_retry(retry)
+        .with_conditional_put(S3ConditionalPut::ETagMatch);
+    if let Some(e) = &cfg.endpoint {
+        b = b.with_endpoint(e);
+    }
+    if let Some((id, secret)) = creds {
+        b = b.with_access_key_id(id).with_secret_access_key(secret);
+    }
+    b.build()
+        .map_err(|e| RemoteError::Config(format!("remote {}: {e}", cfg.url)))
+}
+
+/// Built without the `fleet` feature (the fuzz crate, to keep its sanitizer build small): no
+/// S3 client, so a configured `[remote]` is refused at open.
+#[cfg(not(feature = "fleet"))]
+fn s3_store(
+    cfg: &RemoteConfig,
+    _bucket: &str,
+    _creds: Option<(&str, &str)>,
+) -> Result<object_store::memory::InMemory, RemoteError> {
+    Err(RemoteError::Config(format!(
+        "remote {}: this trtcache was built without the `fleet` cargo feature (no S3 client)",
+        cfg.url
+    )))
 }
 
 impl Drop for RemoteTier {

@@ -20,7 +20,7 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn python_client() -> PathBuf {
+pub(crate) fn python_client() -> PathBuf {
     repo().join("clients/python")
 }
 

@@ -281,7 +281,10 @@ fn copied_moved_and_renamed_models_each_become_ready_once_and_serve_inference() 
     let stats = c.stats().unwrap();
     assert_eq!(stats.builds, 3, "each model built exactly once: {stats:?}");
     let prom = c.stats_prometheus().unwrap();
-    assert!(prom.contains("\ntrtcache_builds_total 3\n"), "{prom}");
+    assert!(
+        prom.contains("\ntrtcache_builds_total{outcome=\"ok\"} 3\n"),
+        "{prom}"
+    );
 
     // Rust client: acquire, open an ort session from the descriptors, compare outputs.
     for (name, original, seq) in [

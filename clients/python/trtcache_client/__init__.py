@@ -10,6 +10,9 @@ Wire format (docs/protocol.md): frames of a 4-byte big-endian length and a JSON 
 artifact files arrive as read-only descriptors (SCM_RIGHTS) with the ``artifact`` frame.
 Every error is a :class:`TrtcacheError` with a ``.code``; each code has its own subclass
 (:class:`NotFound`, :class:`BuildFailed`, :class:`Busy`, ...; see ``trtcache_client.errors``).
+Long-running consumers hear about new versions: :meth:`Client.watch` yields a model's
+:class:`WatchEvent` s, :meth:`Client.watch_session` keeps a session of its current artifact
+(``trtcache_client.watch``).
 The typed API is documented in docs/clients.md.
 """
 
@@ -64,6 +67,8 @@ from .errors import (
     error_for,
 )
 
+from .watch import WATCH_REASONS, SessionHandle, Watcher, WatchEvent
+
 if TYPE_CHECKING:  # onnxruntime is optional: only Artifact.session() imports it
     import onnxruntime  # type: ignore[import-not-found, import-untyped, unused-ignore]
 
@@ -77,6 +82,10 @@ __all__ = [
     "DEFAULT_MAX_RESPONSE",
     "MAX_FDS",
     "BACKEND_PROVIDERS",
+    "Watcher",
+    "WatchEvent",
+    "SessionHandle",
+    "WATCH_REASONS",
 ] + _errors.__all__
 
 PROTOCOL_VERSION = 1
@@ -625,6 +634,30 @@ class Client:
     def evict(self, model: Optional[str] = None, key: Optional[str] = None) -> int:
         """Admin: evicts a model's artifacts or one key; returns the number removed."""
         return int(self._expect(self._call({"op": "evict", "model": model, "key": key})[0], "evicted", "removed"))
+
+    def watch(self, model: str) -> Watcher:
+        """Subscribes to ``model`` on a new connection (this client stays free for other
+        requests), with this client's ``timeout`` and ``max_response``: a :class:`Watcher`
+        whose ``.status`` is the model's state now and which yields a :class:`WatchEvent`
+        for every change of its ready artifacts after it. Raises :class:`NotFound` for a
+        model not in the repository, :class:`Busy` at the daemon's ``limits.max_watchers``,
+        :class:`UnknownRequest` from a daemon older than ``watch``."""
+        return Watcher(Client(self.path, timeout=self.timeout, max_response=self.max_response), model)
+
+    def watch_session(
+        self,
+        model: str,
+        profile: Optional[str] = None,
+        backend: Optional[str] = None,
+        timeout: Optional[float] = None,
+        **ort_kwargs: Any,
+    ) -> SessionHandle:
+        """A :class:`SessionHandle` following ``model``: the session of its current artifact
+        (``profile``/``backend`` as for :meth:`acquire`, ``timeout`` each acquire's wait for
+        a build; ``ort_kwargs`` as for :meth:`Artifact.session`), reopened on a background
+        thread and swapped atomically on every change. The first session is opened before
+        this returns (its errors are raised here)."""
+        return SessionHandle(self, model, profile=profile, backend=backend, timeout=timeout, **ort_kwargs)
 
     def shutdown(self) -> None:
         """Admin: stops the daemon."""

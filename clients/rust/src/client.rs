@@ -175,8 +175,20 @@ impl std::os::fd::AsRawFd for Client {
 impl Client {
     /// Connects to the daemon's socket and performs the version handshake.
     pub fn connect(path: impl AsRef<Path>) -> Result<Self, ClientError> {
-        let path = path.as_ref();
+        Self::connect_with(path.as_ref(), None)
+    }
+
+    /// [`Client::connect`] with a timeout on the handshake and every later call (as
+    /// [`Client::set_timeout`]): a daemon that accepts but does not answer is
+    /// [`ClientError::Timeout`] instead of a wait without end (health checks, probes).
+    pub fn connect_timeout(path: impl AsRef<Path>, timeout: Duration) -> Result<Self, ClientError> {
+        Self::connect_with(path.as_ref(), Some(timeout))
+    }
+
+    fn connect_with(path: &Path, timeout: Option<Duration>) -> Result<Self, ClientError> {
         let stream = Self::open(path)?;
+        stream.set_read_timeout(timeout)?;
+        stream.set_write_timeout(timeout)?;
         let mut c = Client {
             stream,
             path: path.to_path_buf(),
@@ -269,6 +281,26 @@ impl Client {
                 ClientError::Frame(e)
             }
         }
+    }
+
+    /// The socket this client connects to.
+    pub fn socket_path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The read/write timeout set with [`Client::set_timeout`].
+    pub fn timeout(&self) -> Option<Duration> {
+        self.stream.read_timeout().ok().flatten()
+    }
+
+    /// The largest response frame accepted ([`Client::set_max_response`]).
+    pub fn max_response(&self) -> u32 {
+        self.max_response
+    }
+
+    /// A second handle on the connection's socket (to shut it down from another thread).
+    pub(crate) fn try_clone_stream(&self) -> std::io::Result<UnixStream> {
+        self.stream.try_clone()
     }
 
     /// The server's name and version from the handshake.
@@ -476,7 +508,7 @@ fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, ClientError> {
 
 /// "`kind` frame: {first 200 bytes of its JSON}", so the message says what came without
 /// pasting a whole model list.
-fn unexpected(r: &Response) -> ClientError {
+pub(crate) fn unexpected(r: &Response) -> ClientError {
     let json = serde_json::to_string(r).unwrap_or_else(|_| format!("{r:?}"));
     let kind = serde_json::from_str::<serde_json::Value>(&json)
         .ok()

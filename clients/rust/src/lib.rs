@@ -15,6 +15,10 @@
 //! acquired descriptors. A `trt` artifact is a TensorRT engine instead:
 //! [`Artifact::engine_file`], [`Artifact::engine_proc_path`] and [`Artifact::engine_meta`]
 //! ([`engine`]).
+//!
+//! Long-running consumers hear about new versions: [`Client::watch`] streams a model's
+//! [`WatchEvent`]s, and [`Follower`] keeps a value (with `ort`, a session:
+//! `Follower::sessions`) built from the model's current artifact, swapped on each change.
 
 #![deny(missing_docs)]
 
@@ -24,14 +28,16 @@ pub mod frame;
 pub mod protocol;
 #[cfg(feature = "ort")]
 mod session;
+mod watch;
 
 pub use client::{Artifact, Client, ClientError, DEFAULT_MAX_RESPONSE};
 pub use protocol::{
     AcquireRequest, ArtifactMeta, BuildRequest, ErrorCode, ModelStatus, Progress, Request,
-    Response, Stats, VariantState, PROTOCOL_VERSION,
+    Response, Stats, VariantState, WatchEvent, WatchReason, PROTOCOL_VERSION,
 };
 #[cfg(feature = "ort")]
-pub use session::SessionError;
+pub use session::{SessionError, SessionFollower};
+pub use watch::{FollowError, Follower, Loaded, WatchCloser, Watcher};
 
 /// The README's example, compiled as a doc test.
 #[doc = include_str!("../README.md")]

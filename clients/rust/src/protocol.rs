@@ -20,7 +20,7 @@ pub const DEFAULT_MAX_FRAME: u32 = 1 << 20;
 
 /// Every request name, so a server can tell an unknown request from a malformed one.
 pub const REQUEST_OPS: &[&str] = &[
-    "hello", "list", "status", "acquire", "build", "evict", "stats", "shutdown",
+    "hello", "list", "status", "acquire", "build", "evict", "stats", "shutdown", "watch",
 ];
 
 /// A request from a client; the first one on a connection must be [`Request::Hello`].
@@ -63,6 +63,13 @@ pub enum Request {
     },
     /// Admin: stop accepting, cancel builds, flush and exit.
     Shutdown,
+    /// Subscribe to a model: answered with [`Response::Watching`], then a
+    /// [`Response::WatchEvent`] each time the model's ready artifact changes, until the
+    /// client closes the connection. The connection takes no other request afterwards.
+    Watch {
+        /// Model name as it appears in the repository.
+        model: String,
+    },
 }
 
 /// What [`Request::Acquire`] asks for. [`Default`] is the wire's default: `wait: true`, the
@@ -197,6 +204,14 @@ pub enum Response {
     },
     /// Answer to `shutdown`.
     ShuttingDown,
+    /// Answer to `watch`: the model's state at the moment the subscription started (every
+    /// change after it arrives as a [`Response::WatchEvent`]).
+    Watching {
+        /// The model's state.
+        model: ModelStatus,
+    },
+    /// A change of a watched model's ready artifact (after [`Response::Watching`]).
+    WatchEvent(WatchEvent),
     /// The request failed; the connection stays usable unless the code says otherwise.
     Error(ErrorBody),
 }
@@ -381,6 +396,79 @@ pub enum Origin {
     Remote,
 }
 
+/// Why a [`WatchEvent`] was sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WatchReason {
+    /// A variant's artifact became ready (built, found in the cache or fetched: see
+    /// [`WatchEvent::origin`]); [`WatchEvent::key`] is the key to acquire.
+    Ready,
+    /// The model's files changed (new content, a new version, a new sidecar): the artifacts
+    /// of its old content are no longer served; a `ready` (or `failed`) event per variant
+    /// follows once the new content is built. Model-wide: no profile, backend or key.
+    Changed,
+    /// The model left the repository. Model-wide. Should it come back, `changed` and
+    /// `ready` events follow on the same subscription.
+    Removed,
+    /// A variant's artifact was evicted from the cache (the admin `evict` request); it is
+    /// built again at the next acquire, then a `ready` event follows.
+    Evicted,
+    /// Building a variant's new content failed; [`WatchEvent::message`] says why.
+    Failed,
+    /// This watcher fell behind and events were dropped (`limits.watch_queue`): ask for
+    /// `status` (or acquire) to learn the current state. Model-wide.
+    Resync,
+}
+
+impl WatchReason {
+    /// The snake_case name used on the wire.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            WatchReason::Ready => "ready",
+            WatchReason::Changed => "changed",
+            WatchReason::Removed => "removed",
+            WatchReason::Evicted => "evicted",
+            WatchReason::Failed => "failed",
+            WatchReason::Resync => "resync",
+        }
+    }
+}
+
+impl std::fmt::Display for WatchReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A change of a watched model's ready artifact. Variant events (`ready`, `evicted`,
+/// `failed`) name the profile and backend; model-wide ones (`changed`, `removed`, `resync`)
+/// leave them out.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WatchEvent {
+    /// Model name.
+    pub model: String,
+    /// What happened.
+    pub reason: WatchReason,
+    /// The version the event is about (the served one); absent for `removed` and `resync`.
+    #[serde(default)]
+    pub version: Option<u64>,
+    /// Shape-profile name of the variant; absent for model-wide events.
+    #[serde(default)]
+    pub profile: Option<String>,
+    /// Backend of the variant; absent for model-wide events.
+    #[serde(default)]
+    pub backend: Option<String>,
+    /// The variant's new ready key (for `ready`); absent when it has none.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Where the ready artifact came from (for `ready`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<Origin>,
+    /// Details for people: why a build failed, how many events a `resync` dropped.
+    #[serde(default)]
+    pub message: Option<String>,
+}
+
 /// Name, element type and shape of one input or output; dynamic dims are names or `-1`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TensorInfo {
@@ -541,115 +629,15 @@ pub struct Stats {
     /// Fleet tier: network or server errors (timeouts, 5xx, an open circuit breaker).
     #[serde(default)]
     pub remote_errors: u64,
-}
-
-impl Stats {
-    /// Prometheus text exposition of these counters.
-    pub fn prometheus(&self) -> String {
-        let mut s = String::new();
-        let mut one = |name: &str, kind: &str, help: &str, v: String| {
-            s.push_str(&format!(
-                "# HELP trtcache_{name} {help}\n# TYPE trtcache_{name} {kind}\ntrtcache_{name} {v}\n"
-            ));
-        };
-        one(
-            "hits_total",
-            "counter",
-            "Acquires served from the cache.",
-            self.hits.to_string(),
-        );
-        one(
-            "misses_total",
-            "counter",
-            "Acquires that waited for a build.",
-            self.misses.to_string(),
-        );
-        one(
-            "builds_total",
-            "counter",
-            "Successful builds.",
-            self.builds.to_string(),
-        );
-        one(
-            "build_failures_total",
-            "counter",
-            "Failed builds.",
-            self.failures.to_string(),
-        );
-        one(
-            "builds_cancelled_total",
-            "counter",
-            "Cancelled builds.",
-            self.cancelled.to_string(),
-        );
-        one(
-            "build_seconds_total",
-            "counter",
-            "Seconds spent building.",
-            format!("{}", self.build_seconds),
-        );
-        one(
-            "queue_depth",
-            "gauge",
-            "Builds waiting for a slot.",
-            self.queue_depth.to_string(),
-        );
-        one(
-            "builds_running",
-            "gauge",
-            "Builds running.",
-            self.building.to_string(),
-        );
-        one("models", "gauge", "Models served.", self.models.to_string());
-        one(
-            "artifacts_in_memory",
-            "gauge",
-            "Ready artifacts held in memory for the current models.",
-            self.artifacts_in_memory.to_string(),
-        );
-        one(
-            "connections",
-            "gauge",
-            "Open connections.",
-            self.connections.to_string(),
-        );
-        one(
-            "uptime_seconds",
-            "gauge",
-            "Seconds since start.",
-            format!("{}", self.uptime_seconds),
-        );
-        for (name, help, v) in [
-            (
-                "remote_hits_total",
-                "Local misses answered from the fleet bucket.",
-                self.remote_hits,
-            ),
-            (
-                "remote_misses_total",
-                "Local misses the fleet bucket could not answer.",
-                self.remote_misses,
-            ),
-            (
-                "remote_uploads_total",
-                "Artifacts uploaded to the fleet bucket.",
-                self.remote_uploads,
-            ),
-            (
-                "remote_rejected_total",
-                "Fleet manifests or blobs refused.",
-                self.remote_rejected,
-            ),
-            (
-                "remote_errors_total",
-                "Fleet tier network or server errors.",
-                self.remote_errors,
-            ),
-        ] {
-            one(name, "counter", help, v.to_string());
-        }
-        s
-    }
+    /// Acquires answered with an error (`not_ready`, `not_found`, a failed build, ...).
+    #[serde(default)]
+    pub acquire_errors: u64,
+    /// Artifacts evicted least-recently-used to keep the cache under its size limit.
+    #[serde(default)]
+    pub evictions: u64,
+    /// Artifacts removed by `evict` requests.
+    #[serde(default)]
+    pub evictions_requested: u64,
 }
 
 /// Checks that a model name is a plain repository name: non-empty, at most 255 bytes, no
@@ -710,6 +698,41 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), ErrorCode::ALL.len());
+    }
+
+    #[test]
+    fn watch_frames_round_trip() {
+        let r: Request = serde_json::from_str(r#"{"op":"watch","model":"m"}"#).unwrap();
+        assert_eq!(r, Request::Watch { model: "m".into() });
+        assert!(REQUEST_OPS.contains(&"watch"));
+        let ev = Response::WatchEvent(WatchEvent {
+            model: "m".into(),
+            reason: WatchReason::Ready,
+            version: Some(2),
+            profile: Some("default".into()),
+            backend: Some("ort-cpu".into()),
+            key: Some("ab".repeat(32)),
+            origin: Some(Origin::Built),
+            message: None,
+        });
+        let j = serde_json::to_string(&ev).unwrap();
+        assert!(
+            j.contains(r#""kind":"watch_event""#) && j.contains(r#""reason":"ready""#),
+            "{j}"
+        );
+        assert_eq!(serde_json::from_str::<Response>(&j).unwrap(), ev);
+        // A model-wide event from a peer that leaves the optional fields out.
+        let bare: Response =
+            serde_json::from_str(r#"{"kind":"watch_event","model":"m","reason":"resync"}"#)
+                .unwrap();
+        let Response::WatchEvent(e) = bare else {
+            unreachable!()
+        };
+        assert_eq!(
+            (e.reason, e.key, e.profile),
+            (WatchReason::Resync, None, None)
+        );
+        assert_eq!(WatchReason::Evicted.to_string(), "evicted");
     }
 
     #[test]

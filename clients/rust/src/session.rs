@@ -15,6 +15,8 @@ use ort::session::builder::SessionBuilder;
 use ort::session::Session;
 
 use crate::client::Artifact;
+use crate::protocol::AcquireRequest;
+use crate::watch::{FollowError, Follower};
 
 /// Why an artifact could not become a session.
 #[derive(Debug)]
@@ -192,5 +194,25 @@ impl Artifact {
         builder
             .commit_from_file(&graph)
             .map_err(|e| SessionError::Ort(e.to_string()))
+    }
+}
+
+/// A session that follows a model's current artifact (see [`Follower`]): `current().value`
+/// is the session (behind a `Mutex`: `Session::run` takes `&mut self`).
+pub type SessionFollower = Follower<std::sync::Mutex<Session>>;
+
+impl Follower<std::sync::Mutex<Session>> {
+    /// Follows `req.model` with ONNX Runtime sessions opened by [`Artifact::session`] on a
+    /// builder from `builder` (called once per session: providers, threads and
+    /// optimisation level are the caller's, as for [`Artifact::session`]).
+    pub fn sessions(
+        socket: impl AsRef<Path>,
+        req: AcquireRequest,
+        mut builder: impl FnMut() -> ort::Result<SessionBuilder> + Send + 'static,
+    ) -> Result<Self, FollowError> {
+        Follower::start(socket, req, move |a: &Artifact| {
+            let mut b = builder().map_err(|e| SessionError::Ort(e.to_string()))?;
+            a.session(&mut b).map(std::sync::Mutex::new)
+        })
     }
 }

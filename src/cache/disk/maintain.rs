@@ -396,6 +396,9 @@ impl SledStore {
                     self.remove(&key)?;
                 }
             }
+            let by_size = rep.evicted.len() - quarantined.len();
+            self.evicted
+                .fetch_add(by_size as u64, std::sync::atomic::Ordering::Relaxed);
             if !quarantined.is_empty() {
                 let q = self.root.join("quarantine");
                 for e in std::fs::read_dir(&q).map_err(io(&q))?.flatten() {

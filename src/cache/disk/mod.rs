@@ -58,6 +58,8 @@ pub struct SledStore {
     records: sled::Tree,
     opts: StoreOptions,
     report: OpenReport,
+    /// Entries evicted least-recently-used to fit the size limit since the store opened.
+    evicted: std::sync::atomic::AtomicU64,
     _lock: DirLock,
 }
 
@@ -160,6 +162,7 @@ impl SledStore {
             records,
             opts,
             report: OpenReport::default(),
+            evicted: Default::default(),
             _lock: lock,
         })
     }
@@ -442,6 +445,13 @@ impl SledStore {
     }
 }
 
+impl SledStore {
+    /// Entries evicted least-recently-used (to fit the size limit) since the store opened.
+    pub fn evictions(&self) -> u64 {
+        self.evicted.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 impl Store for SledStore {
     fn staging_dir(&self) -> Result<tempfile::TempDir, StoreError> {
         let tmp = self.root.join("tmp");
@@ -493,6 +503,17 @@ impl Store for SledStore {
             let rep = self.gc(max, false)?;
             if rep.evicted.contains(&record.key.hex()) {
                 tracing::warn!(key = %record.key, max, "the new artifact alone exceeds the cache size limit");
+            }
+            if !rep.evicted.is_empty() {
+                tracing::info!(
+                    evicted = rep.evicted.len(),
+                    // The first few: a line, not a list of thousands.
+                    keys = %rep.evicted.iter().take(8).cloned().collect::<Vec<_>>().join(","),
+                    bytes_before = rep.bytes_before,
+                    bytes_after = rep.bytes_after,
+                    max,
+                    "evicted least-recently-used artifacts to fit the cache size limit"
+                );
             }
         }
         Ok(record)
@@ -722,10 +743,13 @@ mod tests {
         )
         .unwrap();
         let r0 = s.put(record(0, 1), Some(&a0)).unwrap();
+        assert_eq!(s.evictions(), 0);
         let r1 = s.put(record(1, 2), Some(&a1)).unwrap();
         let keys: Vec<_> = s.list().unwrap().into_iter().map(|r| r.key).collect();
         assert_eq!(keys, vec![r1.key]);
         assert!(s.get(&r0.key).unwrap().is_none());
+        // Counted for the daemon's `trtcache_evictions_total{reason="size"}`.
+        assert_eq!(s.evictions(), 1);
     }
 
     #[test]
