@@ -11,6 +11,8 @@
 #   step 4 build-ort-tensorrt: ...                    the same with ONNX Runtime's TensorRT EP
 #   step 5 trt-native: ...                            the shim: parse, supports, build, run,
 #                                                     compare with ONNX Runtime CPU
+#   step 6 trt-backend: ...                           build --backend trt, inspect --trt,
+#                                                     export --triton-repo, deserialize
 #
 #   OUT=DIR scripts/gpu-check.sh [--bin TRTCACHE] [--models DIR] [--python PY]
 #
@@ -53,6 +55,8 @@ na() { say "step $1 $2: not available: $3"; }
 bad() { say "step $1 $2: FAILED: $3"; failed=1; }
 # Runs a command with a deadline, output to a log file under $OUT.
 run() { local secs="$1" log="$2"; shift 2; timeout --kill-after=5 "$secs" "$@" >"$OUT/$log" 2>&1; }
+# As `run`, stdout alone into $OUT/NAME.json and stderr into $OUT/NAME.log.
+runj() { local secs="$1" name="$2"; shift 2; timeout --kill-after=5 "$secs" "$@" >"$OUT/$name.json" 2>"$OUT/$name.log"; }
 
 # --- step 0: what the image has ------------------------------------------------------------
 {
@@ -285,9 +289,44 @@ EOF
   else
     bad 5 trt-native "$(tail -1 "$OUT/5-trt-native.txt")"
   fi
-  # Once trtcache wires the backend, this is the same through the binary.
-  run 150 5-build-trt.json "$BIN" build --backend trt --cache-dir "$WORK/cache-trt" --json "$MODELS/tiny_encoder_static.onnx" \
-    || say "step 5 trt-native: note: trtcache build --backend trt: $(tail -1 "$OUT/5-build-trt.json")"
+fi
+
+# --- step 6: the trt backend through trtcache -------------------------------------------------
+# Same needs as step 5. build --backend trt (validated against ONNX Runtime CPU), the same
+# build again (a cache hit), inspect --trt (the parser's verdict beside the table's), export
+# --triton-repo, and the plan deserialized by TensorRT's own Python runtime when the image
+# has the `tensorrt` package.
+if [ ${#why[@]} -gt 0 ]; then na 6 trt-backend "$(join "${why[@]}")"
+else
+  export TRTCACHE_TRT_SHIM="$shim"
+  c6="$WORK/cache-trt"; m6="$MODELS/tiny_encoder_static.onnx"
+  if ! runj 300 6-build-trt "$BIN" build --backend trt --cache-dir "$c6" --json "$m6"; then
+    bad 6 trt-backend "trtcache build --backend trt failed ($(tail -1 "$OUT/6-build-trt.log"))"
+  elif ! runj 120 6-build-trt-again "$BIN" build --backend trt --cache-dir "$c6" --json "$m6" \
+      || [ "$(json_get "$OUT/6-build-trt-again.json" 'd["cache_hit"]')" != True ]; then
+    bad 6 trt-backend "the second build was not a cache hit (6-build-trt-again.json)"
+  elif ! runj 120 6-inspect-trt "$BIN" inspect --trt --json "$m6"; then
+    bad 6 trt-backend "inspect --trt failed ($(tail -1 "$OUT/6-inspect-trt.log"))"
+  elif ! run 60 6-export.txt "$BIN" export --triton-repo "$OUT/6-triton" --cache-dir "$c6"; then
+    bad 6 trt-backend "export --triton-repo failed ($(tail -1 "$OUT/6-export.txt"))"
+  else
+    plan="$(json_get "$OUT/6-build-trt.json" 'd["artifact"]["entry"]')"
+    err="$(json_get "$OUT/6-build-trt.json" 'max(o["max_abs"] for o in d["record"]["validation"]["outputs"])')"
+    dis="$(json_get "$OUT/6-inspect-trt.json" 'd["parser"]["disagreements"]')"
+    deser="no tensorrt Python package to deserialize with"
+    if "$PY" -c 'import tensorrt' 2>/dev/null; then
+      if run 120 6-deserialize.txt "$PY" - "$plan" <<'EOF'
+import sys, tensorrt as trt
+engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(open(sys.argv[1], "rb").read())
+if engine is None: raise SystemExit("deserialize_cuda_engine returned None")
+print("deserialized by tensorrt", trt.__version__, "with", engine.num_io_tensors, "I/O tensors")
+EOF
+      then deser="$(tail -1 "$OUT/6-deserialize.txt")"
+      else deser="FAILED to deserialize: $(tail -1 "$OUT/6-deserialize.txt")"; failed=1
+      fi
+    fi
+    ok 6 trt-backend "built and validated (max abs error $err), cache hit, inspect --trt: $dis disagreement(s), exported to 6-triton; $deser"
+  fi
 fi
 
 say "gpu-check: $( [ "$failed" = 0 ] && echo 'no step failed' || echo 'some steps FAILED' ) (results in $OUT)"

@@ -75,6 +75,33 @@ pub struct Config {
     /// The fleet tier (`[remote]`, see docs/fleet.md); absent = off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote: Option<remote::RemoteConfig>,
+    /// TensorRT builder settings of the daemon's `trt` builds (`[trt]`, docs/trt.md).
+    #[serde(default)]
+    pub trt: TrtSettings,
+}
+
+/// The `trt` backend's builder settings for the daemon (`trtcache build` has them as flags:
+/// `--trt-hardware-compat`, `--trt-workspace`, `--trt-opt-level`). All are key parts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrtSettings {
+    /// `none` (the engine runs on the GPU model it was built on), `ampere-plus` or
+    /// `same-compute-capability`.
+    pub hardware_compatibility: String,
+    /// Builder workspace limit in bytes; 0 keeps TensorRT's default (the device's memory).
+    pub workspace_bytes: u64,
+    /// Builder optimization level, 0–5 (also used by `ort-tensorrt`).
+    pub builder_optimization_level: u8,
+}
+
+impl Default for TrtSettings {
+    fn default() -> Self {
+        Self {
+            hardware_compatibility: "none".into(),
+            workspace_bytes: 0,
+            builder_optimization_level: 3,
+        }
+    }
 }
 
 /// Every limit the daemon enforces.
@@ -320,6 +347,7 @@ impl Default for Config {
             log_format: LogFormat::Text,
             metrics_listen: None,
             limits: Limits::default(),
+            trt: TrtSettings::default(),
             remote: None,
         }
     }
@@ -450,6 +478,23 @@ impl Config {
                 key: "remote",
                 message: e.to_string(),
             })?;
+        }
+        if !["none", "ampere-plus", "same-compute-capability"]
+            .contains(&self.trt.hardware_compatibility.as_str())
+        {
+            return Err(ConfigError::Invalid {
+                key: "trt.hardware_compatibility",
+                message: format!(
+                    "`{}`: expected none, ampere-plus or same-compute-capability",
+                    self.trt.hardware_compatibility
+                ),
+            });
+        }
+        if self.trt.builder_optimization_level > 5 {
+            return Err(ConfigError::Invalid {
+                key: "trt.builder_optimization_level",
+                message: "must be 0 to 5".into(),
+            });
         }
         if self.backends.is_empty() {
             return Err(ConfigError::Invalid {

@@ -36,11 +36,19 @@ pub enum Backend {
     OrtCuda,
     /// ONNX Runtime's TensorRT provider: an EP-context model with the engine embedded.
     OrtTensorRt,
+    /// TensorRT itself, through the project's shim (`include/trtcache_trt.h`): a plain
+    /// serialized engine (`engine.plan`) plus its metadata, for consumers that load engines.
+    Trt,
 }
 
 impl Backend {
     /// Every backend, in the order help texts list them.
-    pub const ALL: [Backend; 3] = [Backend::OrtCpu, Backend::OrtCuda, Backend::OrtTensorRt];
+    pub const ALL: [Backend; 4] = [
+        Backend::OrtCpu,
+        Backend::OrtCuda,
+        Backend::OrtTensorRt,
+        Backend::Trt,
+    ];
 
     /// The default backend: the one that runs on every host.
     pub const DEFAULT: Backend = Backend::OrtCpu;
@@ -51,6 +59,7 @@ impl Backend {
             Backend::OrtCpu => "ort-cpu",
             Backend::OrtCuda => "ort-cuda",
             Backend::OrtTensorRt => "ort-tensorrt",
+            Backend::Trt => "trt",
         }
     }
 
@@ -66,16 +75,23 @@ impl Backend {
 
     /// Whether the backend builds with TensorRT (its version goes into the key).
     pub fn uses_tensorrt(self) -> bool {
-        matches!(self, Backend::OrtTensorRt)
+        matches!(self, Backend::OrtTensorRt | Backend::Trt)
+    }
+
+    /// Whether the artifact is an ONNX model an ONNX Runtime session opens (every backend
+    /// but `trt`, whose artifact is a TensorRT engine).
+    pub fn is_onnx(self) -> bool {
+        !matches!(self, Backend::Trt)
     }
 
     /// The execution providers a session on this backend's artifact registers, in ONNX
-    /// Runtime's priority order.
+    /// Runtime's priority order (`trt`: TensorRT alone, which must take every node).
     pub fn providers(self) -> &'static [Provider] {
         match self {
             Backend::OrtCpu => &[Provider::Cpu],
             Backend::OrtCuda => &[Provider::Cuda, Provider::Cpu],
             Backend::OrtTensorRt => &[Provider::TensorRt, Provider::Cuda, Provider::Cpu],
+            Backend::Trt => &[Provider::TensorRt],
         }
     }
 }
@@ -316,7 +332,7 @@ mod tests {
         }
         let e = "ort-gpu".parse::<Backend>().unwrap_err().to_string();
         assert!(
-            e.contains("ort-gpu") && e.contains("ort-cpu, ort-cuda, ort-tensorrt"),
+            e.contains("ort-gpu") && e.contains("ort-cpu, ort-cuda, ort-tensorrt, trt"),
             "{e}"
         );
         assert!(serde_json::from_str::<Backend>("\"ort-gpu\"").is_err());
@@ -324,7 +340,7 @@ mod tests {
 
     #[test]
     fn gpu_backends_register_cpu_last() {
-        for b in Backend::ALL {
+        for b in Backend::ALL.into_iter().filter(|b| b.is_onnx()) {
             assert_eq!(b.providers().last(), Some(&Provider::Cpu));
             assert_eq!(b.is_gpu(), b.providers().iter().any(|p| p.on_device()));
         }

@@ -15,9 +15,11 @@
  *     model's length;
  *   - timing_cache_combine: the union of both caches' lines (each must start with the
  *     header line);
- *   - engine_run: `y` = `x`, plus 0.5 on every element when the plan was built with INT8 (an
- *     engine that must fail validation).
+ *   - engine_run: `y` = `x`, plus 0.5 on every element when the plan was built with INT8, or
+ *     from a model whose bytes contain "trtcache-double-perturb" (e.g. in its doc_string):
+ *     engines that must fail validation.
  */
+#define _GNU_SOURCE /* memmem */
 #include "trtcache_trt.h"
 
 #include <stdio.h>
@@ -51,7 +53,9 @@ static trtcache_trt_status give(const char *data, size_t len, trtcache_trt_bytes
     return TRTCACHE_TRT_OK;
 }
 
-struct trtcache_trt_network { size_t model_len; };
+static const char PERTURB[] = "trtcache-double-perturb";
+
+struct trtcache_trt_network { size_t model_len; int perturb; };
 struct trtcache_trt_engine { int int8; int profiles; };
 struct trtcache_trt_outputs { trtcache_trt_tensor t; void *data; };
 
@@ -73,6 +77,7 @@ trtcache_trt_status trtcache_trt_parse(const uint8_t *model, size_t len, const c
     *out = malloc(sizeof **out);
     if (!*out) return fail(TRTCACHE_TRT_OUT_OF_MEMORY, "malloc");
     (*out)->model_len = len;
+    (*out)->perturb = memmem(model, len, PERTURB, sizeof PERTURB - 1) != NULL;
     return TRTCACHE_TRT_OK;
 }
 
@@ -113,8 +118,8 @@ trtcache_trt_status trtcache_trt_build(trtcache_trt_network *n, const trtcache_t
          memcmp(o->timing_cache, CACHE_HEADER, sizeof CACHE_HEADER - 1) != 0))
         return fail(TRTCACHE_TRT_DESERIALIZE_FAILED, "the timing cache could not be read");
     at = (size_t)snprintf(buf, sizeof buf,
-        "%s{\"precision_flags\":%u,\"workspace_bytes\":%llu,\"opt_level\":%d,\"hwcompat\":%d,\"profiles\":[",
-        PLAN_HEADER, o->precision_flags, (unsigned long long)o->workspace_bytes,
+        "%s{\"precision_flags\":%u,\"perturb\":%d,\"workspace_bytes\":%llu,\"opt_level\":%d,\"hwcompat\":%d,\"profiles\":[",
+        PLAN_HEADER, o->precision_flags, n->perturb, (unsigned long long)o->workspace_bytes,
         o->builder_optimization_level, o->hardware_compatibility_level);
     for (size_t p = 0; p < o->nb_profiles && at < sizeof buf; ++p) {
         at += (size_t)snprintf(buf + at, sizeof buf - at, "%s[", p ? "," : "");
@@ -188,8 +193,9 @@ trtcache_trt_status trtcache_trt_engine_load(const uint8_t *plan, size_t len, tr
     *out = calloc(1, sizeof **out);
     if (!*out) return fail(TRTCACHE_TRT_OUT_OF_MEMORY, "malloc");
     unsigned flags = 0;
-    if (sscanf((const char *)plan + hl, "{\"precision_flags\":%u", &flags) == 1)
-        (*out)->int8 = (flags & TRTCACHE_TRT_PRECISION_INT8) != 0;
+    int perturb = 0;
+    if (sscanf((const char *)plan + hl, "{\"precision_flags\":%u,\"perturb\":%d", &flags, &perturb) == 2)
+        (*out)->int8 = (flags & TRTCACHE_TRT_PRECISION_INT8) != 0 || perturb;
     (*out)->profiles = 1;
     return TRTCACHE_TRT_OK;
 }

@@ -1,7 +1,8 @@
 //! The GPU backends over ONNX Runtime's execution providers: `ort-cuda` (an offline-optimized
 //! model served on the CUDA provider) and `ort-tensorrt` (an EP-context model with the
-//! TensorRT engine embedded, built with engine and timing caches in the build's staging
-//! directory, the shape profile, fp16 and the builder optimization level).
+//! TensorRT engine embedded, built with an engine cache in the build's staging directory, the
+//! timing cache shared per (GPU, TensorRT version) with the `trt` backend (`build::trt`), the
+//! shape profile, fp16 and the builder optimization level).
 //!
 //! Enters: a model file and [`BuildOptions`]. Leaves: the artifact files, or
 //! [`BuildError::ProviderMissing`] naming the provider and how to install it. Providers are
@@ -196,12 +197,14 @@ impl BackendImpl for OrtTensorRt {
         self.check(rt)?;
         let stage = "build engine (ort-tensorrt)";
         // Engine and timing caches live in the staging dir's scratch folder, not in the
-        // artifact: the engine ends up embedded in the context model.
+        // artifact: the engine ends up embedded in the context model. The timing cache is
+        // seeded from, and merged back into, the one shared per (GPU, TensorRT version).
         let caches = out.join(".trt-caches");
         std::fs::create_dir_all(&caches).map_err(|source| BuildError::Io {
             path: caches.clone(),
             source,
         })?;
+        super::trt::seed_ep_timing_cache(opts, &caches);
         let ctx = out.join(CTX_ENTRY);
         let b = Session::builder(&rt.env).map_err(|e| BuildError::ort(stage, model, e))?;
         let eps = vec![
@@ -212,6 +215,7 @@ impl BackendImpl for OrtTensorRt {
             .commit_from_file(model)
             .map_err(|e| BuildError::ort(stage, model, e))?;
         drop(session);
+        super::trt::merge_ep_timing_cache(opts, &caches);
         let _ = std::fs::remove_dir_all(&caches);
         if !ctx.is_file() {
             return Err(BuildError::ort(

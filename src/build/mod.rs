@@ -14,6 +14,7 @@ pub(crate) mod pickle;
 pub(crate) mod pipeline;
 pub mod runtime;
 pub(crate) mod search;
+pub mod trt;
 pub(crate) mod validate;
 pub(crate) mod values;
 pub mod worker;
@@ -71,6 +72,24 @@ pub enum BuildError {
     /// The model's files changed since it was keyed; nothing was stored.
     #[error("{0}")]
     Changed(String),
+    /// The `trt` backend: TensorRT or its shim missing ([`crate::trt::TrtError::Unavailable`],
+    /// the host's problem), or a parse, build or run that failed (the model's).
+    #[error(transparent)]
+    Trt(#[from] crate::trt::TrtError),
+}
+
+impl BuildError {
+    /// Whether the failure is this machine's (a missing library or provider, no worker), not
+    /// the model's: it is not remembered against the model.
+    pub fn is_host_problem(&self) -> bool {
+        match self {
+            BuildError::Runtime(_)
+            | BuildError::ProviderMissing { .. }
+            | BuildError::WorkerUnavailable(_) => true,
+            BuildError::Trt(t) => t.is_host_problem(),
+            _ => false,
+        }
+    }
 }
 
 impl BuildError {
@@ -159,6 +178,19 @@ pub struct BuildOptions {
     pub specialize: bool,
     /// TensorRT builder optimization level, 0–5 (TensorRT's default is 3).
     pub trt_builder_level: u8,
+    /// `trt`: TensorRT's hardware-compatibility level. With a level set, the key records the
+    /// class of GPUs the engine runs on instead of the exact GPU.
+    #[serde(default)]
+    pub trt_hardware_compat: crate::trt::HwCompat,
+    /// `trt`: the builder's workspace memory limit in bytes (`None`: TensorRT's default).
+    #[serde(default)]
+    pub trt_workspace_bytes: Option<u64>,
+    /// `trt` and `ort-tensorrt`: the folder of the shared timing caches, one per (GPU SKU,
+    /// TensorRT version) (`CACHE_DIR/timing`, set by [`Builder::with_timing_caches`]);
+    /// `None` times every build from scratch. Not part of the key: it changes which tactics
+    /// are timed, not what an engine computes, and every engine is validated.
+    #[serde(default)]
+    pub timing_cache_dir: Option<PathBuf>,
     /// GPU ordinal for the GPU backends.
     pub device_id: i32,
     /// Further options a user keys artifacts by (`-o KEY=VALUE`), e.g. a label for a custom
@@ -179,6 +211,9 @@ impl Default for BuildOptions {
             external_min_bytes: DEFAULT_EXTERNAL_MIN_BYTES,
             specialize: true,
             trt_builder_level: 3,
+            trt_hardware_compat: crate::trt::HwCompat::None,
+            trt_workspace_bytes: None,
+            timing_cache_dir: None,
             device_id: crate::config::gpu_ordinal().map_or(0, |o| o as i32),
             extra: BTreeMap::new(),
             threads: 0,
@@ -208,7 +243,34 @@ impl BuildOptions {
         "device_id",
         "trt_builder_optimization_level",
         "trt_ep_context_embed_mode",
+        "trt.precision",
+        "trt.workspace_bytes",
+        "trt.builder_optimization_level",
+        "trt.hardware_compatibility",
     ];
+
+    /// The `trt` backend's TensorRT build options: precision flags from the precision
+    /// (`fp16` turns TensorRT's FP16 flag on), workspace, builder level,
+    /// hardware-compatibility level and the profile (one optimization profile when it names
+    /// any input). The timing cache is filled in by the backend.
+    pub fn engine_options(&self) -> crate::trt::BuildOptions {
+        crate::trt::BuildOptions {
+            precision: crate::trt::Precision {
+                fp16: self.precision == Precision::Fp16,
+                ..Default::default()
+            },
+            workspace_bytes: self.trt_workspace_bytes,
+            builder_optimization_level: Some(self.trt_builder_level),
+            hardware_compatibility: self.trt_hardware_compat,
+            profiles: self
+                .profile
+                .iter()
+                .filter(|p| !p.min.is_empty())
+                .cloned()
+                .collect(),
+            timing_cache: Vec::new(),
+        }
+    }
 
     /// The options that go into the key for `backend`, as canonical strings: the single
     /// source of a key's `options` for `trtcache key`, `trtcache build` and the daemon.
@@ -237,6 +299,10 @@ impl BuildOptions {
                 m.insert("device_id".into(), self.device_id.to_string());
                 m.insert("trt_ep_context_embed_mode".into(), "1".into());
             }
+            Backend::Trt => {
+                m.extend(crate::trt::keys::key_options(&self.engine_options()));
+                m.insert("device_id".into(), self.device_id.to_string());
+            }
         }
         m
     }
@@ -258,6 +324,38 @@ pub trait BackendImpl: Send + Sync {
     ) -> Result<StagedArtifact, BuildError>;
     /// Opens a session on an artifact's graph file the way consumers will.
     fn open(&self, rt: &Runtime, entry: &Path, opts: &BuildOptions) -> Result<Session, BuildError>;
+    /// Checks that an artifact (a fetched one) opens the way consumers will: by default an
+    /// ONNX Runtime session on its entry.
+    fn check_artifact(
+        &self,
+        rt: &Runtime,
+        artifact: &StagedArtifact,
+        opts: &BuildOptions,
+    ) -> Result<(), BuildError> {
+        self.open(rt, &artifact.dir.join(&artifact.entry), opts)
+            .map(drop)
+    }
+    /// Validates a built artifact against `model` (ONNX Runtime CPU on the raw model, see
+    /// [`validate`]): by default through a session [`BackendImpl::open`] makes.
+    fn validate(
+        &self,
+        rt: &Runtime,
+        model: &Path,
+        artifact: &StagedArtifact,
+        opts: &BuildOptions,
+        cfg: &validate::ValidationConfig,
+    ) -> Result<crate::cache::ValidationReport, BuildError> {
+        let mut session = self.open(rt, &artifact.dir.join(&artifact.entry), opts)?;
+        validate::validate(
+            rt,
+            model,
+            &mut session,
+            opts.profile.as_ref(),
+            opts.precision,
+            cfg,
+            opts.threads,
+        )
+    }
 }
 
 /// The implementation of `backend`.
@@ -266,5 +364,6 @@ pub fn backend(backend: Backend) -> Box<dyn BackendImpl> {
         Backend::OrtCpu => Box::new(cpu::OrtCpu),
         Backend::OrtCuda => Box::new(gpu::OrtCuda),
         Backend::OrtTensorRt => Box::new(gpu::OrtTensorRt),
+        Backend::Trt => Box::new(trt::NativeTrt),
     }
 }

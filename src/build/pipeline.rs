@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::validate::{validate, ValidationConfig};
+use super::validate::ValidationConfig;
 use super::worker::{self, WorkerLimits};
 use super::{backend, runtime, BuildError, BuildOptions, StagedArtifact};
 use crate::cache::{now_secs, Lookup, Record, Served, Status, Store, RECORD_FORMAT};
@@ -140,6 +140,8 @@ pub struct Builder {
     read_models: bool,
     /// Build and validate in a bounded worker process (see [`Builder::with_worker`]).
     worker: Option<WorkerLimits>,
+    /// The shared TensorRT timing caches' folder (see [`Builder::with_timing_caches`]).
+    timing_caches: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Builder {
@@ -159,7 +161,16 @@ impl Builder {
             hook: None,
             read_models: false,
             worker: None,
+            timing_caches: None,
         }
+    }
+
+    /// Keeps TensorRT's timing caches in `dir` (normally `CACHE_DIR/timing`), one per (GPU
+    /// SKU, TensorRT version), shared by every `trt` and `ort-tensorrt` build that does not
+    /// name its own ([`BuildOptions::timing_cache_dir`](super::BuildOptions)).
+    pub fn with_timing_caches(mut self, dir: PathBuf) -> Self {
+        self.timing_caches = Some(dir);
+        self
     }
 
     /// Reads model files into memory instead of mapping them when keying: for files in a
@@ -253,17 +264,8 @@ impl Builder {
         let build_ms = started.elapsed().as_millis() as u64;
         watch.check()?;
         progress(worker::VALIDATING);
-        let entry = artifact.dir.join(&artifact.entry);
-        let mut session = backend.open(rt, &entry, &req.options)?;
-        let validation = validate(
-            rt,
-            &req.model,
-            &mut session,
-            req.options.profile.as_ref(),
-            req.options.precision,
-            &req.validation,
-            req.options.threads,
-        )?;
+        let validation =
+            backend.validate(rt, &req.model, &artifact, &req.options, &req.validation)?;
         Ok(worker::Built {
             artifact,
             validation,
@@ -342,6 +344,11 @@ impl Builder {
     ) -> Result<BuildOutcome, BuildError> {
         let rt = runtime::load(self.ort_library.as_deref())?;
         backend(req.backend).check(rt)?;
+        let mut req = req.clone();
+        if req.options.timing_cache_dir.is_none() {
+            req.options.timing_cache_dir = self.timing_caches.clone();
+        }
+        let req = &req;
         let plan = provider_plan(&req.model, req.backend);
         let staging = self.store.staging_dir()?;
         progress(&format!("building with {}", req.backend));
@@ -481,6 +488,10 @@ pub(crate) fn disk_full(staging: &Path, model: &Path, e: BuildError) -> BuildErr
 
 fn provider_plan(model: &Path, backend: Backend) -> Option<(BTreeMap<String, usize>, Vec<String>)> {
     use crate::analysis::{analyse, Options};
+    if !backend.is_onnx() {
+        // A TensorRT engine has no partitions: the parser takes every node or the build fails.
+        return None;
+    }
     let providers = backend.providers().to_vec();
     let m = match Model::load(model) {
         Ok(m) => m,

@@ -92,7 +92,7 @@ pub type Inputs = Vec<(String, DynValue)>;
 /// Input name → concrete shape.
 pub type Shapes = BTreeMap<String, Vec<i64>>;
 /// Output name and value read back.
-type Outs = Vec<(String, Out)>;
+pub(crate) type Outs = Vec<(String, Out)>;
 
 fn bad(path: &Path, what: String) -> BuildError {
     BuildError::Validation(format!("{}: {what}", path.display()))
@@ -457,7 +457,6 @@ pub fn non_finite_warning(e: &OutputError) -> String {
 
 /// Validates `candidate` (a session on the artifact) against `model` run on ORT CPU with
 /// optimizations disabled.
-#[tracing::instrument(skip_all, fields(model = %model.display()))]
 pub fn validate(
     rt: &Runtime,
     model: &Path,
@@ -467,6 +466,24 @@ pub fn validate(
     cfg: &ValidationConfig,
     threads: usize,
 ) -> Result<ValidationReport, BuildError> {
+    validate_with(rt, model, profile, precision, cfg, threads, &mut |inputs| {
+        run(candidate, inputs, model)
+    })
+}
+
+/// [`validate`] with any candidate: `candidate` runs the artifact on the inputs the
+/// reference accepted (found as for every backend) and returns its outputs by name. The
+/// `trt` backend runs its engine through the TensorRT shim here.
+#[tracing::instrument(skip_all, fields(model = %model.display()))]
+pub(crate) fn validate_with(
+    rt: &Runtime,
+    model: &Path,
+    profile: Option<&ShapeProfile>,
+    precision: Precision,
+    cfg: &ValidationConfig,
+    threads: usize,
+    candidate: &mut dyn FnMut(&Inputs) -> Result<Outs, BuildError>,
+) -> Result<ValidationReport, BuildError> {
     let mut reference = super::cpu::open_raw(
         rt,
         model,
@@ -474,7 +491,7 @@ pub fn validate(
         threads,
     )?;
     let (inputs, shapes, want) = reference_inputs(&mut reference, model, profile, cfg)?;
-    let got = run(candidate, &inputs, model)?;
+    let got = candidate(&inputs)?;
     let tol = cfg
         .tolerance
         .unwrap_or_else(|| Tolerance::default_for(precision));

@@ -327,6 +327,49 @@ pub fn elem_code(ty: T) -> i32 {
     }
 }
 
+/// A fixed-width tensor's element type, shape and bytes (native order, C layout).
+pub fn tensor_bytes(v: &DynValue) -> Result<(T, Vec<i64>, Vec<u8>), String> {
+    let ValueType::Tensor { ty, shape, .. } = v.dtype() else {
+        return Err(format!("{} is not a tensor", v.dtype()));
+    };
+    let ty = *ty;
+    let shape = shape.to_vec();
+    let n: usize = shape.iter().map(|&d| d.max(0) as usize).product();
+    let width = ty
+        .byte_size(n)
+        .ok_or_else(|| format!("element type {ty} has no fixed width"))?;
+    let t = v.view();
+    let t = t
+        .downcast::<DynTensorValueType>()
+        .map_err(|e| e.to_string())?;
+    if width == 0 {
+        return Ok((ty, shape, Vec::new()));
+    }
+    let p = t.data_ptr().cast::<u8>();
+    if p.is_null() {
+        return Err("the tensor has no data".into());
+    }
+    // SAFETY: a CPU tensor of `n` elements of `ty` owns `byte_size(n)` bytes.
+    let bytes = unsafe { std::slice::from_raw_parts(p, width) }.to_vec();
+    Ok((ty, shape, bytes))
+}
+
+/// An output read from a fixed-width tensor's bytes (what a TensorRT engine run returns).
+pub fn out_of_bytes(ty: T, shape: Vec<i64>, bytes: &[u8]) -> Result<Out, String> {
+    let data = if let Some(f) = float_of(bytes, ty) {
+        Data::Float(f)
+    } else if let Some(x) = exact_of(bytes, ty) {
+        Data::Exact(x)
+    } else {
+        return Err(format!("element type {ty} is not supported by validation"));
+    };
+    Ok(Out::Tensor {
+        ty: ty_name(ty),
+        shape,
+        data,
+    })
+}
+
 /// Reads a run's output back.
 pub fn read(v: &DynValue) -> Result<Out, String> {
     let e = |e: ort::Error| e.to_string();
@@ -339,37 +382,9 @@ pub fn read(v: &DynValue) -> Result<Out, String> {
                 data: Data::Str(data),
             })
         }
-        ValueType::Tensor { ty, shape, .. } => {
-            let ty = *ty;
-            let shape = shape.to_vec();
-            let n: usize = shape.iter().map(|&d| d.max(0) as usize).product();
-            let width = ty
-                .byte_size(n)
-                .ok_or_else(|| format!("element type {ty} has no fixed width"))?;
-            let t = v.view();
-            let t = t.downcast::<DynTensorValueType>().map_err(e)?;
-            let bytes: &[u8] = if width == 0 {
-                &[]
-            } else {
-                let p = t.data_ptr().cast::<u8>();
-                if p.is_null() {
-                    return Err("output has no data".into());
-                }
-                // SAFETY: a CPU tensor of `n` elements of `ty` owns `byte_size(n)` bytes.
-                unsafe { std::slice::from_raw_parts(p, width) }
-            };
-            let data = if let Some(f) = float_of(bytes, ty) {
-                Data::Float(f)
-            } else if let Some(x) = exact_of(bytes, ty) {
-                Data::Exact(x)
-            } else {
-                return Err(format!("element type {ty} is not supported by validation"));
-            };
-            Ok(Out::Tensor {
-                ty: ty_name(ty),
-                shape,
-                data,
-            })
+        ValueType::Tensor { .. } => {
+            let (ty, shape, bytes) = tensor_bytes(v)?;
+            out_of_bytes(ty, shape, &bytes)
         }
         ValueType::Sequence(_) => {
             let items = v.try_extract_sequence::<DynValueTypeMarker>().map_err(e)?;

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::validate::{validate, ValidationConfig};
+use super::validate::ValidationConfig;
 use super::{backend, runtime, BuildError, BuildOptions, StagedArtifact};
 use crate::cache::ValidationReport;
 pub use crate::config::WorkerLimits;
@@ -353,7 +353,7 @@ pub fn serve_one() -> i32 {
         Ok(b) => Reply::Built(b),
         Err(e) => {
             let kind = match &e {
-                BuildError::Runtime(_) | BuildError::ProviderMissing { .. } => FailKind::Runtime,
+                e if e.is_host_problem() => FailKind::Runtime,
                 BuildError::Store(s) if s.is_full() => FailKind::Full,
                 _ => FailKind::Model,
             };
@@ -384,17 +384,7 @@ pub fn build_and_validate(job: &Job, progress: &dyn Fn(&str)) -> Result<Built, B
         .map_err(|e| super::pipeline::disk_full(&job.out, &job.model, e))?;
     let build_ms = started.elapsed().as_millis() as u64;
     progress(VALIDATING);
-    let entry = artifact.dir.join(&artifact.entry);
-    let mut session = b.open(rt, &entry, &job.options)?;
-    let validation = validate(
-        rt,
-        &job.model,
-        &mut session,
-        job.options.profile.as_ref(),
-        job.options.precision,
-        &job.validation,
-        job.options.threads,
-    )?;
+    let validation = b.validate(rt, &job.model, &artifact, &job.options, &job.validation)?;
     Ok(Built {
         artifact,
         validation,

@@ -51,6 +51,15 @@ pub struct BuildOptionArgs {
     /// TensorRT builder optimization level (0-5).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(0..=5))]
     pub trt_opt_level: u8,
+    /// trt: TensorRT's hardware-compatibility level: none (the engine runs on this GPU
+    /// model only; the key records the exact GPU), ampere-plus (any Ampere or newer GPU) or
+    /// same-compute-capability; with a level, the key records that class of GPUs instead.
+    #[arg(long, default_value = "none", value_parser = parse_hw_compat)]
+    pub trt_hardware_compat: crate::trt::HwCompat,
+    /// trt: the TensorRT builder's workspace memory limit, e.g. 4G (default: TensorRT's,
+    /// the device's memory).
+    #[arg(long, value_name = "SIZE", value_parser = parse_bytes)]
+    pub trt_workspace: Option<u64>,
     /// GPU ordinal the GPU backends build on and key for (also TRTCACHE_DEVICE).
     #[arg(long, env = "TRTCACHE_DEVICE", default_value_t = 0)]
     pub device: i32,
@@ -70,6 +79,8 @@ impl BuildOptionArgs {
             external_min_bytes: self.external_min_size,
             specialize: !self.no_specialize,
             trt_builder_level: self.trt_opt_level,
+            trt_hardware_compat: self.trt_hardware_compat,
+            trt_workspace_bytes: self.trt_workspace,
             device_id: self.device,
             extra: parse_extra(&self.options)?,
             threads,
@@ -113,8 +124,9 @@ pub fn choose_backend(flag: Option<Backend>, plan: &Plan) -> Backend {
 pub struct BuildArgs {
     /// The ONNX model file (external data next to it is part of the model).
     pub model: PathBuf,
-    /// Backend: ort-cpu (offline-optimized model for this CPU), ort-cuda, ort-tensorrt
-    /// (default: the sidecar's first, else ort-cpu).
+    /// Backend: ort-cpu (offline-optimized model for this CPU), ort-cuda, ort-tensorrt, trt
+    /// (a plain TensorRT engine through the shim, docs/trt.md) (default: the sidecar's
+    /// first, else ort-cpu).
     #[arg(long)]
     pub backend: Option<Backend>,
     #[command(flatten)]
@@ -178,6 +190,10 @@ pub fn parse_precision(s: &str) -> Result<Precision, String> {
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
     crate::cache::parse_size(s).ok_or_else(|| format!("`{s}` is not a size (e.g. 256K, 1M, 0)"))
+}
+
+fn parse_hw_compat(s: &str) -> Result<crate::trt::HwCompat, String> {
+    crate::trt::HwCompat::parse(s).map_err(|e| e.to_string())
 }
 
 fn parse_opt_level(s: &str) -> Result<OptLevel, String> {
@@ -275,7 +291,8 @@ pub fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         ..Default::default()
     };
     let mut builder = Builder::new(Arc::new(store), a.ort_library.clone())
-        .with_digest_memo(dir.join(DIGEST_MEMO));
+        .with_digest_memo(dir.join(DIGEST_MEMO))
+        .with_timing_caches(dir.join(crate::trt::timing::TIMING_DIR));
     if !a.in_process {
         builder = builder.with_worker(limits.worker());
     }
@@ -328,7 +345,10 @@ fn render(o: &BuildOutcome, ort: Option<&str>, dir: &std::path::Path, st: Style)
         vec!["model".into(), r.model_path.clone()],
         vec![
             "backend".into(),
-            format!("{} (onnxruntime {})", r.backend, ort.unwrap_or("?")),
+            match r.parts.backend.versions.get("tensorrt") {
+                Some(v) if !r.backend.is_onnx() => format!("{} (TensorRT {v})", r.backend),
+                _ => format!("{} (onnxruntime {})", r.backend, ort.unwrap_or("?")),
+            },
         ],
         vec!["key".into(), o.key.hex()],
         vec!["cache".into(), dir.display().to_string()],

@@ -42,6 +42,11 @@ pub struct InspectArgs {
     /// Write each partition as a standalone ONNX model plus manifest.json into DIR.
     #[arg(long, value_name = "DIR")]
     pub export_subgraphs: Option<PathBuf>,
+    /// Also ask TensorRT's own ONNX parser (`supportsModelV2`, through the TensorRT shim;
+    /// needs TensorRT, docs/trt.md) and show its verdict per node next to the static
+    /// table's, flagging every disagreement.
+    #[arg(long)]
+    pub trt: bool,
 }
 
 #[derive(Serialize)]
@@ -49,6 +54,21 @@ struct Report {
     #[serde(flatten)]
     facts: Facts,
     capability: Capability,
+    /// `--trt`: the parser's verdict beside the table's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parser: Option<ParserReport>,
+}
+
+/// TensorRT's parser on the model, node by node against the static analysis.
+#[derive(Serialize)]
+struct ParserReport {
+    tensorrt_version: String,
+    /// The parser takes the whole model.
+    supported: bool,
+    nodes: Vec<crate::trt::inspect::NodeVerdict>,
+    disagreements: usize,
+    /// The parser's own error records.
+    errors: Vec<serde_json::Value>,
 }
 
 /// Opset bounds: the selected TensorRT table's parser range and ONNX Runtime 1.31.
@@ -88,6 +108,12 @@ pub fn run(a: InspectArgs) -> anyhow::Result<ExitCode> {
         ..Options::default()
     };
     let trt = TrtTable::load(&trt_version).context("--trt-version")?;
+    // The shim first: without TensorRT, --trt fails before any analysis.
+    let shim = if a.trt {
+        Some(crate::build::trt::shim().context("inspect --trt")?)
+    } else {
+        None
+    };
     let model = Model::load(&a.model).map_err(anyhow::Error::new)?;
     // Facts and capability are independent reads of the model: run them side by side.
     let bounds = opset_bounds(&trt);
@@ -112,7 +138,27 @@ pub fn run(a: InspectArgs) -> anyhow::Result<ExitCode> {
         graph,
         facts: tensor_facts,
     } = analysis;
-    let report = Report { facts, capability };
+    let parser = match &shim {
+        Some(shim) => {
+            let verdict = shim
+                .supports(&model.bytes, a.model.parent())
+                .with_context(|| format!("TensorRT's parser on {}", a.model.display()))?;
+            let nodes = crate::trt::inspect::compare(&capability, &verdict);
+            Some(ParserReport {
+                tensorrt_version: shim.version().to_string(),
+                supported: verdict.supported,
+                disagreements: nodes.iter().filter(|n| n.disagree).count(),
+                nodes,
+                errors: verdict.errors,
+            })
+        }
+        None => None,
+    };
+    let report = Report {
+        facts,
+        capability,
+        parser,
+    };
     if a.json {
         use std::io::Write;
         let stdout = std::io::stdout();
@@ -123,11 +169,57 @@ pub fn run(a: InspectArgs) -> anyhow::Result<ExitCode> {
             .context("writing the report")?;
     } else {
         print!("{}", render(&report, Style::stdout()));
+        if let Some(p) = &report.parser {
+            print!("{}", render_parser(p, Style::stdout()));
+        }
     }
     // The process exits right after: skip freeing the model, graph and report piece by piece.
     std::mem::forget((report, graph, tensor_facts));
     std::mem::forget(model);
     Ok(ExitCode::SUCCESS)
+}
+
+/// The `--trt` section: one row per node, disagreements marked.
+fn render_parser(p: &ParserReport, st: Style) -> String {
+    let verdict = |v: Option<bool>| match v {
+        Some(true) => "tensorrt".to_string(),
+        Some(false) => "unsupported".to_string(),
+        None => "not in a subgraph".to_string(),
+    };
+    let mut out = format!(
+        "\n{} TensorRT {} parser: {}; {} of {} nodes disagree with the table\n",
+        st.heading("parser"),
+        p.tensorrt_version,
+        if p.supported {
+            st.good("supports the whole model")
+        } else {
+            st.bad("does not support the whole model")
+        },
+        p.disagreements,
+        p.nodes.len()
+    );
+    let mut rows = vec![["#", "NODE", "OP", "TABLE", "PARSER", ""]
+        .map(|s| st.heading(s))
+        .to_vec()];
+    for n in &p.nodes {
+        rows.push(vec![
+            n.index.to_string(),
+            n.name.clone(),
+            n.op_type.clone(),
+            if n.table { "tensorrt" } else { "other" }.to_string(),
+            verdict(n.parser),
+            if n.disagree {
+                st.bad("DISAGREE")
+            } else {
+                String::new()
+            },
+        ]);
+    }
+    out.push_str(&table("  ", &rows));
+    for e in &p.errors {
+        out.push_str(&format!("  parser error: {e}\n"));
+    }
+    out
 }
 
 fn shape_str(s: &Option<Vec<crate::onnx::facts::Dim>>) -> String {

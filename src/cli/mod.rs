@@ -4,6 +4,7 @@
 mod build;
 mod cache;
 mod capability;
+mod export;
 mod health;
 mod inspect;
 pub(crate) mod key;
@@ -72,6 +73,9 @@ pub enum Command {
     Verify(cache::VerifyArgs),
     /// Print the running daemon's counters: hits, misses, builds, failures, queue, connections.
     Stats(stats::StatsArgs),
+    /// Write a Triton model repository (`--triton-repo DIR`) from the cache's `trt` engines:
+    /// NAME/config.pbtxt (platform tensorrt_plan, cc_model_filenames) and NAME/VERSION/*.plan.
+    Export(export::ExportArgs),
     /// Run the daemon: watch models, build and cache artifacts, serve them on a Unix socket.
     Serve(serve::ServeArgs),
     /// Print the effective configuration (file + flags).
@@ -125,6 +129,7 @@ impl Command {
             Command::Pull(a) => a.build.json,
             Command::Remote(remote::RemoteCommand::Gc(a)) => a.json,
             Command::Health(a) => a.json,
+            Command::Export(a) => a.json,
             Command::Serve(_) | Command::Worker | Command::Completions(_) | Command::Man(_) => {
                 false
             }
@@ -156,6 +161,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Gc(a) => cache::gc(a),
         Command::Verify(a) => cache::verify(a),
         Command::Stats(a) => stats::run(a),
+        Command::Export(a) => export::export(a),
         Command::Serve(a) => serve::serve(
             a,
             cli.log_format,

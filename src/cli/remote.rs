@@ -264,7 +264,8 @@ pub fn pull(a: PullArgs) -> anyhow::Result<ExitCode> {
     backend.check(rt).map_err(anyhow::Error::new)?;
     let (store, dir) = open_store(&b.cache, max_bytes)?;
     let builder = Builder::new(Arc::new(store), b.ort_library.clone())
-        .with_digest_memo(dir.join(DIGEST_MEMO));
+        .with_digest_memo(dir.join(DIGEST_MEMO))
+        .with_timing_caches(dir.join(crate::trt::timing::TIMING_DIR));
     let parts = builder
         .key_parts(&req)
         .with_context(|| format!("keying {}", b.model.display()))?;
@@ -293,21 +294,13 @@ pub fn pull(a: PullArgs) -> anyhow::Result<ExitCode> {
         let tier = a.remote.open()?;
         let revalidate = tier.config().revalidate;
         let check = |art: &crate::cache::StagedArtifact, _m: &crate::remote::Manifest| {
-            let entry = art.dir.join(&art.entry);
-            let mut session = backend
-                .open(rt, &entry, &req.options)
+            backend
+                .check_artifact(rt, art, &req.options)
                 .map_err(|e| format!("it does not open: {e}"))?;
             if revalidate {
-                let v = crate::build::validate::validate(
-                    rt,
-                    &req.model,
-                    &mut session,
-                    req.options.profile.as_ref(),
-                    req.options.precision,
-                    &req.validation,
-                    req.options.threads,
-                )
-                .map_err(|e| format!("re-validation: {e}"))?;
+                let v = backend
+                    .validate(rt, &req.model, art, &req.options, &req.validation)
+                    .map_err(|e| format!("re-validation: {e}"))?;
                 if !v.passed {
                     return Err("re-validation against the model is over tolerance".into());
                 }

@@ -35,6 +35,8 @@ pub struct CachedEngine {
     max_bytes: u64,
     /// [`BuildOptions::external_min_bytes`] for every build (config `external_min_bytes`).
     external_min_bytes: u64,
+    /// The `trt` builder settings of every build (config `[trt]`).
+    trt: crate::config::TrtSettings,
     /// `limits.validation_max_bytes` for every build.
     validation_max_bytes: u64,
     /// The fleet tier (config `[remote]`): consulted before a build, fed after one.
@@ -69,6 +71,7 @@ fn build_err(e: BuildError) -> EngineError {
         | BuildError::ProviderMissing { .. }
         | BuildError::Key(_)
         | BuildError::WorkerUnavailable(_) => EngineError::Runtime(e.into()),
+        BuildError::Trt(ref t) if t.is_host_problem() => EngineError::Runtime(e.into()),
         BuildError::Io { path, source } => EngineError::Io {
             path,
             error: source,
@@ -77,6 +80,7 @@ fn build_err(e: BuildError) -> EngineError {
         BuildError::Ort { .. }
         | BuildError::Model { .. }
         | BuildError::Validation(_)
+        | BuildError::Trt(_)
         | BuildError::Worker(_) => EngineError::Invalid(e.into()),
     }
 }
@@ -94,13 +98,18 @@ fn profile_args(model: &ModelEntry, profile: Option<&str>) -> ProfileArgs {
 impl CachedEngine {
     /// Opens the cache at `cache_dir` (taking its lock: one owner per cache), loads ONNX
     /// Runtime (once per process, from `ort_library` else the documented search), and evicts
-    /// down to `max_bytes` if a smaller limit was configured since the last run.
+    /// down to `max_bytes` if a smaller limit was configured since the last run. `trt` is
+    /// the `trt` builds' builder settings (config `[trt]`).
     pub fn open(
         cache_dir: &Path,
         ort_library: Option<&Path>,
         external_min_bytes: u64,
         limits: &crate::config::Limits,
+        trt: &crate::config::TrtSettings,
     ) -> Result<Self, EngineError> {
+        // Checked by the config's validation; refused here too for library callers.
+        crate::trt::HwCompat::parse(&trt.hardware_compatibility)
+            .map_err(|e| EngineError::Invalid(format!("[trt] {e}").into()))?;
         let max_bytes = limits.cache_size_bytes;
         let worker = limits.worker();
         let store = SledStore::open(
@@ -134,14 +143,16 @@ impl CachedEngine {
             .with_digest_memo(cache_dir.join(crate::cache::DIGEST_MEMO))
             .with_read_models();
         // Every build and validation runs in a bounded worker process, never in the daemon.
-        let snap_builder =
-            Builder::new(store.clone(), ort_library.map(Path::to_path_buf)).with_worker(worker);
+        let snap_builder = Builder::new(store.clone(), ort_library.map(Path::to_path_buf))
+            .with_worker(worker)
+            .with_timing_caches(cache_dir.join(crate::trt::timing::TIMING_DIR));
         Ok(CachedEngine {
             builder,
             snap_builder,
             store,
             max_bytes,
             external_min_bytes,
+            trt: trt.clone(),
             validation_max_bytes: limits.validation_max_bytes,
             remote: None,
         })
@@ -161,10 +172,8 @@ impl CachedEngine {
         let rt = runtime::loaded()?;
         let backend = crate::build::backend(req.backend);
         let check = |a: &crate::cache::StagedArtifact, _: &crate::remote::Manifest| {
-            let entry = a.dir.join(&a.entry);
             backend
-                .open(rt, &entry, &req.options)
-                .map(drop)
+                .check_artifact(rt, a, &req.options)
                 .map_err(|e| e.to_string())
         };
         let model = planned.model.path.display().to_string();
@@ -205,6 +214,11 @@ impl CachedEngine {
             &plan,
             BuildOptions {
                 external_min_bytes: self.external_min_bytes,
+                trt_builder_level: self.trt.builder_optimization_level,
+                trt_hardware_compat: crate::trt::HwCompat::parse(&self.trt.hardware_compatibility)
+                    .unwrap_or_default(),
+                trt_workspace_bytes: (self.trt.workspace_bytes > 0)
+                    .then_some(self.trt.workspace_bytes),
                 ..BuildOptions::default()
             },
         );
@@ -223,7 +237,11 @@ impl CachedEngine {
         let Some(stored) = &record.artifact else {
             return Err(EngineError::Invalid("record has no artifact".into()));
         };
-        let (inputs, outputs) = io_of(&served.entry)?;
+        let (inputs, outputs) = if record.backend.is_onnx() {
+            io_of(&served.entry)?
+        } else {
+            engine_io_of(&served.dir)?
+        };
         let mut files = Vec::new();
         let mut paths = Vec::new();
         let mut stamps = Vec::new();
@@ -350,6 +368,23 @@ fn dim_json(d: &Dim) -> serde_json::Value {
         Dim::Named(n) => serde_json::json!(n),
         Dim::Unknown => serde_json::json!(-1),
     }
+}
+
+/// Inputs and outputs of a `trt` artifact's engine, from its metadata (`engine.json`, whose
+/// digest of the plan is checked): dynamic dimensions are -1.
+fn engine_io_of(dir: &Path) -> Result<(Vec<TensorInfo>, Vec<TensorInfo>), EngineError> {
+    let meta = crate::trt::artifact::read_meta(dir).map_err(|e| EngineError::Invalid(e.into()))?;
+    let info = |t: &crate::trt::TensorInfo| TensorInfo {
+        name: t.name.clone(),
+        dtype: crate::onnx::ElemType::from_code(t.dtype.onnx_code())
+            .name()
+            .into_owned(),
+        shape: t.shape.iter().map(|&d| serde_json::json!(d)).collect(),
+    };
+    Ok((
+        meta.inputs.iter().map(info).collect(),
+        meta.outputs.iter().map(info).collect(),
+    ))
 }
 
 /// Inputs (initializers excluded) and outputs of the artifact's graph.
@@ -614,6 +649,7 @@ pub fn open(cfg: &crate::config::Config) -> Result<CachedEngine, EngineError> {
         cfg.ort_dylib.as_deref(),
         cfg.external_min_bytes,
         &cfg.limits,
+        &cfg.trt,
     )?;
     Ok(match &cfg.remote {
         Some(r) => engine.with_remote(

@@ -261,27 +261,72 @@ pub fn key_parts(
     }
 }
 
-/// The versions of the libraries `backend` builds with: `onnxruntime` (the version of the
-/// runtime that builds, or would build: the loaded one in the build stage, the one the loader
-/// would load for `trtcache key`), `cuda_driver` for GPU backends, `tensorrt` for backends
-/// that build with it (from the library the loader would load, `libs::tensorrt`).
-pub fn backend_id(backend: Backend, onnxruntime: &str) -> BackendId {
+/// The versions of the libraries `backend` builds with: `onnxruntime` for the ONNX Runtime
+/// backends (the version of the runtime that builds, or would build: the loaded one in the
+/// build stage, the one the loader would load for `trtcache key`), `cuda_driver` for GPU
+/// backends, and `tensorrt`:
+/// - `trt`: `getInferLibVersion()` of the TensorRT the shim loaded, and the shim's C API
+///   version; without TensorRT or the shim, [`KeyError::Library`] says what is missing;
+/// - `ort-tensorrt`: `getInferLibVersion()` of the `libnvinfer.so.10` the dynamic loader
+///   opens (`TENSORRT_ROOT/lib` first), the library the TensorRT provider runs with; when it
+///   cannot be opened, the version in the name of the first `libnvinfer.so.X.Y.Z` on the
+///   library path (`libs::tensorrt`), as before, and none when there is none either.
+pub fn backend_id(backend: Backend, onnxruntime: &str) -> Result<BackendId, KeyError> {
     let mut versions = BTreeMap::new();
-    versions.insert("onnxruntime".to_string(), onnxruntime.to_string());
+    if backend.is_onnx() {
+        versions.insert("onnxruntime".to_string(), onnxruntime.to_string());
+    }
     if backend.is_gpu() {
         if let Some(v) = gpu::driver_version() {
             versions.insert("cuda_driver".to_string(), v);
         }
     }
-    if backend.uses_tensorrt() {
-        if let Some(t) = crate::libs::tensorrt() {
-            versions.insert("tensorrt".to_string(), t.version);
+    if backend == Backend::Trt {
+        let trt = crate::trt::Trt::shared(&crate::trt::LoaderConfig::from_env()).map_err(|e| {
+            KeyError::Library {
+                backend,
+                why: e.to_string(),
+            }
+        })?;
+        versions.extend(crate::trt::keys::backend_versions(&trt));
+    } else if backend.uses_tensorrt() {
+        match crate::trt::loader::tensorrt_library_version(&crate::trt::LoaderConfig::from_env()) {
+            Ok(v) => {
+                versions.insert("tensorrt".to_string(), v.to_string());
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "TensorRT not loadable; its version comes from a file name");
+                if let Some(t) = crate::libs::tensorrt() {
+                    versions.insert("tensorrt".to_string(), t.version);
+                }
+            }
         }
     }
-    BackendId {
+    Ok(BackendId {
         name: backend,
         versions,
+    })
+}
+
+/// The SKU the `trt` key records for `gpu` under the options' hardware-compatibility level
+/// (`trt.hardware_compatibility`): the exact GPU without one, the class of GPUs the engine
+/// runs on with one. Other backends record the GPU as it is.
+fn key_sku(
+    backend: Backend,
+    gpu: Sku,
+    options: &BTreeMap<String, String>,
+) -> Result<Sku, KeyError> {
+    if backend != Backend::Trt {
+        return Ok(gpu);
     }
+    let hw = match options.get("trt.hardware_compatibility") {
+        None => crate::trt::HwCompat::None,
+        Some(l) => crate::trt::HwCompat::parse(l).map_err(|e| KeyError::Library {
+            backend,
+            why: e.to_string(),
+        })?,
+    };
+    Ok(crate::trt::keys::key_sku(&gpu, hw))
 }
 
 /// The SKU `backend` builds for, detecting only what it needs: `ort-cpu` reads cpuinfo and
@@ -326,8 +371,12 @@ pub fn key_for(
     onnxruntime: &str,
     digest: &DigestOptions,
 ) -> Result<(KeyParts, DigestReport), KeyError> {
-    let sku = detect_sku(input.backend, input.device)?;
-    let backend = backend_id(input.backend, onnxruntime);
+    let sku = key_sku(
+        input.backend,
+        detect_sku(input.backend, input.device)?,
+        &input.options,
+    )?;
+    let backend = backend_id(input.backend, onnxruntime)?;
     let (d, report) = model_digest_with(model, digest)?;
     Ok((
         key_parts(

@@ -87,6 +87,22 @@ impl Trt {
         loader::open(cfg).map(|o| Trt { inner: Arc::new(o) })
     }
 
+    /// [`Trt::load`] once per process and configuration: later calls with the same
+    /// configuration get the loaded shim (opening TensorRT costs seconds). A failure is not
+    /// remembered, so a shim installed while a daemon runs is found on the next call.
+    pub fn shared(cfg: &LoaderConfig) -> Result<Trt, TrtError> {
+        static SHARED: std::sync::Mutex<Option<(LoaderConfig, Trt)>> = std::sync::Mutex::new(None);
+        let mut g = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((c, t)) = g.as_ref() {
+            if c == cfg {
+                return Ok(t.clone());
+            }
+        }
+        let t = Trt::load(cfg)?;
+        *g = Some((cfg.clone(), t.clone()));
+        Ok(t)
+    }
+
     fn api(&self) -> &ffi::TrtShim {
         &self.inner.api
     }

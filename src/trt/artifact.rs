@@ -48,7 +48,7 @@ pub struct EngineMeta {
 
 /// SHA-256 of a plan, lower-case hex.
 pub fn plan_digest(plan: &[u8]) -> String {
-    crate::key::hex(&Sha256::digest(plan))
+    crate::spec::hex(&Sha256::digest(plan))
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), TrtError> {

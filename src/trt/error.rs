@@ -180,6 +180,15 @@ pub enum TrtError {
 }
 
 impl TrtError {
+    /// Whether this is the host's problem (TensorRT or the shim missing or mismatched), not
+    /// the model's: such a failure is not remembered against the model.
+    pub fn is_host_problem(&self) -> bool {
+        matches!(
+            self,
+            TrtError::Unavailable(_) | TrtError::AbiMismatch { .. }
+        )
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> TrtError {
         let path = path.into();
         move |source| TrtError::Io { path, source }

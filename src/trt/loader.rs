@@ -208,6 +208,9 @@ pub(crate) fn open(cfg: &LoaderConfig) -> Result<Opened, TrtError> {
     })
 }
 
+/// Libraries [`tensorrt_library_version`] opened, kept open for the process's life.
+static KEPT: std::sync::Mutex<Vec<Library>> = std::sync::Mutex::new(Vec::new());
+
 /// The TensorRT version of the library that would be loaded, asked of the library itself
 /// (`getInferLibVersion`, exported by `libnvinfer`), without the shim: what the
 /// `ort-tensorrt` backend's key should record instead of a version read from a file name.
@@ -223,7 +226,12 @@ pub fn tensorrt_library_version(cfg: &LoaderConfig) -> Result<super::TrtVersion,
                         .map(|f| f())
                 };
                 return match v {
-                    Ok(v) => Ok(super::TrtVersion::from_raw(v)),
+                    Ok(v) => {
+                        // Kept open: closing it would unload TensorRT, and the next key
+                        // would pay for loading it again.
+                        KEPT.lock().unwrap_or_else(|p| p.into_inner()).push(lib);
+                        Ok(super::TrtVersion::from_raw(v))
+                    }
                     Err(e) => Err(TrtError::Unavailable(Missing {
                         libraries: vec![(
                             path.display().to_string(),

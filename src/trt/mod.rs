@@ -5,7 +5,9 @@
 //!
 //! Data enters as ONNX bytes (plus the external-data folder) and build options; it leaves as
 //! a serialized engine, its metadata, key contributions for [`crate::key::KeyParts`] and
-//! files on disk. Nothing here links TensorRT: [`Trt::load`] opens `libtrtcache_trt.so` (built
+//! files on disk. The `trt` backend that runs a build and validates it is
+//! `crate::build::trt`; this module imports neither `build` nor `key` (the key stage asks it
+//! for the loaded TensorRT's version). Nothing here links TensorRT: [`Trt::load`] opens `libtrtcache_trt.so` (built
 //! from `shim/trtcache_trt.cpp` on a host with TensorRT) at run time, so one binary runs with
 //! and without TensorRT, and without it [`Trt::load`] says exactly what is missing.
 //!
@@ -17,14 +19,12 @@
 mod api;
 pub mod artifact;
 mod error;
-pub mod flow;
 pub mod inspect;
 pub mod keys;
 pub mod loader;
 pub mod timing;
 pub mod triton;
 mod types;
-pub mod validate;
 
 pub use api::{Engine, Network, Trt};
 pub use error::{Missing, Status, TrtError};

@@ -23,6 +23,9 @@ use super::api::Trt;
 use super::error::TrtError;
 use crate::device::Sku;
 
+/// The timing caches' folder in a cache directory.
+pub const TIMING_DIR: &str = "timing";
+
 /// The timing caches under a cache directory.
 #[derive(Clone, Debug)]
 pub struct TimingCacheStore {
@@ -71,7 +74,14 @@ impl TimingCacheStore {
     /// The store under `cache_dir` (`cache_dir/timing`).
     pub fn new(cache_dir: &Path) -> Self {
         Self {
-            dir: cache_dir.join("timing"),
+            dir: cache_dir.join(TIMING_DIR),
+        }
+    }
+
+    /// The store in `dir` itself (`BuildOptions::timing_cache_dir`).
+    pub fn at(dir: &Path) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
         }
     }
 
@@ -84,7 +94,7 @@ impl TimingCacheStore {
     /// the whole SKU, so two SKUs never share a file even when their names sanitise alike.
     pub fn path_for(&self, sku: &Sku, tensorrt_version: &str) -> PathBuf {
         let canonical = serde_json::to_vec(sku).unwrap_or_default();
-        let h = crate::key::hex(&Sha256::digest(&canonical));
+        let h = crate::spec::hex(&Sha256::digest(&canonical));
         self.dir.join(format!(
             "{}-cc{}-trt{}-{}.timing",
             safe(&sku.name),

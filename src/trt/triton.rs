@@ -2,9 +2,10 @@
 //! artifacts. Per model name: `DIR/NAME/config.pbtxt` (`platform: "tensorrt_plan"`, the I/O
 //! from the engine's metadata, `max_batch_size: 0` since TensorRT 10 engines are explicit-batch)
 //! and `DIR/NAME/VERSION/` with one plan per compute capability (`model.sm90.plan`), listed in
-//! `cc_model_filenames` so Triton picks the one for the GPU it runs on. An engine built with
-//! the `ampere-plus` hardware-compatibility level also becomes `model.plan`, the file Triton
-//! loads on any other GPU.
+//! `cc_model_filenames` so Triton picks the one for the GPU it runs on. One engine also
+//! becomes `model.plan`, the file Triton loads on a GPU whose compute capability is not
+//! listed: the first built with the `ampere-plus` hardware-compatibility level (which runs
+//! on any Ampere or newer GPU), else the first given.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -75,12 +76,12 @@ fn tensors(kind: &str, ts: &[TensorInfo], cfg: &Path) -> Result<String, TrtError
     Ok(out)
 }
 
-/// The `config.pbtxt` for one model: `plans` maps compute capability → file name.
+/// The `config.pbtxt` for one model: `plans` maps compute capability → file name;
+/// `model.plan` is the default for any other GPU.
 pub fn config_pbtxt(
     name: &str,
     meta: &EngineMeta,
     plans: &BTreeMap<String, String>,
-    default_plan: bool,
     cfg_path: &Path,
 ) -> Result<String, TrtError> {
     let mut s = format!(
@@ -91,9 +92,7 @@ pub fn config_pbtxt(
     );
     s.push_str(&tensors("input", &meta.inputs, cfg_path)?);
     s.push_str(&tensors("output", &meta.outputs, cfg_path)?);
-    if default_plan {
-        s.push_str("default_model_filename: \"model.plan\"\n");
-    }
+    s.push_str("default_model_filename: \"model.plan\"\n");
     s.push_str("cc_model_filenames [\n");
     let n = plans.len();
     for (i, (cc, file)) in plans.iter().enumerate() {
@@ -188,7 +187,10 @@ pub fn export_triton_repo(
                 default_plan = true;
             }
         }
-        let text = config_pbtxt(name, first, &plans, default_plan, &cfg_path)?;
+        if !default_plan {
+            place(&artifact::plan_path(arts[0].1), &vdir.join("model.plan"))?;
+        }
+        let text = config_pbtxt(name, first, &plans, &cfg_path)?;
         let tmp = model_dir.join(".config.pbtxt.tmp");
         std::fs::write(&tmp, text).map_err(TrtError::io(&tmp))?;
         std::fs::rename(&tmp, &cfg_path).map_err(TrtError::io(&cfg_path))?;

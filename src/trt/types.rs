@@ -98,6 +98,24 @@ impl DType {
         }
     }
 
+    /// The ONNX `TensorProto.DataType` code of the type (0 for `Other`).
+    pub fn onnx_code(self) -> i32 {
+        match self {
+            DType::Float32 => 1,
+            DType::Uint8 => 2,
+            DType::Int8 => 3,
+            DType::Int32 => 6,
+            DType::Int64 => 7,
+            DType::Bool => 9,
+            DType::Float16 => 10,
+            DType::Bfloat16 => 16,
+            DType::Fp8 => 17,
+            DType::Int4 => 22,
+            DType::Fp4 => 23,
+            DType::Other => 0,
+        }
+    }
+
     /// Bytes per element for the types validation reads; `None` for sub-byte and unknown ones.
     pub fn size(self) -> Option<usize> {
         Some(match self {

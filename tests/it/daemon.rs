@@ -17,6 +17,8 @@ use crate::support;
 pub(crate) struct Daemon {
     pub(crate) child: Option<Child>,
     pub(crate) root: PathBuf,
+    /// Extra environment for `start` (e.g. the TensorRT shim's path).
+    pub(crate) env: Vec<(String, std::ffi::OsString)>,
     _tmp: tempfile::TempDir,
 }
 
@@ -44,6 +46,7 @@ impl Daemon {
         let d = Daemon {
             child: None,
             root,
+            env: Vec::new(),
             _tmp: tmp,
         };
         std::fs::write(
@@ -67,6 +70,7 @@ impl Daemon {
             .arg(self.config())
             .env_remove("NOTIFY_SOCKET")
             .env_remove("LISTEN_FDS")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -164,7 +164,7 @@ fn backend_names_are_spelled_only_in_spec() {
         if p.ends_with("spec.rs") {
             continue;
         }
-        for name in ["\"ort-cpu\"", "\"ort-cuda\"", "\"ort-tensorrt\""] {
+        for name in ["\"ort-cpu\"", "\"ort-cuda\"", "\"ort-tensorrt\"", "\"trt\""] {
             if code.contains(name) {
                 found.push(format!("{} {name}", p.display()));
             }

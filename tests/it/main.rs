@@ -24,4 +24,5 @@ mod reliability_worker;
 mod remote;
 mod support;
 mod trt;
+mod trt_backend;
 mod watch;

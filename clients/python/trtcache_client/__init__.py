@@ -52,6 +52,7 @@ from .errors import (
     FrameTooLarge,
     IdleTimeout,
     Internal,
+    NotAnEngine,
     NotFound,
     NotReady,
     PermissionDenied,
@@ -180,19 +181,42 @@ class Artifact:
         return os.path.join(d, files[0]["name"])
 
     def graph_bytes(self) -> bytes:
-        """The graph file's bytes."""
+        """The graph file's bytes (a ``trt`` artifact's engine)."""
         if not self.fds:
             raise UnexpectedResponse("artifact has no files")
-        fd = self.fds[0]
-        size = os.fstat(fd).st_size
-        chunks, off = [], 0
-        while off < size:
-            b = os.pread(fd, min(size - off, 1 << 24), off)
-            if not b:
-                break
-            chunks.append(b)
-            off += len(b)
-        return b"".join(chunks)
+        return _read_fd(self.fds[0])
+
+    def _engine_fd(self, name: str) -> int:
+        if self.backend != "trt":
+            raise NotAnEngine(
+                "artifact %s of %r was built by %s: an ONNX model, not a TensorRT engine "
+                "(acquire backend=\"trt\" for one, or use session())"
+                % (self.key[:12], self.metadata.get("model", "?"), self.backend)
+            )
+        for meta, fd in zip(self.metadata.get("files", []), self.fds):
+            if meta.get("name") == name:
+                return fd
+        raise UnexpectedResponse("trt artifact has no %s" % name)
+
+    def engine_path(self) -> str:
+        """``/proc/self/fd/N`` of a ``trt`` artifact's serialized engine (``engine.plan``),
+        for tools that take a path (``trtexec --loadEngine=...``). Valid while this artifact
+        is open. Raises :class:`NotAnEngine` for an ``ort-*`` artifact."""
+        return "/proc/self/fd/%d" % self._engine_fd("engine.plan")
+
+    def engine_bytes(self) -> bytes:
+        """A ``trt`` artifact's serialized engine, for
+        ``tensorrt.Runtime(logger).deserialize_cuda_engine(artifact.engine_bytes())``. Raises
+        :class:`NotAnEngine` for an ``ort-*`` artifact."""
+        return _read_fd(self._engine_fd("engine.plan"))
+
+    def engine_meta(self) -> Json:
+        """A ``trt`` artifact's ``engine.json``: TensorRT version, GPU and compute
+        capability, hardware-compatibility level, precision flags, the optimization
+        profiles in engine order, and the I/O tensors (name, dtype, shape with -1 for dynamic
+        dimensions). See docs/trt.md."""
+        meta: Json = json.loads(_read_fd(self._engine_fd("engine.json")))
+        return meta
 
     def session(self, **ort_kwargs: Any) -> "onnxruntime.InferenceSession":
         """An ``onnxruntime.InferenceSession`` over this artifact.
@@ -325,6 +349,19 @@ class Artifact:
 
     def __del__(self) -> None:
         self.close()
+
+
+def _read_fd(fd: int) -> bytes:
+    """Every byte of an open file, read with ``pread`` (the descriptor's offset is left)."""
+    size = os.fstat(fd).st_size
+    chunks, off = [], 0
+    while off < size:
+        b = os.pread(fd, min(size - off, 1 << 24), off)
+        if not b:
+            break
+        chunks.append(b)
+        off += len(b)
+    return b"".join(chunks)
 
 
 def _close_all(fds: Iterable[int]) -> None:

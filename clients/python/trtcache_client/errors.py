@@ -34,6 +34,7 @@ __all__ = [
     "ResponseTooLarge",
     "DescriptorsTruncated",
     "ProviderUnavailable",
+    "NotAnEngine",
     "UnexpectedResponse",
     "BY_CODE",
     "error_for",
@@ -191,6 +192,13 @@ class ProviderUnavailable(_Coded):
     code = "provider_unavailable"
 
 
+class NotAnEngine(_Coded):
+    """A TensorRT-engine accessor (``Artifact.engine_bytes()`` and the like) on an artifact
+    that is not a ``trt`` engine (an ``ort-*`` backend's ONNX model)."""
+
+    code = "not_an_engine"
+
+
 class UnexpectedResponse(_Coded):
     """The daemon's answer does not fit the request (a protocol mismatch)."""
 
@@ -220,6 +228,7 @@ BY_CODE: Dict[str, Type[_Coded]] = {
         ResponseTooLarge,
         DescriptorsTruncated,
         ProviderUnavailable,
+        NotAnEngine,
         UnexpectedResponse,
     )
 }

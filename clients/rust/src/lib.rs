@@ -12,7 +12,9 @@
 //! ```
 //!
 //! With the `ort` feature, [`Artifact::session`] opens an `ort::session::Session` from the
-//! acquired descriptors.
+//! acquired descriptors. A `trt` artifact is a TensorRT engine instead:
+//! [`Artifact::engine_file`], [`Artifact::engine_proc_path`] and [`Artifact::engine_meta`]
+//! ([`engine`]).
 //!
 //! Long-running consumers hear about new versions: [`Client::watch`] streams a model's
 //! [`WatchEvent`]s, and [`Follower`] keeps a value (with `ort`, a session:
@@ -21,6 +23,7 @@
 #![deny(missing_docs)]
 
 mod client;
+pub mod engine;
 pub mod frame;
 pub mod protocol;
 #[cfg(feature = "ort")]
