@@ -18,6 +18,7 @@ pub(crate) mod report;
 pub(crate) mod restrict;
 pub(crate) mod shapes;
 pub mod tables;
+pub(crate) mod types;
 
 pub use report::{Boundary, Capability, NodeReport, Partition};
 pub use tables::{default_trt_version, trt_versions};
@@ -97,6 +98,12 @@ pub struct Analysis<'m> {
     pub capability: Capability,
     pub graph: Graph<'m>,
     pub facts: GraphFacts<'m>,
+    /// Topological node order of `graph`.
+    pub order: Vec<usize>,
+    /// The model's ai.onnx opset.
+    pub opset: i64,
+    /// [`Options::max_body_depth`], for the export's typing of bodies.
+    pub max_body_depth: usize,
 }
 
 /// Runs the capability analysis of `model`.
@@ -111,7 +118,9 @@ pub fn analyse_full<'m>(model: &'m Model, opts: &Options) -> Result<Analysis<'m>
     let table = TrtTable::load(&opts.trt_version)?;
     let cuda = CudaTable::bundled();
     let opset = model.opset("").unwrap_or(0);
-    let g = Graph::new(model.graph());
+    let mut g = Graph::new(model.graph());
+    // As `build` runs them (build::cpu::initializers_as_constants): weights, not inputs.
+    g.initializer_inputs_are_constants = model.proto.ir_version < 4;
     let preds = preds(&g);
     let (order, cyclic) = order_from_preds(&preds);
     if cyclic {
@@ -241,6 +250,9 @@ pub fn analyse_full<'m>(model: &'m Model, opts: &Options) -> Result<Analysis<'m>
         capability,
         graph: g,
         facts,
+        order,
+        opset,
+        max_body_depth: opts.max_body_depth,
     })
 }
 

@@ -111,6 +111,7 @@ pub fn run(a: InspectArgs) -> anyhow::Result<ExitCode> {
         capability,
         graph,
         facts: tensor_facts,
+        ..
     } = analysis;
     let report = Report { facts, capability };
     if a.json {
