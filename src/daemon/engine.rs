@@ -72,6 +72,10 @@ pub struct Planned {
     pub profile: String,
     /// The cache key.
     pub key: CacheKey,
+    /// Fingerprint of what decides whether a build validates without being in the key: the
+    /// golden settings and tolerance, and the identity of the sidecar and golden files. A
+    /// remembered failure holds only while it is unchanged.
+    pub validation: u64,
 }
 
 /// A ready, validated artifact.
