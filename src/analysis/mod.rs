@@ -172,11 +172,14 @@ pub fn analyse_full<'m>(model: &'m Model, opts: &Options) -> Result<Analysis<'m>
                 Provider::Cuda => {
                     // Constant nodes become initializers at load time and need no kernel.
                     if node.op_type == "Constant" && matches!(node.domain.as_str(), "" | "ai.onnx")
-                        || cuda.covers(&node.domain, &node.op_type, opset)
                     {
                         c.push(pi);
-                    } else {
+                    } else if !cuda.covers(&node.domain, &node.op_type, opset) {
                         per[pi].push(cuda_reason(&cuda, &node.domain, &node.op_type, opset));
+                    } else if let Some(why) = cuda_types(&cuda, node, facts) {
+                        per[pi].push(why);
+                    } else {
+                        c.push(pi);
                     }
                 }
                 Provider::Cpu => {
@@ -254,6 +257,22 @@ pub fn analyse_full<'m>(model: &'m Model, opts: &Options) -> Result<Analysis<'m>
         opset,
         max_body_depth: opts.max_body_depth,
     })
+}
+
+/// [`CudaTable::type_reason`] for a node, from the element types the facts know.
+fn cuda_types(
+    cuda: &CudaTable,
+    node: &crate::onnx::proto::NodeProto,
+    facts: &GraphFacts,
+) -> Option<String> {
+    let dtype = |s: &String| facts.get(s).and_then(|t| t.dtype);
+    let first = node.input.first().and_then(dtype);
+    let typed = node
+        .input
+        .iter()
+        .chain(&node.output)
+        .filter_map(|s| Some((s.as_str(), dtype(s)?)));
+    cuda.type_reason(&node.op_type, first, typed)
 }
 
 fn cuda_reason(cuda: &CudaTable, domain: &str, op: &str, opset: i64) -> String {
@@ -464,6 +483,55 @@ mod tests {
         let c = run(&model(g.build(), &[("", 17)]));
         assert_eq!(c.partitions.len(), 1, "every If is taken: one subgraph");
         assert_eq!(c.partitions[0].provider, "tensorrt");
+    }
+
+    /// What skl2onnx and onnxmltools write for a classifier with string labels: the labels
+    /// (a string tensor) copied by Identity nodes, the probabilities through ZipMap. Neither
+    /// TensorRT nor CUDA has string tensors: the Identity stays on the CPU, with both
+    /// providers' reasons; the float Identity is free to go to TensorRT.
+    #[test]
+    fn string_tensors_stay_off_tensorrt_and_cuda() {
+        use crate::onnx::ElemType::String;
+        let mut g = GraphBuilder::new("skl2onnx");
+        g.input("input", Float32, &["N".into(), D::Fixed(4)])
+            .output("label", String, None)
+            .output("probabilities", Float32, None);
+        let t = g.node(
+            "TreeEnsembleClassifier",
+            &["input"],
+            &["label_tensor", "probability_tensor"],
+        );
+        t.domain = "ai.onnx.ml".into();
+        t.attribute.extend([
+            attr::strings("classlabels_strings", &["cat", "dog"]),
+            attr::ints("nodes_nodeids", &[0]),
+        ]);
+        g.node("Identity", &["label_tensor"], &["label"]);
+        g.node("Identity", &["probability_tensor"], &["probabilities"]);
+        let c = run(&model(g.build(), &[("", 15), ("ai.onnx.ml", 1)]));
+        let label = &c.nodes[1];
+        assert_eq!(label.provider, "cpu", "{label:?}");
+        let why = label.reasons.join("\n");
+        assert!(why.contains("TensorRT has no string tensors"), "{why}");
+        assert!(why.contains("CUDA provider has no string kernels"), "{why}");
+        assert_eq!(c.nodes[2].provider, "tensorrt", "{:?}", c.nodes[2]);
+        // The CUDA-only list: the float copy goes to CUDA, the string copy still does not.
+        let o = Options {
+            providers: vec![Provider::Cuda],
+            ..Options::default()
+        };
+        let mut g = GraphBuilder::new("labels");
+        g.input("x", String, &["N".into()])
+            .input("f", Float32, &["N".into()])
+            .output("y", String, None)
+            .output("z", Float32, None);
+        g.node("Identity", &["x"], &["y"]);
+        g.node("Identity", &["f"], &["z"]);
+        let c = analyse(&load(&model(g.build(), &[("", 15)])), &o).unwrap();
+        assert_eq!(
+            (c.nodes[0].provider.as_str(), c.nodes[1].provider.as_str()),
+            ("cpu", "cuda")
+        );
     }
 
     #[test]

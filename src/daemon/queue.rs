@@ -340,8 +340,7 @@ impl Queue {
                     if transient {
                         g.transient.insert(key, f.clone());
                     } else {
-                        g.failed
-                            .insert(key, (job.planned.validation, f.clone()));
+                        g.failed.insert(key, (job.planned.validation, f.clone()));
                     }
                 }
             }
@@ -466,7 +465,10 @@ mod tests {
         tx.send(()).unwrap();
         done(again).await.unwrap_err();
         assert_eq!(engine.started.lock().unwrap().len(), 5);
-        assert!(q.submit(&changed, true).is_err(), "memoised under the new settings");
+        assert!(
+            q.submit(&changed, true).is_err(),
+            "memoised under the new settings"
+        );
         assert_eq!(engine.started.lock().unwrap().len(), 5);
     }
 
