@@ -3,7 +3,7 @@
 through trtcache against a fresh raw ONNX Runtime session, side by side in one run.
 
     benches/first_realworld.py CORPUS [--trtcache target/release/trtcache] [--runs 7]
-        [--core 0] [--only REGEX] [--json OUT.json]
+        [--core 0] [--only REGEX] [--client clients/python] [--json OUT.json]
 
 Serves a copy of every CORPUS/<name>/model.onnx from one `trtcache serve` (defaults: no
 sidecar, backend ort-cpu) on temp folders, warms them, then per model and run starts one
@@ -96,6 +96,8 @@ def main():
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--core", type=int, default=0)
     ap.add_argument("--only")
+    ap.add_argument("--client", default=os.path.join(REPO, "clients", "python"),
+                    help="the Python client's source folder (another checkout's, to compare)")
     ap.add_argument("--json")
     a = ap.parse_args()
     only = re.compile(a.only) if a.only else None
@@ -121,7 +123,7 @@ def main():
                     f"socket = {json.dumps(sock)}\nort_dylib = {json.dumps(dylib)}\n")
         client_dir = os.path.join(tmp, "client")
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                        "--target", client_dir, os.path.join(REPO, "clients", "python")], check=True)
+                        "--target", client_dir, a.client], check=True)
         log = os.path.join(tmp, "serve.log")
         serve = subprocess.Popen([a.trtcache, "serve", "--config", config],
                                  stdout=subprocess.DEVNULL, stderr=open(log, "w"))
