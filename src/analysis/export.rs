@@ -15,7 +15,7 @@ use bytes::Bytes;
 use prost::Message;
 use serde::Serialize;
 
-use super::facts::GraphFacts;
+use super::facts::{GraphFacts, TensorFacts};
 use super::types::{self, Types};
 use super::Analysis;
 use crate::onnx::load::external_ref;
@@ -78,7 +78,8 @@ fn value_info(
     if let Some(d) = declared.filter(|d| d.r#type.as_ref().is_some_and(types::complete)) {
         return Some(d.clone());
     }
-    let r#type = match facts.get(name).and_then(|t| Some((t.dtype?, t))) {
+    let known = |t: &TensorFacts| t.dtype.filter(|d| d.code() != 0);
+    let r#type = match facts.get(name).and_then(|t| Some((known(t)?, t))) {
         Some((dt, t)) => types::tensor(dt, t.shape.as_deref()),
         None => found.get(name)?.clone(),
     };

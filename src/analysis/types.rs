@@ -120,7 +120,7 @@ fn type_of(name: &str, g: &Graph<'_>, f: &GraphFacts, found: &Types<'_>) -> Opti
         }
     }
     if let Some(t) = f.get(name) {
-        if let Some(dt) = t.dtype {
+        if let Some(dt) = t.dtype.filter(|d| d.code() != 0) {
             return Some(tensor(dt, t.shape.as_deref()));
         }
     }

@@ -99,35 +99,26 @@ fn validation_fingerprint(model: &ModelEntry, plan: &Plan) -> u64 {
 }
 
 /// An error of a build from the staged copy (`CACHE/tmp/build-…/NAME.onnx`) as it would read
-/// for the repository's file: the copy's paths become the model's.
+/// for the repository's file: paths inside the staging folder become the model folder's.
+/// Storage errors keep their paths: they are about the cache's own file system.
 fn name_the_original(e: EngineError, staged: &Path, model: &Path) -> EngineError {
     let folder = model.parent().unwrap_or(Path::new("."));
-    let fix = |s: String| -> String {
-        let copy = model
-            .file_name()
-            .map(|n| staged.join(n))
-            .unwrap_or_else(|| staged.to_path_buf());
-        s.replace(&copy.display().to_string(), &model.display().to_string())
-            .replace(&staged.display().to_string(), &folder.display().to_string())
-    };
-    let cause = |c: Cause| -> Cause { fix(format!("{c}")).into() };
+    let inside = format!("{}/", staged.display());
+    let outside = format!("{}/", folder.display());
+    let cause = |c: Cause| -> Cause { format!("{c}").replace(&inside, &outside).into() };
     match e {
         EngineError::NotFound(c) => EngineError::NotFound(cause(c)),
         EngineError::Invalid(c) => EngineError::Invalid(cause(c)),
         EngineError::Changed(c) => EngineError::Changed(cause(c)),
         EngineError::Runtime(c) => EngineError::Runtime(cause(c)),
-        EngineError::Storage(c) => EngineError::Storage(cause(c)),
         EngineError::Io { path, error } => EngineError::Io {
             path: match path.strip_prefix(staged) {
-                Ok(rest) if rest == Path::new(model.file_name().unwrap_or_default()) => {
-                    model.to_path_buf()
-                }
-                Ok(rest) => folder.join(rest),
-                Err(_) => path,
+                Ok(rest) if !rest.as_os_str().is_empty() => folder.join(rest),
+                _ => path,
             },
             error,
         },
-        EngineError::Cancelled => EngineError::Cancelled,
+        e @ (EngineError::Storage(_) | EngineError::Cancelled) => e,
     }
 }
 
