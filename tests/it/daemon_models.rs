@@ -1,7 +1,8 @@
 //! The daemon with models users bring (issue 14): a model that failed is built again when a
 //! sidecar that only adds golden inputs appears next to it (golden settings are not part of
 //! the key, so the failure memo follows them separately), and failure reasons name the
-//! repository's file, not the private copy the daemon builds from.
+//! repository's file, not the private copy the daemon builds from, and keep their end (what
+//! to add) when they are cut to the daemon's bound.
 
 use std::time::{Duration, Instant};
 
@@ -62,6 +63,10 @@ fn a_failed_model_is_retried_when_golden_inputs_appear_and_its_reason_names_the_
         "the reason names the daemon's private copy: {reason}"
     );
     let sidecar = d.models().join("seven.trtcache.toml");
+    assert!(
+        reason.contains("in seven.trtcache.toml") && reason.contains("--golden"),
+        "a long reason keeps its end, which says what to add: {reason}"
+    );
     // A sidecar that changes nothing in the key, only the validation inputs.
     support::run_python(
         "import sys, numpy as np; np.savez(sys.argv[1], x=np.arange(7, dtype=np.float32))",
