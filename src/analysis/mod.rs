@@ -259,19 +259,31 @@ pub fn analyse_full<'m>(model: &'m Model, opts: &Options) -> Result<Analysis<'m>
     })
 }
 
-/// [`CudaTable::type_reason`] for a node, from the element types the facts know.
+/// [`CudaTable::type_reason`] for a node, from the element types the facts know. Only the
+/// inputs are looked at (one lookup each: this runs for every node): a kernel that writes a
+/// string tensor reads one too, except Cast to string, whose `to` says so.
 fn cuda_types(
     cuda: &CudaTable,
     node: &crate::onnx::proto::NodeProto,
     facts: &GraphFacts,
 ) -> Option<String> {
-    let dtype = |s: &String| facts.get(s).and_then(|t| t.dtype);
-    let first = node.input.first().and_then(dtype);
-    let typed = node
+    if node.op_type == "Cast" {
+        let to = crate::onnx::attr::int(node, "to");
+        if to == Some(i64::from(crate::onnx::ElemType::String.code())) {
+            return Some(
+                "ONNX Runtime's CUDA provider has no string kernels (Cast to string)".into(),
+            );
+        }
+    }
+    let mut typed = node
         .input
         .iter()
-        .chain(&node.output)
-        .filter_map(|s| Some((s.as_str(), dtype(s)?)));
+        .filter_map(|s| Some((s.as_str(), facts.get(s)?.dtype?)))
+        .peekable();
+    let first = match (node.input.first(), typed.peek()) {
+        (Some(i), Some((name, t))) if i == name => Some(*t),
+        _ => None,
+    };
     cuda.type_reason(&node.op_type, first, typed)
 }
 
@@ -527,11 +539,12 @@ mod tests {
             .output("z", Float32, None);
         g.node("Identity", &["x"], &["y"]);
         g.node("Identity", &["f"], &["z"]);
+        g.node("Cast", &["f"], &["s"])
+            .attribute
+            .push(attr::int("to", String.code().into()));
         let c = analyse(&load(&model(g.build(), &[("", 15)])), &o).unwrap();
-        assert_eq!(
-            (c.nodes[0].provider.as_str(), c.nodes[1].provider.as_str()),
-            ("cpu", "cuda")
-        );
+        let placed: Vec<&str> = c.nodes.iter().map(|n| n.provider.as_str()).collect();
+        assert_eq!(placed, ["cpu", "cuda", "cpu"], "{:?}", c.nodes);
     }
 
     #[test]
