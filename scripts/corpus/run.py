@@ -3,7 +3,7 @@
 summary by failure class.
 
     scripts/corpus/run.py CORPUS [--trtcache target/release/trtcache] [--only REGEX]
-        [--defaults] [--no-export] [--json OUT.json] [--cache-dir DIR] [--jobs N]
+        [--defaults] [--no-export | --export-only] [--json OUT.json] [--cache-dir DIR]
 
 Per test (a folder with model.onnx, feed.pkl, expected.pkl, optionally golden.npz):
   1. reference: ONNX Runtime CPU, optimizations off, runs the model on the feed and matches
@@ -15,7 +15,9 @@ Per test (a folder with model.onnx, feed.pkl, expected.pkl, optionally golden.np
   3. the artifact, opened as the clients open it (optimizations off), reproduces
      expected.pkl on the feed;
   4. `trtcache inspect --export-subgraphs`: the partitions, run one after another in the
-     manifest's order, reproduce expected.pkl.
+     manifest's order, reproduce expected.pkl, and every partition output's declared shape
+     (the analysis's inference) matches the shape ONNX Runtime produced (`shape-mismatch`
+     otherwise). --export-only runs only this step after the reference.
 Floats compare with |a - e| <= atol + rtol |e| (default atol 1e-4, rtol 1e-3, trtcache's
 fp32 tolerance); integers, bools and strings exactly; maps key by key; sequences item by
 item. Exit status 0 when every test ORT runs passes every step.
@@ -128,17 +130,56 @@ def first_line(s, n=400):
     return (lines[0] if lines else "")[:n]
 
 
-def run_partitions(man_dir, feed, out_names):
+def declared_shapes(path, outputs_only=True):
+    """Value name -> declared dims (int, str or None; a negative dim_value is dynamic, as in
+    ORT) as the file says: not ORT's session view, which merges in ORT's own inference."""
+    import onnx
+
+    m = onnx.load(path, load_external_data=False)
+    out = {}
+    g = m.graph
+    for o in list(g.output) + ([] if outputs_only else list(g.value_info) + list(g.input)):
+        t = o.type
+        if t.WhichOneof("value") != "tensor_type" or not t.tensor_type.HasField("shape"):
+            continue
+        out[o.name] = [
+            d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or None)
+            for d in t.tensor_type.shape.dim
+        ]
+    return out
+
+
+def shape_errors(path, outputs, values, original):
+    """Declared (inferred) output shapes of a partition that the values ORT produced
+    contradict: a different rank or a different fixed dimension. A declaration copied from
+    the original model (`original`: its declared shapes) is the model's own, not an
+    inference, and is left out (ORT does not enforce declared output shapes)."""
+    bad = []
+    declared = declared_shapes(path)
+    for o, v in zip(outputs, values):
+        want = declared.get(o.name)
+        if want is None or not isinstance(v, np.ndarray) or original.get(o.name) == want:
+            continue
+        if len(want) != v.ndim or any(isinstance(w, int) and w != g for w, g in zip(want, v.shape)):
+            bad.append(f"{os.path.basename(path)}: `{o.name}` declared {want}, ran {list(v.shape)}")
+    return bad
+
+
+def run_partitions(man_dir, feed, out_names, model):
     man = json.load(open(os.path.join(man_dir, "manifest.json")))
+    original = declared_shapes(model, outputs_only=False)
     env = dict(feed)
     parts = {p["id"]: p for p in man["partitions"]}
+    bad_shapes = []
     for pid in man["order"]:
         p = parts[pid]
-        s = session(os.path.join(man_dir, p["file"]))
+        path = os.path.join(man_dir, p["file"])
+        s = session(path)
         res = s.run(None, feed_for(s, env))
+        bad_shapes += shape_errors(path, s.get_outputs(), res, original)
         for o, v in zip(s.get_outputs(), res):
             env[o.name] = v
-    return [env[n] for n in out_names]
+    return [env[n] for n in out_names], bad_shapes
 
 
 def one(t, a, cache):
@@ -157,6 +198,8 @@ def one(t, a, cache):
         res.update(cls="ort-cannot", why=f"ORT's own outputs differ from expected: {r}")
         return res
     out_names = [o.name for o in ref.get_outputs()]
+    if a.export_only:
+        return export_step(res, model, feed, expected, out_names, a)
     cmd = [a.trtcache, "build", "--backend", "ort-cpu", "--json", "--no-sidecar", "--cache-dir", cache, "--threads", "1"]
     golden = os.path.join(t, "golden.npz")
     if not a.defaults and os.path.exists(golden):
@@ -196,19 +239,26 @@ def one(t, a, cache):
     if a.no_export:
         res["cls"] = "pass"
         return res
+    return export_step(res, model, feed, expected, out_names, a)
+
+
+def export_step(res, model, feed, expected, out_names, a):
     with tempfile.TemporaryDirectory() as ex:
         p = subprocess.run([a.trtcache, "inspect", "--export-subgraphs", ex, model], capture_output=True, text=True, timeout=a.timeout, env=ENV)
         if p.returncode != 0:
             res.update(cls="export-error", why=first_line(p.stderr))
             return res
         try:
-            got = run_partitions(ex, feed, out_names)
+            got, bad_shapes = run_partitions(ex, feed, out_names, model)
         except Exception as e:
             res.update(cls="partition-error", why=first_line(str(e)))
             return res
         r = compare_all(got, expected, a.atol, a.rtol)
         if r:
             res.update(cls="partition-mismatch", why=r)
+            return res
+        if bad_shapes:
+            res.update(cls="shape-mismatch", why="; ".join(bad_shapes)[:400])
             return res
     res["cls"] = "pass"
     return res
@@ -221,6 +271,7 @@ def main():
     ap.add_argument("--only")
     ap.add_argument("--defaults", action="store_true", help="validate on the default inputs, not golden.npz")
     ap.add_argument("--no-export", action="store_true")
+    ap.add_argument("--export-only", action="store_true", help="skip build and artifact: only the exported partitions")
     ap.add_argument("--json", help="write every result here")
     ap.add_argument("--cache-dir")
     ap.add_argument("--atol", type=float, default=1e-4)
@@ -254,7 +305,8 @@ def main():
         built = ran - by["build-error"] - by["validation-failed"] - by["timeout"]
         print(f"build validates: {built}/{ran} = {100 * built / ran:.2f}%")
         print(f"artifact mismatches: {by['artifact-mismatch'] + by['artifact-error'] + by['artifact-inputs']}; "
-              f"partition mismatches: {by['partition-mismatch'] + by['partition-error'] + by['export-error']}")
+              f"partition mismatches: {by['partition-mismatch'] + by['partition-error'] + by['export-error']}; "
+              f"wrongly inferred output shapes: {by['shape-mismatch']}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -15,14 +15,11 @@ use bytes::Bytes;
 use prost::Message;
 use serde::Serialize;
 
-use super::facts::{GraphFacts, SymDim};
+use super::facts::{GraphFacts, TensorFacts};
+use super::types::{self, Types};
 use super::Analysis;
 use crate::onnx::load::external_ref;
-use crate::onnx::proto::{
-    tensor_shape_proto::{dimension, Dimension},
-    type_proto, DataLocation, GraphProto, ModelProto, TensorProto, TensorShapeProto, TypeProto,
-    ValueInfoProto,
-};
+use crate::onnx::proto::{DataLocation, GraphProto, ModelProto, TensorProto, ValueInfoProto};
 use crate::onnx::Model;
 
 /// Why a partition could not be exported.
@@ -34,7 +31,7 @@ pub enum ExportError {
         #[source]
         source: std::io::Error,
     },
-    #[error("partition {partition}: tensor `{tensor}` has no known element type; run ONNX shape inference on the model first")]
+    #[error("partition {partition}: value `{tensor}` has no known type (neither declared in the model nor inferred by trtcache); declare it in the graph's value_info")]
     UntypedTensor { partition: usize, tensor: String },
     #[error("initializer `{tensor}`: external data {why}")]
     ExternalData { tensor: String, why: String },
@@ -69,40 +66,26 @@ pub struct Manifest {
     pub partitions: Vec<ManifestPart>,
 }
 
+/// The typed `ValueInfoProto` of `name`: its declaration when complete, else the facts'
+/// tensor type, else the type [`super::types`] found (sequences, maps, optionals, body
+/// outputs).
 fn value_info(
     name: &str,
     facts: &GraphFacts,
     declared: Option<&ValueInfoProto>,
+    found: &Types<'_>,
 ) -> Option<ValueInfoProto> {
-    if let Some(d) =
-        declared.filter(|d| crate::onnx::facts::elem_type_of(d).is_some_and(|t| t.code() != 0))
-    {
+    if let Some(d) = declared.filter(|d| d.r#type.as_ref().is_some_and(types::complete)) {
         return Some(d.clone());
     }
-    let t = facts.get(name)?;
-    let dt = t.dtype?;
-    let shape = t.shape.as_ref().map(|s| TensorShapeProto {
-        dim: s
-            .iter()
-            .map(|d| Dimension {
-                value: match d {
-                    SymDim::Known(v) => Some(dimension::Value::DimValue(*v)),
-                    SymDim::Sym(p) => Some(dimension::Value::DimParam(p.to_string())),
-                    SymDim::Unknown => None,
-                },
-                denotation: String::new(),
-            })
-            .collect(),
-    });
+    let known = |t: &TensorFacts| t.dtype.filter(|d| d.code() != 0);
+    let r#type = match facts.get(name).and_then(|t| Some((known(t)?, t))) {
+        Some((dt, t)) => types::tensor(dt, t.shape.as_deref()),
+        None => found.get(name)?.clone(),
+    };
     Some(ValueInfoProto {
         name: name.to_string(),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: dt.code(),
-                shape,
-            })),
-            denotation: String::new(),
-        }),
+        r#type: Some(r#type),
         ..Default::default()
     })
 }
@@ -152,6 +135,7 @@ pub fn export_subgraphs(
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let g = &a.graph;
     let cap = &a.capability;
+    let found = types::infer_types(g, &a.facts, &a.order, a.opset, a.max_body_depth);
     let mut producer_part = std::collections::HashMap::new();
     for p in &cap.partitions {
         for o in &p.outputs {
@@ -170,8 +154,10 @@ pub fn export_subgraphs(
             let node = g.nodes[v];
             graph.node.push(node.clone());
             for r in super::partition::reads(g, v) {
+                // Initializers a caller may override (also graph inputs, IR >= 4) travel
+                // too: the partition input they stay keeps them optional, as in the model.
                 if let Some(t) = g.initializers.get(r) {
-                    if a.facts.get(r).is_some_and(|t| t.initializer) && inits_seen.insert(r) {
+                    if inits_seen.insert(r) {
                         graph.initializer.push(inline(t, &model.dir)?);
                     }
                 }
@@ -184,7 +170,7 @@ pub fn export_subgraphs(
             );
         }
         let typed = |name: &str| {
-            value_info(name, &a.facts, g.value_info.get(name).copied()).ok_or_else(|| {
+            value_info(name, &a.facts, g.value_info.get(name).copied(), &found).ok_or_else(|| {
                 ExportError::UntypedTensor {
                     partition: p.id,
                     tensor: name.to_string(),
@@ -209,12 +195,13 @@ pub fn export_subgraphs(
             .collect();
         inner.sort_unstable();
         for t in inner {
-            if let Some(vi) = value_info(t, &a.facts, g.value_info.get(t).copied()) {
+            if let Some(vi) = value_info(t, &a.facts, g.value_info.get(t).copied(), &found) {
                 graph.value_info.push(vi);
             }
         }
         let m = ModelProto {
-            ir_version: model.proto.ir_version,
+            // IR 4 is the first where an initializer need not be a graph input.
+            ir_version: model.proto.ir_version.max(4),
             opset_import: model.proto.opset_import.clone(),
             producer_name: "trtcache".into(),
             producer_version: env!("CARGO_PKG_VERSION").into(),

@@ -18,6 +18,7 @@ pub(crate) mod report;
 pub(crate) mod restrict;
 pub(crate) mod shapes;
 pub mod tables;
+pub(crate) mod types;
 
 pub use report::{Boundary, Capability, NodeReport, Partition};
 pub use tables::{default_trt_version, trt_versions};
@@ -97,6 +98,12 @@ pub struct Analysis<'m> {
     pub capability: Capability,
     pub graph: Graph<'m>,
     pub facts: GraphFacts<'m>,
+    /// Topological node order of `graph`.
+    pub order: Vec<usize>,
+    /// The model's ai.onnx opset.
+    pub opset: i64,
+    /// [`Options::max_body_depth`], for the export's typing of bodies.
+    pub max_body_depth: usize,
 }
 
 /// Runs the capability analysis of `model`.
@@ -111,7 +118,9 @@ pub fn analyse_full<'m>(model: &'m Model, opts: &Options) -> Result<Analysis<'m>
     let table = TrtTable::load(&opts.trt_version)?;
     let cuda = CudaTable::bundled();
     let opset = model.opset("").unwrap_or(0);
-    let g = Graph::new(model.graph());
+    let mut g = Graph::new(model.graph());
+    // As `build` runs them (build::cpu::initializers_as_constants): weights, not inputs.
+    g.initializer_inputs_are_constants = model.proto.ir_version < 4;
     let preds = preds(&g);
     let (order, cyclic) = order_from_preds(&preds);
     if cyclic {
@@ -163,11 +172,14 @@ pub fn analyse_full<'m>(model: &'m Model, opts: &Options) -> Result<Analysis<'m>
                 Provider::Cuda => {
                     // Constant nodes become initializers at load time and need no kernel.
                     if node.op_type == "Constant" && matches!(node.domain.as_str(), "" | "ai.onnx")
-                        || cuda.covers(&node.domain, &node.op_type, opset)
                     {
                         c.push(pi);
-                    } else {
+                    } else if !cuda.covers(&node.domain, &node.op_type, opset) {
                         per[pi].push(cuda_reason(&cuda, &node.domain, &node.op_type, opset));
+                    } else if let Some(why) = cuda_types(&cuda, node, facts) {
+                        per[pi].push(why);
+                    } else {
+                        c.push(pi);
                     }
                 }
                 Provider::Cpu => {
@@ -241,7 +253,38 @@ pub fn analyse_full<'m>(model: &'m Model, opts: &Options) -> Result<Analysis<'m>
         capability,
         graph: g,
         facts,
+        order,
+        opset,
+        max_body_depth: opts.max_body_depth,
     })
+}
+
+/// [`CudaTable::type_reason`] for a node, from the element types the facts know. Only the
+/// inputs are looked at (one lookup each: this runs for every node): a kernel that writes a
+/// string tensor reads one too, except Cast to string, whose `to` says so.
+fn cuda_types(
+    cuda: &CudaTable,
+    node: &crate::onnx::proto::NodeProto,
+    facts: &GraphFacts,
+) -> Option<String> {
+    if node.op_type == "Cast" {
+        let to = crate::onnx::attr::int(node, "to");
+        if to == Some(i64::from(crate::onnx::ElemType::String.code())) {
+            return Some(
+                "ONNX Runtime's CUDA provider has no string kernels (Cast to string)".into(),
+            );
+        }
+    }
+    let mut typed = node
+        .input
+        .iter()
+        .filter_map(|s| Some((s.as_str(), facts.get(s)?.dtype?)))
+        .peekable();
+    let first = match (node.input.first(), typed.peek()) {
+        (Some(i), Some((name, t))) if i == name => Some(*t),
+        _ => None,
+    };
+    cuda.type_reason(&node.op_type, first, typed)
 }
 
 fn cuda_reason(cuda: &CudaTable, domain: &str, op: &str, opset: i64) -> String {
@@ -452,6 +495,56 @@ mod tests {
         let c = run(&model(g.build(), &[("", 17)]));
         assert_eq!(c.partitions.len(), 1, "every If is taken: one subgraph");
         assert_eq!(c.partitions[0].provider, "tensorrt");
+    }
+
+    /// What skl2onnx and onnxmltools write for a classifier with string labels: the labels
+    /// (a string tensor) copied by Identity nodes, the probabilities through ZipMap. Neither
+    /// TensorRT nor CUDA has string tensors: the Identity stays on the CPU, with both
+    /// providers' reasons; the float Identity is free to go to TensorRT.
+    #[test]
+    fn string_tensors_stay_off_tensorrt_and_cuda() {
+        use crate::onnx::ElemType::String;
+        let mut g = GraphBuilder::new("skl2onnx");
+        g.input("input", Float32, &["N".into(), D::Fixed(4)])
+            .output("label", String, None)
+            .output("probabilities", Float32, None);
+        let t = g.node(
+            "TreeEnsembleClassifier",
+            &["input"],
+            &["label_tensor", "probability_tensor"],
+        );
+        t.domain = "ai.onnx.ml".into();
+        t.attribute.extend([
+            attr::strings("classlabels_strings", &["cat", "dog"]),
+            attr::ints("nodes_nodeids", &[0]),
+        ]);
+        g.node("Identity", &["label_tensor"], &["label"]);
+        g.node("Identity", &["probability_tensor"], &["probabilities"]);
+        let c = run(&model(g.build(), &[("", 15), ("ai.onnx.ml", 1)]));
+        let label = &c.nodes[1];
+        assert_eq!(label.provider, "cpu", "{label:?}");
+        let why = label.reasons.join("\n");
+        assert!(why.contains("TensorRT has no string tensors"), "{why}");
+        assert!(why.contains("CUDA provider has no string kernels"), "{why}");
+        assert_eq!(c.nodes[2].provider, "tensorrt", "{:?}", c.nodes[2]);
+        // The CUDA-only list: the float copy goes to CUDA, the string copy still does not.
+        let o = Options {
+            providers: vec![Provider::Cuda],
+            ..Options::default()
+        };
+        let mut g = GraphBuilder::new("labels");
+        g.input("x", String, &["N".into()])
+            .input("f", Float32, &["N".into()])
+            .output("y", String, None)
+            .output("z", Float32, None);
+        g.node("Identity", &["x"], &["y"]);
+        g.node("Identity", &["f"], &["z"]);
+        g.node("Cast", &["f"], &["s"])
+            .attribute
+            .push(attr::int("to", String.code().into()));
+        let c = analyse(&load(&model(g.build(), &[("", 15)])), &o).unwrap();
+        let placed: Vec<&str> = c.nodes.iter().map(|n| n.provider.as_str()).collect();
+        assert_eq!(placed, ["cpu", "cuda", "cpu"], "{:?}", c.nodes);
     }
 
     #[test]

@@ -53,7 +53,7 @@ pub fn propagate_with<'a>(
     let input_names: FastSet<&str> = g.proto.input.iter().map(|i| i.name.as_str()).collect();
     for (name, t) in &g.initializers {
         let mut info = tensor_info(t);
-        if input_names.contains(name) {
+        if input_names.contains(name) && !g.initializer_inputs_are_constants {
             // An initializer that is also an input is only a default: callers may override it.
             info.class = ValueClass::DataDerived;
             info.value = None;
@@ -86,6 +86,11 @@ pub fn propagate_with<'a>(
 
 fn step<'a>(g: &Graph<'a>, id: usize, node: &'a NodeProto, opset: i64, f: &mut GraphFacts<'a>) {
     let mut outs = infer::infer(node, f, opset);
+    if matches!(node.domain.as_str(), "" | "ai.onnx")
+        && matches!(node.op_type.as_str(), "If" | "Loop" | "Scan")
+    {
+        outs = control_flow(g, id, node, f, opset);
+    }
     outs.resize_with(node.output.len(), || None);
     // Value class: the worst class among everything the node reads.
     let reads = super::partition::reads(g, id);
@@ -136,6 +141,159 @@ fn step<'a>(g: &Graph<'a>, id: usize, node: &'a NodeProto, opset: i64, f: &mut G
         };
         f.tensors.insert(out.as_str(), info);
     }
+}
+
+/// If, Loop and Scan outputs from their bodies' outputs: the declared type when the body
+/// declares it, else what the body's own facts say (the body is walked only then). If's
+/// branches keep what they agree on; Loop's carried values what the initial value and the
+/// body agree on; a scan output is the body's with an unknown leading axis.
+fn control_flow(
+    g: &Graph<'_>,
+    id: usize,
+    node: &NodeProto,
+    f: &GraphFacts<'_>,
+    opset: i64,
+) -> Vec<Option<Out>> {
+    let body = |attr: &str| -> Vec<Option<Out>> {
+        let Some(b) = super::partition::bodies_of(g, id)
+            .iter()
+            .find(|b| b.attr == attr)
+        else {
+            return Vec::new();
+        };
+        let declared: Vec<Option<Out>> = b.graph.outputs.iter().map(|o| declared_out(o)).collect();
+        if declared.iter().all(Option::is_some) {
+            return declared;
+        }
+        let order: Vec<usize> = (0..b.graph.nodes.len()).collect();
+        let bf = propagate(&b.graph, &order, Some(f), opset);
+        b.graph
+            .outputs
+            .iter()
+            .zip(declared)
+            .map(|(o, d)| {
+                d.or_else(|| {
+                    bf.get(&o.name).map(|t| Out {
+                        dtype: t.dtype,
+                        shape: t.shape.clone(),
+                        value: None,
+                    })
+                })
+            })
+            .collect()
+    };
+    let input = |i: usize| -> Option<Out> {
+        node.input.get(i).and_then(|s| f.get(s)).map(|t| Out {
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            value: None,
+        })
+    };
+    let scanned = |o: Option<Out>| {
+        o.map(|o| Out {
+            dtype: o.dtype,
+            shape: o.shape.map(|s| {
+                let mut v = vec![SymDim::Unknown];
+                v.extend(s);
+                v
+            }),
+            value: None,
+        })
+    };
+    let k = node.output.len();
+    match node.op_type.as_str() {
+        "If" => {
+            let (then, other) = (body("then_branch"), body("else_branch"));
+            (0..k)
+                .map(|i| {
+                    agree(
+                        then.get(i).cloned().flatten(),
+                        other.get(i).cloned().flatten(),
+                    )
+                })
+                .collect()
+        }
+        "Loop" => {
+            // Body outputs: cond, the carried values, then the scan outputs.
+            let b = body("body");
+            let carried = node.input.len().saturating_sub(2);
+            (0..k)
+                .map(|i| {
+                    let out = b.get(i + 1).cloned().flatten();
+                    if i < carried {
+                        agree(input(i + 2), out)
+                    } else {
+                        scanned(out)
+                    }
+                })
+                .collect()
+        }
+        _ => {
+            let b = body("body");
+            let scans = crate::onnx::attr::int(node, "num_scan_inputs")
+                .and_then(|v| usize::try_from(v).ok())
+                .unwrap_or(0);
+            let states = node.input.len().saturating_sub(scans);
+            (0..k)
+                .map(|i| {
+                    let out = b.get(i).cloned().flatten();
+                    if i < states {
+                        agree(input(i), out)
+                    } else {
+                        // The scan axis may be any axis (`scan_output_axes`): rank only.
+                        scanned(out).map(|mut o| {
+                            o.shape = o.shape.map(|s| vec![SymDim::Unknown; s.len()]);
+                            o
+                        })
+                    }
+                })
+                .collect()
+        }
+    }
+}
+
+/// A declared tensor value as an [`Out`] (`None` when not a typed tensor).
+fn declared_out(v: &crate::onnx::proto::ValueInfoProto) -> Option<Out> {
+    let dtype = elem_type_of(v).filter(|t| t.code() != 0)?;
+    Some(Out {
+        dtype: Some(dtype),
+        shape: shape_of(v).map(|s| s.iter().map(from_dim).collect()),
+        value: None,
+    })
+}
+
+/// What two candidate facts of one value agree on: the type when equal (else the one
+/// known), each dimension when equal, the rank when equal; only the type when one of them
+/// is unknown (ONNX requires one type, not one shape).
+fn agree(a: Option<Out>, b: Option<Out>) -> Option<Out> {
+    let (a, b) = match (a, b) {
+        (Some(a), Some(b)) => (a, b),
+        (a, b) => {
+            return a.or(b).map(|o| Out {
+                dtype: o.dtype,
+                shape: None,
+                value: None,
+            })
+        }
+    };
+    let dtype = match (a.dtype, b.dtype) {
+        (Some(x), Some(y)) if x != y => None,
+        (x, y) => x.or(y),
+    };
+    let shape = match (a.shape, b.shape) {
+        (Some(x), Some(y)) if x.len() == y.len() => Some(
+            x.into_iter()
+                .zip(y)
+                .map(|(p, q)| if p == q { p } else { SymDim::Unknown })
+                .collect(),
+        ),
+        _ => None,
+    };
+    Some(Out {
+        dtype,
+        shape,
+        value: None,
+    })
 }
 
 /// Combines an inferred shape with the declared `value_info`: per dimension the inferred
@@ -224,5 +382,53 @@ mod tests {
         assert_eq!(f.class("rs"), ValueClass::Constant);
         assert_eq!(f.class("r"), ValueClass::DataDerived);
         assert_eq!(f.get("sh").unwrap().dtype, Some(Int64));
+    }
+    #[test]
+    fn dropout_mask_split_sizes_and_if_outputs() {
+        use crate::onnx::ElemType::Bool;
+        let mut g = GraphBuilder::new("t");
+        g.input("x", Float32, &[D::Fixed(4), D::Fixed(6)])
+            .input("sizes", Int64, &[D::Fixed(2)])
+            .input("c", Bool, &[])
+            .output("y", Float32, None);
+        g.node("Dropout", &["x"], &["d", "mask"]);
+        g.node("Split", &["x", "sizes"], &["s0", "s1"])
+            .attribute
+            .push(attr::int("axis", 1));
+        g.node("Split", &["x"], &["e0", "e1"])
+            .attribute
+            .push(attr::int("axis", 1));
+        let branch = |name: &str, op: &str| {
+            let mut b = GraphBuilder::new(name);
+            // Undeclared: the branch's own facts type it.
+            b.graph.output.push(Default::default());
+            b.graph.output[0].name = format!("{name}_o");
+            b.node(op, &["x"], &[&format!("{name}_o")]);
+            b.build()
+        };
+        g.node("If", &["c"], &["branch"]).attribute.extend([
+            attr::graph("then_branch", branch("th", "Relu")),
+            attr::graph("else_branch", branch("el", "Neg")),
+        ]);
+        let m = model(g.build(), &[("", 9)]);
+        let view = Graph::new(m.graph.as_ref().unwrap());
+        let order: Vec<usize> = (0..view.nodes.len()).collect();
+        // Dropout-7 (opset 9): the mask has the data's type; from Dropout-10 it is bool.
+        let f = propagate(&view, &order, None, 9);
+        assert_eq!(f.get("mask").unwrap().dtype, Some(Float32));
+        assert_eq!(
+            propagate(&view, &order, None, 13)
+                .get("mask")
+                .unwrap()
+                .dtype,
+            Some(Bool)
+        );
+        // Split sizes given at run time: unknown, not the equal split.
+        let f = propagate(&view, &order, None, 13);
+        assert_eq!(dims(&f, "s0"), ["4", "?"]);
+        assert_eq!(dims(&f, "e0"), ["4", "3"]);
+        // If: what both branches agree on.
+        assert_eq!(f.get("branch").unwrap().dtype, Some(Float32));
+        assert_eq!(dims(&f, "branch"), ["4", "6"]);
     }
 }

@@ -272,6 +272,40 @@ impl CudaTable {
         }
     }
 
+    /// Why the CUDA kernel of a node it [`covers`](Self::covers) cannot take these element
+    /// types (`types`: the node's input and output tensors with known types, inputs first;
+    /// `first`: input 0's), or `None`. No CUDA kernel has string tensors (every kernel's
+    /// type constraints are fixed-size types); a few kernels take fewer types than the op
+    /// (the "Types Supported" column the bundled table cites: ArgMax/ArgMin float, double
+    /// and half only; GridSample float; NonZero bool, float, half, int32, int64, uint8;
+    /// Resize double, float, half, int32, uint8).
+    pub fn type_reason<'n>(
+        &self,
+        op: &str,
+        first: Option<ElemType>,
+        mut types: impl Iterator<Item = (&'n str, ElemType)>,
+    ) -> Option<String> {
+        use ElemType::*;
+        if let Some((name, _)) = types.find(|(_, t)| *t == String) {
+            return Some(format!(
+                "ONNX Runtime's CUDA provider has no string kernels (`{name}` is a string tensor)"
+            ));
+        }
+        let takes: &[ElemType] = match op {
+            "ArgMax" | "ArgMin" => &[Float32, Float64, Float16],
+            "GridSample" => &[Float32],
+            "NonZero" => &[Bool, Float32, Float16, Int32, Int64, Uint8],
+            "Resize" => &[Float64, Float32, Float16, Int32, Uint8],
+            _ => return None,
+        };
+        let t = first.filter(|t| !takes.contains(t))?;
+        let list: Vec<std::borrow::Cow<'_, str>> = takes.iter().map(|t| t.name()).collect();
+        Some(format!(
+            "ONNX Runtime's CUDA `{op}` kernel does not take {t} input (takes {})",
+            list.join(", ")
+        ))
+    }
+
     /// Whether any CUDA kernel exists for `op` in `domain`, at any opset.
     pub fn has_any(&self, domain: &str, op: &str) -> bool {
         match domain {

@@ -137,6 +137,7 @@ pub fn run(a: InspectArgs) -> anyhow::Result<ExitCode> {
         capability,
         graph,
         facts: tensor_facts,
+        ..
     } = analysis;
     let parser = match &shim {
         Some(shim) => {

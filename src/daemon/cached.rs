@@ -85,6 +85,47 @@ fn build_err(e: BuildError) -> EngineError {
     }
 }
 
+/// [`Planned::validation`]: the golden settings and tolerance as planned, and the identity
+/// (device, inode, size, times) of the sidecar and the golden file, so that a sidecar added
+/// or edited, or a golden file replaced, retries a remembered failure.
+fn validation_fingerprint(model: &ModelEntry, plan: &Plan) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    format!("{:?} {:?}", plan.golden, plan.tolerance).hash(&mut h);
+    for f in [model.sidecar.as_deref(), plan.golden.npz.as_deref()]
+        .into_iter()
+        .flatten()
+    {
+        let id = FileId::of(f).ok();
+        format!("{:?}", id).hash(&mut h);
+    }
+    h.finish()
+}
+
+/// An error of a build from the staged copy (`CACHE/tmp/build-…/NAME.onnx`) as it would read
+/// for the repository's file: paths inside the staging folder become the model folder's.
+/// Storage errors keep their paths: they are about the cache's own file system.
+fn name_the_original(e: EngineError, staged: &Path, model: &Path) -> EngineError {
+    let folder = model.parent().unwrap_or(Path::new("."));
+    let inside = format!("{}/", staged.display());
+    let outside = format!("{}/", folder.display());
+    let cause = |c: Cause| -> Cause { format!("{c}").replace(&inside, &outside).into() };
+    match e {
+        EngineError::NotFound(c) => EngineError::NotFound(cause(c)),
+        EngineError::Invalid(c) => EngineError::Invalid(cause(c)),
+        EngineError::Changed(c) => EngineError::Changed(cause(c)),
+        EngineError::Runtime(c) => EngineError::Runtime(cause(c)),
+        EngineError::Io { path, error } => EngineError::Io {
+            path: match path.strip_prefix(staged) {
+                Ok(rest) if !rest.as_os_str().is_empty() => folder.join(rest),
+                _ => path,
+            },
+            error,
+        },
+        e @ (EngineError::Storage(_) | EngineError::Cancelled) => e,
+    }
+}
+
 /// The sidecar the repository found for a model (`None`: the model has none).
 fn profile_args(model: &ModelEntry, profile: Option<&str>) -> ProfileArgs {
     ProfileArgs {
@@ -476,6 +517,7 @@ impl Engine for CachedEngine {
                 .or_else(|| sel.profile.clone())
                 .unwrap_or_else(|| "default".into()),
             key: parts.key(),
+            validation: validation_fingerprint(model, &plan),
         })
     }
 
@@ -535,11 +577,56 @@ impl Engine for CachedEngine {
         // Build from a private copy (see `snapshot`); planning succeeded on the content the
         // key names, so a copy that no longer plans is a change, not a broken model.
         let staging = self.store.staging_dir().map_err(store_err)?;
+        let staged = staging.path().to_path_buf();
+        self.build_staged(planned, staging, cancel, progress)
+            .map_err(|e| name_the_original(e, &staged, &planned.model.path))
+    }
+
+    fn remote_stats(&self) -> Option<crate::remote::RemoteStats> {
+        self.remote.as_ref().map(|t| t.stats())
+    }
+
+    fn evict(&self, key: &CacheKey) -> Result<bool, EngineError> {
+        self.store.remove(key).map_err(store_err)
+    }
+
+    fn evictions(&self) -> u64 {
+        self.store.evictions()
+    }
+
+    fn store(&self) -> Option<Arc<dyn Store>> {
+        Some(self.store.clone())
+    }
+
+    fn touch(&self, key: &CacheKey) {
+        // A lookup counts a hit and stamps the record's last use (written lazily).
+        if let Err(e) = self.store.lookup(key) {
+            tracing::debug!(key = %key, error = %e, "recording a use failed");
+        }
+    }
+
+    fn flush(&self) -> Result<(), EngineError> {
+        // Hit counters are written lazily; make them durable at shutdown.
+        self.store.flush().map_err(store_err)
+    }
+}
+
+impl CachedEngine {
+    /// [`Engine::build`] from the staged copy in `staging` (errors name the copy; the
+    /// caller maps them back to the repository's file).
+    fn build_staged(
+        &self,
+        planned: &Planned,
+        staging: tempfile::TempDir,
+        cancel: &CancelToken,
+        progress: &dyn Fn(BuildPhase),
+    ) -> Result<Handout, EngineError> {
         let copy = snapshot(&planned.model, staging.path())?;
         let entry = ModelEntry {
             path: copy,
             ..planned.model.clone()
         };
+
         let (req, _) = self
             .request(&entry, &planned.selection)
             .map_err(|e| match e {
@@ -611,34 +698,6 @@ impl Engine for CachedEngine {
                     .into(),
             )),
         }
-    }
-
-    fn remote_stats(&self) -> Option<crate::remote::RemoteStats> {
-        self.remote.as_ref().map(|t| t.stats())
-    }
-
-    fn evict(&self, key: &CacheKey) -> Result<bool, EngineError> {
-        self.store.remove(key).map_err(store_err)
-    }
-
-    fn evictions(&self) -> u64 {
-        self.store.evictions()
-    }
-
-    fn touch(&self, key: &CacheKey) {
-        // A lookup counts a hit and stamps the record's last use (written lazily).
-        if let Err(e) = self.store.lookup(key) {
-            tracing::debug!(key = %key, error = %e, "recording a use failed");
-        }
-    }
-
-    fn store(&self) -> Option<Arc<dyn Store>> {
-        Some(self.store.clone())
-    }
-
-    fn flush(&self) -> Result<(), EngineError> {
-        // Hit counters are written lazily; make them durable at shutdown.
-        self.store.flush().map_err(store_err)
     }
 }
 

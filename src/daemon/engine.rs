@@ -72,6 +72,10 @@ pub struct Planned {
     pub profile: String,
     /// The cache key.
     pub key: CacheKey,
+    /// Fingerprint of what decides whether a build validates without being in the key: the
+    /// golden settings and tolerance, and the identity of the sidecar and golden files. A
+    /// remembered failure holds only while it is unchanged.
+    pub validation: u64,
 }
 
 /// A ready, validated artifact.
@@ -137,8 +141,9 @@ impl CancelToken {
 pub const MAX_REASON_BYTES: usize = 1024;
 
 /// A failure reason as the daemon keeps and sends it: control characters (terminal escapes
-/// included) replaced by spaces, cut to [`MAX_REASON_BYTES`] at a character boundary with
-/// an ellipsis.
+/// included) replaced by spaces, cut to [`MAX_REASON_BYTES`] at character boundaries by
+/// dropping its middle: the head says what failed, the tail is where build errors say what
+/// to do about it ("Fix: declare a shape profile …"), the middle is ONNX Runtime's quotes.
 pub fn bounded_reason(s: &str) -> String {
     let clean: String = s
         .chars()
@@ -147,11 +152,17 @@ pub fn bounded_reason(s: &str) -> String {
     if clean.len() <= MAX_REASON_BYTES {
         return clean;
     }
-    let mut end = MAX_REASON_BYTES - '…'.len_utf8();
-    while !clean.is_char_boundary(end) {
-        end -= 1;
+    const CUT: &str = " … ";
+    let budget = MAX_REASON_BYTES - CUT.len();
+    let mut head = budget * 3 / 5;
+    while !clean.is_char_boundary(head) {
+        head -= 1;
     }
-    format!("{}…", &clean[..end])
+    let mut tail = clean.len() - (budget - head);
+    while !clean.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!("{}{CUT}{}", &clean[..head], &clean[tail..])
 }
 
 /// The cause behind an [`EngineError`]: the build, plan, key or store stage's own typed error
@@ -271,7 +282,10 @@ mod tests {
         let r = bounded_reason(&huge);
         assert!(r.len() <= MAX_REASON_BYTES, "{}", r.len());
         assert!(!r.contains('\x1b') && !r.contains('\n'));
-        assert!(r.ends_with('…'));
+        assert!(
+            r.contains(" … ") && r.ends_with("é end"),
+            "the tail survives"
+        );
         assert_eq!(bounded_reason("short"), "short");
     }
 }

@@ -41,7 +41,10 @@ struct Inner {
     jobs: HashMap<CacheKey, Arc<Job>>,
     client: VecDeque<CacheKey>,
     background: VecDeque<CacheKey>,
-    failed: HashMap<CacheKey, (ErrorCode, String)>,
+    /// Keys whose build failed, with the [`Planned::validation`] fingerprint the failure was
+    /// found under: a plan with another fingerprint (golden inputs added or changed) builds
+    /// again.
+    failed: HashMap<CacheKey, (u64, (ErrorCode, String))>,
     /// The last failure of keys whose build failed for a reason outside the model (the
     /// store: disk full, I/O error). Shown by `status`, never memoised: the next request
     /// builds again.
@@ -106,8 +109,13 @@ impl Queue {
                 "the daemon is shutting down".into(),
             ));
         }
-        if let Some(f) = g.failed.get(&planned.key) {
-            return Err(f.clone());
+        match g.failed.get(&planned.key) {
+            Some((fp, f)) if *fp == planned.validation => return Err(f.clone()),
+            Some(_) => {
+                tracing::info!(model = %planned.model.name, key = %planned.key, "validation settings changed since the build failed: building again");
+                g.failed.remove(&planned.key);
+            }
+            None => {}
         }
         // A cancelled job (its model was replaced, perhaps by identical bytes) is not joined:
         // a fresh job replaces it.
@@ -146,7 +154,7 @@ impl Queue {
 
     /// The memoised failure of a key, if any.
     pub fn failure(&self, key: &CacheKey) -> Option<(ErrorCode, String)> {
-        self.lock().failed.get(key).cloned()
+        self.lock().failed.get(key).map(|(_, f)| f.clone())
     }
 
     /// Forgets a memoised failure (after an explicit evict).
@@ -337,7 +345,7 @@ impl Queue {
                     if transient {
                         g.transient.insert(key, f.clone());
                     } else {
-                        g.failed.insert(key, f.clone());
+                        g.failed.insert(key, (job.planned.validation, f.clone()));
                     }
                 }
             }
@@ -419,6 +427,7 @@ mod tests {
             },
             profile: "default".into(),
             key: CacheKey([k; 32]),
+            validation: 0,
         }
     }
 
@@ -464,6 +473,18 @@ mod tests {
         assert_eq!(code, ErrorCode::BuildFailed);
         assert!(msg.contains("b does not build"), "{msg}");
         assert_eq!(engine.started.lock().unwrap().len(), 4);
+        // Same key, other validation settings (a golden-only sidecar appeared): built again.
+        let mut changed = planned("b", 2);
+        changed.validation = 1;
+        let again = q.submit(&changed, true).unwrap();
+        tx.send(()).unwrap();
+        done(again).await.unwrap_err();
+        assert_eq!(engine.started.lock().unwrap().len(), 5);
+        assert!(
+            q.submit(&changed, true).is_err(),
+            "memoised under the new settings"
+        );
+        assert_eq!(engine.started.lock().unwrap().len(), 5);
     }
 
     /// Fails with a storage error first (a full disk), then as a broken model.

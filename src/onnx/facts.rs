@@ -119,7 +119,8 @@ pub fn shape_of(v: &ValueInfoProto) -> Option<Vec<Dim>> {
             .dim
             .iter()
             .map(|d| match &d.value {
-                Some(dimension::Value::DimValue(v)) => Dim::Fixed(*v),
+                // ONNX Runtime treats a negative dim_value (exporters write -1) as dynamic.
+                Some(dimension::Value::DimValue(v)) if *v >= 0 => Dim::Fixed(*v),
                 Some(dimension::Value::DimParam(p)) if !p.is_empty() => Dim::Named(p.clone()),
                 _ => Dim::Unknown,
             })

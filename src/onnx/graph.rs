@@ -51,6 +51,10 @@ pub struct Graph<'a> {
     body_ranges: FastMap<NodeId, Range<usize>>,
     /// Names this graph (with its bodies) reads but does not define: outer-scope captures.
     pub captures: FastSet<&'a str>,
+    /// Initializers that are also listed as graph inputs are constants, not defaults a
+    /// caller may override: set for IR < 4 models, which the IR required to list every
+    /// initializer as an input and which trtcache builds with those inputs removed.
+    pub initializer_inputs_are_constants: bool,
 }
 
 impl<'a> Graph<'a> {
@@ -134,6 +138,7 @@ impl<'a> Graph<'a> {
             bodies,
             body_ranges,
             captures: FastSet::default(),
+            initializer_inputs_are_constants: false,
         };
         graph.captures = graph.compute_captures();
         graph

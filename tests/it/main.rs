@@ -8,6 +8,7 @@ mod clients;
 mod corpus;
 mod daemon;
 mod daemon_engine;
+mod daemon_models;
 mod daemon_system;
 mod deploy;
 mod fuzz_regressions;

@@ -7,6 +7,7 @@ use std::path::Path;
 use serde_json::Value;
 use trtcache::fixtures::{models, write, write_external};
 use trtcache::onnx::facts::facts;
+use trtcache::onnx::proto::{tensor_shape_proto::dimension, type_proto};
 use trtcache::onnx::Model;
 
 use crate::support::{self, cmd, json};
@@ -170,6 +171,22 @@ fn warning_codes(model: &trtcache::onnx::proto::ModelProto) -> Vec<String> {
 fn warnings_fire_on_exactly_their_cause() {
     assert!(warning_codes(&models::tiny_encoder(false)).is_empty());
     assert_eq!(warning_codes(&models::tiny_encoder(true)), ["static-batch"]);
+    // dim_value -1 (what some exporters write for a dynamic axis) is dynamic, as in ORT: an
+    // unnamed dynamic axis, not a fixed batch.
+    let mut m = models::tiny_encoder(true);
+    for i in &mut m.graph.as_mut().unwrap().input {
+        let Some(type_proto::Value::TensorType(t)) =
+            i.r#type.as_mut().and_then(|t| t.value.as_mut())
+        else {
+            continue;
+        };
+        t.shape.as_mut().unwrap().dim[0].value = Some(dimension::Value::DimValue(-1));
+    }
+    let codes = warning_codes(&m);
+    assert!(
+        !codes.is_empty() && codes.iter().all(|c| c == "unnamed-dynamic-dim"),
+        "{codes:?}"
+    );
 
     let mut m = models::tiny_encoder(false);
     m.ir_version = 14;

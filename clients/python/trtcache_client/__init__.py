@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import struct
-import tempfile
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -314,6 +312,11 @@ class Artifact:
             return onnxruntime.InferenceSession("/proc/self/fd/%d" % self.fds[0], **ort_kwargs)
         if not self.fds:
             raise UnexpectedResponse("artifact has no files")
+        # Imported here, not with the module: only this fall-back needs them, and they are
+        # a third of the client's import time, which every consumer's first inference pays.
+        import shutil
+        import tempfile
+
         d = tempfile.mkdtemp(prefix="trtcache-artifact-")
         try:
             graph = os.path.join(d, "model.onnx")

@@ -88,7 +88,13 @@ fn like_input(cx: &NodeCx<'_>) -> Vec<Option<Out>> {
     }
     let mut v = vec![Some(o)];
     if cx.op == "Dropout" {
-        v.push(shape(Some(ElemType::Bool), t.shape.clone()));
+        // The mask is bool from Dropout-10 on; before, it has the type of the data.
+        let mask = if cx.opset >= 10 {
+            Some(ElemType::Bool)
+        } else {
+            t.dtype
+        };
+        v.push(shape(mask, t.shape.clone()));
     }
     v
 }

@@ -8,12 +8,14 @@
 //! Squeeze/Unsqueeze, Flatten, Shape, Size, Expand, Tile, Pad, Resize, …), [`slicing`]
 //! (Concat, Split, Slice, Gather), [`data_dependent`] (NonZero, NonMaxSuppression, Compress,
 //! Unique, TopK), [`constants`] (Constant, ConstantOfShape, Range, EyeLike, OneHot) and
-//! [`types`] (Cast, CastLike, Quantize/DequantizeLinear). Whenever a rule is not sure it
+//! [`types`] (Cast, CastLike, Quantize/DequantizeLinear); `ai.onnx.ml` nodes go to [`ml`].
+//! Whenever a rule is not sure it
 //! answers unknown; it never guesses.
 
 mod constants;
 mod data_dependent;
 mod elementwise;
+mod ml;
 mod nn;
 mod reduce;
 mod shape_ops;
@@ -42,15 +44,17 @@ const FAMILIES: [fn(&NodeCx<'_>) -> Answer; 8] = [
 
 /// Rules for one node; one entry per output slot.
 pub fn infer(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
-    if !matches!(n.domain.as_str(), "" | "ai.onnx") {
-        return Vec::new();
-    }
     let cx = NodeCx {
         n,
         f,
         opset,
         op: n.op_type.as_str(),
     };
+    match n.domain.as_str() {
+        "" | "ai.onnx" => {}
+        "ai.onnx.ml" => return ml::rules(&cx).unwrap_or_default(),
+        _ => return Vec::new(),
+    }
     FAMILIES
         .iter()
         .find_map(|family| family(&cx))

@@ -1,5 +1,5 @@
 //! Neural-network layers: MatMul (with numpy-style batch broadcasting), Gemm, Conv,
-//! ConvTranspose and pooling (windowed and global).
+//! ConvTranspose, pooling (windowed and global) and the recurrent layers (RNN, GRU, LSTM).
 //!
 //! Enters: a [`NodeCx`]. Leaves: `None` for ops of other families, else one [`Out`] per
 //! output (MaxPool's second is its int64 Indices). Spatial sizes follow the kernel, stride,
@@ -7,14 +7,55 @@
 //! is unknown.
 
 use super::{one, shape, Answer, NodeCx};
-use crate::analysis::facts::{broadcast, SymDim};
+use crate::analysis::facts::{broadcast, Out, SymDim};
 use crate::onnx::attr;
 use crate::onnx::proto::NodeProto;
 use crate::onnx::ElemType;
 
+/// RNN, GRU and LSTM: `Y` is `[seq, directions, batch, hidden]` (`[batch, seq, directions,
+/// hidden]` with `layout = 1`), `Y_h` (and LSTM's `Y_c`) `[directions, batch, hidden]`
+/// (`[batch, directions, hidden]`), all of X's type.
+fn recurrent(cx: &NodeCx<'_>) -> Vec<Option<Out>> {
+    let n = cx.n;
+    let dirs = match attr::string(n, "direction").as_deref() {
+        Some("bidirectional") => 2,
+        _ => 1,
+    };
+    let hidden = attr::int(n, "hidden_size").map_or(SymDim::Unknown, SymDim::Known);
+    let batch_major = attr::int(n, "layout").unwrap_or(0) == 1;
+    let x = cx.in_shape(0).filter(|s| s.len() == 3);
+    let (seq, batch) = match &x {
+        Some(s) if batch_major => (s[1].clone(), s[0].clone()),
+        Some(s) => (s[0].clone(), s[1].clone()),
+        None => (SymDim::Unknown, SymDim::Unknown),
+    };
+    let d = SymDim::Known(dirs);
+    let y = if batch_major {
+        vec![batch.clone(), seq, d.clone(), hidden.clone()]
+    } else {
+        vec![seq, d.clone(), batch.clone(), hidden.clone()]
+    };
+    let state = if batch_major {
+        vec![batch, d, hidden]
+    } else {
+        vec![d, batch, hidden]
+    };
+    let dt = cx.in_dt(0);
+    let known = x.is_some();
+    let mut v = vec![
+        shape(dt, known.then_some(y)),
+        shape(dt, known.then(|| state.clone())),
+    ];
+    if cx.op == "LSTM" {
+        v.push(shape(dt, known.then_some(state)));
+    }
+    v
+}
+
 pub(super) fn rules(cx: &NodeCx<'_>) -> Answer {
     let (n, op) = (cx.n, cx.op);
     Some(match op {
+        "RNN" | "GRU" | "LSTM" => recurrent(cx),
         "MatMul" => {
             let (Some(a), Some(b)) = (cx.in_shape(0), cx.in_shape(1)) else {
                 return Some(one(shape(cx.in_dt(0), None)));
@@ -151,7 +192,14 @@ fn conv_like(
             (SymDim::Known(v), _) => {
                 let num = *v as i128 + pb + pe - ek;
                 fit(if ceil {
-                    (num + s - 1) / s + 1
+                    let out = (num + s - 1).div_euclid(s) + 1;
+                    // A last window that would start in the end padding is dropped, as
+                    // ONNX Runtime and PyTorch do.
+                    if (out - 1) * s >= *v as i128 + pb {
+                        out - 1
+                    } else {
+                        out
+                    }
                 } else {
                     num.div_euclid(s) + 1
                 })
@@ -173,6 +221,60 @@ mod tests {
 
     fn k(v: &[i64]) -> Vec<SymDim> {
         v.iter().map(|&x| SymDim::Known(x)).collect()
+    }
+
+    #[test]
+    fn ceil_mode_drops_a_last_window_that_starts_in_the_padding() {
+        use crate::fixtures::attr as a;
+        // Shapes ONNX Runtime 1.31 produces for MaxPool k=2 s=2 ceil_mode=1 over [1, 1, n].
+        for (n, pads, want) in [(4, [0, 1], 2), (5, [0, 1], 3), (6, [1, 1], 4)] {
+            let node = NodeProto {
+                op_type: "MaxPool".into(),
+                attribute: vec![
+                    a::ints("kernel_shape", &[2]),
+                    a::ints("strides", &[2]),
+                    a::ints("pads", &pads),
+                    a::int("ceil_mode", 1),
+                ],
+                ..Default::default()
+            };
+            let out = conv_like(&node, "MaxPool", Some(k(&[1, 1, n])), None);
+            assert_eq!(out, Some(k(&[1, 1, want])), "n = {n}, pads {pads:?}");
+        }
+    }
+
+    #[test]
+    fn lstm_outputs_follow_direction_hidden_size_and_layout() {
+        use crate::analysis::shapes::propagate;
+        use crate::fixtures::{attr as a, model, GraphBuilder, D};
+        use crate::onnx::graph::Graph;
+        let mut g = GraphBuilder::new("t");
+        g.input(
+            "x",
+            ElemType::Float32,
+            &[D::Fixed(7), "b".into(), D::Fixed(3)],
+        )
+        .output("y", ElemType::Float32, None);
+        g.node("LSTM", &["x", "w", "r"], &["y", "yh", "yc"])
+            .attribute
+            .extend([
+                a::int("hidden_size", 5),
+                a::string("direction", "bidirectional"),
+            ]);
+        let m = model(g.build(), &[("", 17)]);
+        let view = Graph::new(m.graph.as_ref().unwrap());
+        let f = propagate(&view, &[0], None, 17);
+        let dims = |t: &str| f.get(t).and_then(|t| t.shape.clone()).unwrap();
+        let b = SymDim::Sym("b".into());
+        let y = vec![
+            SymDim::Known(7),
+            SymDim::Known(2),
+            b.clone(),
+            SymDim::Known(5),
+        ];
+        assert_eq!(dims("y"), y);
+        assert_eq!(dims("yc"), vec![SymDim::Known(2), b, SymDim::Known(5)]);
+        assert_eq!(f.get("yh").unwrap().dtype, Some(ElemType::Float32));
     }
 
     #[test]

@@ -31,9 +31,20 @@ fn concat(n: &NodeProto, f: &GraphFacts) -> Option<Out> {
         .iter()
         .map(|t| t.and_then(|t| t.shape.clone()))
         .collect();
-    let shapes = shapes?;
-    let first = shapes.first()?;
-    let a = axis(attr::int(n, "axis")?, first.len())?;
+    // Without every input's shape, the type is still that of the inputs.
+    let typed = Out {
+        dtype: dt,
+        ..Default::default()
+    };
+    let Some(shapes) = shapes else {
+        return Some(typed);
+    };
+    let Some(first) = shapes.first() else {
+        return Some(typed);
+    };
+    let Some(a) = attr::int(n, "axis").and_then(|x| axis(x, first.len())) else {
+        return Some(typed);
+    };
     let mut out = first.clone();
     let mut total = Some(0i64);
     for s in &shapes {
@@ -206,6 +217,13 @@ fn split(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
         return vec![];
     };
     let k = n.output.len();
+    // Sizes given (as an input from opset 13, else as an attribute) but not known here are
+    // unknown, never the equal split of a missing `split`.
+    let given = if opset >= 13 {
+        n.input.get(1).is_some_and(|s| !s.is_empty())
+    } else {
+        attr::ints(n, "split").is_some()
+    };
     let sizes: Option<Vec<i64>> = if opset >= 13 {
         n.input
             .get(1)
@@ -227,6 +245,9 @@ fn split(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
         return vec![];
     };
     let sizes = sizes.or_else(|| {
+        if given {
+            return None;
+        }
         let d = s[a].known()?;
         let k = k as i64;
         if k == 0 {

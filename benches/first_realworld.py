@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Time to first inference per model of the real-world corpus (scripts/corpus/realworld.py):
+through trtcache against a fresh raw ONNX Runtime session, side by side in one run.
+
+    benches/first_realworld.py CORPUS [--trtcache target/release/trtcache] [--runs 7]
+        [--core 0] [--only REGEX] [--client clients/python] [--json OUT.json]
+
+Serves a copy of every CORPUS/<name>/model.onnx from one `trtcache serve` (defaults: no
+sidecar, backend ort-cpu) on temp folders, warms them, then per model and run starts one
+fresh consumer process per way, pinned to one core (`taskset -c CORE`), alternating which
+way goes first:
+
+- `own`: `onnxruntime.InferenceSession(model.onnx)` with ONNX Runtime's defaults
+  (ORT_ENABLE_ALL, CPU) and one run on the corpus feed;
+- `via`: import the Python client, connect, acquire, `Artifact.session()` with the client's
+  defaults, one run on the same feed.
+
+Both processes import numpy and onnxruntime, create ONNX Runtime's environment and load the
+feed before the clock starts (every consumer pays that alike); the client's import is inside
+the clock, of the client as `pip install clients/python` installs it (into a temp folder,
+with its bytecode compiled: a source tree under PYTHONDONTWRITEBYTECODE would be compiled at
+every import). The table also shows `total` without the import (connect + acquire + session
++ run, what a process that imported the client at start-up waits for). Prints per model the median of each way's total and parts, and the ratio
+own / via (> 1: trtcache is faster); then the geometric mean of the ratios.
+"""
+import argparse
+import json
+import math
+import os
+import pickle
+import re
+import shutil
+import socket as socketlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+
+def child(sock, name, raw, feed_path, way, client_dir):
+    """One consumer process: prints one JSON line."""
+    import numpy as np  # noqa: F401  (numpy's import is every consumer's)
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(3)  # creates the environment, as a consumer's set-up would
+    feed = pickle.load(open(feed_path, "rb"))
+    p = ["CPUExecutionProvider"]
+    t = time.perf_counter()
+    acquired = imported = connected = t
+    if way == "via":
+        sys.path.insert(0, client_dir)
+        from trtcache_client import Client
+
+        imported = time.perf_counter()
+        c = Client(sock)
+        connected = time.perf_counter()
+        art = c.acquire(name)
+        acquired = time.perf_counter()
+        sess = art.session(providers=p)
+    else:
+        sess = ort.InferenceSession(raw, providers=p)
+    opened = time.perf_counter()
+    names = {i.name for i in sess.get_inputs()}
+    sess.run(None, {k: v for k, v in feed.items() if k in names})
+    done = time.perf_counter()
+    ms = lambda a, b: round((b - a) * 1e3, 3)  # noqa: E731
+    print(json.dumps({"way": way, "total": ms(t, done), "acquire": ms(t, acquired),
+                      "import": ms(t, imported), "connect": ms(imported, connected),
+                      "session": ms(acquired, opened), "run": ms(opened, done)}))
+
+
+def wait_socket(path, proc, log):
+    t0 = time.monotonic()
+    while True:
+        if proc.poll() is not None:
+            sys.exit("trtcache serve exited: " + open(log).read()[-2000:])
+        try:
+            s = socketlib.socket(socketlib.AF_UNIX)
+            s.connect(path)
+            s.close()
+            return
+        except OSError:
+            if time.monotonic() - t0 > 60:
+                sys.exit("trtcache serve did not come up: " + open(log).read()[-2000:])
+            time.sleep(0.05)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("corpus")
+    ap.add_argument("--trtcache", default=os.path.join(REPO, "target", "release", "trtcache"))
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--core", type=int, default=0)
+    ap.add_argument("--only")
+    ap.add_argument("--client", default=os.path.join(REPO, "clients", "python"),
+                    help="the Python client's source folder (another checkout's, to compare)")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    only = re.compile(a.only) if a.only else None
+    names = sorted(
+        d for d in os.listdir(a.corpus)
+        if os.path.isfile(os.path.join(a.corpus, d, "model.onnx")) and (not only or only.search(d))
+    )
+    dylib = os.environ.get("ORT_DYLIB_PATH")
+    if not dylib:
+        sys.exit('ORT_DYLIB_PATH is not set: eval "$(scripts/ort-env.sh)"')
+    tmp = tempfile.mkdtemp(prefix="trtcache-first-")
+    serve = None
+    try:
+        models, cache = os.path.join(tmp, "models"), os.path.join(tmp, "cache")
+        os.makedirs(models)
+        os.makedirs(cache)
+        for n in names:
+            shutil.copy(os.path.join(a.corpus, n, "model.onnx"), os.path.join(models, n + ".onnx"))
+        sock = os.path.join(tmp, "trtcache.sock")
+        config = os.path.join(tmp, "config.toml")
+        with open(config, "w") as f:
+            f.write(f"models = {json.dumps(models)}\ncache_dir = {json.dumps(cache)}\n"
+                    f"socket = {json.dumps(sock)}\nort_dylib = {json.dumps(dylib)}\n")
+        client_dir = os.path.join(tmp, "client")
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                        "--target", client_dir, a.client], check=True)
+        log = os.path.join(tmp, "serve.log")
+        serve = subprocess.Popen([a.trtcache, "serve", "--config", config],
+                                 stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+        wait_socket(sock, serve, log)
+        w = subprocess.run([a.trtcache, "warm", "--config", config], capture_output=True, text=True)
+        if w.returncode != 0:
+            sys.exit("warm failed:\n" + w.stdout + w.stderr)
+        rows = []
+        for n in names:
+            raw = os.path.join(a.corpus, n, "model.onnx")
+            feed = os.path.join(a.corpus, n, "feed.pkl")
+            got = {"own": [], "via": []}
+            for r in range(a.runs):
+                for way in (("own", "via") if r % 2 == 0 else ("via", "own")):
+                    p = subprocess.run(
+                        ["taskset", "-c", str(a.core), sys.executable, os.path.abspath(__file__),
+                         "--child", sock, n, raw, feed, way, client_dir],
+                        capture_output=True, text=True)
+                    if p.returncode != 0:
+                        sys.exit(f"{n} {way}: {p.stderr[-2000:]}")
+                    got[way].append(json.loads(p.stdout.strip().splitlines()[-1]))
+            med = {w: {k: statistics.median(x[k] for x in v) for k in v[0] if k != "way"} for w, v in got.items()}
+            ratio = med["own"]["total"] / med["via"]["total"]
+            # Without the client's import: per run, then the median.
+            after = statistics.median(x["total"] - x["import"] for x in got["via"])
+            ratio_imported = med["own"]["total"] / after
+            rows.append({"model": n, "own": med["own"], "via": med["via"], "ratio": round(ratio, 2),
+                         "via_after_import": after, "ratio_after_import": round(ratio_imported, 2),
+                         "runs": got})
+            o, v = med["own"], med["via"]
+            print(f"{n:30} own {o['total']:7.1f} ms (session {o['session']:6.1f}, run {o['run']:6.1f})  "
+                  f"via {v['total']:6.1f} ms (import {v['import']:4.1f}, connect {v['connect']:4.1f}, "
+                  f"acquire {v['acquire'] - v['import'] - v['connect']:4.1f}, session {v['session']:6.1f}, "
+                  f"run {v['run']:6.1f})  {ratio:5.2f}x  (imported: {ratio_imported:5.2f}x)", flush=True)
+        gm = math.exp(sum(math.log(r["ratio"]) for r in rows) / len(rows))
+        gmi = math.exp(sum(math.log(r["ratio_after_import"]) for r in rows) / len(rows))
+        print(f"\n{len(rows)} models, {a.runs} runs each, core {a.core}: ratio own/via "
+              f"min {min(r['ratio'] for r in rows):.2f}x, max {max(r['ratio'] for r in rows):.2f}x, "
+              f"geometric mean {gm:.2f}x; client imported before: min "
+              f"{min(r['ratio_after_import'] for r in rows):.2f}x, geometric mean {gmi:.2f}x")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"rows": rows, "geomean": gm, "geomean_after_import": gmi, "core": a.core,
+                           "runs": a.runs}, f, indent=1)
+    finally:
+        if serve is not None:
+            serve.terminate()
+            serve.wait(30)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(*sys.argv[2:8])
+    else:
+        main()

@@ -1,0 +1,82 @@
+//! The daemon with models users bring (issue 14): a model that failed is built again when a
+//! sidecar that only adds golden inputs appears next to it (golden settings are not part of
+//! the key, so the failure memo follows them separately), and failure reasons name the
+//! repository's file, not the private copy the daemon builds from, and keep their end (what
+//! to add) when they are cut to the daemon's bound.
+
+use std::time::{Duration, Instant};
+
+use trtcache::fixtures::{model, tensor_i64, write, GraphBuilder};
+use trtcache::onnx::ElemType::Float32;
+use trtcache_client::protocol::VariantState;
+
+use crate::daemon::Daemon;
+use crate::support;
+
+/// `x` of any length, reshaped to `[7, 1]`: only length 7 runs, and no default validation
+/// input tries it (scripts/corpus/classes.py `impossible`).
+fn only_seven() -> trtcache::onnx::proto::ModelProto {
+    let mut g = GraphBuilder::new("only_seven");
+    g.input("x", Float32, &["n".into()])
+        .output("y", Float32, None)
+        .init(tensor_i64("shape", &[2], &[7, 1]));
+    g.node("Reshape", &["x", "shape"], &["y"]);
+    model(g.build(), &[("", 17)])
+}
+
+/// The state and reason of `name`'s first variant once it is not building.
+fn settled(d: &Daemon, name: &str, want: VariantState) -> Option<String> {
+    let mut c = d.client();
+    let t0 = Instant::now();
+    loop {
+        let list = c.list().unwrap();
+        if let Some(v) = list
+            .iter()
+            .find(|m| m.name == name)
+            .and_then(|m| m.variants.first())
+            .filter(|v| v.state == want)
+        {
+            return v.reason.clone();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "`{name}` never became {want:?}: {list:?}\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_failed_model_is_retried_when_golden_inputs_appear_and_its_reason_names_the_file() {
+    let mut d = Daemon::new();
+    let path = d.models().join("seven.onnx");
+    write(&only_seven(), &path).unwrap();
+    d.start();
+    let reason = settled(&d, "seven", VariantState::Failed).unwrap_or_default();
+    assert!(
+        reason.contains(&path.display().to_string()),
+        "the reason names the repository's file: {reason}"
+    );
+    assert!(
+        !reason.contains("tmp/build-") && !reason.contains(&d.cache().display().to_string()),
+        "the reason names the daemon's private copy: {reason}"
+    );
+    let sidecar = d.models().join("seven.trtcache.toml");
+    assert!(
+        reason.contains("in seven.trtcache.toml") && reason.contains("--golden"),
+        "a long reason keeps its end, which says what to add: {reason}"
+    );
+    // A sidecar that changes nothing in the key, only the validation inputs.
+    support::run_python(
+        "import sys, numpy as np; np.savez(sys.argv[1], x=np.arange(7, dtype=np.float32))",
+        &[&d.models().join("seven.npz")],
+    );
+    std::fs::write(&sidecar, "[golden]\nnpz = \"seven.npz\"\n").unwrap();
+    settled(&d, "seven", VariantState::Ready);
+    let art = d.client().acquire_model("seven").unwrap();
+    assert!(!art.files.is_empty());
+    let stats = d.client().stats().unwrap();
+    assert_eq!((stats.failures, stats.builds), (1, 1), "{stats:?}");
+    assert!(d.stop());
+}
