@@ -245,7 +245,17 @@ impl DigestMemo {
             source,
         };
         let dir = self.path.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir).map_err(io)?;
+        // The cache folder's mode (`cache::files::DIR_MODE`) when `trtcache key` creates it.
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            if !dir.is_dir() {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o750)
+                    .create(dir)
+                    .map_err(io)?;
+            }
+        }
         let mut tmp = tempfile::Builder::new()
             .prefix(TEMP_PREFIX)
             .suffix(TEMP_SUFFIX)

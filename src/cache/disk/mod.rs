@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use super::files;
 use super::lock::DirLock;
 use super::record::{Record, StagedArtifact, Status, StoredArtifact, StoredFile, RECORD_FORMAT};
 use super::{now_secs, GcReport, Lookup, Served, Store, StoreError, VerifyReport};
@@ -138,12 +139,9 @@ impl SledStore {
     /// Opens (creating) the store at `root`: takes the directory lock, opens sled, then
     /// reconciles the index with the files on disk.
     pub fn open(root: &Path, opts: StoreOptions) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(root).map_err(io(root))?;
+        files::create_dir(root, files::DIR_MODE).map_err(io(root))?;
         let lock = DirLock::acquire(root)?;
-        for sub in ["blobs", "tmp", "quarantine", "records"] {
-            let p = root.join(sub);
-            std::fs::create_dir_all(&p).map_err(io(&p))?;
-        }
+        Self::create_dirs(root)?;
         let mut store = Self::with_index(root, lock, opts)?;
         store.report = store.reconcile()?;
         Ok(store)
@@ -152,8 +150,12 @@ impl SledStore {
     /// The store over the index `root/db` (opened, or created when absent) under `lock`,
     /// with an empty open report: what `open` and `repair` both start from.
     fn with_index(root: &Path, lock: DirLock, opts: StoreOptions) -> Result<Self, StoreError> {
-        let db = sled::open(root.join("db")).map_err(|e| sled_err(root, e))?;
+        let dbp = root.join("db");
+        files::create_dir(&dbp, files::INDEX_DIR_MODE).map_err(io(&dbp))?;
+        let db = sled::open(&dbp).map_err(|e| sled_err(root, e))?;
         let records = db.open_tree(RECORDS_TREE).map_err(|e| sled_err(root, e))?;
+        // sled creates its files with the umask: the index is the owner's alone.
+        files::restrict_index(&dbp).map_err(io(&dbp))?;
         Ok(Self {
             root: root.to_path_buf(),
             db,
@@ -162,6 +164,16 @@ impl SledStore {
             report: OpenReport::default(),
             _lock: lock,
         })
+    }
+
+    /// Creates the store's folders that are missing (at open, and again when they were
+    /// deleted under a running daemon), each [`files::DIR_MODE`].
+    fn create_dirs(root: &Path) -> Result<(), StoreError> {
+        for sub in ["blobs", "tmp", "quarantine", "records"] {
+            let p = root.join(sub);
+            files::create_dir(&p, files::DIR_MODE).map_err(io(&p))?;
+        }
+        Ok(())
     }
 
     /// The cache directory.
