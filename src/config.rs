@@ -62,6 +62,9 @@ pub struct Config {
     /// (faster session creation). Part of the cache key, as `trtcache build
     /// --external-min-size`; the default matches it.
     pub external_min_bytes: u64,
+    /// Serve model files that are symbolic links leading out of the repository (off: such a
+    /// file is refused with a warning, the rule external data files follow too).
+    pub follow_symlinks_outside_repo: bool,
     /// Limits.
     pub limits: Limits,
     /// The fleet tier (`[remote]`, see docs/fleet.md); absent = off.
@@ -276,6 +279,7 @@ impl Default for Config {
             ort_dylib: None,
             backends: vec![Backend::DEFAULT],
             external_min_bytes: DEFAULT_EXTERNAL_MIN_BYTES,
+            follow_symlinks_outside_repo: false,
             limits: Limits::default(),
             remote: None,
         }

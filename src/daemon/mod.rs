@@ -135,7 +135,8 @@ pub fn warm_in_process(
         );
         tokio::spawn(svc.queue.clone().run());
         let r = root.clone();
-        let snapshot = tokio::task::spawn_blocking(move || repo::scan(&r))
+        let follow = cfg.follow_symlinks_outside_repo;
+        let snapshot = tokio::task::spawn_blocking(move || repo::scan_with(&r, follow))
             .await
             .map_err(|e| WarmError::Failed(e.to_string()))?
             .map_err(|e| WarmError::Failed(format!("scanning {}: {e}", root.display())))?;

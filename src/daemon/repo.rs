@@ -3,7 +3,8 @@
 //! external data) and Triton's `NAME/VERSION/model.onnx` (numeric versions, not starting with
 //! `0`; newest served by default; sidecar `NAME/trtcache.toml`). Hidden names (leading `.`)
 //! are skipped so half-written temp files never become models. Each model carries a
-//! fingerprint (size and mtime of every file it is made of) that the watcher compares.
+//! fingerprint (size, mtime, ctime and mode of every file it is made of) that the watcher
+//! compares.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -12,8 +13,36 @@ use std::time::SystemTime;
 
 use super::engine::{Layout, ModelEntry};
 
-/// Size and mtime of each file a model version is made of, sorted by path.
-pub type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>)>;
+/// What the watcher compares of each file a model version is made of, sorted by path.
+pub type Fingerprint = Vec<FileStamp>;
+
+/// One file's size, mtime, ctime and mode. ctime and mode are in it so that a `chmod` (a
+/// model that was unreadable made readable) counts as a change and the model is planned
+/// again, though its content and mtime are the same.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FileStamp {
+    pub path: PathBuf,
+    pub size: u64,
+    pub mtime: Option<SystemTime>,
+    pub ctime_ns: i128,
+    pub mode: u32,
+}
+
+impl FileStamp {
+    /// The stamp of `p` (following links, as the build reads it); `None` when it cannot be
+    /// stat'ed.
+    pub fn of(p: &Path) -> Option<FileStamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = fs::metadata(p).ok()?;
+        Some(FileStamp {
+            path: p.to_path_buf(),
+            size: m.len(),
+            mtime: m.modified().ok(),
+            ctime_ns: m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
+            mode: m.mode(),
+        })
+    }
+}
 
 /// One model with every version present.
 #[derive(Clone, Debug, PartialEq)]
@@ -42,10 +71,6 @@ fn hidden(name: &str) -> bool {
     name.starts_with('.')
 }
 
-fn stat(p: &Path) -> Option<(PathBuf, u64, Option<SystemTime>)> {
-    let m = fs::metadata(p).ok()?;
-    Some((p.to_path_buf(), m.len(), m.modified().ok()))
-}
 
 /// Every regular file under `dir` (recursively), fingerprinted.
 fn fingerprint_dir(dir: &Path, out: &mut Fingerprint, depth: usize) {
@@ -55,18 +80,97 @@ fn fingerprint_dir(dir: &Path, out: &mut Fingerprint, depth: usize) {
         let Ok(ft) = e.file_type() else { continue };
         if ft.is_dir() && depth < 4 {
             fingerprint_dir(&p, out, depth + 1);
-        } else if let Some(s) = stat(&p) {
+        } else if let Some(s) = FileStamp::of(&p) {
             out.push(s);
         }
     }
 }
 
-/// Scans the repository. Unreadable entries are skipped (the next scan retries them).
+/// A repository entry that is not served, and why; each is logged once (`warn_once`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Refused {
+    pub path: PathBuf,
+    pub why: String,
+}
+
+/// Scans the repository with the default rules (a model file that is a link leading out of
+/// the repository is refused). Unreadable entries are skipped (the next scan retries them).
 pub fn scan(root: &Path) -> std::io::Result<Snapshot> {
+    scan_with(root, false)
+}
+
+/// Scans the repository; `follow_outside` (config `follow_symlinks_outside_repo`) serves
+/// model files that are links leading out of it. Entries that cannot be served (a name the
+/// protocol cannot carry, a link out of the repository) are left out and reported once.
+pub fn scan_with(root: &Path, follow_outside: bool) -> std::io::Result<Snapshot> {
+    let mut refused = Vec::new();
+    let mut out = scan_names(root, &mut refused)?;
+    if !follow_outside {
+        let croot = fs::canonicalize(root)?;
+        out.retain(|_, m| {
+            let outside: Vec<&ModelEntry> = m
+                .versions
+                .values()
+                .filter(|v| fs::canonicalize(&v.path).is_ok_and(|c| !c.starts_with(&croot)))
+                .collect();
+            for v in &outside {
+                refused.push(Refused {
+                    path: v.path.clone(),
+                    why: "a symbolic link leading out of the repository (set `follow_symlinks_outside_repo = true` to serve it)".into(),
+                });
+            }
+            outside.is_empty()
+        });
+    }
+    warn_once(root, refused);
+    Ok(out)
+}
+
+/// Logs each refused entry the first time a scan of `root` finds it (the watcher scans every
+/// few seconds); an entry fixed and broken again is logged again.
+fn warn_once(root: &Path, refused: Vec<Refused>) {
+    use std::collections::{HashMap, HashSet};
+    use std::sync::{Mutex, OnceLock};
+    static SEEN: OnceLock<Mutex<HashMap<PathBuf, HashSet<Refused>>>> = OnceLock::new();
+    let mut seen = SEEN
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let now: HashSet<Refused> = refused.into_iter().collect();
+    let before = seen.entry(root.to_path_buf()).or_default();
+    for r in now.difference(before) {
+        tracing::warn!(path = %r.path.display().to_string().escape_debug(), why = %r.why, "model not served");
+    }
+    *before = now;
+}
+
+/// The protocol's rule for names ([`valid_model_name`]), as a refusal.
+fn unservable(path: &Path, name: Option<&str>) -> Option<Refused> {
+    use trtcache_client::protocol::valid_model_name;
+    let why = match name {
+        None => "an unservable name: not UTF-8".to_string(),
+        Some(n) if !valid_model_name(n) => {
+            "an unservable name: a model name has no `/`, `\\` or control characters and at most 255 bytes".to_string()
+        }
+        Some(_) => return None,
+    };
+    Some(Refused {
+        path: path.to_path_buf(),
+        why,
+    })
+}
+
+fn scan_names(root: &Path, refused: &mut Vec<Refused>) -> std::io::Result<Snapshot> {
     let mut out = Snapshot::new();
     let mut root_files: Vec<(String, PathBuf)> = Vec::new();
     for e in fs::read_dir(root)?.flatten() {
-        let Some(name) = e.file_name().to_str().map(str::to_owned) else {
+        let raw = e.file_name();
+        let Some(name) = raw.to_str().map(str::to_owned) else {
+            // Only a name that would be a model (`.onnx`, or a folder) is worth a warning.
+            let path = e.path();
+            if raw.as_encoded_bytes().ends_with(b".onnx") || path.join("model.onnx").exists() {
+                refused.extend(unservable(&path, None));
+            }
             continue;
         };
         if hidden(&name) {
@@ -75,8 +179,18 @@ pub fn scan(root: &Path) -> std::io::Result<Snapshot> {
         let path = e.path();
         if path.is_dir() {
             if let Some(m) = scan_folder(&name, &path) {
-                out.insert(name, m);
+                match unservable(&path, Some(&name)) {
+                    Some(r) => refused.push(r),
+                    None => {
+                        out.insert(name, m);
+                    }
+                }
             }
+        } else if let Some(r) = name
+            .strip_suffix(".onnx")
+            .and_then(|n| unservable(&path, Some(n)))
+        {
+            refused.push(r);
         } else {
             root_files.push((name, path));
         }
@@ -98,7 +212,7 @@ pub fn scan(root: &Path) -> std::io::Result<Snapshot> {
         let mut fp: Fingerprint = root_files
             .iter()
             .filter(|(f, _)| f.starts_with(&format!("{name}.")))
-            .filter_map(|(_, p)| stat(p))
+            .filter_map(|(_, p)| FileStamp::of(p))
             .collect();
         fp.sort();
         let entry = ModelEntry {
@@ -257,5 +371,47 @@ mod tests {
         let before = scan(d.path()).unwrap()["a"].fingerprint.clone();
         fs::write(d.path().join("a.onnx"), b"xy").unwrap();
         assert_ne!(scan(d.path()).unwrap()["a"].fingerprint, before);
+    }
+
+    #[test]
+    fn a_chmod_changes_the_fingerprint() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a.onnx");
+        fs::write(&p, b"x").unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o000)).unwrap();
+        let before = scan(d.path()).unwrap()["a"].fingerprint.clone();
+        // Same bytes, same mtime: only the mode (and ctime) move.
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o644)).unwrap();
+        let after = scan(d.path()).unwrap()["a"].fingerprint.clone();
+        assert_eq!(before[0].mtime, after[0].mtime);
+        assert_ne!(after, before);
+    }
+
+    #[test]
+    fn unservable_names_and_links_out_of_the_repository_are_left_out() {
+        use std::os::unix::ffi::OsStrExt;
+        let d = tempfile::tempdir().unwrap();
+        let (repo, outside) = (d.path().join("repo"), d.path().join("outside"));
+        fs::create_dir_all(&repo).unwrap();
+        fs::create_dir_all(outside.join("f")).unwrap();
+        fs::write(outside.join("m.onnx"), b"x").unwrap();
+        fs::write(outside.join("f/model.onnx"), b"x").unwrap();
+        for name in ["good.onnx", "back\\slash.onnx", "esc\x1b[31m.onnx"] {
+            fs::write(repo.join(name), b"x").unwrap();
+        }
+        let bad = std::ffi::OsStr::from_bytes(b"not-utf8-\xff.onnx");
+        fs::write(repo.join(bad), b"x").unwrap();
+        std::os::unix::fs::symlink(outside.join("m.onnx"), repo.join("out.onnx")).unwrap();
+        std::os::unix::fs::symlink(outside.join("f"), repo.join("outdir")).unwrap();
+        // A link that stays inside is served.
+        std::os::unix::fs::symlink(repo.join("good.onnx"), repo.join("alias.onnx")).unwrap();
+        let s = scan(&repo).unwrap();
+        assert_eq!(s.keys().collect::<Vec<_>>(), ["alias", "good"]);
+        let s = scan_with(&repo, true).unwrap();
+        assert_eq!(
+            s.keys().collect::<Vec<_>>(),
+            ["alias", "good", "out", "outdir"]
+        );
     }
 }

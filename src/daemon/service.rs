@@ -305,20 +305,19 @@ impl Service {
         r
     }
 
-    /// Whether the model's graph file differs (size or mtime) from what the repository scan
-    /// recorded for it; `None` when it is gone. A file the scan did not fingerprint counts as
-    /// unchanged.
+    /// Whether the model's graph file differs (size, mtime, ctime or mode) from what the
+    /// repository scan recorded for it; `None` when it is gone. A file the scan did not
+    /// fingerprint counts as unchanged.
     fn changed_since_scan(&self, entry: &ModelEntry) -> Option<bool> {
-        let now = std::fs::metadata(&entry.path).ok()?;
-        let now = (now.len(), now.modified().ok());
+        let now = super::repo::FileStamp::of(&entry.path)?;
         let st = self.lock();
         let m = st.models.get(&entry.name)?;
         Some(
             m.repo
                 .fingerprint
                 .iter()
-                .find(|(p, _, _)| p == &entry.path)
-                .is_some_and(|(_, len, mtime)| now != (*len, *mtime)),
+                .find(|f| f.path == entry.path)
+                .is_some_and(|f| *f != now),
         )
     }
 

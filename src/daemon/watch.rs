@@ -1,7 +1,7 @@
 //! The repository watcher. notify events are only hints (a `mv` into the folder gives only a
 //! rename event and events can be dropped), so every event just marks the repository dirty.
 //! Once it has been quiet for the debounce, the whole repository is scanned; a model whose
-//! fingerprint (size and mtime of its files) differs from the served one is applied only when
+//! fingerprint (size, mtime, ctime and mode of its files) differs from the served one is applied only when
 //! a second scan one debounce later sees the same fingerprint, so `cp`, `mv`-into and
 //! write-then-rename all settle before a build starts. A periodic full rescan covers dropped
 //! events and overflow.
@@ -31,8 +31,8 @@ fn diff(served: &Snapshot, scan: &Snapshot) -> (Vec<RepoModel>, Vec<String>) {
     (changed, removed)
 }
 
-async fn scan(root: PathBuf) -> Option<Snapshot> {
-    match tokio::task::spawn_blocking(move || repo::scan(&root)).await {
+async fn scan(root: PathBuf, follow_outside: bool) -> Option<Snapshot> {
+    match tokio::task::spawn_blocking(move || repo::scan_with(&root, follow_outside)).await {
         Ok(Ok(s)) => Some(s),
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "repository scan failed");
@@ -46,15 +46,16 @@ async fn scan(root: PathBuf) -> Option<Snapshot> {
 fn quiet_for(m: &RepoModel, d: Duration) -> bool {
     let now = SystemTime::now();
     !m.fingerprint.is_empty()
-        && m.fingerprint.iter().all(|(_, _, mtime)| {
-            mtime.is_some_and(|t| now.duration_since(t).is_ok_and(|age| age >= d))
+        && m.fingerprint.iter().all(|f| {
+            f.mtime.is_some_and(|t| now.duration_since(t).is_ok_and(|age| age >= d))
         })
 }
 
 /// Scans once and applies everything (startup: files already present count as stable).
 pub async fn initial(svc: &Arc<Service>, root: PathBuf) -> std::io::Result<usize> {
     let r = root.clone();
-    let s = tokio::task::spawn_blocking(move || repo::scan(&r))
+    let follow = svc.cfg.follow_symlinks_outside_repo;
+    let s = tokio::task::spawn_blocking(move || repo::scan_with(&r, follow))
         .await
         .map_err(std::io::Error::other)??;
     let (changed, removed) = diff(&svc.fingerprints(), &s);
@@ -68,8 +69,9 @@ pub async fn run(svc: Arc<Service>, root: PathBuf, mut shutdown: watch::Receiver
         0 => Duration::from_secs(u64::MAX / 4),
         s => Duration::from_secs(s),
     };
+    let follow = svc.cfg.follow_symlinks_outside_repo;
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
-    let watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
+    let handler = move |ev: notify::Result<notify::Event>| {
         // Every event that may change a file, and every error (overflow included), means
         // "look again". Opening and reading a model (builds, key hashing, ONNX Runtime)
         // raises access events that change nothing; counting them restarted the debounce
@@ -81,7 +83,14 @@ pub async fn run(svc: Arc<Service>, root: PathBuf, mut shutdown: watch::Receiver
             }
         }
         let _ = tx.send(());
-    });
+    };
+    // Never into linked folders: a link to `/usr` in the repository cost 15,000 inotify
+    // watches. Folders linked from inside the repository are watched where they are; a
+    // linked folder elsewhere is seen by the periodic rescan.
+    let watcher = notify::RecommendedWatcher::new(
+        handler,
+        notify::Config::default().with_follow_symlinks(false),
+    );
     let _watcher = match watcher {
         Ok(mut w) => match w.watch(&root, RecursiveMode::Recursive) {
             Ok(()) => Some(w),
@@ -109,7 +118,7 @@ pub async fn run(svc: Arc<Service>, root: PathBuf, mut shutdown: watch::Receiver
             }
             _ = tokio::time::sleep(wait) => {}
         }
-        let Some(first) = scan(root.clone()).await else {
+        let Some(first) = scan(root.clone(), follow).await else {
             continue;
         };
         let (changed, removed) = diff(&svc.fingerprints(), &first);
@@ -133,7 +142,7 @@ pub async fn run(svc: Arc<Service>, root: PathBuf, mut shutdown: watch::Receiver
             _ = shutdown.changed() => return,
             _ = tokio::time::sleep(debounce) => {}
         }
-        let Some(second) = scan(root.clone()).await else {
+        let Some(second) = scan(root.clone(), follow).await else {
             continue;
         };
         let stable: Vec<RepoModel> = changed
