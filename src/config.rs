@@ -122,6 +122,10 @@ pub struct Limits {
     /// fixed input would need more is refused (give it golden inputs) before anything is
     /// allocated.
     pub validation_max_bytes: u64,
+    /// How often (seconds) the daemon checks that its socket file is still its own: a
+    /// deleted one is bound again, one replaced by another file stops the daemon with an
+    /// error. 0: never checked.
+    pub socket_check_secs: u64,
 }
 
 impl Limits {
@@ -182,6 +186,7 @@ impl Default for Limits {
             worker_memory_bytes: 0,
             worker_cpu_secs: 0,
             validation_max_bytes: 2 << 30,
+            socket_check_secs: 5,
         }
     }
 }

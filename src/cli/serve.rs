@@ -39,8 +39,12 @@ impl PathArgs {
 }
 
 /// Run the daemon: watch the model repository, build and cache artifacts, serve them on a
-/// Unix socket. Stops cleanly on SIGTERM/SIGINT. Under systemd it reports readiness
-/// (Type=notify), pings the watchdog and accepts a socket-activated listener.
+/// Unix socket. Stops cleanly on SIGTERM/SIGINT. On SIGHUP it loads the configuration again:
+/// if that fails it logs why and keeps serving; if it loads, it stops as cleanly and exits with
+/// status 75 so the service manager starts it again with the new configuration (the systemd
+/// unit's `ExecReload` sends SIGHUP, `RestartForceExitStatus=75` restarts it). Under systemd it
+/// reports readiness (Type=notify), pings the watchdog and accepts a socket-activated
+/// listener.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     #[command(flatten)]
@@ -50,8 +54,15 @@ pub struct ServeArgs {
 pub fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
     let cfg = a.paths.load()?;
     tracing::info!(models = %cfg.models.display(), cache = %cfg.cache_dir.display(), socket = %cfg.socket.display(), "starting");
-    crate::daemon::serve(cfg).map_err(anyhow::Error::new)?;
-    Ok(ExitCode::SUCCESS)
+    let paths = a.paths;
+    let reload = Box::new(move || paths.load().map(drop).map_err(|e| format!("{e:#}")));
+    match crate::daemon::serve(cfg, reload).map_err(anyhow::Error::new)? {
+        crate::daemon::Ending::Stopped => Ok(ExitCode::SUCCESS),
+        crate::daemon::Ending::Restart => {
+            eprintln!("trtcache: stopped on SIGHUP to restart with the new configuration (exit status {})", crate::daemon::RESTART_EXIT_CODE);
+            Ok(ExitCode::from(crate::daemon::RESTART_EXIT_CODE))
+        }
+    }
 }
 
 /// Print the effective configuration (config file, then flags) as TOML, or JSON with --json.

@@ -71,7 +71,6 @@ fn hidden(name: &str) -> bool {
     name.starts_with('.')
 }
 
-
 /// Every regular file under `dir` (recursively), fingerprinted.
 fn fingerprint_dir(dir: &Path, out: &mut Fingerprint, depth: usize) {
     let Ok(rd) = fs::read_dir(dir) else { return };

@@ -47,7 +47,8 @@ fn quiet_for(m: &RepoModel, d: Duration) -> bool {
     let now = SystemTime::now();
     !m.fingerprint.is_empty()
         && m.fingerprint.iter().all(|f| {
-            f.mtime.is_some_and(|t| now.duration_since(t).is_ok_and(|age| age >= d))
+            f.mtime
+                .is_some_and(|t| now.duration_since(t).is_ok_and(|age| age >= d))
         })
 }
 

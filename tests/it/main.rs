@@ -14,6 +14,7 @@ mod keys;
 mod layering;
 mod onnx_load;
 mod reliability_crash;
+mod reliability_files;
 mod reliability_hostile;
 mod reliability_races;
 mod reliability_store;
