@@ -126,6 +126,10 @@ pub struct Limits {
     /// deleted one is bound again, one replaced by another file stops the daemon with an
     /// error. 0: never checked.
     pub socket_check_secs: u64,
+    /// Longest wait (seconds) between retries of a background build that failed for a
+    /// reason of the machine (the cache full, read-only, failing, or its folders deleted);
+    /// the wait doubles from 1 s up to this.
+    pub storage_retry_max_secs: u64,
 }
 
 impl Limits {
@@ -187,6 +191,7 @@ impl Default for Limits {
             worker_cpu_secs: 0,
             validation_max_bytes: 2 << 30,
             socket_check_secs: 5,
+            storage_retry_max_secs: 60,
         }
     }
 }

@@ -92,6 +92,9 @@ pub enum FailKind {
     Runtime,
     /// The cache's file system is full.
     Full,
+    /// The cache cannot be written for another reason (read-only, I/O error, its folders
+    /// deleted): the machine's condition, retried, never the model's failure.
+    Storage,
     /// The model cannot be built or validated.
     Model,
 }
@@ -246,6 +249,10 @@ pub fn run(
                 path: job.out.clone(),
                 detail: message,
             }),
+            FailKind::Storage => BuildError::Store(crate::cache::StoreError::io(
+                &job.out,
+                std::io::Error::other(message),
+            )),
             FailKind::Model => BuildError::Model {
                 path: job.model.clone(),
                 message,
@@ -355,6 +362,7 @@ pub fn serve_one() -> i32 {
             let kind = match &e {
                 BuildError::Runtime(_) | BuildError::ProviderMissing { .. } => FailKind::Runtime,
                 BuildError::Store(s) if s.is_full() => FailKind::Full,
+                BuildError::Store(_) => FailKind::Storage,
                 _ => FailKind::Model,
             };
             let message = match e {

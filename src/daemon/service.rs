@@ -355,22 +355,52 @@ impl Service {
 
     /// Queues a background build and records its artifact as ready when it completes.
     fn submit_tracked(self: &Arc<Self>, p: &Planned) {
-        let Ok(mut rx) = self.queue.submit(p, false) else {
+        self.submit_retrying(p.clone(), 0);
+    }
+
+    /// Queues a background build; when it fails for a reason of the machine (the cache full,
+    /// read-only, failing or its folders deleted: the queue's transient failures), queues it
+    /// again after a backoff that doubles from 1 s up to `limits.storage_retry_max_secs`,
+    /// for as long as the model's current plan is still this key.
+    fn submit_retrying(self: &Arc<Self>, p: Planned, attempt: u32) {
+        let Ok(mut rx) = self.queue.submit(&p, false) else {
             return;
         };
         let svc = self.clone();
         let key = p.key;
         tokio::spawn(async move {
-            loop {
+            let failed = loop {
                 if let JobStatus::Done(r) = &*rx.borrow_and_update() {
-                    if let Ok(a) = r {
-                        svc.lock().ready.insert(key, a.clone());
+                    match r {
+                        Ok(a) => {
+                            svc.lock().ready.insert(key, a.clone());
+                            break false;
+                        }
+                        Err(_) => break true,
                     }
-                    return;
                 }
                 if rx.changed().await.is_err() {
                     return;
                 }
+            };
+            if !failed || svc.queue.transient_failure(&key).is_none() {
+                return;
+            }
+            let cap = svc.cfg.limits.storage_retry_max_secs.max(1);
+            let delay = Duration::from_secs((1u64 << attempt.min(20)).min(cap));
+            tracing::info!(model = %p.model.name, key = %key, retry_in_s = delay.as_secs(), "build failed for a reason of the machine; retrying");
+            tokio::time::sleep(delay).await;
+            let Ok(entry) = svc.entry(&p.model.name, Some(p.model.version)) else {
+                return;
+            };
+            match svc.planned(&entry, &p.selection).await {
+                Ok(now) if now.key == key => {
+                    if svc.ready_artifact(&now).await.is_none() {
+                        svc.submit_retrying(now, attempt + 1);
+                    }
+                }
+                // Replanned to other content (the watcher queues that) or gone.
+                _ => {}
             }
         });
     }

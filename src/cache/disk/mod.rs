@@ -30,6 +30,7 @@ use super::{now_secs, GcReport, Lookup, Served, Store, StoreError, VerifyReport}
 use crate::key::{hex, CacheKey};
 
 mod maintain;
+mod usage;
 
 const RECORDS_TREE: &str = "trt_engine_cache";
 
@@ -59,6 +60,8 @@ pub struct SledStore {
     records: sled::Tree,
     opts: StoreOptions,
     report: OpenReport,
+    /// Sizes, blob references and LRU order, kept in step with `records`.
+    usage: std::sync::Mutex<usage::Usage>,
     _lock: DirLock,
 }
 
@@ -156,14 +159,35 @@ impl SledStore {
         let records = db.open_tree(RECORDS_TREE).map_err(|e| sled_err(root, e))?;
         // sled creates its files with the umask: the index is the owner's alone.
         files::restrict_index(&dbp).map_err(io(&dbp))?;
-        Ok(Self {
+        let mut store = Self {
             root: root.to_path_buf(),
             db,
             records,
             opts,
             report: OpenReport::default(),
+            usage: Default::default(),
             _lock: lock,
-        })
+        };
+        store.recount()?;
+        Ok(store)
+    }
+
+    /// Builds the in-memory accounting from the whole index (at open, after repair).
+    fn recount(&mut self) -> Result<(), StoreError> {
+        let all = self.all_records()?;
+        *self.usage.get_mut().unwrap_or_else(|p| p.into_inner()) = usage::Usage::of(&all);
+        Ok(())
+    }
+
+    fn usage(&self) -> std::sync::MutexGuard<'_, usage::Usage> {
+        self.usage.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Removes a key from the index (and the accounting); not flushed.
+    fn unindex(&self, key: &CacheKey) -> Result<(), StoreError> {
+        self.records.remove(key.0).map_err(|e| self.db_err(e))?;
+        self.usage().set(*key, None);
+        Ok(())
     }
 
     /// Creates the store's folders that are missing (at open, and again when they were
@@ -257,6 +281,7 @@ impl SledStore {
         self.records
             .insert(r.key.0, v)
             .map_err(|e| self.db_err(e))?;
+        self.usage().set(r.key, Some(r));
         Ok(())
     }
 
@@ -412,12 +437,12 @@ impl SledStore {
     fn undo_put(&self, record: &Record, previous: Option<&Record>) {
         let restored = match previous {
             Some(p) => self.write_record(p),
-            None => self
-                .records
-                .remove(record.key.0)
-                .and_then(|_| self.records.flush())
-                .map(|_| ())
-                .map_err(|e| self.db_err(e)),
+            None => self.unindex(&record.key).and_then(|_| {
+                self.records
+                    .flush()
+                    .map(drop)
+                    .map_err(|e| self.db_err(e))
+            }),
         };
         if let Err(e) = restored {
             tracing::warn!(key = %record.key, error = %e, "cannot undo a failed cache write");
@@ -437,10 +462,31 @@ impl SledStore {
     }
 
     fn digest_in_use(&self, digest: &str, except: &CacheKey) -> Result<bool, StoreError> {
-        Ok(self
-            .all_records()?
-            .iter()
-            .any(|r| &r.key != except && r.artifact.as_ref().is_some_and(|a| a.digest == digest)))
+        Ok(self.usage().named_by_other(digest, except))
+    }
+
+    /// Evicts least-recently-used records until the servable artifacts fit in `max`: one
+    /// record at a time from the LRU order (O(log n) each), not a pass over the index.
+    /// Returns the keys evicted.
+    fn evict_to(&self, max: u64) -> Result<Vec<CacheKey>, StoreError> {
+        let mut evicted = Vec::new();
+        loop {
+            let next = {
+                let u = self.usage();
+                if u.total() <= max {
+                    break;
+                }
+                u.oldest()
+            };
+            let Some(key) = next else { break };
+            if !self.remove(&key)? {
+                // Not in the index (cannot happen while the accounting is in step): drop it
+                // from the order so the loop ends.
+                self.usage().set(key, None);
+            }
+            evicted.push(key);
+        }
+        Ok(evicted)
     }
 
     fn remove_blob_if_unused(&self, digest: &str, except: &CacheKey) -> Result<(), StoreError> {
@@ -456,6 +502,8 @@ impl SledStore {
 
 impl Store for SledStore {
     fn staging_dir(&self) -> Result<tempfile::TempDir, StoreError> {
+        // Folders deleted under a running daemon come back (a few stats when they exist).
+        Self::create_dirs(&self.root)?;
         let tmp = self.root.join("tmp");
         tempfile::Builder::new()
             .prefix("build-")
@@ -481,6 +529,7 @@ impl Store for SledStore {
         artifact: Option<&StagedArtifact>,
     ) -> Result<Record, StoreError> {
         let previous = self.read_record(&record.key)?;
+        Self::create_dirs(&self.root)?;
         record.artifact = match artifact {
             Some(a) => Some(self.commit_blob(a)?),
             None => None,
@@ -502,8 +551,7 @@ impl Store for SledStore {
             }
         }
         if let Some(max) = self.opts.max_bytes {
-            let rep = self.gc(max, false)?;
-            if rep.evicted.contains(&record.key.hex()) {
+            if self.evict_to(max)?.contains(&record.key) {
                 tracing::warn!(key = %record.key, max, "the new artifact alone exceeds the cache size limit");
             }
         }
@@ -522,7 +570,7 @@ impl Store for SledStore {
         };
         // Manifest first: one without an index entry would read as a damaged index.
         self.remove_manifest(key)?;
-        self.records.remove(key.0).map_err(|e| self.db_err(e))?;
+        self.unindex(key)?;
         self.records.flush().map_err(|e| self.db_err(e))?;
         if let Some(a) = r.artifact {
             self.remove_blob_if_unused(&a.digest, key)?;
@@ -550,7 +598,7 @@ mod tests {
     use super::*;
     use crate::key::{BackendId, KeyParts, ModelDigest, KEY_FORMAT};
 
-    fn record(n: u8, last_used: u64) -> Record {
+    pub(super) fn record(n: u8, last_used: u64) -> Record {
         let parts = KeyParts {
             format: KEY_FORMAT,
             model: ModelDigest {
