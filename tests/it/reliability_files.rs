@@ -353,3 +353,121 @@ fn sighup_restarts_only_with_a_config_that_loads() {
     d.start();
     assert!(d.stop());
 }
+
+/// Polls `list` until `name` has a ready variant (panics after 90 s with the log).
+fn wait_ready(d: &Daemon, name: &str) -> Duration {
+    use trtcache_client::protocol::VariantState;
+    let mut c = d.client();
+    let t0 = Instant::now();
+    loop {
+        let l = c.list().unwrap();
+        if l.iter()
+            .any(|m| m.name == name && m.variants.iter().any(|v| v.state == VariantState::Ready))
+        {
+            return t0.elapsed();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(90),
+            "{name} never ready: {l:?}\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn cache_folders_deleted_under_the_daemon_come_back_and_builds_go_on() {
+    let mut d = Daemon::new();
+    write(&models::tiny_encoder(false), &d.models().join("first.onnx")).unwrap();
+    d.start();
+    wait_ready(&d, "first");
+    for sub in ["tmp", "blobs", "records", "quarantine"] {
+        std::fs::remove_dir_all(d.cache().join(sub)).unwrap();
+    }
+    // A new model: its build needs tmp/ (staging), blobs/ and records/.
+    write(&models::tiny_encoder(true), &d.models().join("second.onnx")).unwrap();
+    let took = wait_ready(&d, "second");
+    eprintln!("built {took:?} after its folders were deleted");
+    for sub in ["tmp", "blobs", "records"] {
+        assert!(d.cache().join(sub).is_dir(), "{sub} not recreated");
+    }
+    // The first model's artifact went with blobs/: an acquire rebuilds it, never fails.
+    let mut c = d.client();
+    for name in ["first", "second"] {
+        c.acquire(&trtcache_client::protocol::AcquireRequest {
+            model: name.into(),
+            ..Default::default()
+        })
+        .unwrap_or_else(|e| panic!("acquire {name}: {e}\n{}", d.log()));
+    }
+    assert!(d.stop());
+}
+
+/// `dir` bind-mounted over itself read-only (root only); unmounted on drop.
+struct ReadOnly(std::path::PathBuf);
+
+impl ReadOnly {
+    fn mount(dir: &Path) -> Result<ReadOnly, String> {
+        let run = |args: &[&str]| {
+            let out = Command::new("mount").args(args).arg(dir).output();
+            match out {
+                Ok(o) if o.status.success() => Ok(()),
+                Ok(o) => Err(String::from_utf8_lossy(&o.stderr).trim().to_string()),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        let d = dir.to_str().unwrap();
+        run(&["--bind", d])?;
+        let ro = ReadOnly(dir.to_path_buf());
+        run(&["-o", "remount,bind,ro"])?;
+        Ok(ro)
+    }
+}
+
+impl Drop for ReadOnly {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_read_only_cache_is_not_the_models_failure_and_builds_resume_when_writable() {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: needs root to bind-mount the cache read-only (chmod does not stop root, and a non-root test has no other way); the deletion test covers the retry");
+        return;
+    }
+    let mut d = Daemon::new();
+    d.start();
+    let ro = match ReadOnly::mount(&d.cache().join("tmp")) {
+        Ok(ro) => ro,
+        Err(e) => {
+            eprintln!("SKIPPED: cannot bind-mount {} read-only ({e})", d.cache().display());
+            return;
+        }
+    };
+    write(&models::tiny_encoder(false), &d.models().join("m.onnx")).unwrap();
+    // The build fails with EROFS: reported, not remembered as the model's failure.
+    let t0 = Instant::now();
+    let reason = loop {
+        let mut c = d.client();
+        let l = c.list().unwrap();
+        let r = l
+            .iter()
+            .find(|m| m.name == "m")
+            .and_then(|m| m.variants.first())
+            .and_then(|v| v.reason.clone());
+        if let Some(r) = r {
+            break r;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "{l:?}\n{}", d.log());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(reason.contains("Read-only file system"), "{reason}");
+    std::thread::sleep(Duration::from_secs(2));
+    drop(ro);
+    // No request: the daemon's own retry (backoff 1, 2, 4 … s) builds it.
+    let took = wait_ready(&d, "m");
+    eprintln!("built {took:?} after the cache became writable again");
+    assert!(d.log().contains("retrying"), "{}", d.log());
+    assert!(d.stop());
+}
