@@ -130,9 +130,29 @@ pub struct Limits {
     /// reason of the machine (the cache full, read-only, failing, or its folders deleted);
     /// the wait doubles from 1 s up to this.
     pub storage_retry_max_secs: u64,
+    /// Decode budget of every model file read (`onnx::budget`, checked before decoding):
+    /// nodes, attributes and tensors in the whole model, and an estimate of the decoded size
+    /// of `decode_base_bytes` + `decode_bytes_per_file_byte` × the file's size. A model over
+    /// any of them is refused ("decoding it would allocate …"), never decoded.
+    pub decode_max_nodes: u64,
+    pub decode_max_attributes: u64,
+    pub decode_max_tensors: u64,
+    pub decode_base_bytes: u64,
+    pub decode_bytes_per_file_byte: u64,
 }
 
 impl Limits {
+    /// The decode budget these limits set (see `decode_max_nodes`).
+    pub fn decode(&self) -> crate::onnx::DecodeLimits {
+        crate::onnx::DecodeLimits {
+            max_nodes: self.decode_max_nodes,
+            max_attributes: self.decode_max_attributes,
+            max_tensors: self.decode_max_tensors,
+            base_bytes: self.decode_base_bytes,
+            per_file_byte: self.decode_bytes_per_file_byte,
+        }
+    }
+
     /// The bounds of a build worker: `worker_memory_bytes` (or three quarters of physical
     /// memory), `worker_cpu_secs`, and `build_timeout_secs` of wall time.
     pub fn worker(&self) -> WorkerLimits {
@@ -173,6 +193,7 @@ pub fn physical_memory() -> Option<u64> {
 
 impl Default for Limits {
     fn default() -> Self {
+        let decode = crate::onnx::DecodeLimits::builtin();
         Limits {
             build_concurrency: 1,
             build_timeout_secs: 3600,
@@ -192,6 +213,11 @@ impl Default for Limits {
             validation_max_bytes: 2 << 30,
             socket_check_secs: 5,
             storage_retry_max_secs: 60,
+            decode_max_nodes: decode.max_nodes,
+            decode_max_attributes: decode.max_attributes,
+            decode_max_tensors: decode.max_tensors,
+            decode_base_bytes: decode.base_bytes,
+            decode_bytes_per_file_byte: decode.per_file_byte,
         }
     }
 }
@@ -363,7 +389,11 @@ impl Config {
     fn validate(&self) -> Result<(), ConfigError> {
         self.socket_mode_bits()?;
         let l = &self.limits;
-        let positive: [(&'static str, u64); 7] = [
+        let positive: [(&'static str, u64); 11] = [
+            ("limits.decode_max_nodes", l.decode_max_nodes),
+            ("limits.decode_max_attributes", l.decode_max_attributes),
+            ("limits.decode_max_tensors", l.decode_max_tensors),
+            ("limits.decode_base_bytes", l.decode_base_bytes),
             ("limits.build_concurrency", l.build_concurrency as u64),
             ("limits.io_threads", l.io_threads as u64),
             ("limits.max_connections", l.max_connections as u64),

@@ -354,6 +354,7 @@ impl Builder {
                     validation: req.validation.clone(),
                     out: staging.path().to_path_buf(),
                     ort_library: self.ort_library.clone(),
+                    decode: crate::onnx::DecodeLimits::default(),
                 };
                 worker::run(&job, limits, watch.cancelled, progress)?
             }

@@ -54,6 +54,10 @@ pub struct Job {
     pub out: PathBuf,
     /// The configured ONNX Runtime library, if any.
     pub ort_library: Option<PathBuf>,
+    /// The parent's decode limits (config `limits.decode_*`), for every model the worker
+    /// loads.
+    #[serde(default)]
+    pub decode: crate::onnx::DecodeLimits,
 }
 
 /// What a worker built and how it validated.
@@ -356,6 +360,7 @@ pub fn serve_one() -> i32 {
     let progress = |p: &str| {
         emit(&Line::Progress(p.to_string()));
     };
+    crate::onnx::DecodeLimits::set_process_default(job.decode);
     let reply = match build_and_validate(&job, &progress) {
         Ok(b) => Reply::Built(b),
         Err(e) => {

@@ -34,7 +34,11 @@ impl PathArgs {
             cache_dir: self.cache_dir.clone(),
             socket: self.socket.clone(),
         };
-        Config::load(&o).context("reading the configuration")
+        let cfg = Config::load(&o).context("reading the configuration")?;
+        // Every model this process (and its build workers) reads is held to the config's
+        // decode budget.
+        crate::onnx::DecodeLimits::set_process_default(cfg.limits.decode());
+        Ok(cfg)
     }
 }
 

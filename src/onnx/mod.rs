@@ -18,6 +18,7 @@ pub mod proto;
 
 pub use dtype::ElemType;
 pub use graph::{Graph, NodeId};
+pub use budget::DecodeLimits;
 pub use load::{ExternalFile, LoadOptions, Model};
 
 use std::path::PathBuf;

@@ -471,3 +471,39 @@ fn a_read_only_cache_is_not_the_models_failure_and_builds_resume_when_writable()
     assert!(d.log().contains("retrying"), "{}", d.log());
     assert!(d.stop());
 }
+
+#[test]
+fn decode_limits_come_from_the_config_file_and_are_validated() {
+    let mut d = Daemon::new();
+    // A 200-node chain is within the built-in budget (10M nodes); the config allows 50.
+    write(&models::long_chain(200), &d.models().join("chain.onnx")).unwrap();
+    write(&models::tiny_encoder(false), &d.models().join("enc.onnx")).unwrap();
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(d.config(), format!("{cfg}decode_max_nodes = 0\n")).unwrap();
+    let out = support::cmd()
+        .args(["config", "--config"])
+        .arg(d.config())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("limits.decode_max_nodes"), "{err}");
+    std::fs::write(d.config(), format!("{cfg}decode_max_nodes = 50\n")).unwrap();
+    d.start();
+    let list = d.wait_settled(&["chain", "enc"]);
+    let chain = list.iter().find(|m| m.name == "chain").unwrap();
+    let reason = chain.variants[0].reason.clone().unwrap_or_default();
+    assert!(
+        reason.contains("over the limit of 50"),
+        "{reason}\n{}",
+        d.log()
+    );
+    let enc = list.iter().find(|m| m.name == "enc").unwrap();
+    assert_eq!(
+        enc.variants[0].state,
+        trtcache_client::protocol::VariantState::Ready,
+        "{}",
+        d.log()
+    );
+    assert!(d.stop());
+}
