@@ -84,13 +84,7 @@ struct Timed {
 }
 
 /// `batch` stores of new entries numbered from `next`, each with the memo work of its build.
-fn batch(
-    s: &SledStore,
-    memo: &Path,
-    stage: &Path,
-    next: &mut u64,
-    batch: usize,
-) -> Timed {
+fn batch(s: &SledStore, memo: &Path, stage: &Path, next: &mut u64, batch: usize) -> Timed {
     let mut t = Timed {
         store_ms: Vec::new(),
         memo_ms: Vec::new(),

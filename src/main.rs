@@ -17,7 +17,17 @@ fn main() -> std::process::ExitCode {
     match trtcache::cli::run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // Paths and reasons come from files and sockets: no terminal escape reaches the
+            // terminal raw (the message's own line breaks are kept).
+            let msg: String = format!("{e:#}")
+                .chars()
+                .flat_map(|c| match c {
+                    '\n' | '\t' => vec![c],
+                    c if c.is_control() => c.escape_default().collect(),
+                    c => vec![c],
+                })
+                .collect();
+            eprintln!("error: {msg}");
             std::process::ExitCode::from(2)
         }
     }

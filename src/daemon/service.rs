@@ -393,14 +393,12 @@ impl Service {
             let Ok(entry) = svc.entry(&p.model.name, Some(p.model.version)) else {
                 return;
             };
-            match svc.planned(&entry, &p.selection).await {
-                Ok(now) if now.key == key => {
-                    if svc.ready_artifact(&now).await.is_none() {
-                        svc.submit_retrying(now, attempt + 1);
-                    }
-                }
-                // Replanned to other content (the watcher queues that) or gone.
-                _ => {}
+            // Replanned to other content (the watcher queues that) or gone: no retry.
+            let Ok(now) = svc.planned(&entry, &p.selection).await else {
+                return;
+            };
+            if now.key == key && svc.ready_artifact(&now).await.is_none() {
+                svc.submit_retrying(now, attempt + 1);
             }
         });
     }

@@ -21,10 +21,10 @@
 //! (`TRTCACHE_DIGEST_RACY_MS`, default 100 ms); younger files are hashed again next time.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, OnceLock};
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -526,7 +526,8 @@ mod tests {
             m.save().unwrap();
             // Never more journal lines than max(256, entries): each save is an append or,
             // now and then, one compaction.
-            let lines = std::fs::read(&journal).map_or(0, |b| b.iter().filter(|&&c| c == b'\n').count());
+            let lines =
+                std::fs::read(&journal).map_or(0, |b| b.iter().filter(|&&c| c == b'\n').count());
             assert!(lines <= 256.max(i as usize + 1), "{lines} lines at {i}");
         }
         // What another process sees: the snapshot and the journal from disk alone.

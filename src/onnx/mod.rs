@@ -16,9 +16,9 @@ pub(crate) mod graph;
 pub(crate) mod load;
 pub mod proto;
 
+pub use budget::DecodeLimits;
 pub use dtype::ElemType;
 pub use graph::{Graph, NodeId};
-pub use budget::DecodeLimits;
 pub use load::{ExternalFile, LoadOptions, Model};
 
 use std::path::PathBuf;

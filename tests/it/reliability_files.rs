@@ -441,7 +441,10 @@ fn a_read_only_cache_is_not_the_models_failure_and_builds_resume_when_writable()
     let ro = match ReadOnly::mount(&d.cache().join("tmp")) {
         Ok(ro) => ro,
         Err(e) => {
-            eprintln!("SKIPPED: cannot bind-mount {} read-only ({e})", d.cache().display());
+            eprintln!(
+                "SKIPPED: cannot bind-mount {} read-only ({e})",
+                d.cache().display()
+            );
             return;
         }
     };
@@ -506,4 +509,21 @@ fn decode_limits_come_from_the_config_file_and_are_validated() {
         d.log()
     );
     assert!(d.stop());
+}
+
+#[test]
+fn terminal_escapes_in_a_path_are_never_printed_raw() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("x\x1b]0;pwned\x07\x1b[31m.onnx");
+    std::fs::write(&p, b"not a model").unwrap();
+    for cmd in ["inspect", "key"] {
+        let out = trtcache([std::ffi::OsStr::new(cmd), p.as_os_str()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            !err.contains('\x1b') && !err.contains('\x07'),
+            "{cmd}: {err:?}"
+        );
+        assert!(err.contains("\\u{1b}"), "{cmd}: {err:?}");
+    }
 }

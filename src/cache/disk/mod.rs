@@ -437,12 +437,9 @@ impl SledStore {
     fn undo_put(&self, record: &Record, previous: Option<&Record>) {
         let restored = match previous {
             Some(p) => self.write_record(p),
-            None => self.unindex(&record.key).and_then(|_| {
-                self.records
-                    .flush()
-                    .map(drop)
-                    .map_err(|e| self.db_err(e))
-            }),
+            None => self
+                .unindex(&record.key)
+                .and_then(|_| self.records.flush().map(drop).map_err(|e| self.db_err(e))),
         };
         if let Err(e) = restored {
             tracing::warn!(key = %record.key, error = %e, "cannot undo a failed cache write");

@@ -138,7 +138,11 @@ mod tests {
 
     #[test]
     fn shared_blobs_count_once_and_lru_follows_use() {
-        let (a, b, c) = (rec(1, "d1", 100, 5), rec(2, "d1", 100, 3), rec(3, "d2", 50, 9));
+        let (a, b, c) = (
+            rec(1, "d1", 100, 5),
+            rec(2, "d1", 100, 3),
+            rec(3, "d2", 50, 9),
+        );
         let mut u = Usage::of([&a, &b, &c]);
         assert_eq!(u.total(), 150);
         assert_eq!(u.oldest(), Some(b.key));
