@@ -168,6 +168,9 @@ pub trait Store: Send + Sync {
 /// `trtcache key` (which never takes the cache's lock) and builds (see `key::memo`).
 pub const DIGEST_MEMO: &str = "digests.json";
 
+/// The digest memo's journal beside it (entries appended between compactions).
+pub const DIGEST_MEMO_JOURNAL: &str = "digests.json.log";
+
 /// Parses a size: `1048576`, `512K`, `200M`, `1.5G`, `2GiB`, `10 MB` (binary units).
 pub fn parse_size(s: &str) -> Option<u64> {
     let t = s.trim();

@@ -360,7 +360,9 @@ impl DigestMemo {
         // Over the limit by a quarter (not by one: trimming back to the limit then compacts
         // at every save), or a journal longer than the snapshot: compact.
         let over = entries > self.max_entries + self.max_entries / 4;
-        if over || g.log_lines + self.pending.len() > entries.max(256) {
+        // The first save of a memo writes its snapshot (`digests.json` is then always there
+        // once anything is remembered).
+        if over || g.snapshot.is_none() || g.log_lines + self.pending.len() > entries.max(256) {
             self.compact(&mut g)?;
         } else {
             self.append(&mut g)?;
