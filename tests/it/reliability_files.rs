@@ -527,3 +527,48 @@ fn terminal_escapes_in_a_path_are_never_printed_raw() {
         assert!(err.contains("\\u{1b}"), "{cmd}: {err:?}");
     }
 }
+
+#[test]
+fn a_fifo_given_as_a_model_is_refused_at_once() {
+    let d = tempfile::tempdir().unwrap();
+    let fifo = d.path().join("m.onnx");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let cache = d.path().join("cache");
+    for args in [
+        vec!["inspect", fifo.to_str().unwrap()],
+        vec!["key", fifo.to_str().unwrap()],
+        vec![
+            "build",
+            fifo.to_str().unwrap(),
+            "--cache-dir",
+            cache.to_str().unwrap(),
+        ],
+    ] {
+        let mut child = support::cmd()
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t0 = Instant::now();
+        let st = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            if t0.elapsed() > Duration::from_secs(30) {
+                let _ = child.kill();
+                panic!("{args:?} blocked on the FIFO");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        assert_eq!(st.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("is a FIFO, not a regular file"),
+            "{args:?}: {err}"
+        );
+    }
+}
