@@ -572,3 +572,45 @@ fn a_fifo_given_as_a_model_is_refused_at_once() {
         );
     }
 }
+
+#[test]
+fn a_model_made_readable_is_planned_again() {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: needs root to run the daemon as another uid (the owner of an unreadable file can always read it back)");
+        return;
+    }
+    let mut d = Daemon::new();
+    // The daemon runs as uid 65534, for which a 0600 root file is unreadable.
+    std::fs::set_permissions(&d.root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for p in [d.models(), d.cache()] {
+        std::os::unix::fs::chown(&p, Some(65534), Some(65534)).unwrap();
+    }
+    let m = d.models().join("m.onnx");
+    write(&models::tiny_encoder(false), &m).unwrap();
+    std::fs::set_permissions(&m, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let child = Command::new("/usr/bin/setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(support::bin())
+        .args(["-v", "serve", "--config"])
+        .arg(d.config())
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("LISTEN_FDS")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(d.root.join("daemon.log")).unwrap())
+        .spawn()
+        .unwrap();
+    d.child = Some(child);
+    wait_connect(&d.socket(), "daemon as uid 65534");
+    let list = d.wait_settled(&["m"]);
+    let reason = list[0].variants[0].reason.clone().unwrap_or_default();
+    assert!(
+        reason.contains("Permission denied"),
+        "{reason}\n{}",
+        d.log()
+    );
+    // Same bytes, same mtime; only the mode (and ctime) change.
+    std::fs::set_permissions(&m, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let took = wait_ready(&d, "m");
+    eprintln!("ready {took:?} after the chmod");
+    assert!(d.stop());
+}
