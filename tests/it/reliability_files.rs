@@ -292,9 +292,11 @@ fn a_socket_taken_over_stops_the_daemon_with_an_error() {
     let mut d = Daemon::new();
     set_limit(&d, "socket_check_secs = 1");
     d.start();
-    // Another file at the path (what another daemon binding it leaves): not ours any more.
-    std::fs::remove_file(d.socket()).unwrap();
-    let other = std::os::unix::net::UnixListener::bind(d.socket()).unwrap();
+    // Another socket file at the path (what another daemon binding it leaves): not ours any
+    // more. Renamed over it in one step, so the daemon never sees the path empty.
+    let aside = d.root.join("other.sock");
+    let other = std::os::unix::net::UnixListener::bind(&aside).unwrap();
+    std::fs::rename(&aside, d.socket()).unwrap();
     let mut child = d.child.take().unwrap();
     let t0 = Instant::now();
     let st = loop {
