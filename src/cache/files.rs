@@ -78,6 +78,7 @@ pub fn restrict_index(db: &Path) -> std::io::Result<()> {
         std::fs::set_permissions(db, std::fs::Permissions::from_mode(INDEX_DIR_MODE))?;
     }
     for e in std::fs::read_dir(db)?.flatten() {
+        // Gone since it was listed (see below): nothing to restrict.
         let Ok(m) = std::fs::symlink_metadata(e.path()) else {
             continue;
         };
@@ -89,7 +90,11 @@ pub fn restrict_index(db: &Path) -> std::io::Result<()> {
             continue;
         };
         if m.permissions().mode() & 0o7777 != want {
-            std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(want))?;
+            match std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(want)) {
+                // sled's own threads remove snapshot temp files while the store opens.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                r => r?,
+            }
         }
     }
     Ok(())

@@ -157,8 +157,12 @@ impl SledStore {
         files::create_dir(&dbp, files::INDEX_DIR_MODE).map_err(io(&dbp))?;
         let db = sled::open(&dbp).map_err(|e| sled_err(root, e))?;
         let records = db.open_tree(RECORDS_TREE).map_err(|e| sled_err(root, e))?;
-        // sled creates its files with the umask: the index is the owner's alone.
-        files::restrict_index(&dbp).map_err(io(&dbp))?;
+        // sled creates its files with the umask: the index is the owner's alone (`db/` is
+        // created 0700 above, so a file left wider here is still unreachable to others: a
+        // failure only warns).
+        if let Err(e) = files::restrict_index(&dbp) {
+            tracing::warn!(db = %dbp.display(), error = %e, "cannot restrict the index files' modes");
+        }
         let mut store = Self {
             root: root.to_path_buf(),
             db,
