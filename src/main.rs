@@ -19,15 +19,7 @@ fn main() -> std::process::ExitCode {
         Err(e) => {
             // Paths and reasons come from files and sockets: no terminal escape reaches the
             // terminal raw (the message's own line breaks are kept).
-            let msg: String = format!("{e:#}")
-                .chars()
-                .flat_map(|c| match c {
-                    '\n' | '\t' => vec![c],
-                    c if c.is_control() => c.escape_default().collect(),
-                    c => vec![c],
-                })
-                .collect();
-            eprintln!("error: {msg}");
+            eprintln!("error: {}", trtcache::cli::printable(&format!("{e:#}")));
             std::process::ExitCode::from(2)
         }
     }

@@ -117,10 +117,11 @@ fn ago(t: u64) -> String {
 }
 
 fn short_model(p: &str) -> String {
-    Path::new(p)
+    let name = Path::new(p)
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| p.to_string())
+        .unwrap_or_else(|| p.to_string());
+    super::output::printable(&name)
 }
 
 pub fn ls(a: LsArgs) -> anyhow::Result<ExitCode> {

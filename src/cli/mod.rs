@@ -7,6 +7,7 @@ mod capability;
 mod inspect;
 pub(crate) mod key;
 pub(crate) mod output;
+pub use output::printable;
 mod sku;
 
 pub use inspect::opset_bounds;

@@ -528,6 +528,30 @@ fn terminal_escapes_in_a_path_are_never_printed_raw() {
         );
         assert!(err.contains("\\u{1b}"), "{cmd}: {err:?}");
     }
+    // A model built from such a path: `build` and `ls` print its name escaped too.
+    let m = d.path().join("enc\x1b[31m.onnx");
+    write(&models::tiny_encoder(false), &m).unwrap();
+    let cache = d.path().join("cache");
+    let c = cache.to_str().unwrap();
+    let build = trtcache([
+        std::ffi::OsStr::new("build"),
+        m.as_os_str(),
+        "--cache-dir".as_ref(),
+        c.as_ref(),
+    ]);
+    assert!(
+        build.status.success(),
+        "{}",
+        String::from_utf8_lossy(&build.stderr)
+    );
+    let ls = trtcache(["ls", "--cache-dir", c]);
+    for out in [&build.stdout, &ls.stdout] {
+        let text = String::from_utf8_lossy(out);
+        assert!(
+            !text.contains('\x1b') && text.contains("enc\\u{1b}[31m"),
+            "{text:?}"
+        );
+    }
 }
 
 #[test]
