@@ -87,6 +87,19 @@ pub fn human_bytes(n: u64) -> String {
     }
 }
 
+/// `s` with control characters escaped (`\u{1b}`), line breaks and tabs kept: for text that
+/// came from files or sockets (paths, model names, reasons), so no terminal escape sequence in
+/// it reaches the terminal raw.
+pub fn printable(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| match c {
+            '\n' | '\t' => vec![c],
+            c if c.is_control() => c.escape_default().collect(),
+            c => vec![c],
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,17 +117,4 @@ mod tests {
         );
         assert_eq!(t, "  a    bb\n  ccc  d\n");
     }
-}
-
-/// `s` with control characters escaped (`\u{1b}`), line breaks and tabs kept: for text that
-/// came from files or sockets (paths, model names, reasons), so no terminal escape sequence in
-/// it reaches the terminal raw.
-pub fn printable(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| match c {
-            '\n' | '\t' => vec![c],
-            c if c.is_control() => c.escape_default().collect(),
-            c => vec![c],
-        })
-        .collect()
 }
