@@ -70,6 +70,9 @@ pub struct Config {
     /// (`"127.0.0.1:9464"`); absent = off. `serve --metrics-listen` overrides it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics_listen: Option<String>,
+    /// Serve model files that are symbolic links leading out of the repository (off: such a
+    /// file is refused with a warning, the rule external data files follow too).
+    pub follow_symlinks_outside_repo: bool,
     /// Limits.
     pub limits: Limits,
     /// The fleet tier (`[remote]`, see docs/fleet.md); absent = off.
@@ -171,6 +174,23 @@ pub struct Limits {
     /// others are summed under `model="/other"`, so a large repository cannot blow up the
     /// number of series. 0: every model under `/other`.
     pub metrics_max_models: usize,
+    /// How often (seconds) the daemon checks that its socket file is still its own: a
+    /// deleted one is bound again, one replaced by another file stops the daemon with an
+    /// error. 0: never checked.
+    pub socket_check_secs: u64,
+    /// Longest wait (seconds) between retries of a background build that failed for a
+    /// reason of the machine (the cache full, read-only, failing, or its folders deleted);
+    /// the wait doubles from 1 s up to this.
+    pub storage_retry_max_secs: u64,
+    /// Decode budget of every model file read (`onnx::budget`, checked before decoding):
+    /// nodes, attributes and tensors in the whole model, and an estimate of the decoded size
+    /// of `decode_base_bytes` + `decode_bytes_per_file_byte` × the file's size. A model over
+    /// any of them is refused ("decoding it would allocate …"), never decoded.
+    pub decode_max_nodes: u64,
+    pub decode_max_attributes: u64,
+    pub decode_max_tensors: u64,
+    pub decode_base_bytes: u64,
+    pub decode_bytes_per_file_byte: u64,
 }
 
 /// How log lines are written (`log_format`, `--log-format`).
@@ -185,6 +205,17 @@ pub enum LogFormat {
 }
 
 impl Limits {
+    /// The decode budget these limits set (see `decode_max_nodes`).
+    pub fn decode(&self) -> crate::onnx::DecodeLimits {
+        crate::onnx::DecodeLimits {
+            max_nodes: self.decode_max_nodes,
+            max_attributes: self.decode_max_attributes,
+            max_tensors: self.decode_max_tensors,
+            base_bytes: self.decode_base_bytes,
+            per_file_byte: self.decode_bytes_per_file_byte,
+        }
+    }
+
     /// The bounds of a build worker: `worker_memory_bytes` (or three quarters of physical
     /// memory), `worker_cpu_secs`, and `build_timeout_secs` of wall time.
     pub fn worker(&self) -> WorkerLimits {
@@ -225,6 +256,7 @@ pub fn physical_memory() -> Option<u64> {
 
 impl Default for Limits {
     fn default() -> Self {
+        let decode = crate::onnx::DecodeLimits::builtin();
         Limits {
             build_concurrency: 1,
             build_timeout_secs: 3600,
@@ -247,6 +279,13 @@ impl Default for Limits {
             metrics_max_connections: 8,
             metrics_max_request_bytes: 16 * 1024,
             metrics_max_models: 100,
+            socket_check_secs: 5,
+            storage_retry_max_secs: 60,
+            decode_max_nodes: decode.max_nodes,
+            decode_max_attributes: decode.max_attributes,
+            decode_max_tensors: decode.max_tensors,
+            decode_base_bytes: decode.base_bytes,
+            decode_bytes_per_file_byte: decode.per_file_byte,
         }
     }
 }
@@ -346,6 +385,7 @@ impl Default for Config {
             external_min_bytes: DEFAULT_EXTERNAL_MIN_BYTES,
             log_format: LogFormat::Text,
             metrics_listen: None,
+            follow_symlinks_outside_repo: false,
             limits: Limits::default(),
             trt: TrtSettings::default(),
             remote: None,
@@ -437,7 +477,11 @@ impl Config {
         self.socket_mode_bits()?;
         self.metrics_addr()?;
         let l = &self.limits;
-        let positive: [(&'static str, u64); 10] = [
+        let positive: [(&'static str, u64); 14] = [
+            ("limits.decode_max_nodes", l.decode_max_nodes),
+            ("limits.decode_max_attributes", l.decode_max_attributes),
+            ("limits.decode_max_tensors", l.decode_max_tensors),
+            ("limits.decode_base_bytes", l.decode_base_bytes),
             ("limits.build_concurrency", l.build_concurrency as u64),
             ("limits.io_threads", l.io_threads as u64),
             ("limits.max_connections", l.max_connections as u64),

@@ -93,7 +93,7 @@ impl KeyParts {
 }
 
 pub(crate) mod digest;
-pub(crate) mod memo;
+pub mod memo;
 mod parts;
 
 pub use parts::{

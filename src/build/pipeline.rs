@@ -361,6 +361,7 @@ impl Builder {
                     validation: req.validation.clone(),
                     out: staging.path().to_path_buf(),
                     ort_library: self.ort_library.clone(),
+                    decode: crate::onnx::DecodeLimits::default(),
                 };
                 worker::run(&job, limits, watch.cancelled, progress)?
             }
@@ -472,6 +473,10 @@ const FULL_SLACK: u64 = 1 << 20;
 /// model: ONNX Runtime says only "Failed to write ..." when it hits ENOSPC. Judged before the
 /// staging directory (and its partial files) is removed: less than max(1 MiB, the model's
 /// size) left means the artifact could not have fit.
+///
+/// The same goes for a staging folder that cannot be written at all (a read-only or failing
+/// file system, the cache's folders deleted): a probe file is created in it, and when that
+/// fails the error is the store's (not remembered as the model's failure, retried).
 pub(crate) fn disk_full(staging: &Path, model: &Path, e: BuildError) -> BuildError {
     let need = std::fs::metadata(model)
         .map(|m| m.len())
@@ -482,7 +487,16 @@ pub(crate) fn disk_full(staging: &Path, model: &Path, e: BuildError) -> BuildErr
             path: staging.parent().unwrap_or(staging).to_path_buf(),
             detail: format!("{free} bytes free while the backend wrote the artifact ({e})"),
         }),
-        _ => e,
+        _ => match tempfile::tempfile_in(staging) {
+            Ok(_) => e,
+            Err(probe) => BuildError::Store(crate::cache::StoreError::io(
+                staging,
+                std::io::Error::new(
+                    probe.kind(),
+                    format!("the cache cannot be written ({probe}) while the backend wrote the artifact ({e})"),
+                ),
+            )),
+        },
     }
 }
 

@@ -54,6 +54,10 @@ pub struct Job {
     pub out: PathBuf,
     /// The configured ONNX Runtime library, if any.
     pub ort_library: Option<PathBuf>,
+    /// The parent's decode limits (config `limits.decode_*`), for every model the worker
+    /// loads.
+    #[serde(default)]
+    pub decode: crate::onnx::DecodeLimits,
 }
 
 /// What a worker built and how it validated.
@@ -92,6 +96,9 @@ pub enum FailKind {
     Runtime,
     /// The cache's file system is full.
     Full,
+    /// The cache cannot be written for another reason (read-only, I/O error, its folders
+    /// deleted): the machine's condition, retried, never the model's failure.
+    Storage,
     /// The model cannot be built or validated.
     Model,
 }
@@ -246,6 +253,10 @@ pub fn run(
                 path: job.out.clone(),
                 detail: message,
             }),
+            FailKind::Storage => BuildError::Store(crate::cache::StoreError::io(
+                &job.out,
+                std::io::Error::other(message),
+            )),
             FailKind::Model => BuildError::Model {
                 path: job.model.clone(),
                 message,
@@ -349,12 +360,14 @@ pub fn serve_one() -> i32 {
     let progress = |p: &str| {
         emit(&Line::Progress(p.to_string()));
     };
+    crate::onnx::DecodeLimits::set_process_default(job.decode);
     let reply = match build_and_validate(&job, &progress) {
         Ok(b) => Reply::Built(b),
         Err(e) => {
             let kind = match &e {
                 e if e.is_host_problem() => FailKind::Runtime,
                 BuildError::Store(s) if s.is_full() => FailKind::Full,
+                BuildError::Store(_) => FailKind::Storage,
                 _ => FailKind::Model,
             };
             let message = match e {

@@ -4,7 +4,7 @@
 //! [`StoreError::InUse`] naming the pid that holds it. sled's own lock error has kind `Other`
 //! and no pid, so the store takes this lock before it opens sled.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
 use std::path::Path;
@@ -22,13 +22,9 @@ impl DirLock {
     pub fn acquire(dir: &Path) -> Result<Self, StoreError> {
         let path = dir.join("lock");
         let io = |source| StoreError::io(&path, source);
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(io)?;
+        // Never through a link: a root-run command would otherwise truncate whatever
+        // `lock` points at (see `files`).
+        let mut file = super::files::open_rw(&path, 0o640).map_err(io)?;
         // SAFETY: flock on a valid, owned file descriptor.
         let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         if rc != 0 {
@@ -67,5 +63,18 @@ mod tests {
         assert!(err.to_string().contains("in use by pid"));
         drop(first);
         DirLock::acquire(dir.path()).unwrap();
+    }
+
+    #[test]
+    fn a_linked_lock_is_refused_and_its_target_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("passwd");
+        std::fs::write(&target, b"root:x:0:0\n").unwrap();
+        let cache = dir.path().join("cache");
+        std::fs::create_dir(&cache).unwrap();
+        std::os::unix::fs::symlink(&target, cache.join("lock")).unwrap();
+        let e = DirLock::acquire(&cache).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        assert_eq!(std::fs::read(&target).unwrap(), b"root:x:0:0\n");
     }
 }

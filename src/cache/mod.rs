@@ -8,6 +8,7 @@
 //! quarantined or incomplete entry is never returned as a hit.
 
 pub(crate) mod disk;
+pub(crate) mod files;
 pub(crate) mod lock;
 pub(crate) mod record;
 
@@ -28,11 +29,12 @@ pub enum StoreError {
     /// for as long as it runs (maintenance goes through it or waits until it stops).
     #[error("cache {} is in use by {} (a running `trtcache serve` daemon, or another trtcache build)\nfix: while a daemon serves this cache, use `trtcache status` to see what it holds and `trtcache warm` to build through it; to run this command, stop the daemon first (e.g. `systemctl stop trtcache`), or point --cache-dir elsewhere", dir.display(), pid.map(|p| format!("pid {p}")).unwrap_or_else(|| "another process (pid unknown)".into()))]
     InUse { dir: PathBuf, pid: Option<u32> },
-    #[error("{}: {source}", path.display())]
+    /// The cause is in the message only (not a `source` as well, which `{:#}` would print
+    /// a second time).
+    #[error("{}: {error}", path.display())]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("cache index {}: {message}", path.display())]
     Db { path: PathBuf, message: String },
@@ -63,7 +65,7 @@ impl StoreError {
         } else {
             StoreError::Io {
                 path: path.to_path_buf(),
-                source,
+                error: source,
             }
         }
     }
@@ -204,6 +206,9 @@ pub fn resolve_key(store: &dyn Store, s: &str) -> Result<CacheKey, KeyPrefixErro
 /// The digest memo's file in a cache directory: model digests by file identity, shared by
 /// `trtcache key` (which never takes the cache's lock) and builds (see `key::memo`).
 pub const DIGEST_MEMO: &str = "digests.json";
+
+/// The digest memo's journal beside it (entries appended between compactions).
+pub const DIGEST_MEMO_JOURNAL: &str = "digests.json.log";
 
 /// Parses a size: `1048576`, `512K`, `200M`, `1.5G`, `2GiB`, `10 MB` (binary units).
 pub fn parse_size(s: &str) -> Option<u64> {

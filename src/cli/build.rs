@@ -342,7 +342,7 @@ fn report(o: &BuildOutcome, onnxruntime: Option<String>) -> Report<'_> {
 fn render(o: &BuildOutcome, ort: Option<&str>, dir: &std::path::Path, st: Style) -> String {
     let r = &o.record;
     let mut rows = vec![
-        vec!["model".into(), r.model_path.clone()],
+        vec!["model".into(), super::output::printable(&r.model_path)],
         vec![
             "backend".into(),
             match r.parts.backend.versions.get("tensorrt") {

@@ -140,7 +140,7 @@ impl MaintainArgs {
 
 /// The cache as a command reaches it: opened here, or through the daemon that holds it.
 pub enum Target {
-    Local(SledStore, PathBuf),
+    Local(Box<SledStore>, PathBuf),
     Daemon {
         client: Box<Client>,
         dir: PathBuf,
@@ -156,7 +156,7 @@ pub fn open_target(a: &MaintainArgs) -> anyhow::Result<Target> {
     match SledStore::open(&dir, StoreOptions::default()) {
         Ok(store) => {
             report_cleaning(&store, &dir);
-            Ok(Target::Local(store, dir))
+            Ok(Target::Local(Box::new(store), dir))
         }
         Err(e @ StoreError::InUse { .. }) => {
             for s in &sockets {
@@ -267,10 +267,11 @@ fn ago(t: u64) -> String {
 }
 
 fn short_model(p: &str) -> String {
-    Path::new(p)
+    let name = Path::new(p)
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| p.to_string())
+        .unwrap_or_else(|| p.to_string());
+    super::output::printable(&name)
 }
 
 fn via(cmd: &str, socket: &Path) {
@@ -351,7 +352,7 @@ pub fn ls(a: LsArgs) -> anyhow::Result<ExitCode> {
 pub fn rm(a: RmArgs) -> anyhow::Result<ExitCode> {
     let key = match open_target(&a.target)? {
         Target::Local(store, _) => {
-            let key = crate::cache::resolve_key(&store, &a.key)?;
+            let key = crate::cache::resolve_key(&*store, &a.key)?;
             let removed = store
                 .remove(&key)
                 .with_context(|| format!("removing {key}"))?;

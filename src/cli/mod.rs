@@ -11,6 +11,7 @@ pub(crate) mod key;
 pub mod log;
 mod manual;
 pub(crate) mod output;
+pub use output::printable;
 mod sku;
 
 pub use inspect::opset_bounds;
@@ -77,6 +78,11 @@ pub enum Command {
     /// NAME/config.pbtxt (platform tensorrt_plan, cc_model_filenames) and NAME/VERSION/*.plan.
     Export(export::ExportArgs),
     /// Run the daemon: watch models, build and cache artifacts, serve them on a Unix socket.
+    ///
+    /// SIGTERM/SIGINT stop it cleanly (exit 0). SIGHUP loads the configuration again: when it
+    /// does not load, the error is logged and the daemon keeps serving; when it loads, the
+    /// daemon stops as cleanly and exits 75 so that its service manager starts it with the new
+    /// configuration (the systemd unit's `ExecReload=` and `RestartForceExitStatus=75`).
     Serve(serve::ServeArgs),
     /// Print the effective configuration (file + flags).
     Config(serve::ConfigArgs),

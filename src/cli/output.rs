@@ -164,6 +164,19 @@ pub fn report_error(e: &anyhow::Error, json: bool) {
     super::log::report_error(e);
 }
 
+/// `s` with control characters escaped (`\u{1b}`), line breaks and tabs kept: for text that
+/// came from files or sockets (paths, model names, reasons), so no terminal escape sequence in
+/// it reaches the terminal raw.
+pub fn printable(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| match c {
+            '\n' | '\t' => vec![c],
+            c if c.is_control() => c.escape_default().collect(),
+            c => vec![c],
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,7 +28,11 @@ pub struct PathArgs {
 impl PathArgs {
     /// The effective configuration.
     pub fn load(&self) -> anyhow::Result<Config> {
-        Config::load(&self.overrides()).context("reading the configuration")
+        let cfg = Config::load(&self.overrides()).context("reading the configuration")?;
+        // Every model this process (and its build workers) reads is held to the config's
+        // decode budget.
+        crate::onnx::DecodeLimits::set_process_default(cfg.limits.decode());
+        Ok(cfg)
     }
 
     fn overrides(&self) -> Overrides {
@@ -43,8 +47,12 @@ impl PathArgs {
 }
 
 /// Run the daemon: watch the model repository, build and cache artifacts, serve them on a
-/// Unix socket. Stops cleanly on SIGTERM/SIGINT. Under systemd it reports readiness
-/// (Type=notify), pings the watchdog and accepts a socket-activated listener.
+/// Unix socket. Stops cleanly on SIGTERM/SIGINT. On SIGHUP it loads the configuration again:
+/// if that fails it logs why and keeps serving; if it loads, it stops as cleanly and exits with
+/// status 75 so the service manager starts it again with the new configuration (the systemd
+/// unit's `ExecReload` sends SIGHUP, `RestartForceExitStatus=75` restarts it). Under systemd it
+/// reports readiness (Type=notify), pings the watchdog and accepts a socket-activated
+/// listener.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     #[command(flatten)]
@@ -74,10 +82,18 @@ pub fn serve(
     };
     super::log::init(super::log::LogSettings { format, ..logs });
     let cfg = loaded?;
+    crate::onnx::DecodeLimits::set_process_default(cfg.limits.decode());
     super::cache::creatable_cache(&cfg.cache_dir)?;
     tracing::info!(models = %cfg.models.display(), cache = %cfg.cache_dir.display(), socket = %cfg.socket.display(), "starting");
-    crate::daemon::serve(cfg).map_err(anyhow::Error::new)?;
-    Ok(ExitCode::SUCCESS)
+    let paths = a.paths;
+    let reload = Box::new(move || paths.load().map(drop).map_err(|e| format!("{e:#}")));
+    match crate::daemon::serve(cfg, reload).map_err(anyhow::Error::new)? {
+        crate::daemon::Ending::Stopped => Ok(ExitCode::SUCCESS),
+        crate::daemon::Ending::Restart => {
+            eprintln!("trtcache: stopped on SIGHUP to restart with the new configuration (exit status {})", crate::daemon::RESTART_EXIT_CODE);
+            Ok(ExitCode::from(crate::daemon::RESTART_EXIT_CODE))
+        }
+    }
 }
 
 /// Print the effective configuration (config file, then flags) as TOML, or JSON with --json.

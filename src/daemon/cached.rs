@@ -373,21 +373,16 @@ fn snapshot(model: &ModelEntry, dir: &Path) -> Result<std::path::PathBuf, Engine
         .file_name()
         .ok_or_else(|| changed("no file name".into()))?;
     let copy = dir.join(name);
-    // The copy goes to the cache's staging folder: running out of space there is the cache's
-    // condition (reported as such and never remembered as the model's failure).
+    // The copy goes to the cache's staging folder: failing to write there (no space, a
+    // read-only or failing file system, the folder deleted) is the cache's condition,
+    // reported as such and never remembered as the model's failure.
     let full = |e: std::io::Error| EngineError::Storage(StoreError::io(dir, e).to_string().into());
-    std::fs::write(&copy, &graph.bytes).map_err(|e| {
-        if crate::cache::is_no_space(&e) {
-            full(e)
-        } else {
-            EngineError::io(&copy)(e)
-        }
-    })?;
+    std::fs::write(&copy, &graph.bytes).map_err(full)?;
     for f in &graph.external_files {
         // The loader checked every location stays inside the model's folder.
         let to = dir.join(&f.location);
         if let Some(parent) = to.parent() {
-            std::fs::create_dir_all(parent).map_err(EngineError::io(parent))?;
+            std::fs::create_dir_all(parent).map_err(full)?;
         }
         std::fs::copy(&f.path, &to).map_err(|e| {
             if crate::cache::is_no_space(&e) {

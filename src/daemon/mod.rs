@@ -16,6 +16,7 @@ pub(crate) mod queue;
 pub(crate) mod repo;
 pub(crate) mod server;
 pub(crate) mod service;
+mod socket;
 pub(crate) mod systemd;
 pub(crate) mod watch;
 mod watchers;
@@ -66,67 +67,15 @@ fn socket_err(path: &Path, message: impl Into<String>) -> ServeError {
     }
 }
 
-/// Binds the configured socket path: refuses when a live daemon answers there, replaces a
-/// stale socket file, then applies the mode and group.
-fn bind(cfg: &Config) -> Result<(std::os::unix::net::UnixListener, BoundSocket), ServeError> {
-    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-    let path = &cfg.socket;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| socket_err(path, e.to_string()))?;
-    }
-    if let Ok(m) = std::fs::symlink_metadata(path) {
-        if !m.file_type().is_socket() {
-            return Err(socket_err(
-                path,
-                "exists and is not a socket; refusing to replace it",
-            ));
-        }
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(socket_err(
-                path,
-                "another trtcache daemon is listening there",
-            ));
-        }
-        std::fs::remove_file(path)
-            .map_err(|e| socket_err(path, format!("removing stale socket: {e}")))?;
-    }
-    let l = std::os::unix::net::UnixListener::bind(path)
-        .map_err(|e| socket_err(path, e.to_string()))?;
-    // From here on a failure (mode, group) removes the file again.
-    let bound = BoundSocket(Some(path.clone()));
-    let mode = cfg
-        .socket_mode_bits()
-        .map_err(|e| socket_err(path, e.to_string()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .map_err(|e| socket_err(path, format!("chmod: {e}")))?;
-    if let Some(group) = &cfg.socket_group {
-        let c = std::ffi::CString::new(group.as_str())
-            .map_err(|_| socket_err(path, "bad group name"))?;
-        // SAFETY: getgrnam with a valid C string; the result is read before any other call.
-        let gid = unsafe {
-            let g = libc::getgrnam(c.as_ptr());
-            if g.is_null() {
-                return Err(socket_err(path, format!("no group `{group}`")));
-            }
-            (*g).gr_gid
-        };
-        std::os::unix::fs::chown(path, None, Some(gid))
-            .map_err(|e| socket_err(path, format!("chown to group `{group}`: {e}")))?;
-    }
-    l.set_nonblocking(true)
-        .map_err(|e| socket_err(path, e.to_string()))?;
-    Ok((l, bound))
-}
+/// The socket file this daemon bound (none when systemd passed the listener): removed, if it
+/// is still ours, when this goes out of scope: on every way out of `serve`, a failed start
+/// included, so no dead socket is left for clients to find and a successor's is never taken.
+struct RemoveAtExit(Option<socket::Owned>);
 
-/// The socket file this daemon bound (none when systemd passed the listener): removed when
-/// this goes out of scope, on every way out of [`serve`], a failed start included, so no
-/// dead socket is left for clients to find.
-struct BoundSocket(Option<PathBuf>);
-
-impl Drop for BoundSocket {
+impl Drop for RemoveAtExit {
     fn drop(&mut self) {
-        if let Some(p) = &self.0 {
-            let _ = std::fs::remove_file(p);
+        if let Some(o) = &self.0 {
+            o.remove();
         }
     }
 }
@@ -162,7 +111,8 @@ pub fn warm_in_process(
         );
         tokio::spawn(svc.queue.clone().run());
         let r = root.clone();
-        let snapshot = tokio::task::spawn_blocking(move || repo::scan(&r))
+        let follow = cfg.follow_symlinks_outside_repo;
+        let snapshot = tokio::task::spawn_blocking(move || repo::scan_with(&r, follow))
             .await
             .map_err(|e| WarmError::Failed(e.to_string()))?
             .map_err(|e| WarmError::Failed(e.to_string()))?;
@@ -203,9 +153,10 @@ pub enum WarmError {
     Failed(String),
 }
 
-/// Runs the daemon until SIGTERM, SIGINT or an admin `shutdown`; returns once builds are
-/// cancelled (within the grace period), the store is flushed and the socket removed.
-pub fn serve(cfg: Config) -> Result<(), ServeError> {
+/// Runs the daemon until SIGTERM, SIGINT, SIGHUP (see [`signals`]) or an admin `shutdown`;
+/// returns once builds are cancelled (within the grace period), the store is flushed and the
+/// socket removed (when it is still this daemon's).
+pub fn serve(cfg: Config, reload: Reload) -> Result<Ending, ServeError> {
     server::raise_nofile(cfg.limits.max_connections);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cfg.limits.io_threads)
@@ -214,14 +165,14 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         .build()
         .map_err(ServeError::Runtime)?;
     let grace = Duration::from_secs(cfg.limits.shutdown_grace_secs);
-    let r = rt.block_on(serve_async(cfg));
+    let r = rt.block_on(serve_async(cfg, reload));
     // Dropping a runtime waits for blocking tasks without limit; a build that ignores its
     // cancellation must not hold the exit (its temp folder is removed at the next start).
     rt.shutdown_timeout(grace);
     r
 }
 
-async fn serve_async(mut cfg: Config) -> Result<(), ServeError> {
+async fn serve_async(mut cfg: Config, reload: Reload) -> Result<Ending, ServeError> {
     let root = repo::canonical_root(&cfg.models).map_err(|source| ServeError::Models {
         path: cfg.models.clone(),
         source,
@@ -231,9 +182,12 @@ async fn serve_async(mut cfg: Config) -> Result<(), ServeError> {
     let engine = tokio::task::spawn_blocking(move || open_engine(&c2))
         .await
         .map_err(|e| ServeError::Runtime(std::io::Error::other(e)))??;
-    let (std_listener, bound) = match systemd::listener().map_err(ServeError::Runtime)? {
-        Some(l) => (l, BoundSocket(None)),
-        None => bind(&cfg)?,
+    let (std_listener, remove_at_exit) = match systemd::listener().map_err(ServeError::Runtime)? {
+        Some(l) => (l, RemoveAtExit(None)),
+        None => {
+            let (l, id) = socket::bind(&cfg)?;
+            (l, RemoveAtExit(Some(socket::Owned::new(&cfg.socket, id))))
+        }
     };
     // The path clients reach: a socket systemd passed may be bound elsewhere than the config
     // says (the socket unit's ListenStream= is what counts).
@@ -269,12 +223,25 @@ async fn serve_async(mut cfg: Config) -> Result<(), ServeError> {
     ));
     tokio::spawn(watch::run(svc.clone(), root, stop_rx.clone()));
     tokio::spawn(heartbeat(svc.clone(), stop_rx.clone()));
-    tokio::spawn(signals(stop_tx.clone()));
-    server::accept_loop(svc.clone(), listener, stop_rx, stop_tx).await;
+    let ending = Arc::new(std::sync::Mutex::new(None::<Ending>));
+    tokio::spawn(signals(stop_tx.clone(), reload, ending.clone()));
+    let (rebound_tx, rebound_rx) = tokio::sync::mpsc::channel(1);
+    let fatal = Arc::new(std::sync::Mutex::new(None));
+    if let (Some(owned), s @ 1..) = (&remove_at_exit.0, cfg.limits.socket_check_secs) {
+        tokio::spawn(socket::watch(
+            cfg.clone(),
+            owned.clone(),
+            Duration::from_secs(s),
+            rebound_tx,
+            stop_tx.clone(),
+            fatal.clone(),
+        ));
+    }
+    server::accept_loop(svc.clone(), listener, rebound_rx, stop_rx, stop_tx).await;
 
     systemd::notify("STOPPING=1\nSTATUS=stopping: cancelling builds");
     tracing::info!("shutting down");
-    drop(bound);
+    drop(remove_at_exit);
     svc.queue
         .close(Duration::from_secs(cfg.limits.shutdown_grace_secs))
         .await;
@@ -285,7 +252,11 @@ async fn serve_async(mut cfg: Config) -> Result<(), ServeError> {
         Ok(Ok(())) => {}
     }
     tracing::info!("stopped");
-    Ok(())
+    if let Some(why) = fatal.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Err(socket_err(&cfg.socket, why));
+    }
+    let ending = *ending.lock().unwrap_or_else(|p| p.into_inner());
+    Ok(ending.unwrap_or(Ending::Stopped))
 }
 
 /// STATUS= with the queue depth every few seconds, and WATCHDOG=1 when systemd asks.
@@ -311,18 +282,62 @@ async fn heartbeat(svc: Arc<service::Service>, mut stop: tokio::sync::watch::Rec
     }
 }
 
-async fn signals(stop: tokio::sync::watch::Sender<bool>) {
+/// How the daemon ended (when it ended without an error).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// SIGTERM, SIGINT or an admin `shutdown`.
+    Stopped,
+    /// SIGHUP with a configuration that loads: stopped cleanly to be started again with it
+    /// (`trtcache serve` exits with [`RESTART_EXIT_CODE`]; the systemd unit restarts on it).
+    Restart,
+}
+
+/// `trtcache serve`'s exit status after a SIGHUP: "restart me with the new configuration"
+/// (the unit's `RestartForceExitStatus=`). EX_TEMPFAIL of sysexits.h.
+pub const RESTART_EXIT_CODE: u8 = 75;
+
+/// SIGTERM/SIGINT stop the daemon. SIGHUP first loads the configuration again with `reload`:
+/// when it does not load (a typo in the file), the error is logged and the daemon keeps
+/// serving with what it has; when it loads, the daemon stops as cleanly as for SIGTERM and
+/// asks to be restarted ([`Ending::Restart`]). Nothing is reloaded in place: the cache, the
+/// socket, the repository and the limits are bound into every task at start, and a clean
+/// restart applies all of them the same way.
+async fn signals(
+    stop: tokio::sync::watch::Sender<bool>,
+    reload: Reload,
+    ending: Arc<std::sync::Mutex<Option<Ending>>>,
+) {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
     ) else {
         tracing::warn!("cannot install signal handlers");
         return;
     };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM"),
-        _ = int.recv() => tracing::info!("SIGINT"),
+    loop {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM"),
+            _ = int.recv() => tracing::info!("SIGINT"),
+            _ = hup.recv() => {
+                match reload() {
+                    Ok(()) => {
+                        tracing::info!("SIGHUP: the configuration loads; stopping to restart with it");
+                        *ending.lock().unwrap_or_else(|p| p.into_inner()) = Some(Ending::Restart);
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "SIGHUP: the configuration does not load; still serving with the one loaded at start");
+                        continue;
+                    }
+                }
+            }
+        }
+        break;
     }
     let _ = stop.send(true);
 }
+
+/// Loads the configuration again (what `serve` started from: the file, then the flags);
+/// `Err(why)` when it does not load.
+pub type Reload = Box<dyn Fn() -> Result<(), String> + Send + Sync>;

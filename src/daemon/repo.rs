@@ -4,8 +4,9 @@
 //! `0`; newest served by default; sidecar `NAME/trtcache.toml`). A Triton `NAME/config.pbtxt`
 //! may name the model file with `default_model_filename`, which then replaces `model.onnx` in
 //! both folder forms. Hidden names (leading `.`) are skipped so half-written temp files never
-//! become models. Each model carries a fingerprint (size and mtime of every file it is made
-//! of) that the watcher compares.
+//! become models. Each model carries a fingerprint (size, mtime, ctime and mode of every file
+//! it is made of) that the watcher compares. Model files that are links leading out of the
+//! repository are skipped unless `follow_symlinks_outside_repo` is set.
 //!
 //! Enters: a folder. Leaves: a [`Scan`]: the models by name, and every entry that is not one
 //! with the reason ([`Skipped`]), which the watcher logs as warnings and `rescan` reports.
@@ -17,8 +18,36 @@ use std::time::SystemTime;
 
 use super::engine::{Layout, ModelEntry};
 
-/// Size and mtime of each file a model version is made of, sorted by path.
-pub type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>)>;
+/// What the watcher compares of each file a model version is made of, sorted by path.
+pub type Fingerprint = Vec<FileStamp>;
+
+/// One file's size, mtime, ctime and mode. ctime and mode are in it so that a `chmod` (a
+/// model that was unreadable made readable) counts as a change and the model is planned
+/// again, though its content and mtime are the same.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FileStamp {
+    pub path: PathBuf,
+    pub size: u64,
+    pub mtime: Option<SystemTime>,
+    pub ctime_ns: i128,
+    pub mode: u32,
+}
+
+impl FileStamp {
+    /// The stamp of `p` (following links, as the build reads it); `None` when it cannot be
+    /// stat'ed.
+    pub fn of(p: &Path) -> Option<FileStamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = fs::metadata(p).ok()?;
+        Some(FileStamp {
+            path: p.to_path_buf(),
+            size: m.len(),
+            mtime: m.modified().ok(),
+            ctime_ns: m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
+            mode: m.mode(),
+        })
+    }
+}
 
 /// One model with every version present.
 #[derive(Clone, Debug, PartialEq)]
@@ -44,14 +73,15 @@ impl RepoModel {
     pub fn quiet_for(&self, d: std::time::Duration) -> bool {
         let now = SystemTime::now();
         !self.fingerprint.is_empty()
-            && self.fingerprint.iter().all(|(_, _, mtime)| {
-                mtime.is_some_and(|t| now.duration_since(t).is_ok_and(|age| age >= d))
+            && self.fingerprint.iter().all(|f| {
+                f.mtime
+                    .is_some_and(|t| now.duration_since(t).is_ok_and(|age| age >= d))
             })
     }
 
     /// Total bytes of the model's files.
     pub fn bytes(&self) -> u64 {
-        self.fingerprint.iter().map(|(_, n, _)| n).sum()
+        self.fingerprint.iter().map(|f| f.size).sum()
     }
 }
 
@@ -88,11 +118,6 @@ fn hidden(name: &str) -> bool {
     name.starts_with('.')
 }
 
-fn stat(p: &Path) -> Option<(PathBuf, u64, Option<SystemTime>)> {
-    let m = fs::metadata(p).ok()?;
-    Some((p.to_path_buf(), m.len(), m.modified().ok()))
-}
-
 /// Every regular file under `dir` (recursively), fingerprinted.
 fn fingerprint_dir(dir: &Path, out: &mut Fingerprint, depth: usize) {
     let Ok(rd) = fs::read_dir(dir) else { return };
@@ -101,21 +126,63 @@ fn fingerprint_dir(dir: &Path, out: &mut Fingerprint, depth: usize) {
         let Ok(ft) = e.file_type() else { continue };
         if ft.is_dir() && depth < 4 {
             fingerprint_dir(&p, out, depth + 1);
-        } else if let Some(s) = stat(&p) {
+        } else if let Some(s) = FileStamp::of(&p) {
             out.push(s);
         }
     }
 }
 
-/// Scans the repository: its models only (see [`scan_all`]).
+/// Scans the repository with the default rules: its models only (see [`scan_all_with`]).
 pub fn scan(root: &Path) -> Result<Snapshot, ScanError> {
     scan_all(root).map(|s| s.models)
 }
 
+/// [`scan`], serving links out of the repository when `follow_outside`.
+pub fn scan_with(root: &Path, follow_outside: bool) -> Result<Snapshot, ScanError> {
+    scan_all_with(root, follow_outside).map(|s| s.models)
+}
+
+/// [`scan_all_with`] with the default rules (links out of the repository are skipped).
+pub fn scan_all(root: &Path) -> Result<Scan, ScanError> {
+    scan_all_with(root, false)
+}
+
 /// Scans the repository. An entry that cannot be read or is not a model is listed in
 /// [`Scan::skipped`] with the reason (the next scan looks again); hidden names are skipped
-/// without a word (they are how writers stage files).
-pub fn scan_all(root: &Path) -> Result<Scan, ScanError> {
+/// without a word (they are how writers stage files). Unless `follow_outside` (config
+/// `follow_symlinks_outside_repo`), a model whose file is a link leading out of the
+/// repository is skipped too: the rule external data files follow.
+pub fn scan_all_with(root: &Path, follow_outside: bool) -> Result<Scan, ScanError> {
+    let mut scan = scan_entries(root)?;
+    if !follow_outside {
+        let croot = fs::canonicalize(root).map_err(|source| ScanError {
+            path: root.to_path_buf(),
+            source,
+        })?;
+        let skipped = &mut scan.skipped;
+        scan.models.retain(|_, m| {
+            let outside: Vec<PathBuf> = m
+                .versions
+                .values()
+                .filter(|v| fs::canonicalize(&v.path).is_ok_and(|c| !c.starts_with(&croot)))
+                .map(|v| v.path.clone())
+                .collect();
+            for path in &outside {
+                skipped.push(Skipped {
+                    path: path.clone(),
+                    reason: "a symbolic link leading out of the repository (set \
+                             `follow_symlinks_outside_repo = true` to serve it)"
+                        .into(),
+                });
+            }
+            outside.is_empty()
+        });
+        scan.skipped.sort();
+    }
+    Ok(scan)
+}
+
+fn scan_entries(root: &Path) -> Result<Scan, ScanError> {
     let mut scan = Scan::default();
     let mut out = Snapshot::new();
     let mut skipped = Vec::new();
@@ -207,7 +274,7 @@ pub fn scan_all(root: &Path) -> Result<Scan, ScanError> {
         let mut fp: Fingerprint = root_files
             .iter()
             .filter(|(f, _)| f.starts_with(&format!("{name}.")))
-            .filter_map(|(_, p)| stat(p))
+            .filter_map(|(_, p)| FileStamp::of(p))
             .collect();
         fp.sort();
         let entry = ModelEntry {
@@ -593,5 +660,47 @@ mod tests {
         let before = scan(d.path()).unwrap()["a"].fingerprint.clone();
         fs::write(d.path().join("a.onnx"), b"xy").unwrap();
         assert_ne!(scan(d.path()).unwrap()["a"].fingerprint, before);
+    }
+
+    #[test]
+    fn a_chmod_changes_the_fingerprint() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a.onnx");
+        fs::write(&p, b"x").unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o000)).unwrap();
+        let before = scan(d.path()).unwrap()["a"].fingerprint.clone();
+        // Same bytes, same mtime: only the mode (and ctime) move.
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o644)).unwrap();
+        let after = scan(d.path()).unwrap()["a"].fingerprint.clone();
+        assert_eq!(before[0].mtime, after[0].mtime);
+        assert_ne!(after, before);
+    }
+
+    #[test]
+    fn unservable_names_and_links_out_of_the_repository_are_left_out() {
+        use std::os::unix::ffi::OsStrExt;
+        let d = tempfile::tempdir().unwrap();
+        let (repo, outside) = (d.path().join("repo"), d.path().join("outside"));
+        fs::create_dir_all(&repo).unwrap();
+        fs::create_dir_all(outside.join("f")).unwrap();
+        fs::write(outside.join("m.onnx"), b"x").unwrap();
+        fs::write(outside.join("f/model.onnx"), b"x").unwrap();
+        for name in ["good.onnx", "back\\slash.onnx", "esc\x1b[31m.onnx"] {
+            fs::write(repo.join(name), b"x").unwrap();
+        }
+        let bad = std::ffi::OsStr::from_bytes(b"not-utf8-\xff.onnx");
+        fs::write(repo.join(bad), b"x").unwrap();
+        std::os::unix::fs::symlink(outside.join("m.onnx"), repo.join("out.onnx")).unwrap();
+        std::os::unix::fs::symlink(outside.join("f"), repo.join("outdir")).unwrap();
+        // A link that stays inside is served.
+        std::os::unix::fs::symlink(repo.join("good.onnx"), repo.join("alias.onnx")).unwrap();
+        let s = scan(&repo).unwrap();
+        assert_eq!(s.keys().collect::<Vec<_>>(), ["alias", "good"]);
+        let s = scan_with(&repo, true).unwrap();
+        assert_eq!(
+            s.keys().collect::<Vec<_>>(),
+            ["alias", "good", "out", "outdir"]
+        );
     }
 }

@@ -89,7 +89,8 @@ pub fn raise_nofile(max_connections: usize) {
 /// Accepts connections until `shutdown` turns true.
 pub async fn accept_loop(
     svc: Arc<Service>,
-    listener: UnixListener,
+    mut listener: UnixListener,
+    mut rebound: tokio::sync::mpsc::Receiver<UnixListener>,
     mut shutdown: watch::Receiver<bool>,
     stop: watch::Sender<bool>,
 ) {
@@ -100,6 +101,11 @@ pub async fn accept_loop(
     loop {
         let conn = tokio::select! {
             r = listener.accept() => r,
+            // The socket file was deleted and bound again (`socket::watch`).
+            Some(l) = rebound.recv() => {
+                listener = l;
+                continue;
+            }
             _ = shutdown.changed() => break,
         };
         let stream = match conn {

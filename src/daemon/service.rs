@@ -353,20 +353,19 @@ impl Service {
         r
     }
 
-    /// Whether the model's graph file differs (size or mtime) from what the repository scan
-    /// recorded for it; `None` when it is gone. A file the scan did not fingerprint counts as
-    /// unchanged.
+    /// Whether the model's graph file differs (size, mtime, ctime or mode) from what the
+    /// repository scan recorded for it; `None` when it is gone. A file the scan did not
+    /// fingerprint counts as unchanged.
     fn changed_since_scan(&self, entry: &ModelEntry) -> Option<bool> {
-        let now = std::fs::metadata(&entry.path).ok()?;
-        let now = (now.len(), now.modified().ok());
+        let now = super::repo::FileStamp::of(&entry.path)?;
         let st = self.lock();
         let m = st.models.get(&entry.name)?;
         Some(
             m.repo
                 .fingerprint
                 .iter()
-                .find(|(p, _, _)| p == &entry.path)
-                .is_some_and(|(_, len, mtime)| now != (*len, *mtime)),
+                .find(|f| f.path == entry.path)
+                .is_some_and(|f| *f != now),
         )
     }
 
@@ -409,20 +408,45 @@ impl Service {
 
     /// Queues a background build and records its artifact as ready when it completes.
     fn submit_tracked(self: &Arc<Self>, p: &Planned) {
-        let Ok(mut rx) = self.queue.submit(p, false) else {
+        self.submit_retrying(p.clone(), 0);
+    }
+
+    /// Queues a background build; when it fails for a reason of the machine (the cache full,
+    /// read-only, failing or its folders deleted: the queue's transient failures), queues it
+    /// again after a backoff that doubles from 1 s up to `limits.storage_retry_max_secs`,
+    /// for as long as the model's current plan is still this key.
+    fn submit_retrying(self: &Arc<Self>, p: Planned, attempt: u32) {
+        let Ok(mut rx) = self.queue.submit(&p, false) else {
             return;
         };
         let svc = self.clone();
         let key = p.key;
         tokio::spawn(async move {
-            loop {
+            let failed = loop {
                 if let JobStatus::Done(r) = &*rx.borrow_and_update() {
                     svc.finished(key, r);
-                    return;
+                    break r.is_err();
                 }
                 if rx.changed().await.is_err() {
                     return;
                 }
+            };
+            if !failed || svc.queue.transient_failure(&key).is_none() {
+                return;
+            }
+            let cap = svc.cfg.limits.storage_retry_max_secs.max(1);
+            let delay = Duration::from_secs((1u64 << attempt.min(20)).min(cap));
+            tracing::info!(model = %p.model.name, key = %key, retry_in_s = delay.as_secs(), "build failed for a reason of the machine; retrying");
+            tokio::time::sleep(delay).await;
+            let Ok(entry) = svc.entry(&p.model.name, Some(p.model.version)) else {
+                return;
+            };
+            // Replanned to other content (the watcher queues that) or gone: no retry.
+            let Ok(now) = svc.planned(&entry, &p.selection).await else {
+                return;
+            };
+            if now.key == key && svc.ready_artifact(&now).await.is_none() {
+                svc.submit_retrying(now, attempt + 1);
             }
         });
     }

@@ -1,7 +1,7 @@
 //! The repository watcher. notify events are only hints (a `mv` into the folder gives only a
 //! rename event and events can be dropped), so every event just marks the repository dirty.
 //! Once it has been quiet for the debounce, the whole repository is scanned; a model whose
-//! fingerprint (size and mtime of its files) differs from the served one is applied only when
+//! fingerprint (size, mtime, ctime and mode of its files) differs from the served one is applied only when
 //! a second scan one debounce later sees the same fingerprint, so `cp`, `mv`-into and
 //! write-then-rename all settle before a build starts. A periodic full rescan covers dropped
 //! events and overflow. A `rescan` request runs the same two-scan settling once, at once
@@ -49,7 +49,8 @@ impl Warned {
 
 /// One full scan on the blocking pool; its skipped entries are warned about once.
 async fn scan_full(svc: &Service, root: PathBuf) -> Result<repo::Scan, repo::ScanError> {
-    let s = tokio::task::spawn_blocking(move || repo::scan_all(&root))
+    let follow = svc.cfg.follow_symlinks_outside_repo;
+    let s = tokio::task::spawn_blocking(move || repo::scan_all_with(&root, follow))
         .await
         .map_err(|e| repo::ScanError {
             path: PathBuf::new(),
@@ -150,7 +151,7 @@ pub async fn run(svc: Arc<Service>, root: PathBuf, mut shutdown: watch::Receiver
         s => Duration::from_secs(s),
     };
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
-    let watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
+    let handler = move |ev: notify::Result<notify::Event>| {
         // Every event that may change a file, and every error (overflow included), means
         // "look again". Opening and reading a model (builds, key hashing, ONNX Runtime)
         // raises access events that change nothing; counting them restarted the debounce
@@ -162,7 +163,14 @@ pub async fn run(svc: Arc<Service>, root: PathBuf, mut shutdown: watch::Receiver
             }
         }
         let _ = tx.send(());
-    });
+    };
+    // Never into linked folders: a link to `/usr` in the repository cost 15,000 inotify
+    // watches. Folders linked from inside the repository are watched where they are; a
+    // linked folder elsewhere is seen by the periodic rescan.
+    let watcher = notify::RecommendedWatcher::new(
+        handler,
+        notify::Config::default().with_follow_symlinks(false),
+    );
     let _watcher = match watcher {
         Ok(mut w) => match w.watch(&root, RecursiveMode::Recursive) {
             Ok(()) => Some(w),

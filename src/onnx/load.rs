@@ -98,6 +98,23 @@ pub(crate) fn check_regular(path: &Path, meta: &std::fs::Metadata) -> Result<(),
     })
 }
 
+/// Opens `path` for reading only if it is a regular file: `O_NONBLOCK`, so that a FIFO
+/// (even one swapped in after a check) never blocks the open, then `fstat` of what was opened.
+pub(crate) fn open_regular(path: &Path) -> Result<File, OnnxError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let open = |err| OnnxError::Open {
+        path: path.to_path_buf(),
+        err,
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(open)?;
+    check_regular(path, &file.metadata().map_err(open)?)?;
+    Ok(file)
+}
+
 impl Model {
     /// Loads a model with default limits.
     pub fn load(path: impl AsRef<Path>) -> Result<Self, OnnxError> {
@@ -128,8 +145,8 @@ impl Model {
             path: path.clone(),
             err,
         };
-        let meta = std::fs::metadata(&path).map_err(open)?;
-        check_regular(&path, &meta)?;
+        let mut file = open_regular(&path)?;
+        let meta = file.metadata().map_err(open)?;
         if meta.len() > opts.max_model_bytes {
             return Err(OnnxError::TooLarge {
                 path,
@@ -145,7 +162,6 @@ impl Model {
         // allocator keeps freed blocks that large in its arenas (the daemon's RSS grew by
         // hundreds of MiB over a few builds); a map goes back to the system when dropped.
         let mut buf = memmap2::MmapMut::map_anon(size).map_err(open)?;
-        let mut file = File::open(&path).map_err(open)?;
         let mut got = 0;
         while got < size {
             match std::io::Read::read(&mut file, &mut buf[got..]) {
@@ -221,12 +237,8 @@ impl Model {
 }
 
 fn map_file(path: &Path, opts: &LoadOptions) -> Result<Bytes, OnnxError> {
-    let meta = std::fs::metadata(path).map_err(|err| OnnxError::Open {
-        path: path.to_path_buf(),
-        err,
-    })?;
-    check_regular(path, &meta)?;
-    let file = File::open(path).map_err(|err| OnnxError::Open {
+    let file = open_regular(path)?;
+    let meta = file.metadata().map_err(|err| OnnxError::Open {
         path: path.to_path_buf(),
         err,
     })?;

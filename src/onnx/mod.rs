@@ -16,6 +16,7 @@ pub(crate) mod graph;
 pub(crate) mod load;
 pub mod proto;
 
+pub use budget::DecodeLimits;
 pub use dtype::ElemType;
 pub use graph::{Graph, NodeId};
 pub use load::{ExternalFile, LoadOptions, Model};

@@ -49,10 +49,14 @@ struct Lock(File);
 
 impl Lock {
     fn exclusive(path: &Path) -> Result<Self, TrtError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Never through a link planted in the cache (as the cache's own lock).
         let f = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(path)
             .map_err(TrtError::io(path))?;
         // SAFETY: flock on an fd this struct owns.

@@ -18,6 +18,7 @@ mod onnx_load;
 mod ops;
 mod readme;
 mod reliability_crash;
+mod reliability_files;
 mod reliability_hostile;
 mod reliability_races;
 mod reliability_store;

@@ -317,6 +317,7 @@ fn check_cache(d: &Daemon, round: usize) -> ((usize, usize, usize), BTreeSet<Str
         "quarantine",
         "records",
         trtcache::cache::DIGEST_MEMO,
+        trtcache::cache::DIGEST_MEMO_JOURNAL,
         "trtcache.sock",
     ]
     .into();

@@ -106,7 +106,7 @@ impl SledStore {
                 if let Err(why) = self.cheap_check(a) {
                     tracing::warn!(key = %r.key, %why, "dropping cache record: artifact files missing");
                     self.remove_manifest(&r.key)?;
-                    self.records.remove(r.key.0).map_err(|e| self.db_err(e))?;
+                    self.unindex(&r.key)?;
                     rep.records_dropped.push(r.key.hex());
                     continue;
                 }
@@ -257,6 +257,7 @@ impl SledStore {
             }
         }
         store.records.flush().map_err(|e| store.db_err(e))?;
+        store.recount()?;
         // Blobs nothing names would be deleted as orphans by the open below: keep them.
         let blobs = root.join("blobs");
         for e in std::fs::read_dir(&blobs).map_err(io(&blobs))? {
@@ -378,18 +379,19 @@ impl SledStore {
                 .cmp(&b.last_used)
                 .then(a.created.cmp(&b.created))
         });
-        let mut remaining = records.clone();
+        // A running total (not a recount per candidate, which made a large gc quadratic).
+        let mut remaining = super::usage::Usage::of(&records);
         for r in &records {
-            if Self::stored_bytes(&remaining) <= max_bytes {
+            if remaining.total() <= max_bytes {
                 break;
             }
             if r.artifact.is_none() {
                 continue;
             }
             rep.evicted.push(r.key.hex());
-            remaining.retain(|x| x.key != r.key);
+            remaining.set(r.key, None);
         }
-        rep.bytes_after = Self::stored_bytes(&remaining);
+        rep.bytes_after = remaining.total();
         if !dry_run {
             for k in &rep.evicted {
                 if let Ok(key) = CacheKey::parse(k) {

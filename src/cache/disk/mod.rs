@@ -23,12 +23,14 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use super::files;
 use super::lock::DirLock;
 use super::record::{Record, StagedArtifact, Status, StoredArtifact, StoredFile, RECORD_FORMAT};
 use super::{now_secs, GcReport, Lookup, Served, Store, StoreError, VerifyReport};
 use crate::key::{hex, CacheKey};
 
 mod maintain;
+mod usage;
 
 const RECORDS_TREE: &str = "trt_engine_cache";
 
@@ -60,6 +62,8 @@ pub struct SledStore {
     report: OpenReport,
     /// Entries evicted least-recently-used to fit the size limit since the store opened.
     evicted: std::sync::atomic::AtomicU64,
+    /// Sizes, blob references and LRU order, kept in step with `records`.
+    usage: std::sync::Mutex<usage::Usage>,
     _lock: DirLock,
 }
 
@@ -140,12 +144,9 @@ impl SledStore {
     /// Opens (creating) the store at `root`: takes the directory lock, opens sled, then
     /// reconciles the index with the files on disk.
     pub fn open(root: &Path, opts: StoreOptions) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(root).map_err(io(root))?;
+        files::create_dir(root, files::DIR_MODE).map_err(io(root))?;
         let lock = DirLock::acquire(root)?;
-        for sub in ["blobs", "tmp", "quarantine", "records"] {
-            let p = root.join(sub);
-            std::fs::create_dir_all(&p).map_err(io(&p))?;
-        }
+        Self::create_dirs(root)?;
         let mut store = Self::with_index(root, lock, opts)?;
         store.report = store.reconcile()?;
         Ok(store)
@@ -154,17 +155,56 @@ impl SledStore {
     /// The store over the index `root/db` (opened, or created when absent) under `lock`,
     /// with an empty open report: what `open` and `repair` both start from.
     fn with_index(root: &Path, lock: DirLock, opts: StoreOptions) -> Result<Self, StoreError> {
-        let db = sled::open(root.join("db")).map_err(|e| sled_err(root, e))?;
+        let dbp = root.join("db");
+        files::create_dir(&dbp, files::INDEX_DIR_MODE).map_err(io(&dbp))?;
+        let db = sled::open(&dbp).map_err(|e| sled_err(root, e))?;
         let records = db.open_tree(RECORDS_TREE).map_err(|e| sled_err(root, e))?;
-        Ok(Self {
+        // sled creates its files with the umask: the index is the owner's alone (`db/` is
+        // created 0700 above, so a file left wider here is still unreachable to others: a
+        // failure only warns).
+        if let Err(e) = files::restrict_index(&dbp) {
+            tracing::warn!(db = %dbp.display(), error = %e, "cannot restrict the index files' modes");
+        }
+        let mut store = Self {
             root: root.to_path_buf(),
             db,
             records,
             opts,
             report: OpenReport::default(),
             evicted: Default::default(),
+            usage: Default::default(),
             _lock: lock,
-        })
+        };
+        store.recount()?;
+        Ok(store)
+    }
+
+    /// Builds the in-memory accounting from the whole index (at open, after repair).
+    fn recount(&mut self) -> Result<(), StoreError> {
+        let all = self.all_records()?;
+        *self.usage.get_mut().unwrap_or_else(|p| p.into_inner()) = usage::Usage::of(&all);
+        Ok(())
+    }
+
+    fn usage(&self) -> std::sync::MutexGuard<'_, usage::Usage> {
+        self.usage.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Removes a key from the index (and the accounting); not flushed.
+    fn unindex(&self, key: &CacheKey) -> Result<(), StoreError> {
+        self.records.remove(key.0).map_err(|e| self.db_err(e))?;
+        self.usage().set(*key, None);
+        Ok(())
+    }
+
+    /// Creates the store's folders that are missing (at open, and again when they were
+    /// deleted under a running daemon), each [`files::DIR_MODE`].
+    fn create_dirs(root: &Path) -> Result<(), StoreError> {
+        for sub in ["blobs", "tmp", "quarantine", "records"] {
+            let p = root.join(sub);
+            files::create_dir(&p, files::DIR_MODE).map_err(io(&p))?;
+        }
+        Ok(())
     }
 
     /// The cache directory.
@@ -248,6 +288,7 @@ impl SledStore {
         self.records
             .insert(r.key.0, v)
             .map_err(|e| self.db_err(e))?;
+        self.usage().set(r.key, Some(r));
         Ok(())
     }
 
@@ -404,11 +445,8 @@ impl SledStore {
         let restored = match previous {
             Some(p) => self.write_record(p),
             None => self
-                .records
-                .remove(record.key.0)
-                .and_then(|_| self.records.flush())
-                .map(|_| ())
-                .map_err(|e| self.db_err(e)),
+                .unindex(&record.key)
+                .and_then(|_| self.records.flush().map(drop).map_err(|e| self.db_err(e))),
         };
         if let Err(e) = restored {
             tracing::warn!(key = %record.key, error = %e, "cannot undo a failed cache write");
@@ -428,10 +466,31 @@ impl SledStore {
     }
 
     fn digest_in_use(&self, digest: &str, except: &CacheKey) -> Result<bool, StoreError> {
-        Ok(self
-            .all_records()?
-            .iter()
-            .any(|r| &r.key != except && r.artifact.as_ref().is_some_and(|a| a.digest == digest)))
+        Ok(self.usage().named_by_other(digest, except))
+    }
+
+    /// Evicts least-recently-used records until the servable artifacts fit in `max`: one
+    /// record at a time from the LRU order (O(log n) each), not a pass over the index.
+    /// Returns the keys evicted.
+    fn evict_to(&self, max: u64) -> Result<Vec<CacheKey>, StoreError> {
+        let mut evicted = Vec::new();
+        loop {
+            let next = {
+                let u = self.usage();
+                if u.total() <= max {
+                    break;
+                }
+                u.oldest()
+            };
+            let Some(key) = next else { break };
+            if !self.remove(&key)? {
+                // Not in the index (cannot happen while the accounting is in step): drop it
+                // from the order so the loop ends.
+                self.usage().set(key, None);
+            }
+            evicted.push(key);
+        }
+        Ok(evicted)
     }
 
     fn remove_blob_if_unused(&self, digest: &str, except: &CacheKey) -> Result<(), StoreError> {
@@ -454,6 +513,8 @@ impl SledStore {
 
 impl Store for SledStore {
     fn staging_dir(&self) -> Result<tempfile::TempDir, StoreError> {
+        // Folders deleted under a running daemon come back (a few stats when they exist).
+        Self::create_dirs(&self.root)?;
         let tmp = self.root.join("tmp");
         tempfile::Builder::new()
             .prefix("build-")
@@ -479,6 +540,7 @@ impl Store for SledStore {
         artifact: Option<&StagedArtifact>,
     ) -> Result<Record, StoreError> {
         let previous = self.read_record(&record.key)?;
+        Self::create_dirs(&self.root)?;
         record.artifact = match artifact {
             Some(a) => Some(self.commit_blob(a)?),
             None => None,
@@ -500,17 +562,20 @@ impl Store for SledStore {
             }
         }
         if let Some(max) = self.opts.max_bytes {
-            let rep = self.gc(max, false)?;
-            if rep.evicted.contains(&record.key.hex()) {
+            let bytes_before = self.usage().total();
+            let evicted = self.evict_to(max)?;
+            if evicted.contains(&record.key) {
                 tracing::warn!(key = %record.key, max, "the new artifact alone exceeds the cache size limit");
             }
-            if !rep.evicted.is_empty() {
+            if !evicted.is_empty() {
+                self.evicted
+                    .fetch_add(evicted.len() as u64, std::sync::atomic::Ordering::Relaxed);
                 tracing::info!(
-                    evicted = rep.evicted.len(),
+                    evicted = evicted.len(),
                     // The first few: a line, not a list of thousands.
-                    keys = %rep.evicted.iter().take(8).cloned().collect::<Vec<_>>().join(","),
-                    bytes_before = rep.bytes_before,
-                    bytes_after = rep.bytes_after,
+                    keys = %evicted.iter().take(8).map(CacheKey::hex).collect::<Vec<_>>().join(","),
+                    bytes_before,
+                    bytes_after = self.usage().total(),
                     max,
                     "evicted least-recently-used artifacts to fit the cache size limit"
                 );
@@ -531,7 +596,7 @@ impl Store for SledStore {
         };
         // Manifest first: one without an index entry would read as a damaged index.
         self.remove_manifest(key)?;
-        self.records.remove(key.0).map_err(|e| self.db_err(e))?;
+        self.unindex(key)?;
         self.records.flush().map_err(|e| self.db_err(e))?;
         if let Some(a) = r.artifact {
             self.remove_blob_if_unused(&a.digest, key)?;
@@ -559,7 +624,7 @@ mod tests {
     use super::*;
     use crate::key::{BackendId, KeyParts, ModelDigest, KEY_FORMAT};
 
-    fn record(n: u8, last_used: u64) -> Record {
+    pub(super) fn record(n: u8, last_used: u64) -> Record {
         let parts = KeyParts {
             format: KEY_FORMAT,
             model: ModelDigest {
