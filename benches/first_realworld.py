@@ -120,7 +120,7 @@ def main():
         config = os.path.join(tmp, "config.toml")
         with open(config, "w") as f:
             f.write(f"models = {json.dumps(models)}\ncache_dir = {json.dumps(cache)}\n"
-                    f"socket = {json.dumps(sock)}\nort_dylib = {json.dumps(dylib)}\n")
+                    f"socket = {json.dumps(sock)}\nort_library = {json.dumps(dylib)}\n")
         client_dir = os.path.join(tmp, "client")
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                         "--target", client_dir, a.client], check=True)

@@ -52,7 +52,7 @@ fn main() {
     std::fs::write(
         &cfg,
         format!(
-            "models = {:?}\ncache_dir = {:?}\nsocket = {:?}\nort_dylib = {:?}\n[limits]\nbuild_concurrency = 1\nworker_memory_bytes = 536870912\n",
+            "models = {:?}\ncache_dir = {:?}\nsocket = {:?}\nort_library = {:?}\n[limits]\nbuild_concurrency = 1\nworker_memory_bytes = 536870912\n",
             repo,
             dir.join("cache"),
             socket,

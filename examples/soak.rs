@@ -528,7 +528,7 @@ fn main() -> Res<()> {
         format!(
             "models = {models_dir:?}\ncache_dir = {cache:?}\nsocket = {socket:?}\n{}[limits]\ndebounce_ms = 200\nrescan_secs = 5\nbuild_concurrency = 2\nmax_connections = {}\ncache_size_bytes = {}\n",
             std::env::var("ORT_DYLIB_PATH")
-                .map(|p| format!("ort_dylib = {p:?}\n"))
+                .map(|p| format!("ort_library = {p:?}\n"))
                 .unwrap_or_default(),
             a.clients + 16,
             a.cache_mib << 20

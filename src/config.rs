@@ -52,8 +52,10 @@ pub struct Config {
     pub socket_mode: String,
     /// Group that owns the socket; the daemon's group when unset.
     pub socket_group: Option<String>,
-    /// ONNX Runtime shared library; `ORT_DYLIB_PATH` when unset.
-    pub ort_dylib: Option<PathBuf>,
+    /// ONNX Runtime shared library (`ort_library`, as `--ort-library` and every hint name
+    /// it; the older spelling `ort_dylib` is read too); `ORT_DYLIB_PATH` when unset.
+    #[serde(alias = "ort_dylib")]
+    pub ort_library: Option<PathBuf>,
     /// Backends built in the background for every model; the first is the default for
     /// acquires that name none.
     pub backends: Vec<Backend>,
@@ -380,7 +382,7 @@ impl Default for Config {
             socket,
             socket_mode: "0660".into(),
             socket_group: None,
-            ort_dylib: None,
+            ort_library: None,
             backends: vec![Backend::DEFAULT],
             external_min_bytes: DEFAULT_EXTERNAL_MIN_BYTES,
             log_format: LogFormat::Text,
@@ -550,8 +552,8 @@ impl Config {
     }
 
     /// The ONNX Runtime library: the config's, else `ORT_DYLIB_PATH`.
-    pub fn ort_dylib(&self) -> Option<PathBuf> {
-        self.ort_dylib
+    pub fn ort_library(&self) -> Option<PathBuf> {
+        self.ort_library
             .clone()
             .or_else(|| std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from))
     }
@@ -583,6 +585,23 @@ mod tests {
         assert_eq!(c.limits, Limits::default());
         assert_eq!(c.socket, PathBuf::from("/run/trtcache/trtcache.sock"));
         assert_eq!(c.cache_dir, PathBuf::from("/var/cache/trtcache"));
+    }
+
+    /// One name for the ONNX Runtime library: `ort_library`, as the flag and the hints say;
+    /// a config written with the older `ort_dylib` still loads.
+    #[test]
+    fn the_ort_library_setting_has_one_name_and_reads_the_old_one() {
+        for key in ["ort_library", "ort_dylib"] {
+            let c = Config::from_toml(&format!("{key} = \"/x/libonnxruntime.so\""), Path::new("x"))
+                .unwrap();
+            assert_eq!(
+                c.ort_library,
+                Some(PathBuf::from("/x/libonnxruntime.so")),
+                "{key}"
+            );
+        }
+        let shown = toml::to_string(&Config::default()).unwrap();
+        assert!(!shown.contains("ort_dylib"), "{shown}");
     }
 
     #[test]

@@ -356,7 +356,7 @@ fn settle_in_process(
 ) -> anyhow::Result<(Vec<String>, Vec<BuildResult>)> {
     let settle = Duration::from_millis(cfg.limits.debounce_ms);
     let root = cfg.models.display().to_string();
-    let mut first = repo::scan_all(&cfg.models)?;
+    let mut first = repo::scan_all_with(&cfg.models, cfg.follow_symlinks_outside_repo)?;
     for s in &first.skipped {
         eprintln!("warm: skipped {}: {}", s.path.display(), s.reason);
     }
@@ -366,7 +366,7 @@ fn settle_in_process(
             return Ok((names, Vec::new()));
         }
         std::thread::sleep(settle);
-        let second = repo::scan_all(&cfg.models)?;
+        let second = repo::scan_all_with(&cfg.models, cfg.follow_symlinks_outside_repo)?;
         let names2 = wanted(second.models.keys().map(String::as_str), a, &root)?;
         let pending: Vec<String> = names2
             .iter()
@@ -472,8 +472,8 @@ pub fn status(a: StatusArgs) -> anyhow::Result<ExitCode> {
 fn local_status(cfg: &Config, only: Option<&str>) -> anyhow::Result<Vec<ModelStatus>> {
     super::cache::require_cache(&cfg.cache_dir)?;
     let engine = crate::daemon::open_engine(cfg).context("opening the cache")?;
-    let snapshot =
-        repo::scan(&cfg.models).with_context(|| format!("scanning {}", cfg.models.display()))?;
+    let snapshot = repo::scan_with(&cfg.models, cfg.follow_symlinks_outside_repo)
+        .with_context(|| format!("scanning {}", cfg.models.display()))?;
     if let Some(n) = only {
         anyhow::ensure!(
             snapshot.contains_key(n),

@@ -700,7 +700,7 @@ impl CachedEngine {
 pub fn open(cfg: &crate::config::Config) -> Result<CachedEngine, EngineError> {
     let engine = CachedEngine::open(
         &cfg.cache_dir,
-        cfg.ort_dylib.as_deref(),
+        cfg.ort_library.as_deref(),
         cfg.external_min_bytes,
         &cfg.limits,
         &cfg.trt,

@@ -133,6 +133,7 @@ fn fingerprint_dir(dir: &Path, out: &mut Fingerprint, depth: usize) {
 }
 
 /// Scans the repository with the default rules: its models only (see [`scan_all_with`]).
+#[cfg(test)]
 pub fn scan(root: &Path) -> Result<Snapshot, ScanError> {
     scan_all(root).map(|s| s.models)
 }
@@ -143,6 +144,7 @@ pub fn scan_with(root: &Path, follow_outside: bool) -> Result<Snapshot, ScanErro
 }
 
 /// [`scan_all_with`] with the default rules (links out of the repository are skipped).
+#[cfg(test)]
 pub fn scan_all(root: &Path) -> Result<Scan, ScanError> {
     scan_all_with(root, false)
 }

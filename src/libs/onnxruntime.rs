@@ -2,7 +2,7 @@
 //! the build stage's loader alike, so a key always names the library a build would load) and
 //! its version, found WITHOUT initialising ort.
 //!
-//! Search order: the configured path (`ort_dylib`), `ORT_DYLIB_PATH` (either, when set, is
+//! Search order: the configured path (`ort_library`), `ORT_DYLIB_PATH` (either, when set, is
 //! authoritative: a wrong one is an error), then an `onnxruntime` Python package: the
 //! checkout's `.venv`, `$VIRTUAL_ENV`, then whatever `python3` imports
 //! (`onnxruntime/capi/libonnxruntime.so.*`).

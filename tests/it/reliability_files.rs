@@ -208,7 +208,7 @@ fn second_daemon(dir: &Path, socket: &Path) -> std::process::Child {
     std::fs::write(
         &cfg,
         format!(
-            "models = {:?}\ncache_dir = {:?}\nsocket = {:?}\nort_dylib = {:?}\n[limits]\nsocket_check_secs = 0\n",
+            "models = {:?}\ncache_dir = {:?}\nsocket = {:?}\nort_library = {:?}\n[limits]\nsocket_check_secs = 0\n",
             dir.join("models"),
             dir.join("cache"),
             socket,
