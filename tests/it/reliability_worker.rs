@@ -162,3 +162,90 @@ fn a_protobuf_that_decodes_to_gigabytes_is_refused_before_decoding() {
     assert_eq!(enc.variants[0].state, VariantState::Ready, "{}", d.log());
     assert!(d.stop(), "{}", d.log());
 }
+
+/// A cgroup v1 memory group of its own for one test, removed at drop (best effort).
+struct MemoryCgroup(std::path::PathBuf);
+
+impl MemoryCgroup {
+    /// `None` where this machine has no writable cgroup v1 memory controller (not root, or
+    /// cgroup v2 only): the test then says so and checks nothing.
+    fn create(limit: u64) -> Option<MemoryCgroup> {
+        let base = std::path::Path::new("/sys/fs/cgroup/memory");
+        let dir = base.join(format!("trtcache-test-{}", std::process::id()));
+        std::fs::create_dir(&dir).ok()?;
+        let cg = MemoryCgroup(dir);
+        std::fs::write(cg.0.join("memory.limit_in_bytes"), limit.to_string()).ok()?;
+        Some(cg)
+    }
+
+    fn add(&self, pid: u32) {
+        std::fs::write(self.0.join("cgroup.procs"), pid.to_string()).unwrap();
+    }
+
+    /// How many times the kernel's OOM killer ran in the group (`oom_kill` of
+    /// memory.oom_control, on kernels that report it).
+    fn oom_kills(&self) -> Option<u64> {
+        let text = std::fs::read_to_string(self.0.join("memory.oom_control")).ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .and_then(|n| n.trim().parse().ok())
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// The kernel's OOM killer, not the worker's own memory bound: the daemon runs in a memory
+/// cgroup of 768 MiB with no worker bound, and a model whose validation needs 2 GB. The
+/// kernel kills the largest process in the group, the worker; the daemon reports the
+/// model's failure naming SIGKILL and keeps serving the good model.
+#[test]
+fn under_a_memory_cgroup_the_oom_killer_takes_the_worker_not_the_daemon() {
+    let Some(cg) = MemoryCgroup::create(768 << 20) else {
+        eprintln!("skipped: no writable cgroup v1 memory controller here (needs root)");
+        return;
+    };
+    let mut d = Daemon::new();
+    write(&models::tiny_encoder(false), &d.models().join("enc.onnx")).unwrap();
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    // worker_memory_bytes = 0: three quarters of the machine, far over the group's limit, so
+    // it is the kernel that stops the worker.
+    std::fs::write(
+        d.config(),
+        format!("{cfg}build_concurrency = 1\nworker_memory_bytes = 0\n"),
+    )
+    .unwrap();
+    d.start();
+    let pid = d.child.as_ref().unwrap().id();
+    // The daemon joins the group before the big model exists: every worker it starts for
+    // that model is in the group too.
+    cg.add(pid);
+    d.wait_settled(&["enc"]);
+    write(&models::big_fixed_input(), &d.models().join("big.onnx")).unwrap();
+    let list = d.wait_settled(&["big", "enc"]);
+    let big = reason(&list, "big");
+    assert!(big.contains("killed by SIGKILL"), "{big}\n{}", d.log());
+    eprintln!("big: {big}; oom kills in the group: {:?}", cg.oom_kills());
+    if let Some(n) = cg.oom_kills() {
+        assert!(n >= 1, "no OOM kill in the group: {n}");
+    }
+    assert!(d.child.as_mut().unwrap().try_wait().unwrap().is_none());
+    assert_eq!(d.child.as_ref().unwrap().id(), pid);
+    let art = d
+        .client()
+        .acquire(&AcquireRequest {
+            model: "enc".into(),
+            ..Default::default()
+        })
+        .unwrap_or_else(|e| panic!("acquire enc: {e}\n{}", d.log()));
+    assert!(!art.files.is_empty());
+    assert!(d.stop(), "{}", d.log());
+}
