@@ -119,14 +119,7 @@ impl MaintainArgs {
     /// The cache directory and the sockets a daemon owning it may answer on, most likely
     /// first.
     fn resolve(&self) -> anyhow::Result<(PathBuf, Vec<PathBuf>)> {
-        let cfg = crate::config::Config::load(&crate::config::Overrides {
-            config: self.config.clone(),
-            models: None,
-            cache_dir: self.cache.cache_dir.clone(),
-            socket: self.socket.clone(),
-            ..Default::default()
-        })
-        .context("reading the configuration")?;
+        let cfg = self.config()?;
         let mut sockets = vec![cfg.socket.clone()];
         if self.socket.is_none() {
             let own = cfg.cache_dir.join("trtcache.sock");
@@ -135,6 +128,18 @@ impl MaintainArgs {
             }
         }
         Ok((cfg.cache_dir, sockets))
+    }
+
+    /// The effective configuration (file, then these flags).
+    fn config(&self) -> anyhow::Result<crate::config::Config> {
+        crate::config::Config::load(&crate::config::Overrides {
+            config: self.config.clone(),
+            models: None,
+            cache_dir: self.cache.cache_dir.clone(),
+            socket: self.socket.clone(),
+            ..Default::default()
+        })
+        .context("reading the configuration")
     }
 }
 
@@ -220,9 +225,10 @@ pub struct RmArgs {
 #[derive(Debug, Args)]
 pub struct GcArgs {
     /// Evict least-recently-used artifacts until the cache holds at most SIZE (e.g. 10G,
-    /// 512M); quarantined entries are always removed.
-    #[arg(long, value_name = "SIZE", default_value = "10G")]
-    pub max_size: String,
+    /// 512M); quarantined entries are always removed [default: the daemon's limit, the
+    /// config's limits.cache_size_bytes (50 GiB unless set)].
+    #[arg(long, value_name = "SIZE")]
+    pub max_size: Option<String>,
     /// Show what would be evicted without deleting anything.
     #[arg(long)]
     pub dry_run: bool,
@@ -383,12 +389,12 @@ pub fn rm(a: RmArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub fn gc(a: GcArgs) -> anyhow::Result<ExitCode> {
-    let max = parse_size(&a.max_size).with_context(|| {
-        format!(
-            "--max-size: `{}` is not a size (e.g. 512M, 10G)",
-            a.max_size
-        )
-    })?;
+    let max = match &a.max_size {
+        Some(s) => parse_size(s)
+            .with_context(|| format!("--max-size: `{s}` is not a size (e.g. 512M, 10G)"))?,
+        // The daemon's own limit, so `gc` without a size never evicts what the daemon keeps.
+        None => a.target.config()?.limits.cache_size_bytes,
+    };
     let rep = match open_target(&a.target)? {
         Target::Local(store, dir) => {
             let r = store

@@ -514,6 +514,20 @@ fn rm_and_gc_evict_least_recently_used() {
     assert_eq!(gc["evicted"], serde_json::json!([vb["key"]]), "{gc}");
     let ls = json(&trtcache(["ls", "--cache-dir", c, "--json"]));
     assert_eq!(ls.as_array().unwrap().len(), 1);
+    // Without --max-size, gc keeps to the daemon's limit: the config's cache_size_bytes.
+    let cfg = d.path().join("gc.toml");
+    std::fs::write(&cfg, "[limits]\ncache_size_bytes = 1\n").unwrap();
+    let gc = json(&trtcache([
+        "gc",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--cache-dir",
+        c,
+        "--dry-run",
+        "--json",
+    ]));
+    assert_eq!(gc["max_bytes"], 1, "{gc}");
+    assert_eq!(gc["evicted"].as_array().unwrap().len(), 1, "{gc}");
     let key = va["key"].as_str().unwrap();
     let out = trtcache(["rm", &key[..12], "--cache-dir", c, "--json"]);
     assert!(out.status.success(), "{}", stderr(&out));
