@@ -242,14 +242,14 @@ fn socket_activation_and_readiness_notification() {
         !d.socket().exists(),
         "no socket bound at the configured path"
     );
-    // And says so: the start message names the socket it listens on.
+    // And says so: the `ready` log line names the socket it listens on.
     let log = d.log();
     assert!(
-        log.contains(&format!("on {}", activated.display())),
-        "the start message names the inherited socket: {log}"
+        log.contains(&format!("socket={}", activated.display())),
+        "the ready line names the inherited socket: {log}"
     );
     assert!(
-        !log.contains(&format!("on {}", d.socket().display())),
+        !log.contains(&format!("socket={}", d.socket().display())),
         "{log}"
     );
     drop(c);
