@@ -84,7 +84,8 @@ pub fn init(s: LogSettings) {
 /// Prints the error that ends the command: `error: …` on stderr, or an `error` event when
 /// the logs are JSON (a shipper parsing the daemon's stderr then sees why it stopped).
 pub fn report_error(e: &anyhow::Error) {
-    let text = format!("{e:#}");
+    // Paths and reasons in the chain came from files: no terminal escape reaches stderr raw.
+    let text = super::output::printable(&format!("{e:#}"));
     if INSTALLED.get() == Some(&LogFormat::Json) {
         tracing::error!(error = %text, "stopped");
     } else {

@@ -84,7 +84,9 @@ pub fn serve(
     let cfg = loaded?;
     crate::onnx::DecodeLimits::set_process_default(cfg.limits.decode());
     super::cache::creatable_cache(&cfg.cache_dir)?;
-    tracing::info!(models = %cfg.models.display(), cache = %cfg.cache_dir.display(), socket = %cfg.socket.display(), "starting");
+    // The socket is named by the `ready` line: an inherited one (socket activation) replaces
+    // the configured path.
+    tracing::info!(models = %cfg.models.display(), cache = %cfg.cache_dir.display(), "starting");
     let paths = a.paths;
     let reload = Box::new(move || paths.load().map(drop).map_err(|e| format!("{e:#}")));
     match crate::daemon::serve(cfg, reload).map_err(anyhow::Error::new)? {

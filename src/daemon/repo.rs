@@ -155,12 +155,16 @@ pub fn scan_all(root: &Path) -> Result<Scan, ScanError> {
 /// `follow_symlinks_outside_repo`), a model whose file is a link leading out of the
 /// repository is skipped too: the rule external data files follow.
 pub fn scan_all_with(root: &Path, follow_outside: bool) -> Result<Scan, ScanError> {
-    let mut scan = scan_entries(root)?;
-    if !follow_outside {
-        let croot = fs::canonicalize(root).map_err(|source| ScanError {
+    let croot = if follow_outside {
+        None
+    } else {
+        Some(fs::canonicalize(root).map_err(|source| ScanError {
             path: root.to_path_buf(),
             source,
-        })?;
+        })?)
+    };
+    let mut scan = scan_entries(root, croot.as_deref())?;
+    if let Some(croot) = croot {
         let skipped = &mut scan.skipped;
         scan.models.retain(|_, m| {
             let outside: Vec<PathBuf> = m
@@ -184,7 +188,10 @@ pub fn scan_all_with(root: &Path, follow_outside: bool) -> Result<Scan, ScanErro
     Ok(scan)
 }
 
-fn scan_entries(root: &Path) -> Result<Scan, ScanError> {
+/// `inside`: the canonical repository root when links leading out of it are refused; a
+/// linked folder out of it is then skipped without a look inside (a link to `/usr` is not a
+/// model folder, and reading it would only be slow).
+fn scan_entries(root: &Path, inside: Option<&Path>) -> Result<Scan, ScanError> {
     let mut scan = Scan::default();
     let mut out = Snapshot::new();
     let mut skipped = Vec::new();
@@ -222,6 +229,19 @@ fn scan_entries(root: &Path) -> Result<Scan, ScanError> {
                 reason: format!("cannot read it: {err}"),
             }),
             Ok(m) if m.is_dir() => {
+                let linked_out = inside.is_some_and(|croot| {
+                    e.file_type().is_ok_and(|t| t.is_symlink())
+                        && fs::canonicalize(&path).is_ok_and(|c| !c.starts_with(croot))
+                });
+                if linked_out {
+                    skipped.push(Skipped {
+                        path,
+                        reason: "a symbolic link to a folder out of the repository (set \
+                                 `follow_symlinks_outside_repo = true` to serve it)"
+                            .into(),
+                    });
+                    continue;
+                }
                 if !trtcache_client::protocol::valid_model_name(&name) {
                     skipped.push(Skipped {
                         path,

@@ -41,7 +41,9 @@ impl Warned {
     fn report(&self, skipped: &[repo::Skipped]) {
         let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
         for s in skipped.iter().filter(|s| !seen.contains(*s)) {
-            tracing::warn!(path = %s.path.display(), "skipped: {}", s.reason);
+            // `?`: the path quoted and escaped, so no control character in a file name reaches
+            // the log (or a terminal following it) raw.
+            tracing::warn!(path = ?s.path, "skipped: {}", s.reason);
         }
         *seen = skipped.iter().cloned().collect();
     }

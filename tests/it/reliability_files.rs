@@ -50,9 +50,12 @@ fn a_lock_that_is_a_symbolic_link_is_refused_and_its_target_untouched() {
 #[test]
 fn a_new_cache_is_closed_to_others_whatever_the_umask() {
     let d = tempfile::tempdir().unwrap();
-    let cache = d.path().join("new/cache");
+    let cache = d.path().join("cache");
+    // `build` creates a cache (`ls` refuses a missing one: a typo'd --cache-dir).
+    let m = d.path().join("enc.onnx");
+    write(&models::tiny_encoder(false), &m).unwrap();
     let mut c = support::cmd();
-    c.args(["ls", "--cache-dir"]).arg(&cache);
+    c.arg("build").arg(&m).arg("--cache-dir").arg(&cache);
     // SAFETY: umask in the child before exec; async-signal-safe.
     unsafe {
         c.pre_exec(|| {
@@ -135,11 +138,15 @@ fn unservable_entries_are_reported_once_and_never_break_the_rest() {
     // Several rescans (every 2 s): each refusal is still logged once.
     std::thread::sleep(Duration::from_secs(5));
     let log = d.log();
-    let refusals: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("model not served"))
-        .collect();
-    assert_eq!(refusals.len(), 4, "{refusals:#?}");
+    let refusals: Vec<&str> = log.lines().filter(|l| l.contains("skipped: ")).collect();
+    // backslash, escape, not UTF-8, the file link and the folder link.
+    assert_eq!(refusals.len(), 5, "{refusals:#?}");
+    assert!(
+        refusals
+            .iter()
+            .any(|l| l.contains("a folder out of the repository")),
+        "{refusals:#?}"
+    );
     assert!(
         refusals.iter().any(|l| l.contains("not UTF-8")),
         "{refusals:#?}"
