@@ -6,6 +6,10 @@
 # toolchain take the sanitizer flags. Exits non-zero when any target finds a crash, hang or
 # out-of-memory; findings land in fuzz/artifacts/TARGET/: fix each and keep it in
 # fuzz/regressions/TARGET/ (replayed by `cargo test --test it fuzz_regressions`).
+#
+# FUZZ_BUILD picks the build: `asan` (default: release, AddressSanitizer) or `smoke` (debug,
+# no sanitizer: overflow checks and debug assertions on, a third of the build time; what CI's
+# 15-second runs use, where the build is most of the cost; the fuzzed paths are safe Rust).
 set -euo pipefail
 cd "$(dirname "$0")"
 SECONDS_EACH=${1:-60}
@@ -25,12 +29,17 @@ fi
 printf '{"op":"hello","version":1,"client":"fuzz"}' > corpus/protocol_request/hello
 printf '{"op":"acquire","model":"tiny_encoder","wait":true,"timeout_ms":1000}' > corpus/protocol_request/acquire
 printf '[profiles.default]\nmin = { x = [1, 1, 64] }\nopt = { x = [2, 16, 64] }\nmax = { x = [8, 128, 64] }\n' > corpus/sidecar/basic.toml
-cargo fuzz build -O
+case "${FUZZ_BUILD:-asan}" in
+  asan) build=(-O) ;;
+  smoke) build=(--dev -s none) ;;
+  *) echo "fuzz/run.sh: FUZZ_BUILD must be asan or smoke, not ${FUZZ_BUILD}" >&2; exit 2 ;;
+esac
+cargo fuzz build "${build[@]}"
 failed=()
 for t in "${TARGETS[@]}"; do
   log=$(mktemp)
   set +e
-  cargo fuzz run -O "$t" "corpus/$t" -- -max_total_time="$SECONDS_EACH" -rss_limit_mb=2048 \
+  cargo fuzz run "${build[@]}" "$t" "corpus/$t" -- -max_total_time="$SECONDS_EACH" -rss_limit_mb=2048 \
     -timeout=10 -max_len=65536 -print_final_stats=1 >"$log" 2>&1
   rc=$?
   set -e
