@@ -248,7 +248,8 @@ while c.stats()["connections"] != 1:
     assert time.monotonic() < deadline, c.stats()
     time.sleep(0.02)
 others = [t.Client(sys.argv[2]), t.Client(sys.argv[2])]
-raises(t.Busy, t.Client, sys.argv[2])
+# The hello's answer is read with the first request's: the refusal comes there.
+raises(t.Busy, lambda: t.Client(sys.argv[2]).list())
 print("typed ok")
 "#;
     let out = support::run_python(
@@ -261,6 +262,53 @@ print("typed ok")
     );
     assert!(out.contains("typed ok"), "{out}");
     assert!(d.stop());
+}
+
+/// The client's own JSON codec (CPython's `_json` accelerator, without `json`'s import cost)
+/// reads and writes what `json` does, on random values and on malformed text; and importing
+/// the client loads none of `json`, `socket`, `threading`, `dataclasses` (the import is part
+/// of every consumer's first inference; BENCHMARKS.md, issue 14).
+#[test]
+fn python_client_codec_matches_json_and_its_import_stays_lean() {
+    let script = r#"
+import sys
+sys.path.insert(0, sys.argv[1])
+before = set(sys.modules)
+import trtcache_client as t
+heavy = {"json", "socket", "selectors", "threading", "dataclasses", "tempfile", "shutil"}
+loaded = sorted(heavy & (set(sys.modules) - before))
+assert not loaded, "importing trtcache_client loaded %s" % loaded
+assert t.Watcher.__name__ == "Watcher" and "ready" in t.WATCH_REASONS  # loaded on first use
+import json, random
+for c in ['{"a":1}', ' {"a":[1,2.5,-3e10,true,false,null,"x\\u00e9\\n\\ud83d\\ude00"]}\n', '[]', '"s"',
+          'NaN', '-Infinity', '{"a":{"b":{"c":[[]]}}}', '1.5e-300', '{"kind":"artifact","metadata":{"files":[]}}']:
+    assert repr(json.loads(c)) == repr(t._loads(c)), c
+for bad in ['', ' ', '{', '{"a":1} x', '[1,]', '{"a" 1}', '"\\x"', '01', '{"a":1}{}', 'nul']:
+    try:
+        t._loads(bad)
+    except ValueError:
+        pass
+    else:
+        raise SystemExit("accepted %r" % bad)
+rnd = random.Random(0)
+def gen(d=0):
+    k = rnd.randrange(7 if d < 4 else 4)
+    if k == 0: return rnd.randrange(-10**20, 10**20)
+    if k == 1: return "".join(chr(rnd.randrange(1, 0xD000)) for _ in range(rnd.randrange(8)))
+    if k == 2: return None
+    if k == 3: return rnd.random() < .5
+    if k == 4: return [gen(d + 1) for _ in range(rnd.randrange(4))]
+    if k == 5: return {str(gen(d + 1)): gen(d + 1) for _ in range(rnd.randrange(4))}
+    return rnd.uniform(-1e9, 1e9)
+for _ in range(5000):
+    v = gen()
+    text = json.dumps(v)
+    assert json.loads(t._dumps(v)) == json.loads(text), v
+    assert t._loads(text) == json.loads(text), text
+print("codec ok")
+"#;
+    let out = support::run_python(script, &[&python_client()]);
+    assert!(out.contains("codec ok"), "{out}");
 }
 
 #[test]

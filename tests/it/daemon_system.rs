@@ -186,6 +186,16 @@ print(c.status("enc")["name"])
     assert!(st.success());
 }
 
+/// A child process killed and reaped when dropped (a no-op once it has been waited for).
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[test]
 fn socket_activation_and_readiness_notification() {
     use std::os::fd::AsRawFd;
@@ -224,7 +234,8 @@ fn socket_activation_and_readiness_notification() {
             Ok(())
         });
     }
-    let mut child = cmd.spawn().unwrap();
+    // Killed if an assertion below fails: a panicking test leaves no daemon running.
+    let mut child = KillOnDrop(cmd.spawn().unwrap());
     let mut buf = [0u8; 4096];
     let mut seen = String::new();
     while !(seen.contains("READY=1") && seen.contains("WATCHDOG=1")) {
@@ -254,8 +265,8 @@ fn socket_activation_and_readiness_notification() {
     );
     drop(c);
     // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    assert!(child.wait().unwrap().success());
+    unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
+    assert!(child.0.wait().unwrap().success());
     let mut stopping = String::new();
     notify
         .set_read_timeout(Some(Duration::from_secs(5)))

@@ -18,9 +18,7 @@ The typed API is documented in docs/clients.md.
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 import struct
 from typing import (
     TYPE_CHECKING,
@@ -65,10 +63,96 @@ from .errors import (
     error_for,
 )
 
-from .watch import WATCH_REASONS, SessionHandle, Watcher, WatchEvent
+# The socket layer is CPython's C module `_socket`, which the standard `socket` module wraps:
+# importing `socket` costs ~2.5 ms (its enum conversions and `selectors`), a third of a small
+# model's time to first inference, for helpers this client does not use (BENCHMARKS.md).
+try:
+    import _socket as _net
+except ImportError:  # pragma: no cover - a Python without CPython's _socket
+    import socket as _net  # type: ignore[no-redef]
 
-if TYPE_CHECKING:  # onnxruntime is optional: only Artifact.session() imports it
+if TYPE_CHECKING:
+    # onnxruntime is optional: only Artifact.session() imports it. The watch module (and the
+    # threading and dataclasses it needs) is loaded on first use, by Client.watch* or by
+    # naming one of its classes (module __getattr__ below): a consumer that only acquires
+    # does not pay for it.
     import onnxruntime  # type: ignore[import-not-found, import-untyped, unused-ignore]
+
+    from .watch import WATCH_REASONS, SessionHandle, Watcher, WatchEvent
+
+# JSON through CPython's C accelerator `_json`, which the `json` package wraps: `import json`
+# compiles a dozen regular expressions for pure-Python fall-backs this client never runs
+# (~1.5 ms, a fifth of a small model's time to first inference here). The frames this
+# client writes are objects of strings, integers, booleans, None and lists of them.
+try:
+    import _json
+except ImportError:  # pragma: no cover - a Python without CPython's _json
+    _json = None  # type: ignore[assignment]
+
+if _json is not None:
+
+    class _ScanContext:
+        """What ``_json.make_scanner`` reads: ``json.JSONDecoder``'s defaults."""
+
+        strict = True
+        object_hook = None
+        object_pairs_hook = None
+        parse_float = float
+        parse_int = int
+
+        @staticmethod
+        def parse_constant(name: str) -> float:
+            return {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}[name]
+
+    _scan = _json.make_scanner(_ScanContext())
+    _quote = _json.encode_basestring_ascii
+
+    def _loads(text: str) -> Any:
+        """``json.loads(text)``: one JSON value, whitespace around it, nothing else."""
+        start = len(text) - len(text.lstrip(" \t\n\r"))
+        try:
+            value, end = _scan(text, start)
+        except StopIteration as e:
+            raise ValueError("malformed JSON at character %s" % e.value) from None
+        if text[end:].strip(" \t\n\r"):
+            raise ValueError("extra data after the JSON value at character %d" % end)
+        return value
+
+    def _dumps(v: Any) -> str:
+        """``json.dumps(v)`` for what requests hold."""
+        if isinstance(v, str):
+            return str(_quote(v))
+        if v is None:
+            return "null"
+        if v is True:
+            return "true"
+        if v is False:
+            return "false"
+        if isinstance(v, int):
+            return int.__repr__(v)
+        if isinstance(v, float) and v - v == 0.0:  # finite
+            return float.__repr__(v)
+        if isinstance(v, dict):
+            return "{" + ",".join(_dumps(str(k)) + ":" + _dumps(x) for k, x in v.items()) + "}"
+        if isinstance(v, (list, tuple)):
+            return "[" + ",".join(_dumps(x) for x in v) + "]"
+        raise TypeError("a request holds a %s, which this client does not encode" % type(v).__name__)
+
+else:  # pragma: no cover
+    import json
+
+    _loads = json.loads
+    _dumps = json.dumps
+
+_WATCH_NAMES = ("Watcher", "WatchEvent", "SessionHandle", "WATCH_REASONS")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WATCH_NAMES:
+        from . import watch
+
+        return getattr(watch, name)
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
 
 __version__ = "0.1.0"
 
@@ -92,6 +176,7 @@ DEFAULT_MAX_RESPONSE = 64 << 20
 """Largest response frame accepted by default (the Rust client's limit too)."""
 MAX_FDS = 32
 """Most descriptors one frame may carry (the protocol's limit)."""
+_CMSG_ROOM = _net.CMSG_SPACE(MAX_FDS * 4)  # ancillary room for MAX_FDS descriptors (C ints)
 
 BACKEND_PROVIDERS: Dict[str, List[str]] = {
     "ort-cpu": ["CPUExecutionProvider"],
@@ -213,7 +298,7 @@ class Artifact:
         capability, hardware-compatibility level, precision flags, the optimization
         profiles in engine order, and the I/O tensors (name, dtype, shape with -1 for dynamic
         dimensions). See docs/trt.md."""
-        meta: Json = json.loads(_read_fd(self._engine_fd("engine.json")))
+        meta: Json = _loads(_read_fd(self._engine_fd("engine.json")).decode("utf-8"))
         return meta
 
     def session(self, **ort_kwargs: Any) -> "onnxruntime.InferenceSession":
@@ -386,7 +471,10 @@ def _nofile_limit() -> str:
 
 
 class Client:
-    """One connection to the daemon; ``hello`` is sent on construction.
+    """One connection to the daemon; ``hello`` is sent on construction and its answer read
+    with the first request's (one round trip instead of two before a first ``acquire``): a
+    daemon that cannot be reached raises :class:`ConnectionFailed` here, one that refuses the
+    ``hello`` (:class:`Busy`, :class:`UnsupportedVersion`) at the first call.
 
     ``socket_path``: the daemon's socket (else ``$TRTCACHE_SOCKET``, else
     :data:`DEFAULT_SOCKET`). ``timeout``: seconds each send or receive may take (None: wait
@@ -408,40 +496,67 @@ class Client:
         )
         self.timeout: Optional[float] = timeout
         self.max_response: int = int(max_response)
-        self.server: Optional[str] = None
-        self.max_frame: Optional[int] = None
+        self._server: Optional[str] = None
+        self._max_frame: Optional[int] = None
+        self._hello_pending = False
         self.resets: int = 0
         """How many times the connection was reset (after a timeout or a broken frame)."""
-        self._sock: Optional[socket.socket] = None
+        self._sock: Optional[Any] = None
         self._connect()
+
+    @property
+    def server(self) -> Optional[str]:
+        """The daemon's name and version, from its ``hello`` answer."""
+        self._finish_hello()
+        return self._server
+
+    @property
+    def max_frame(self) -> Optional[int]:
+        """The largest request frame the daemon takes, from its ``hello`` answer."""
+        self._finish_hello()
+        return self._max_frame
 
     # -- connection ----------------------------------------------------------------
     def _connect(self) -> None:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s = _net.socket(_net.AF_UNIX, _net.SOCK_STREAM)
         s.settimeout(self.timeout)
         try:
             s.connect(self.path)
-        except socket.timeout as e:
+        except _net.timeout as e:
             s.close()
             raise ConnectionTimeout("no connection to %s within %s s" % (self.path, self.timeout)) from e
         except OSError as e:
             s.close()
             raise ConnectionFailed("cannot connect to %s: %s" % (self.path, e)) from e
         self._sock = s
-        hello = self._call_connected(
-            {"op": "hello", "version": PROTOCOL_VERSION, "client": "trtcache_client.py/" + __version__}
-        )[0]
-        self.server = hello.get("server")
-        self.max_frame = hello.get("max_frame")
+        # `hello` goes out now and its answer is read before the first request's: the first
+        # request follows it without waiting, one round trip instead of two. A daemon that
+        # refuses the hello (version, connection limit) is heard at the first call.
+        self._hello_pending = True
+        try:
+            self._send(
+                {"op": "hello", "version": PROTOCOL_VERSION, "client": "trtcache_client.py/" + __version__}
+            )
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the daemon answered and closed (`busy`): the first call reads why
+
+    def _finish_hello(self) -> None:
+        """Reads the pending ``hello`` answer (raising the daemon's refusal)."""
+        if self._hello_pending and self._sock is not None:
+            self._hello_pending = False
+            hello = self._recv_frame()[0]
+            self._server = hello.get("server")
+            self._max_frame = hello.get("max_frame")
 
     def _reset(self) -> None:
         """Drops the connection; the next call connects again."""
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+            self._hello_pending = False
             self.resets += 1
 
-    def _socket(self) -> socket.socket:
+    def _socket(self) -> Any:
         if self._sock is None:
             self._connect()
         assert self._sock is not None
@@ -449,25 +564,28 @@ class Client:
 
     # -- framing -------------------------------------------------------------------
     def _send(self, obj: Json) -> None:
-        body = json.dumps(obj).encode()
+        body = _dumps(obj).encode()
         sock = self._socket()
         try:
             sock.sendall(struct.pack(">I", len(body)) + body)
-        except socket.timeout as e:
+        except _net.timeout as e:
             self._reset()
             raise ConnectionTimeout(
                 "the daemon took no request within %s s; the connection was reset" % self.timeout
             ) from e
 
-    def _recv_exact(self, sock: socket.socket, n: int, fds: List[int]) -> Tuple[bytes, bool]:
+    def _recv_exact(self, sock: Any, n: int, fds: List[int]) -> Tuple[bytes, bool]:
         buf = bytearray()
         truncated = False
         while len(buf) < n:
-            data, got, flags, _addr = socket.recv_fds(
-                sock, n - len(buf), MAX_FDS, socket.MSG_CMSG_CLOEXEC
+            data, ancillary, flags, _addr = sock.recvmsg(
+                n - len(buf), _CMSG_ROOM, _net.MSG_CMSG_CLOEXEC
             )
-            fds.extend(got)
-            if flags & socket.MSG_CTRUNC:
+            for level, kind, blob in ancillary:
+                if level == _net.SOL_SOCKET and kind == _net.SCM_RIGHTS:
+                    whole = len(blob) - len(blob) % 4
+                    fds.extend(struct.unpack("%di" % (whole // 4), blob[:whole]))
+            if flags & _net.MSG_CTRUNC:
                 truncated = True
             if not data:
                 raise ConnectionFailed("daemon closed the connection")
@@ -475,6 +593,10 @@ class Client:
         return bytes(buf), truncated
 
     def _recv(self) -> Tuple[Json, List[int]]:
+        self._finish_hello()
+        return self._recv_frame()
+
+    def _recv_frame(self) -> Tuple[Json, List[int]]:
         sock = self._socket()
         fds: List[int] = []
         try:
@@ -486,10 +608,10 @@ class Client:
                     % (n, self.max_response)
                 )
             body, t2 = self._recv_exact(sock, n, fds)
-            msg = json.loads(body)
+            msg = _loads(body.decode("utf-8"))
             if not isinstance(msg, dict):
                 raise UnexpectedResponse("response is not a JSON object")
-        except socket.timeout as e:
+        except _net.timeout as e:
             _close_all(fds)
             self._reset()
             raise ConnectionTimeout(
@@ -646,13 +768,15 @@ class Client:
         """Admin: evicts a model's artifacts or one key; returns the number removed."""
         return int(self._expect(self._call({"op": "evict", "model": model, "key": key})[0], "evicted", "removed"))
 
-    def watch(self, model: str) -> Watcher:
+    def watch(self, model: str) -> "Watcher":
         """Subscribes to ``model`` on a new connection (this client stays free for other
         requests), with this client's ``timeout`` and ``max_response``: a :class:`Watcher`
         whose ``.status`` is the model's state now and which yields a :class:`WatchEvent`
         for every change of its ready artifacts after it. Raises :class:`NotFound` for a
         model not in the repository, :class:`Busy` at the daemon's ``limits.max_watchers``,
         :class:`UnknownRequest` from a daemon older than ``watch``."""
+        from .watch import Watcher
+
         return Watcher(Client(self.path, timeout=self.timeout, max_response=self.max_response), model)
 
     def watch_session(
@@ -662,12 +786,14 @@ class Client:
         backend: Optional[str] = None,
         timeout: Optional[float] = None,
         **ort_kwargs: Any,
-    ) -> SessionHandle:
+    ) -> "SessionHandle":
         """A :class:`SessionHandle` following ``model``: the session of its current artifact
         (``profile``/``backend`` as for :meth:`acquire`, ``timeout`` each acquire's wait for
         a build; ``ort_kwargs`` as for :meth:`Artifact.session`), reopened on a background
         thread and swapped atomically on every change. The first session is opened before
         this returns (its errors are raised here)."""
+        from .watch import SessionHandle
+
         return SessionHandle(self, model, profile=profile, backend=backend, timeout=timeout, **ort_kwargs)
 
     def shutdown(self) -> None:
@@ -679,6 +805,7 @@ class Client:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+        self._hello_pending = False
 
     def __enter__(self) -> "Client":
         return self
