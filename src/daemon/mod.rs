@@ -237,7 +237,19 @@ async fn serve_async(mut cfg: Config, reload: Reload) -> Result<Ending, ServeErr
             fatal.clone(),
         ));
     }
-    server::accept_loop(svc.clone(), listener, rebound_rx, stop_rx, stop_tx).await;
+    // On a worker, not on this (block_on) thread: a connection's task then starts on the
+    // thread that accepted it instead of waking another (a cold consumer's first answer
+    // came ~0.3 ms later through the extra hand-off; BENCHMARKS.md, time to first inference).
+    let accepting = tokio::spawn(server::accept_loop(
+        svc.clone(),
+        listener,
+        rebound_rx,
+        stop_rx,
+        stop_tx,
+    ));
+    if let Err(e) = accepting.await {
+        tracing::error!(error = %e, "the accept loop failed");
+    }
 
     systemd::notify("STOPPING=1\nSTATUS=stopping: cancelling builds");
     tracing::info!("shutting down");

@@ -88,6 +88,40 @@ pub struct Service {
     pub(super) warned: super::watch::Warned,
     /// Serialises `rescan` requests.
     pub(super) rescanning: tokio::sync::Mutex<()>,
+    /// Records artifact uses off the acquire path.
+    toucher: Toucher,
+}
+
+/// Stamps artifacts' last use (the LRU order `gc` evicts by) on a thread of its own: a
+/// blocking-pool task started from an acquire cost a thread start (0.1–0.3 ms) before the
+/// answer went out whenever the pool had no idle thread, which is every consumer's first
+/// acquire after a quiet spell. The thread ends with the service (the channel closes).
+struct Toucher(Option<std::sync::mpsc::Sender<CacheKey>>);
+
+impl Toucher {
+    fn start(engine: Arc<dyn Engine>) -> Toucher {
+        let (tx, rx) = std::sync::mpsc::channel::<CacheKey>();
+        let started = std::thread::Builder::new()
+            .name("trtcache-touch".into())
+            .spawn(move || {
+                for key in rx {
+                    engine.touch(&key);
+                }
+            });
+        match started {
+            Ok(_) => Toucher(Some(tx)),
+            Err(e) => {
+                tracing::warn!(error = %e, "no thread for recording artifact uses; the LRU order falls back to build times");
+                Toucher(None)
+            }
+        }
+    }
+
+    fn touch(&self, key: CacheKey) {
+        if let Some(tx) = &self.0 {
+            let _ = tx.send(key);
+        }
+    }
 }
 
 impl Service {
@@ -101,6 +135,7 @@ impl Service {
             cfg.limits.build_concurrency,
             Duration::from_secs(cfg.limits.build_timeout_secs),
         );
+        let toucher = Toucher::start(engine.clone());
         Arc::new(Service {
             watchers: Watchers::new(&cfg.limits),
             cfg,
@@ -115,6 +150,7 @@ impl Service {
             plan_slots: tokio::sync::Semaphore::new(plan_slots),
             warned: Default::default(),
             rescanning: Default::default(),
+            toucher,
         })
     }
 
@@ -547,8 +583,7 @@ impl Service {
                     .is_none_or(|t| now.duration_since(*t) >= TOUCH_EVERY);
                 if due {
                     st.touched.insert(p.key, now);
-                    let (engine, key) = (self.engine.clone(), p.key);
-                    tokio::task::spawn_blocking(move || engine.touch(&key));
+                    self.toucher.touch(p.key);
                 }
                 return Some(a);
             }
