@@ -170,15 +170,13 @@ pub fn scan_all_with(root: &Path, follow_outside: bool) -> Result<Scan, ScanErro
             let outside: Vec<PathBuf> = m
                 .versions
                 .values()
-                .filter(|v| fs::canonicalize(&v.path).is_ok_and(|c| !c.starts_with(&croot)))
+                .filter(|v| leads_out(&v.path, &croot))
                 .map(|v| v.path.clone())
                 .collect();
             for path in &outside {
                 skipped.push(Skipped {
                     path: path.clone(),
-                    reason: "a symbolic link leading out of the repository (set \
-                             `follow_symlinks_outside_repo = true` to serve it)"
-                        .into(),
+                    reason: format!("a symbolic link leading out of the repository {FOLLOW_HINT}"),
                 });
             }
             outside.is_empty()
@@ -186,6 +184,14 @@ pub fn scan_all_with(root: &Path, follow_outside: bool) -> Result<Scan, ScanErro
         scan.skipped.sort();
     }
     Ok(scan)
+}
+
+/// How to serve what a link out of the repository points at.
+const FOLLOW_HINT: &str = "(set `follow_symlinks_outside_repo = true` to serve it)";
+
+/// Whether `path` resolves to somewhere outside `croot` (the canonical repository root).
+fn leads_out(path: &Path, croot: &Path) -> bool {
+    fs::canonicalize(path).is_ok_and(|c| !c.starts_with(croot))
 }
 
 /// `inside`: the canonical repository root when links leading out of it are refused; a
@@ -230,15 +236,14 @@ fn scan_entries(root: &Path, inside: Option<&Path>) -> Result<Scan, ScanError> {
             }),
             Ok(m) if m.is_dir() => {
                 let linked_out = inside.is_some_and(|croot| {
-                    e.file_type().is_ok_and(|t| t.is_symlink())
-                        && fs::canonicalize(&path).is_ok_and(|c| !c.starts_with(croot))
+                    e.file_type().is_ok_and(|t| t.is_symlink()) && leads_out(&path, croot)
                 });
                 if linked_out {
                     skipped.push(Skipped {
                         path,
-                        reason: "a symbolic link to a folder out of the repository (set \
-                                 `follow_symlinks_outside_repo = true` to serve it)"
-                            .into(),
+                        reason: format!(
+                            "a symbolic link to a folder out of the repository {FOLLOW_HINT}"
+                        ),
                     });
                     continue;
                 }
