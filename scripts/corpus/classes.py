@@ -11,6 +11,7 @@ whose mask length is `past_sequence + sequence` (GPT-2 with past key values), an
 batch axes that two inputs share. Element types (class 2): float16 in and out, int16 and
 uint64, a LabelEncoder to strings, ZipMap's seq(map(int64, float)), a sequence output.
 strings in (unicode and object arrays). IR < 4 (class 3): initializers listed as graph inputs, one of them a Reshape's shape.
+A dynamically quantized layer (class 4: ops without a rule, a contrib op).
 `impossible` needs a size no default tries; the test checks its error instead.
 """
 import os
@@ -182,6 +183,38 @@ def models():
         ),
         {"x": f32(2, 6)},
     )
+    # Class 4, ops without a rule: a dynamically quantized layer as ONNX Runtime's
+    # quantize_dynamic writes it (ddddocr's common_old.onnx): DynamicQuantizeLinear,
+    # MatMulInteger and ConvInteger (int32 out), and a com.microsoft contrib op, whose
+    # outputs cross partition boundaries (TensorRT takes the Cast/Mul/Add around them).
+    rs = np.random.default_rng(3)
+    wq = nh.from_array(rs.integers(0, 255, (4, 3)).astype(np.uint8), "wq")
+    wzp = nh.from_array(np.array(128, np.uint8), "wzp")
+    cw = nh.from_array(rs.integers(0, 255, (2, 1, 3, 3)).astype(np.uint8), "cw")
+    ws = nh.from_array(np.array(0.01, np.float32), "ws")
+    bias = nh.from_array(rs.random(3).astype(np.float32), "bias")
+    dq = model(
+        [
+            h.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xzp"]),
+            h.make_node("MatMulInteger", ["xq", "wq", "xzp", "wzp"], ["mi"]),
+            h.make_node("Cast", ["mi"], ["mf"], to=T.FLOAT),
+            h.make_node("Mul", ["xs", "ws"], ["scale"]),
+            h.make_node("Mul", ["mf", "scale"], ["deq"]),
+            h.make_node("Add", ["deq", "bias"], ["y"]),
+            h.make_node("DynamicQuantizeMatMul", ["y", "wq2", "ws", "wzp"], ["z"], domain="com.microsoft"),
+            h.make_node("Relu", ["z"], ["out"]),
+            h.make_node("DynamicQuantizeLinear", ["img"], ["iq", "is", "izp"]),
+            h.make_node("ConvInteger", ["iq", "cw", "izp"], ["ci"]),
+            h.make_node("Cast", ["ci"], ["cf"], to=T.FLOAT),
+            h.make_node("Mul", ["cf", "is"], ["conv"]),
+        ],
+        [vi("x", T.FLOAT, ["n", 4]), vi("img", T.FLOAT, [1, 1, 6, 6])],
+        [vi("out", T.FLOAT, ["n", 2]), vi("conv", T.FLOAT, [1, 2, 4, 4])],
+        [wq, wzp, cw, ws, bias, nh.from_array(rs.integers(0, 255, (3, 2)).astype(np.uint8), "wq2")],
+        opset=13,
+    )
+    dq.opset_import.append(h.make_opsetid("com.microsoft", 1))
+    out["dynamic_quantized"] = (dq, {"x": f32(3, 4), "img": f32(1, 1, 6, 6)})
     return out
 
 

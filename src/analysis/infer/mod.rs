@@ -9,8 +9,9 @@
 //! (Concat, Split, Slice, Gather), [`data_dependent`] (NonZero, NonMaxSuppression, Compress,
 //! Unique, TopK), [`constants`] (Constant, ConstantOfShape, Range, EyeLike, OneHot) and
 //! [`types`] (Cast, CastLike, Quantize/DequantizeLinear); `ai.onnx.ml` nodes go to [`ml`].
-//! Whenever a rule is not sure it
-//! answers unknown; it never guesses.
+//! Whenever a rule is not sure it answers unknown; it never guesses. Last, [`schema`] types
+//! what the rules left untyped (ops without rules, contrib domains) where the op's schema
+//! alone fixes the element type.
 
 mod constants;
 mod data_dependent;
@@ -18,6 +19,7 @@ mod elementwise;
 mod ml;
 mod nn;
 mod reduce;
+mod schema;
 mod shape_ops;
 mod slicing;
 mod types;
@@ -50,15 +52,46 @@ pub fn infer(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
         opset,
         op: n.op_type.as_str(),
     };
-    match n.domain.as_str() {
-        "" | "ai.onnx" => {}
-        "ai.onnx.ml" => return ml::rules(&cx).unwrap_or_default(),
-        _ => return Vec::new(),
+    let (mut outs, version) = match n.domain.as_str() {
+        "" | "ai.onnx" => (
+            FAMILIES
+                .iter()
+                .find_map(|family| family(&cx))
+                .unwrap_or_default(),
+            Some(opset),
+        ),
+        "ai.onnx.ml" => (ml::rules(&cx).unwrap_or_default(), None),
+        _ => (Vec::new(), None),
+    };
+    with_schema_types(&cx, &mut outs, version);
+    outs
+}
+
+/// Fills the element type of every output the rules left untyped from the op's schema
+/// ([`schema`]): what the schema alone fixes, never a guess. Control-flow ops are typed from
+/// their bodies by the caller, and this leaves their (open) outputs alone.
+fn with_schema_types(cx: &NodeCx<'_>, outs: &mut Vec<Option<Out>>, version: Option<i64>) {
+    let typed = |slot: usize| {
+        outs.get(slot)
+            .is_some_and(|o| o.as_ref().is_some_and(|o| o.dtype.is_some()))
+    };
+    if (0..cx.n.output.len()).all(typed) {
+        return;
     }
-    FAMILIES
-        .iter()
-        .find_map(|family| family(&cx))
-        .unwrap_or_default()
+    let types = schema::output_types(&cx.n.domain, cx.op, version, cx.n.output.len(), |i| {
+        cx.in_dt(i)
+    });
+    if outs.len() < types.len() {
+        outs.resize_with(types.len(), || None);
+    }
+    for (o, dt) in outs.iter_mut().zip(types) {
+        let Some(dt) = dt else { continue };
+        match o {
+            Some(o) if o.dtype.is_none() => o.dtype = Some(dt),
+            Some(_) => {}
+            None => *o = shape(Some(dt), None),
+        }
+    }
 }
 
 /// One node with the facts about its graph: what every family rule reads.
