@@ -40,35 +40,36 @@ fn main() {
 }
 
 fn bind(out: &Path) {
-    // bindgen panics when it cannot load libclang; say what to install instead of printing a
-    // build-script backtrace.
+    // bindgen panics when it cannot load libclang, and returns an error when the header does
+    // not parse: either way, one message that says what to install, not a backtrace.
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let generated = std::panic::catch_unwind(generate);
     std::panic::set_hook(default_hook);
-    let bindings = match generated {
-        Ok(b) => b,
-        Err(payload) => {
-            let why = payload
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            eprintln!(
-                "error: bindgen over include/trtcache_trt.h failed: {why}\n\
-                 trtcache's build needs libclang for the TensorRT bindings (not TensorRT \
-                 itself): `apt-get install libclang-dev`, or set LIBCLANG_PATH to the folder \
-                 that holds libclang.so"
-            );
-            std::process::exit(1);
+    let why = match generated {
+        Ok(Ok(bindings)) => {
+            bindings
+                .write_to_file(out.join("trtcache_trt.rs"))
+                .expect("writing the TensorRT bindings to OUT_DIR");
+            return;
         }
+        Ok(Err(e)) => e.to_string(),
+        Err(payload) => payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default(),
     };
-    bindings
-        .write_to_file(out.join("trtcache_trt.rs"))
-        .expect("writing the TensorRT bindings to OUT_DIR");
+    eprintln!(
+        "error: bindgen over include/trtcache_trt.h failed: {why}\n\
+         trtcache's build needs libclang for the TensorRT bindings (not TensorRT itself): \
+         `apt-get install libclang-dev`, or set LIBCLANG_PATH to the folder that holds \
+         libclang.so"
+    );
+    std::process::exit(1);
 }
 
-fn generate() -> bindgen::Bindings {
+fn generate() -> Result<bindgen::Bindings, bindgen::BindgenError> {
     bindgen::Builder::default()
         .header("include/trtcache_trt.h")
         .allowlist_function("trtcache_trt_.*")
@@ -80,9 +81,6 @@ fn generate() -> bindgen::Bindings {
         .derive_default(true)
         .layout_tests(true)
         .generate()
-        .unwrap_or_else(|e| {
-            panic!("bindgen over include/trtcache_trt.h failed (libclang: apt install libclang-dev): {e}")
-        })
 }
 
 /// Compiles the shim when TensorRT and CUDA are installed; `Err` says what is missing.

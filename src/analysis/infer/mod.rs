@@ -71,13 +71,6 @@ pub fn infer(n: &NodeProto, f: &GraphFacts, opset: i64) -> Vec<Option<Out>> {
 /// ([`schema`]): what the schema alone fixes, never a guess. Control-flow ops are typed from
 /// their bodies by the caller, and this leaves their (open) outputs alone.
 fn with_schema_types(cx: &NodeCx<'_>, outs: &mut Vec<Option<Out>>, version: Option<i64>) {
-    let typed = |slot: usize| {
-        outs.get(slot)
-            .is_some_and(|o| o.as_ref().is_some_and(|o| o.dtype.is_some()))
-    };
-    if (0..cx.n.output.len()).all(typed) {
-        return;
-    }
     let types = schema::output_types(&cx.n.domain, cx.op, version, cx.n.output.len(), |i| {
         cx.in_dt(i)
     });
