@@ -266,8 +266,9 @@ print("typed ok")
 
 /// The client's own JSON codec (CPython's `_json` accelerator, without `json`'s import cost)
 /// reads and writes what `json` does, on random values and on malformed text; and importing
-/// the client loads none of `json`, `socket`, `threading`, `dataclasses` (the import is part
-/// of every consumer's first inference; BENCHMARKS.md, issue 14).
+/// the client loads none of `json`, `socket`, `threading`, `dataclasses`, nor its own
+/// `errors` and `watch` modules until they are named (the import is part of every consumer's
+/// first inference; BENCHMARKS.md, issue 14).
 #[test]
 fn python_client_codec_matches_json_and_its_import_stays_lean() {
     let script = r#"
@@ -275,10 +276,21 @@ import sys
 sys.path.insert(0, sys.argv[1])
 before = set(sys.modules)
 import trtcache_client as t
-heavy = {"json", "socket", "selectors", "threading", "dataclasses", "tempfile", "shutil"}
+heavy = {"json", "socket", "selectors", "threading", "dataclasses", "tempfile", "shutil",
+         "trtcache_client.errors", "trtcache_client.watch"}
 loaded = sorted(heavy & (set(sys.modules) - before))
 assert not loaded, "importing trtcache_client loaded %s" % loaded
 assert t.Watcher.__name__ == "Watcher" and "ready" in t.WATCH_REASONS  # loaded on first use
+# The exceptions too, by attribute, by `from ... import` and in the package's __all__.
+from trtcache_client import errors, NotFound
+assert NotFound is errors.NotFound and t.TrtcacheError is errors.TrtcacheError
+assert sorted(t._ERROR_NAMES) == sorted(errors.__all__) and set(errors.__all__) <= set(t.__all__)
+try:
+    t.NoSuchThing
+except AttributeError:
+    pass
+else:
+    raise SystemExit("t.NoSuchThing resolved")
 import json, random
 for c in ['{"a":1}', ' {"a":[1,2.5,-3e10,true,false,null,"x\\u00e9\\n\\ud83d\\ude00"]}\n', '[]', '"s"',
           'NaN', '-Infinity', '{"a":{"b":{"c":[[]]}}}', '1.5e-300', '{"kind":"artifact","metadata":{"files":[]}}']:

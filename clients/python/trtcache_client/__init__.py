@@ -33,35 +33,48 @@ from typing import (
     Union,
 )
 
-from . import errors as _errors
-from .errors import (
-    BY_CODE,
-    BadFrame,
-    BadName,
-    BadRequest,
-    BuildFailed,
-    Busy,
-    Cancelled,
-    ConnectionFailed,
-    ConnectionTimeout,
-    DescriptorsTruncated,
-    FrameTooLarge,
-    IdleTimeout,
-    Internal,
-    NotAnEngine,
-    NotFound,
-    NotReady,
-    PermissionDenied,
-    ProviderUnavailable,
-    ResponseTooLarge,
-    ShuttingDown,
-    Timeout,
-    TrtcacheError,
-    UnexpectedResponse,
-    UnknownRequest,
-    UnsupportedVersion,
-    error_for,
-)
+# The exceptions (``trtcache_client.errors``, 25 classes: a quarter of this module's import
+# time, which every consumer's first inference pays) are loaded when one is first raised or
+# named: ``trtcache_client.NotFound``, ``from trtcache_client import NotFound`` and
+# ``except trtcache_client.TrtcacheError`` work as ever (module ``__getattr__`` below), and a
+# consumer whose calls succeed never builds them.
+if TYPE_CHECKING:
+    from .errors import (
+        BY_CODE,
+        BadFrame,
+        BadName,
+        BadRequest,
+        BuildFailed,
+        Busy,
+        Cancelled,
+        ConnectionFailed,
+        ConnectionTimeout,
+        DescriptorsTruncated,
+        FrameTooLarge,
+        IdleTimeout,
+        Internal,
+        NotAnEngine,
+        NotFound,
+        NotReady,
+        PermissionDenied,
+        ProviderUnavailable,
+        ResponseTooLarge,
+        ShuttingDown,
+        Timeout,
+        TrtcacheError,
+        UnexpectedResponse,
+        UnknownRequest,
+        UnsupportedVersion,
+        error_for,
+    )
+
+
+def _err() -> Any:
+    """The ``errors`` module (imported on first use)."""
+    from . import errors
+
+    return errors
+
 
 # The socket layer is CPython's C module `_socket`, which the standard `socket` module wraps:
 # importing `socket` costs ~2.5 ms (its enum conversions and `selectors`), a third of a small
@@ -147,11 +160,44 @@ else:  # pragma: no cover
 _WATCH_NAMES = ("Watcher", "WatchEvent", "SessionHandle", "WATCH_REASONS")
 
 
+# What ``errors.__all__`` lists (a test keeps the two in step).
+_ERROR_NAMES = (
+    "BY_CODE",
+    "BadFrame",
+    "BadName",
+    "BadRequest",
+    "BuildFailed",
+    "Busy",
+    "Cancelled",
+    "ConnectionFailed",
+    "ConnectionTimeout",
+    "DescriptorsTruncated",
+    "FrameTooLarge",
+    "IdleTimeout",
+    "Internal",
+    "NotAnEngine",
+    "NotFound",
+    "NotReady",
+    "PermissionDenied",
+    "ProviderUnavailable",
+    "ResponseTooLarge",
+    "ShuttingDown",
+    "Timeout",
+    "TrtcacheError",
+    "UnexpectedResponse",
+    "UnknownRequest",
+    "UnsupportedVersion",
+    "error_for",
+)
+
+
 def __getattr__(name: str) -> Any:
     if name in _WATCH_NAMES:
         from . import watch
 
         return getattr(watch, name)
+    if name in _ERROR_NAMES:
+        return getattr(_err(), name)
     raise AttributeError("module %r has no attribute %r" % (__name__, name))
 
 __version__ = "0.1.0"
@@ -168,7 +214,7 @@ __all__ = [
     "WatchEvent",
     "SessionHandle",
     "WATCH_REASONS",
-] + _errors.__all__
+] + list(_ERROR_NAMES)
 
 PROTOCOL_VERSION = 1
 DEFAULT_SOCKET = "/run/trtcache/trtcache.sock"
@@ -224,13 +270,13 @@ class Artifact:
         (:data:`BACKEND_PROVIDERS`). Raises :class:`ProviderUnavailable` for a backend ONNX
         Runtime cannot run (``trt`` plans, an unknown backend)."""
         if self.backend == "trt":
-            raise ProviderUnavailable(
+            raise _err().ProviderUnavailable(
                 "a `trt` artifact is a TensorRT plan, not an ONNX model: load it with the "
                 "TensorRT runtime (or acquire an ort-* backend)"
             )
         p = BACKEND_PROVIDERS.get(self.backend)
         if p is None:
-            raise ProviderUnavailable(
+            raise _err().ProviderUnavailable(
                 "backend %r is unknown to this client: pass providers= to session()" % self.backend
             )
         return list(p)
@@ -266,12 +312,12 @@ class Artifact:
     def graph_bytes(self) -> bytes:
         """The graph file's bytes (a ``trt`` artifact's engine)."""
         if not self.fds:
-            raise UnexpectedResponse("artifact has no files")
+            raise _err().UnexpectedResponse("artifact has no files")
         return _read_fd(self.fds[0])
 
     def _engine_fd(self, name: str) -> int:
         if self.backend != "trt":
-            raise NotAnEngine(
+            raise _err().NotAnEngine(
                 "artifact %s of %r was built by %s: an ONNX model, not a TensorRT engine "
                 "(acquire backend=\"trt\" for one, or use session())"
                 % (self.key[:12], self.metadata.get("model", "?"), self.backend)
@@ -279,7 +325,7 @@ class Artifact:
         for meta, fd in zip(self.metadata.get("files", []), self.fds):
             if meta.get("name") == name:
                 return fd
-        raise UnexpectedResponse("trt artifact has no %s" % name)
+        raise _err().UnexpectedResponse("trt artifact has no %s" % name)
 
     def engine_path(self) -> str:
         """``/proc/self/fd/N`` of a ``trt`` artifact's serialized engine (``engine.plan``),
@@ -360,7 +406,7 @@ class Artifact:
             wanted = self.providers()
             available = onnxruntime.get_available_providers()
             if wanted[0] not in available:
-                raise ProviderUnavailable(
+                raise _err().ProviderUnavailable(
                     "artifact %s of %r was built by %s and needs %s, which this onnxruntime "
                     "(%s) lacks (available: %s); install onnxruntime-gpu with CUDA/TensorRT "
                     "(docs/daemon.md, GPU host), or pass providers= to choose"
@@ -396,7 +442,7 @@ class Artifact:
             # ONNX Runtime opens the descriptor through /proc: no copy into Python.
             return onnxruntime.InferenceSession("/proc/self/fd/%d" % self.fds[0], **ort_kwargs)
         if not self.fds:
-            raise UnexpectedResponse("artifact has no files")
+            raise _err().UnexpectedResponse("artifact has no files")
         # Imported here, not with the module: only this fall-back needs them, and they are
         # a third of the client's import time, which every consumer's first inference pays.
         import shutil
@@ -411,7 +457,7 @@ class Artifact:
                 else:
                     name = meta["name"]
                     if os.path.isabs(name) or ".." in name.split("/"):
-                        raise BadName("external data name %r" % name)
+                        raise _err().BadName("external data name %r" % name)
                     link = os.path.join(d, name)
                     os.makedirs(os.path.dirname(link), exist_ok=True)
                 os.symlink("/proc/self/fd/%d" % fd, link)
@@ -524,10 +570,10 @@ class Client:
             s.connect(self.path)
         except _net.timeout as e:
             s.close()
-            raise ConnectionTimeout("no connection to %s within %s s" % (self.path, self.timeout)) from e
+            raise _err().ConnectionTimeout("no connection to %s within %s s" % (self.path, self.timeout)) from e
         except OSError as e:
             s.close()
-            raise ConnectionFailed("cannot connect to %s: %s" % (self.path, e)) from e
+            raise _err().ConnectionFailed("cannot connect to %s: %s" % (self.path, e)) from e
         self._sock = s
         # `hello` goes out now and its answer is read before the first request's: the first
         # request follows it without waiting, one round trip instead of two. A daemon that
@@ -570,7 +616,7 @@ class Client:
             sock.sendall(struct.pack(">I", len(body)) + body)
         except _net.timeout as e:
             self._reset()
-            raise ConnectionTimeout(
+            raise _err().ConnectionTimeout(
                 "the daemon took no request within %s s; the connection was reset" % self.timeout
             ) from e
 
@@ -588,7 +634,7 @@ class Client:
             if flags & _net.MSG_CTRUNC:
                 truncated = True
             if not data:
-                raise ConnectionFailed("daemon closed the connection")
+                raise _err().ConnectionFailed("daemon closed the connection")
             buf += data
         return bytes(buf), truncated
 
@@ -603,33 +649,33 @@ class Client:
             head, t1 = self._recv_exact(sock, 4, fds)
             (n,) = struct.unpack(">I", head)
             if n > self.max_response:
-                raise ResponseTooLarge(
+                raise _err().ResponseTooLarge(
                     "the daemon announced a %d-byte response; the limit is %d (max_response)"
                     % (n, self.max_response)
                 )
             body, t2 = self._recv_exact(sock, n, fds)
             msg = _loads(body.decode("utf-8"))
             if not isinstance(msg, dict):
-                raise UnexpectedResponse("response is not a JSON object")
+                raise _err().UnexpectedResponse("response is not a JSON object")
         except _net.timeout as e:
             _close_all(fds)
             self._reset()
-            raise ConnectionTimeout(
+            raise _err().ConnectionTimeout(
                 "no answer from the daemon within %s s; the connection was reset (the late "
                 "answer is dropped)" % self.timeout
             ) from e
-        except TrtcacheError:
+        except _err().TrtcacheError:
             _close_all(fds)
             self._reset()
             raise
         except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
             _close_all(fds)
             self._reset()
-            raise UnexpectedResponse("malformed response frame: %s" % e) from e
+            raise _err().UnexpectedResponse("malformed response frame: %s" % e) from e
         except OSError as e:
             _close_all(fds)
             self._reset()
-            raise ConnectionFailed("socket error: %s" % e) from e
+            raise _err().ConnectionFailed("socket error: %s" % e) from e
         except BaseException:
             _close_all(fds)
             self._reset()
@@ -637,7 +683,7 @@ class Client:
         if t1 or t2:
             # The frame itself arrived whole, so the connection stays in step.
             _close_all(fds)
-            raise DescriptorsTruncated(
+            raise _err().DescriptorsTruncated(
                 "the kernel dropped descriptors of the daemon's %r answer (MSG_CTRUNC, %d "
                 "arrived and were closed): this process is at its open-files limit "
                 "(RLIMIT_NOFILE soft limit %s); close descriptors or raise the limit"
@@ -648,7 +694,7 @@ class Client:
             code = str(msg.get("code", "internal"))
             if code in _CLOSING_CODES:
                 self._reset()
-            raise error_for(code, str(msg.get("message", "")))
+            raise _err().error_for(code, str(msg.get("message", "")))
         return msg, fds
 
     def _call(self, obj: Json) -> Tuple[Json, List[int]]:
@@ -663,23 +709,23 @@ class Client:
             # connection limit): its error frame says why, the broken pipe does not.
             try:
                 self._recv()
-            except TrtcacheError as answer:
+            except _err().TrtcacheError as answer:
                 if answer.code != "connection":
                     self._reset()
                     raise answer from broken
             except OSError:
                 pass
             self._reset()
-            raise ConnectionFailed("the daemon closed the connection: %s" % broken) from broken
+            raise _err().ConnectionFailed("the daemon closed the connection: %s" % broken) from broken
         except OSError as e:
             self._reset()
-            raise ConnectionFailed("socket error: %s" % e) from e
+            raise _err().ConnectionFailed("socket error: %s" % e) from e
         return self._recv()
 
     @staticmethod
     def _expect(msg: Json, kind: str, field: str) -> Any:
         if msg.get("kind") != kind or field not in msg:
-            raise UnexpectedResponse("expected %r with %r, got %r" % (kind, field, msg.get("kind")))
+            raise _err().UnexpectedResponse("expected %r with %r, got %r" % (kind, field, msg.get("kind")))
         return msg[field]
 
     # -- requests ------------------------------------------------------------------
@@ -718,7 +764,7 @@ class Client:
         di = meta.get("dir_fd_index")
         if msg.get("kind") != "artifact" or di not in (None, n) or len(fds) != n + (di is not None):
             _close_all(fds)
-            raise UnexpectedResponse(
+            raise _err().UnexpectedResponse(
                 "expected an artifact with %d descriptors, got %r with %d" % (n, msg.get("kind"), len(fds))
             )
         dir_fd = fds.pop() if di is not None else None
