@@ -19,7 +19,8 @@ Both processes import numpy and onnxruntime, create ONNX Runtime's environment a
 feed before the clock starts (every consumer pays that alike); the client's import is inside
 the clock, of the client as `pip install clients/python` installs it (into a temp folder,
 with its bytecode compiled: a source tree under PYTHONDONTWRITEBYTECODE would be compiled at
-every import). The table also shows `total` without the import (connect + acquire + session
+every import). First, the same for a 1-node Identity graph (`floor`): ONNX Runtime's fixed
+cost of a process's first session, which both ways pay. The table also shows `total` without the import (connect + acquire + session
 + run, what a process that imported the client at start-up waits for). Prints per model the median of each way's total and parts, and the ratio
 own / via (> 1: trtcache is faster); then the geometric mean of the ratios.
 """
@@ -43,7 +44,7 @@ REPO = os.path.dirname(HERE)
 
 def child(sock, name, raw, feed_path, way, client_dir):
     """One consumer process: prints one JSON line."""
-    import numpy as np  # noqa: F401  (numpy's import is every consumer's)
+    import numpy as np  # numpy's import is every consumer's
     import onnxruntime as ort
 
     ort.set_default_logger_severity(3)  # creates the environment, as a consumer's set-up would
@@ -51,6 +52,15 @@ def child(sock, name, raw, feed_path, way, client_dir):
     p = ["CPUExecutionProvider"]
     t = time.perf_counter()
     acquired = imported = connected = t
+    if way == "floor":
+        # ONNX Runtime's fixed cost of a process's first session: a 1-node graph.
+        sess = ort.InferenceSession(raw, providers=p)
+        opened = time.perf_counter()
+        sess.run(None, {"x": np.zeros((1,), np.float32)})
+        done = time.perf_counter()
+        print(json.dumps({"way": way, "total": round((done - t) * 1e3, 3),
+                          "session": round((opened - t) * 1e3, 3), "run": round((done - opened) * 1e3, 3)}))
+        return
     if way == "via":
         sys.path.insert(0, client_dir)
         from trtcache_client import Client
@@ -71,6 +81,35 @@ def child(sock, name, raw, feed_path, way, client_dir):
     print(json.dumps({"way": way, "total": ms(t, done), "acquire": ms(t, acquired),
                       "import": ms(t, imported), "connect": ms(imported, connected),
                       "session": ms(acquired, opened), "run": ms(opened, done)}))
+
+
+def floor_ms(a, tmp, sock, client_dir):
+    """Median time to first inference of a 1-node Identity graph in a fresh consumer (the
+    same process set-up): ONNX Runtime's fixed per-process cost of a first session, which
+    both ways pay and no artifact can save. None without the onnx package."""
+    try:
+        import onnx
+        from onnx import TensorProto, helper
+    except ImportError:
+        return None
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "floor", [x], [y])
+    path = os.path.join(tmp, "floor.onnx")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=7), path)
+    feed = os.path.join(tmp, "floor.pkl")
+    with open(feed, "wb") as f:
+        pickle.dump({}, f)
+    got = []
+    for _ in range(a.runs):
+        p = subprocess.run(["taskset", "-c", str(a.core), sys.executable, os.path.abspath(__file__),
+                            "--child", sock, "floor", path, feed, "floor", client_dir],
+                           capture_output=True, text=True, check=True)
+        got.append(json.loads(p.stdout.strip().splitlines()[-1]))
+    med = {k: statistics.median(x[k] for x in got) for k in ("total", "session", "run")}
+    print(f"{'(floor: 1-node graph)':30} own {med['total']:7.1f} ms (session {med['session']:6.1f}, "
+          f"run {med['run']:6.1f}): ONNX Runtime's fixed first-session cost, paid both ways", flush=True)
+    return med
 
 
 def wait_socket(path, proc, log):
@@ -132,6 +171,7 @@ def main():
         if w.returncode != 0:
             sys.exit("warm failed:\n" + w.stdout + w.stderr)
         rows = []
+        floor = floor_ms(a, tmp, sock, client_dir)
         for n in names:
             raw = os.path.join(a.corpus, n, "model.onnx")
             feed = os.path.join(a.corpus, n, "feed.pkl")
@@ -166,7 +206,7 @@ def main():
               f"{min(r['ratio_after_import'] for r in rows):.2f}x, geometric mean {gmi:.2f}x")
         if a.json:
             with open(a.json, "w") as f:
-                json.dump({"rows": rows, "geomean": gm, "geomean_after_import": gmi, "core": a.core,
+                json.dump({"rows": rows, "floor": floor, "geomean": gm, "geomean_after_import": gmi, "core": a.core,
                            "runs": a.runs}, f, indent=1)
     finally:
         if serve is not None:
