@@ -7,8 +7,9 @@ through trtcache against a fresh raw ONNX Runtime session, side by side in one r
 
 Serves a copy of every CORPUS/<name>/model.onnx from one `trtcache serve` (defaults: no
 sidecar, backend ort-cpu) on temp folders, warms them, then per model and run starts one
-fresh consumer process per way, pinned to one core (`taskset -c CORE`), alternating which
-way goes first:
+fresh consumer process per way, pinned to one core (`taskset -c CORE`; ONNX Runtime sets its
+intra-op pool threads' own affinities, so parallel kernels still use the other cores, both
+ways alike), alternating which way goes first:
 
 - `own`: `onnxruntime.InferenceSession(model.onnx)` with ONNX Runtime's defaults
   (ORT_ENABLE_ALL, CPU) and one run on the corpus feed;
