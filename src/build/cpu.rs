@@ -9,7 +9,10 @@
 //! initializers under [`BuildOptions::external_min_bytes`]) plus, when ORT writes any,
 //! `model.onnx.data` (the larger initializers, prepacked ones included) in the staging
 //! directory. The external initializers file is always named explicitly: without it ORT
-//! writes an optimized model that points at a data file it never wrote.
+//! writes an optimized model that points at a data file it never wrote. One exception: a
+//! control-flow graph (without external data of its own) that ONNX Runtime refuses to load
+//! after that save is saved again with every initializer inline and no prepacked weights
+//! (ONNX Runtime 1.31 breaks a Loop whose If branches share a constant's name).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -120,6 +123,120 @@ fn base_builder(
     }
 }
 
+/// What [`optimize`] builds from: the model's path, or its re-encoded bytes
+/// ([`initializers_as_constants`]), and the dimensions to fix ([`fixed_dims`]).
+struct Source<'a> {
+    model: &'a Path,
+    constants: Option<&'a [u8]>,
+    dims: &'a BTreeMap<String, i64>,
+}
+
+/// How [`optimize`] saves the graph's initializers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Save {
+    /// Those of at least [`BuildOptions::external_min_bytes`] in `model.onnx.data`, with the
+    /// prepacked weights when [`BuildOptions::prepack`] asks for them.
+    External,
+    /// All of them inside `model.onnx`, without prepacked weights (the fall-back for graphs
+    /// ONNX Runtime cannot reload from the external save).
+    Inline,
+}
+
+/// Has ONNX Runtime optimize `src` at `opts.opt_level` and save the result as `out/model.onnx`
+/// (plus `out/model.onnx.data` when `save` is [`Save::External`] and any initializer goes
+/// there).
+fn optimize(
+    rt: &Runtime,
+    src: &Source,
+    opts: &BuildOptions,
+    out: &Path,
+    save: Save,
+) -> Result<(), BuildError> {
+    let (model, entry) = (src.model, out.join(ENTRY));
+    let stage = "optimize (ort-cpu)";
+    let mut b = base_builder(rt, model, opts.threads)?;
+    if opts.opt_level == super::OptLevel::All && !tracing::enabled!(tracing::Level::DEBUG) {
+        // ORT warns that a level-All model is specific to this environment; the key pins
+        // the SKU and the ORT version, so the warning is expected, not actionable.
+        b = b
+            .with_log_level(ort::logging::LogLevel::Error)
+            .map_err(|e| BuildError::ort(stage, model, e))?;
+    }
+    let mut b = b
+        .with_optimization_level(opts.opt_level.ort())
+        .map_err(|e| BuildError::ort(stage, model, e))?
+        .with_optimized_model_path(&entry)
+        .map_err(|e| BuildError::ort(stage, model, e))?;
+    if save == Save::External {
+        b = b
+            .with_config_entry(
+                "session.optimized_model_external_initializers_file_name",
+                DATA,
+            )
+            .map_err(|e| BuildError::ort(stage, model, e))?
+            .with_config_entry(
+                "session.optimized_model_external_initializers_min_size_in_bytes",
+                opts.external_min_bytes.to_string(),
+            )
+            .map_err(|e| BuildError::ort(stage, model, e))?;
+        if opts.prepack {
+            b = b
+                .with_config_entry("session.save_external_prepacked_constant_initializers", "1")
+                .map_err(|e| BuildError::ort(stage, model, e))?;
+        }
+    }
+    for (name, size) in src.dims {
+        b = b
+            .with_dimension_override(name, *size)
+            .map_err(|e| BuildError::ort(stage, model, e))?;
+    }
+    let session = match src.constants {
+        Some(bytes) => b.commit_from_memory(bytes),
+        None => b.commit_from_file(model),
+    }
+    .map_err(|e| BuildError::ort(stage, model, e))?;
+    drop(session);
+    if !entry.is_file() {
+        return Err(BuildError::ort(
+            stage,
+            model,
+            "ONNX Runtime did not write the optimized model",
+        ));
+    }
+    Ok(())
+}
+
+/// A session on a saved artifact graph as consumers open it, with ONNX Runtime's own error.
+fn reopen(rt: &Runtime, entry: &Path, opts: &BuildOptions) -> Result<Session, ort::Error> {
+    let mut b = Session::builder(&rt.env)?;
+    if opts.threads > 0 {
+        b = b.with_intra_threads(opts.threads)?;
+    }
+    b.with_optimization_level(GraphOptimizationLevel::Disable)?
+        .commit_from_file(entry)
+}
+
+/// Removes what a first save left in `out` (the staging directory holds nothing else).
+fn clear(out: &Path) -> Result<(), BuildError> {
+    for name in [ENTRY, DATA] {
+        let p = out.join(name);
+        match std::fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(BuildError::Io { path: p, source }),
+        }
+    }
+    Ok(())
+}
+
+/// Whether any node of `g` carries a graph attribute (If, Loop, Scan bodies).
+fn has_subgraphs(g: &crate::onnx::proto::GraphProto) -> bool {
+    g.node
+        .iter()
+        .flat_map(|n| &n.attribute)
+        .any(|a| a.g.is_some() || !a.graphs.is_empty())
+}
+
 impl BackendImpl for OrtCpu {
     fn backend(&self) -> Backend {
         Backend::OrtCpu
@@ -137,68 +254,43 @@ impl BackendImpl for OrtCpu {
         opts: &BuildOptions,
         out: &Path,
     ) -> Result<StagedArtifact, BuildError> {
-        let entry = out.join(ENTRY);
-        let stage = "optimize (ort-cpu)";
-        let mut b = base_builder(rt, model, opts.threads)?;
-        if opts.opt_level == super::OptLevel::All && !tracing::enabled!(tracing::Level::DEBUG) {
-            // ORT warns that a level-All model is specific to this environment; the key pins
-            // the SKU and the ORT version, so the warning is expected, not actionable.
-            b = b
-                .with_log_level(ort::logging::LogLevel::Error)
-                .map_err(|e| BuildError::ort(stage, model, e))?;
-        }
-        let mut b = b
-            .with_optimization_level(opts.opt_level.ort())
-            .map_err(|e| BuildError::ort(stage, model, e))?
-            .with_optimized_model_path(&entry)
-            .map_err(|e| BuildError::ort(stage, model, e))?
-            .with_config_entry(
-                "session.optimized_model_external_initializers_file_name",
-                DATA,
-            )
-            .map_err(|e| BuildError::ort(stage, model, e))?
-            .with_config_entry(
-                "session.optimized_model_external_initializers_min_size_in_bytes",
-                opts.external_min_bytes.to_string(),
-            )
-            .map_err(|e| BuildError::ort(stage, model, e))?;
         let m = Model::load(model).map_err(|e| BuildError::Model {
             path: model.to_path_buf(),
             message: e.to_string(),
         })?;
         let constants = initializers_as_constants(&m);
-        if let (true, Some(profile)) = (opts.specialize, &opts.profile) {
-            let dims = fixed_dims(&ModelInputs::of(&m), profile);
-            if !dims.is_empty() {
-                tracing::info!(
-                    ?dims,
-                    "specializing the artifact to the profile's fixed dimensions"
-                );
-            }
-            for (name, size) in &dims {
-                b = b
-                    .with_dimension_override(name, *size)
-                    .map_err(|e| BuildError::ort(stage, model, e))?;
-            }
+        let dims = match (opts.specialize, &opts.profile) {
+            (true, Some(profile)) => fixed_dims(&ModelInputs::of(&m), profile),
+            _ => BTreeMap::new(),
+        };
+        if !dims.is_empty() {
+            tracing::info!(
+                ?dims,
+                "specializing the artifact to the profile's fixed dimensions"
+            );
         }
-        if opts.prepack {
-            b = b
-                .with_config_entry("session.save_external_prepacked_constant_initializers", "1")
-                .map_err(|e| BuildError::ort(stage, model, e))?;
-        }
+        // Inline saves keep data files out of it: a model with external data keeps them.
+        let control_flow = has_subgraphs(m.graph()) && m.external_files.is_empty();
         drop(m);
-        let session = match &constants {
-            Some(bytes) => b.commit_from_memory(bytes),
-            None => b.commit_from_file(model),
-        }
-        .map_err(|e| BuildError::ort(stage, model, e))?;
-        drop(session);
-        if !entry.is_file() {
-            return Err(BuildError::ort(
-                stage,
-                model,
-                "ONNX Runtime did not write the optimized model",
-            ));
+        let source = Source {
+            model,
+            constants: constants.as_deref(),
+            dims: &dims,
+        };
+        optimize(rt, &source, opts, out, Save::External)?;
+        if control_flow {
+            // ONNX Runtime's save with external initializers can write a control-flow graph
+            // it then refuses to load (a Loop whose If branches both define `constant_in`:
+            // "Graph must be in single static assignment (SSA) form"), at every level. The
+            // same graph saved inline loads: check before validation sees the refusal.
+            if let Err(e) = reopen(rt, &out.join(ENTRY), opts) {
+                if e.code() != ort::error::ErrorCode::InvalidGraph {
+                    return Err(BuildError::ort("open artifact", &out.join(ENTRY), e));
+                }
+                tracing::warn!(error = %e, "ONNX Runtime refuses the control-flow graph it saved with external initializers; saving it inline, without prepacked weights");
+                clear(out)?;
+                optimize(rt, &source, opts, out, Save::Inline)?;
+            }
         }
         Ok(optimized_artifact(out))
     }
