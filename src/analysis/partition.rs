@@ -30,10 +30,7 @@ pub fn reads<'a>(g: &Graph<'a>, id: usize) -> Vec<&'a str> {
     let Some(n) = g.nodes.get(id) else {
         return Vec::new();
     };
-    if n.attribute
-        .iter()
-        .any(|a| a.g.is_some() || !a.graphs.is_empty())
-    {
+    if crate::onnx::attr::has_body(n) {
         return g.node_reads(id);
     }
     let mut out: Vec<&'a str> = Vec::with_capacity(n.input.len());

@@ -229,14 +229,6 @@ fn clear(out: &Path) -> Result<(), BuildError> {
     Ok(())
 }
 
-/// Whether any node of `g` carries a graph attribute (If, Loop, Scan bodies).
-fn has_subgraphs(g: &crate::onnx::proto::GraphProto) -> bool {
-    g.node
-        .iter()
-        .flat_map(|n| &n.attribute)
-        .any(|a| a.g.is_some() || !a.graphs.is_empty())
-}
-
 impl BackendImpl for OrtCpu {
     fn backend(&self) -> Backend {
         Backend::OrtCpu
@@ -270,7 +262,8 @@ impl BackendImpl for OrtCpu {
             );
         }
         // Inline saves keep data files out of it: a model with external data keeps them.
-        let control_flow = has_subgraphs(m.graph()) && m.external_files.is_empty();
+        let control_flow =
+            m.graph().node.iter().any(crate::onnx::attr::has_body) && m.external_files.is_empty();
         drop(m);
         let source = Source {
             model,

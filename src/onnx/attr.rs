@@ -16,6 +16,13 @@ pub fn has(n: &NodeProto, name: &str) -> bool {
     get(n, name).is_some()
 }
 
+/// Whether the node carries a graph attribute: a body (If branches, Loop and Scan bodies).
+pub fn has_body(n: &NodeProto) -> bool {
+    n.attribute
+        .iter()
+        .any(|a| a.g.is_some() || !a.graphs.is_empty())
+}
+
 /// The attribute's declared type, or (for untyped old attributes) the type its set field
 /// implies.
 pub fn kind(a: &AttributeProto) -> AttributeType {
