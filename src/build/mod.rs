@@ -136,6 +136,16 @@ impl OptLevel {
         }
     }
 
+    /// The next level down (`None` below Basic): where an artifact over tolerance is built
+    /// again (see [`crate::cache::ValidationReport::rejected`]).
+    pub fn lower(self) -> Option<Self> {
+        match self {
+            OptLevel::All => Some(OptLevel::Extended),
+            OptLevel::Extended => Some(OptLevel::Basic),
+            OptLevel::Basic => None,
+        }
+    }
+
     /// `ort-cuda` stays at or below Extended: ONNX Runtime's layout transforms at All are CPU
     /// ones and its docs advise Extended for offline models of non-CPU providers.
     pub fn for_cuda(self) -> Self {

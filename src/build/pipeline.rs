@@ -12,8 +12,10 @@ use std::time::Instant;
 
 use super::validate::ValidationConfig;
 use super::worker::{self, WorkerLimits};
-use super::{backend, runtime, BuildError, BuildOptions, StagedArtifact};
-use crate::cache::{now_secs, Lookup, Record, Served, Status, Store, RECORD_FORMAT};
+use super::{backend, runtime, BuildError, BuildOptions, OptLevel, StagedArtifact};
+use crate::cache::{
+    now_secs, Lookup, Record, Served, Status, Store, ValidationReport, RECORD_FORMAT,
+};
 use crate::key::{self, DigestOptions, KeyInput, KeyParts};
 use crate::onnx::Model;
 use crate::plan::Plan;
@@ -242,6 +244,33 @@ impl Builder {
         self
     }
 
+    /// The backend's build and its validation: in a worker process when one is set up
+    /// ([`Builder::with_worker`]), else in this one.
+    fn stage(
+        &self,
+        rt: &runtime::Runtime,
+        req: &BuildJob,
+        out: &Path,
+        progress: ProgressFn,
+        watch: &Watch,
+    ) -> Result<worker::Built, BuildError> {
+        match &self.worker {
+            Some(limits) => {
+                let job = worker::Job {
+                    model: req.model.clone(),
+                    backend: req.backend,
+                    options: req.options.clone(),
+                    validation: req.validation.clone(),
+                    out: out.to_path_buf(),
+                    ort_library: self.ort_library.clone(),
+                    decode: crate::onnx::DecodeLimits::default(),
+                };
+                worker::run(&job, limits, watch.cancelled, progress)
+            }
+            None => self.build_in_process(rt, req, out, &progress, watch),
+        }
+    }
+
     /// The backend's build and the validation, in this process (library callers and tests;
     /// the hook runs between them).
     fn build_in_process(
@@ -350,28 +379,56 @@ impl Builder {
         }
         let req = &req;
         let plan = provider_plan(&req.model, req.backend);
-        let staging = self.store.staging_dir()?;
         progress(&format!("building with {}", req.backend));
-        let built = match &self.worker {
-            Some(limits) => {
-                let job = worker::Job {
-                    model: req.model.clone(),
-                    backend: req.backend,
-                    options: req.options.clone(),
-                    validation: req.validation.clone(),
-                    out: staging.path().to_path_buf(),
-                    ort_library: self.ort_library.clone(),
-                    decode: crate::onnx::DecodeLimits::default(),
-                };
-                worker::run(&job, limits, watch.cancelled, progress)?
+        // An ONNX Runtime artifact over tolerance is built again one optimization level
+        // lower (fusions change rounding; a quantized graph can move past fp32 tolerance),
+        // down to basic, before the build counts as failed: the stored artifact is always
+        // one that passed, and its report says which level it is and why the higher ones
+        // were refused. The key stays the one asked for.
+        let mut attempt = req.clone();
+        let mut rejected = Vec::new();
+        let mut spent_ms = 0;
+        let (staging, built) = loop {
+            let staging = self.store.staging_dir()?;
+            let built = self.stage(rt, &attempt, staging.path(), progress, &watch)?;
+            spent_ms += built.build_ms;
+            let level = ort_level(&attempt);
+            match (
+                built.validation.passed,
+                level,
+                level.and_then(OptLevel::lower),
+            ) {
+                (false, Some(level), Some(lower)) => {
+                    let worst = built.validation.worst();
+                    tracing::warn!(
+                        level = level.name(),
+                        %worst,
+                        "artifact over tolerance; building it again at {}",
+                        lower.name()
+                    );
+                    progress(&format!(
+                        "over tolerance at optimization level {}: building at {}",
+                        level.name(),
+                        lower.name()
+                    ));
+                    rejected.push(format!("{}: {worst}", level.name()));
+                    attempt.options.opt_level = lower;
+                    drop(staging);
+                    watch.check()?;
+                }
+                _ => break (staging, built),
             }
-            None => self.build_in_process(rt, req, staging.path(), &progress, &watch)?,
         };
         let worker::Built {
             artifact,
-            validation,
-            build_ms,
+            mut validation,
+            build_ms: _,
         } = built;
+        let build_ms = spent_ms;
+        if !rejected.is_empty() {
+            validation.opt_level = ort_level(&attempt).map(|l| l.name().to_string());
+            validation.rejected = rejected;
+        }
         watch.check()?;
         // ONNX Runtime read the model by path: what it built from must be what was keyed. A
         // file replaced or rewritten during the build has another identity, so the memo
@@ -413,23 +470,8 @@ impl Builder {
         let stored = if validation.passed {
             self.store.put(record, Some(&artifact))?
         } else {
-            let worst = validation
-                .outputs
-                .iter()
-                .filter(|o| !o.passed)
-                .map(|o| {
-                    format!(
-                        "{} max abs {:.3e} max rel {:.3e}",
-                        o.name, o.max_abs, o.max_rel
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join(", ");
             record.status = Status::Failed {
-                reason: format!(
-                    "validation over tolerance (abs {:e}, rel {:e}): {worst}",
-                    validation.tolerance.atol, validation.tolerance.rtol
-                ),
+                reason: over_tolerance(&validation, ort_level(&attempt)),
             };
             self.store.put(record, None)?
         };
@@ -449,6 +491,39 @@ impl Builder {
             served,
             unservable,
         })
+    }
+}
+
+/// The graph optimization level an ONNX Runtime backend builds `req` at (`None` for the
+/// TensorRT ones, which have no lower level to fall back to).
+fn ort_level(req: &BuildJob) -> Option<OptLevel> {
+    match req.backend {
+        Backend::OrtCpu => Some(req.options.opt_level),
+        Backend::OrtCuda => Some(req.options.opt_level.for_cuda()),
+        _ => None,
+    }
+}
+
+/// The failure reason of an artifact over tolerance: its worst outputs, the levels tried, and
+/// what to change when the difference is acceptable.
+fn over_tolerance(v: &ValidationReport, level: Option<OptLevel>) -> String {
+    let tol = format!(
+        "validation over tolerance (abs {:e}, rel {:e})",
+        v.tolerance.atol, v.tolerance.rtol
+    );
+    let fix = "widen the tolerance (--atol/--rtol, or [tolerances.<precision>] in the \
+               sidecar) if the difference is acceptable";
+    match level {
+        Some(level) if !v.rejected.is_empty() => {
+            let mut tried = v.rejected.clone();
+            tried.push(format!("{}: {}", level.name(), v.worst()));
+            format!(
+                "{tol} at every optimization level down to {}: {}; {fix}",
+                level.name(),
+                tried.join("; ")
+            )
+        }
+        _ => format!("{tol}: {}; {fix}", v.worst()),
     }
 }
 

@@ -529,6 +529,8 @@ pub(crate) fn validate_with(
         golden: cfg.golden.as_ref().map(|p| p.display().to_string()),
         shapes,
         outputs,
+        opt_level: None,
+        rejected: Vec::new(),
     })
 }
 
@@ -586,6 +588,8 @@ mod tests {
             golden: None,
             shapes: BTreeMap::new(),
             outputs: vec![e, compare("z", &[1.0], &[1.0, 2.0], tol)],
+            opt_level: None,
+            rejected: Vec::new(),
         };
         let back: ValidationReport =
             serde_json::from_slice(&serde_json::to_vec(&v).unwrap()).unwrap();

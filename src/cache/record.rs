@@ -47,6 +47,33 @@ pub struct ValidationReport {
     /// Input name → the concrete shape used.
     pub shapes: BTreeMap<String, Vec<i64>>,
     pub outputs: Vec<OutputError>,
+    /// `ort-cpu`/`ort-cuda`: the graph optimization level of the artifact this report is
+    /// about, when it is lower than the one asked for (absent when they agree): an artifact
+    /// over tolerance is built again one level lower (all → extended → basic) before the
+    /// build counts as failed. See [`ValidationReport::rejected`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opt_level: Option<String>,
+    /// The higher levels whose artifacts were over tolerance, each with its worst outputs
+    /// (`all: y max abs 2.5e-3 max rel 2.6e-3`), highest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rejected: Vec<String>,
+}
+
+impl ValidationReport {
+    /// The outputs over tolerance, one phrase each (`y max abs 1.7e-3 max rel 1.8e-3`).
+    pub fn worst(&self) -> String {
+        self.outputs
+            .iter()
+            .filter(|o| !o.passed)
+            .map(|o| {
+                format!(
+                    "{} max abs {:.3e} max rel {:.3e}",
+                    o.name, o.max_abs, o.max_rel
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
 /// Whether an entry may be served.

@@ -31,7 +31,8 @@ pub struct BuildOptionArgs {
     pub precision: Option<Precision>,
     /// ort-cpu graph optimization level: basic, extended (portable across machines with the
     /// same ISA), all (adds layout transforms for this CPU; the key pins the SKU). ort-cuda
-    /// uses at most extended.
+    /// uses at most extended. An artifact over tolerance is built again one level lower,
+    /// down to basic (the record's validation says which level was stored).
     #[arg(long, default_value = "all", value_parser = parse_opt_level)]
     pub opt_level: OptLevel,
     /// Do not save prepacked constant initializers with the ort-cpu artifact.
@@ -405,6 +406,13 @@ fn render(o: &BuildOutcome, ort: Option<&str>, dir: &std::path::Path, st: Style)
             })
             .collect();
         out.push_str(&table("  ", &rows));
+        if let Some(level) = &v.opt_level {
+            out.push_str(&format!(
+                "{} built at optimization level {level}: over tolerance higher up ({})\n",
+                st.warn("note:"),
+                v.rejected.join("; ")
+            ));
+        }
         for e in v.outputs.iter().filter(|e| e.non_finite > 0) {
             out.push_str(&format!(
                 "{} {}\n",

@@ -578,6 +578,17 @@ fn an_artifact_that_fails_validation_is_recorded_failed_and_never_served() {
     );
     let v = out.record.validation.as_ref().unwrap();
     assert!(!v.passed && v.outputs[0].max_abs > 0.1, "{v:?}");
+    // Each level down to basic was built and refused (the hook breaks every one).
+    assert_eq!(v.opt_level.as_deref(), Some("basic"), "{v:?}");
+    assert_eq!(v.rejected.len(), 2, "{v:?}");
+    match &out.record.status {
+        Status::Failed { reason } => assert!(
+            reason.contains("at every optimization level down to basic: all: y max abs")
+                && reason.contains("widen the tolerance"),
+            "{reason}"
+        ),
+        other => panic!("{other:?}"),
+    }
     assert!(
         out.record.artifact.is_none(),
         "a failed artifact is not stored"
@@ -629,6 +640,93 @@ fn zero_tolerance_catches_optimizer_rounding_on_the_cli() {
     );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(ok["state"], "ready");
+}
+
+/// `x * 0.5 * (1 + erf(x / sqrt 2))`: the erf form of GELU, which ONNX Runtime's extended
+/// level fuses into its own `Gelu` kernel (a different rounding, about 6e-8 here) and its
+/// basic level leaves alone.
+fn erf_gelu() -> trtcache::onnx::proto::ModelProto {
+    use trtcache::fixtures::{model, tensor_f32, GraphBuilder};
+    use trtcache::onnx::ElemType::Float32;
+    let dims: Vec<trtcache::fixtures::D> = vec![4.into(), 64.into()];
+    let mut g = GraphBuilder::new("erf_gelu");
+    g.input("x", Float32, &dims)
+        .output("y", Float32, Some(&dims))
+        .init(tensor_f32("sqrt2", &[], &[std::f32::consts::SQRT_2]))
+        .init(tensor_f32("one", &[], &[1.0]))
+        .init(tensor_f32("half", &[], &[0.5]));
+    g.node("Div", &["x", "sqrt2"], &["d"]);
+    g.node("Erf", &["d"], &["e"]);
+    g.node("Add", &["e", "one"], &["a"]);
+    g.node("Mul", &["x", "a"], &["m"]);
+    g.node("Mul", &["m", "half"], &["y"]);
+    model(g.build(), &[("", 13)])
+}
+
+#[test]
+fn an_artifact_over_tolerance_is_built_again_one_level_lower() {
+    // At zero tolerance the fused Gelu of levels all and extended is refused; basic leaves
+    // the graph's own ops and matches exactly: that artifact is stored and served, and the
+    // report says which level it is and why the higher ones were refused. The key is the
+    // one asked for (level all).
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("gelu.onnx");
+    write(&erf_gelu(), &m).unwrap();
+    let cache = d.path().join("cache");
+    let (v, out) = build_json(&m, &cache, &["--atol", "0", "--rtol", "0"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(v["state"], "ready", "{v}");
+    let val = &v["record"]["validation"];
+    assert_eq!(val["passed"], true, "{val}");
+    assert_eq!(val["opt_level"], "basic", "{val}");
+    let rejected: Vec<&str> = val["rejected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap())
+        .collect();
+    assert_eq!(rejected.len(), 2, "{rejected:?}");
+    assert!(rejected[0].starts_with("all: y max abs"), "{rejected:?}");
+    assert!(
+        rejected[1].starts_with("extended: y max abs"),
+        "{rejected:?}"
+    );
+    assert_eq!(v["record"]["parts"]["options"]["opt_level"], "all", "{v}");
+    // The stored graph is the unfused one.
+    let entry = v["artifact"]["entry"].as_str().unwrap();
+    let art = trtcache::onnx::Model::load(Path::new(entry)).unwrap();
+    let ops: Vec<&str> = art
+        .graph()
+        .node
+        .iter()
+        .map(|n| n.op_type.as_str())
+        .collect();
+    assert!(ops.contains(&"Erf") && !ops.contains(&"Gelu"), "{ops:?}");
+    // The human output says so too.
+    let text = trtcache(&[
+        "build".into(),
+        m.display().to_string(),
+        "--cache-dir".into(),
+        cache.display().to_string(),
+        "--atol".into(),
+        "0".into(),
+        "--rtol".into(),
+        "0".into(),
+    ]);
+    let stdout = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        stdout.contains(
+            "built at optimization level basic: over tolerance higher up (all: y max abs"
+        ),
+        "{stdout}"
+    );
+    // With the default tolerance the fused graph passes at the level asked for.
+    let (ok, out) = build_json(&m, &d.path().join("cache2"), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        ok["record"]["validation"].get("opt_level").is_none(),
+        "{ok}"
+    );
 }
 
 #[test]

@@ -413,6 +413,10 @@ sys.path.insert(0, sys.argv[1])
 from trtcache_client import Client
 art = Client(sys.argv[2]).acquire("fixed")
 assert not art.free_dims(), art.metadata["inputs"]
+# A negative size is free, as ONNX Runtime reads `dim_value: -1` (skl2onnx's batch).
+from trtcache_client import Artifact
+assert Artifact({"inputs": [{"name": "x", "shape": [-1, 5]}]}, []).free_dims()
+assert not Artifact({"inputs": [{"name": "x", "shape": [3, 5]}]}, []).free_dims()
 assert art._ort_defaults({})["sess_options"].enable_mem_reuse is True
 y = art.session(providers=["CPUExecutionProvider"]).run(None, {"x": np.ones((1, 6, 64), np.float32)})[0]
 print(y.shape)

@@ -379,9 +379,11 @@ class Artifact:
         return self._session_from_files(ort_kwargs)
 
     def free_dims(self) -> bool:
-        """Whether any input of the artifact has a dimension without a fixed size."""
+        """Whether any input of the artifact has a dimension without a fixed size: a name,
+        an unknown (``"?"``, None) or a negative size (``dim_value: -1``, which ONNX Runtime
+        treats as dynamic, as old exporters and skl2onnx/onnxmltools write a free batch)."""
         return any(
-            not isinstance(d, int)
+            not isinstance(d, int) or d < 0
             for t in self.metadata.get("inputs", [])
             for d in (t.get("shape") or [None])
         )
