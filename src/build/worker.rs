@@ -80,7 +80,7 @@ enum Line {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Reply {
-    Built(Built),
+    Built(Box<Built>),
     /// The build or validation failed; `kind` tells the parent how to classify it.
     Failed {
         kind: FailKind,
@@ -246,7 +246,7 @@ pub fn run(
         return Err(BuildError::Worker(crash_reason(status, limits, &err_tail)));
     }
     match reply {
-        Some(Ok(Reply::Built(b))) => Ok(b),
+        Some(Ok(Reply::Built(b))) => Ok(*b),
         Some(Ok(Reply::Failed { kind, message })) => Err(match kind {
             FailKind::Runtime => BuildError::WorkerUnavailable(message),
             FailKind::Full => BuildError::Store(crate::cache::StoreError::Full {
@@ -362,7 +362,7 @@ pub fn serve_one() -> i32 {
     };
     crate::onnx::DecodeLimits::set_process_default(job.decode);
     let reply = match build_and_validate(&job, &progress) {
-        Ok(b) => Reply::Built(b),
+        Ok(b) => Reply::Built(Box::new(b)),
         Err(e) => {
             let kind = match &e {
                 e if e.is_host_problem() => FailKind::Runtime,
@@ -372,7 +372,13 @@ pub fn serve_one() -> i32 {
             };
             let message = match e {
                 BuildError::Model { message, .. } => message,
-                e => e.to_string(),
+                e => {
+                    // The parent names the model (`BuildError::Model`): without this, an
+                    // error that starts with its path would read `M.onnx: M.onnx: …`.
+                    let text = e.to_string();
+                    let own = format!("{}: ", job.model.display());
+                    text.strip_prefix(&own).map_or(text.clone(), str::to_string)
+                }
             };
             Reply::Failed { kind, message }
         }

@@ -80,3 +80,30 @@ fn a_failed_model_is_retried_when_golden_inputs_appear_and_its_reason_names_the_
     assert_eq!((stats.failures, stats.builds), (1, 1), "{stats:?}");
     assert!(d.stop());
 }
+
+#[test]
+fn a_model_onnx_runtime_refuses_is_named_once_in_its_reason() {
+    // A node reads a value nothing produces: ONNX Runtime refuses to load the graph in the
+    // build worker. The reason names the repository's file once, then the stage, then ONNX
+    // Runtime's words (which name the file again), not `M.onnx: M.onnx: …`.
+    let mut d = Daemon::new();
+    let path = d.models().join("ghost.onnx");
+    let mut g = GraphBuilder::new("ghost");
+    g.input("x", Float32, &[4.into()])
+        .output("y", Float32, Some(&[4.into()]));
+    g.node("Add", &["x", "nobody_makes_this"], &["y"]);
+    write(&model(g.build(), &[("", 17)]), &path).unwrap();
+    d.start();
+    let reason = settled(&d, "ghost", VariantState::Failed).unwrap_or_default();
+    let p = path.display().to_string();
+    assert!(reason.contains(&p), "{reason}");
+    assert!(
+        !reason.contains(&format!("{p}: {p}")),
+        "the path twice: {reason}"
+    );
+    assert!(
+        reason.contains(&format!("{p}: optimize (ort-cpu): ")),
+        "the path, then the stage: {reason}"
+    );
+    assert!(d.stop());
+}
