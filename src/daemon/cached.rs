@@ -643,6 +643,9 @@ impl CachedEngine {
                 progress(BuildPhase::Validating);
             } else if s == "storing" {
                 progress(BuildPhase::Storing);
+            } else if s.starts_with("over tolerance") {
+                // Built again one optimization level lower (`Builder`'s fall-back).
+                progress(BuildPhase::Building);
             }
         };
         // The copy's key must be the planned one (else: Changed, nothing stored); past that
