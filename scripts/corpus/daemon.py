@@ -17,7 +17,6 @@ import os
 import pickle
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,13 +32,7 @@ from trtcache_client import Client  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("corpus")
-    ap.add_argument("--trtcache", default=os.path.join(HERE, "../../target/release/trtcache"))
-    ap.add_argument("--only")
-    ap.add_argument("--timeout", type=int, default=1800)
-    ap.add_argument("--json")
-    ap.add_argument("--atol", type=float, default=1e-4)
-    ap.add_argument("--rtol", type=float, default=1e-3)
+    corpus_run.serve_args(ap, HERE)
     a = ap.parse_args()
     only = re.compile(a.only) if a.only else None
     names = sorted(
@@ -59,19 +52,13 @@ def main():
             shutil.copy(os.path.join(src, "model.onnx.data"), os.path.join(models, n, "model.onnx.data"))
         else:
             shutil.copy(os.path.join(src, "model.onnx"), os.path.join(models, n + ".onnx"))
-    env = dict(os.environ, NO_COLOR="1", RUST_LOG="error")
     common = ["--models", models, "--cache-dir", cache, "--socket", sock]
-    log = open(os.path.join(tmp, "serve.log"), "w")
-    serve = subprocess.Popen([a.trtcache, "serve", *common], stdout=log, stderr=subprocess.STDOUT, env=env)
+    serve = corpus_run.start_serve(a.trtcache, common, sock, os.path.join(tmp, "serve.log"))
     results = []
     try:
-        deadline = time.monotonic() + 60
-        while not os.path.exists(sock):
-            if serve.poll() is not None or time.monotonic() > deadline:
-                sys.exit(f"trtcache serve did not start; see {log.name}")
-            time.sleep(0.05)
         t0 = time.monotonic()
-        w = subprocess.run([a.trtcache, "warm", *common, "--json", "--timeout", str(a.timeout)], capture_output=True, text=True, env=env)
+        w = subprocess.run([a.trtcache, "warm", *common, "--json", "--timeout", str(a.timeout)],
+                           capture_output=True, text=True, env=corpus_run.ENV)
         warm_s = time.monotonic() - t0
         try:
             warm = json.loads(w.stdout)
@@ -117,11 +104,7 @@ def main():
                 art.close()
             results.append(r)
     finally:
-        serve.send_signal(signal.SIGTERM)
-        try:
-            serve.wait(30)
-        except subprocess.TimeoutExpired:
-            serve.kill()
+        corpus_run.stop_serve(serve)
     for r in results:
         if r["cls"] != "pass":
             print(f"{r['test']}: {r['cls']}: {r.get('why')}")

@@ -30,7 +30,6 @@ import pickle
 import random
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -73,15 +72,9 @@ def mutate(data, kind, r):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("corpus")
-    ap.add_argument("--trtcache", default=os.path.join(HERE, "../../target/release/trtcache"))
+    corpus_run.serve_args(ap, HERE)
     ap.add_argument("--per-model", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--only")
-    ap.add_argument("--timeout", type=int, default=1800)
-    ap.add_argument("--json")
-    ap.add_argument("--atol", type=float, default=1e-4)
-    ap.add_argument("--rtol", type=float, default=1e-3)
     a = ap.parse_args()
     only = re.compile(a.only) if a.only else None
     names = sorted(
@@ -110,22 +103,16 @@ def main():
     with open(config, "w") as f:
         f.write(f"models = {json.dumps(models)}\ncache_dir = {json.dumps(cache)}\nsocket = {json.dumps(sock)}\n"
                 "[limits]\nbuild_timeout_secs = 120\n")
-    env = dict(os.environ, NO_COLOR="1", RUST_LOG="error")
-    log = open(os.path.join(tmp, "serve.log"), "w")
-    serve = subprocess.Popen([a.trtcache, "serve", "--config", config], stdout=log, stderr=subprocess.STDOUT, env=env)
+    log = os.path.join(tmp, "serve.log")
+    serve = corpus_run.start_serve(a.trtcache, ["--config", config], sock, log)
     results, problems = [], []
     try:
-        deadline = time.monotonic() + 60
-        while not os.path.exists(sock):
-            if serve.poll() is not None or time.monotonic() > deadline:
-                sys.exit(f"trtcache serve did not start; see {log.name}")
-            time.sleep(0.05)
         t0 = time.monotonic()
         w = subprocess.run([a.trtcache, "warm", "--config", config, "--json", "--timeout", str(a.timeout)],
-                           capture_output=True, text=True, env=env)
+                           capture_output=True, text=True, env=corpus_run.ENV)
         warm_s = time.monotonic() - t0
         if serve.poll() is not None:
-            problems.append(f"the daemon exited during warm (rc {serve.returncode}); see {log.name}")
+            problems.append(f"the daemon exited during warm (rc {serve.returncode}); see {log}")
             raise SystemExit
         client = Client(sock)
         listed = {m["name"]: m for m in client.list()}
@@ -190,13 +177,9 @@ def main():
         pass
     finally:
         if serve.poll() is None:
-            serve.send_signal(signal.SIGTERM)
-            try:
-                serve.wait(30)
-            except subprocess.TimeoutExpired:
-                serve.kill()
-            if serve.returncode != 0:
-                problems.append(f"SIGTERM: the daemon exited {serve.returncode}")
+            rc = corpus_run.stop_serve(serve)
+            if rc != 0:
+                problems.append(f"SIGTERM: the daemon exited {rc}")
     by = collections.Counter((x["kind"], x["outcome"]) for x in results)
     for kind in ("original",) + KINDS:
         row = {o: c for (k, o), c in by.items() if k == kind}

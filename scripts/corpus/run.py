@@ -28,6 +28,7 @@ import json
 import os
 import pickle
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -128,6 +129,42 @@ def first_line(s, n=400):
         if x.startswith("error:"):
             return x[:n]
     return (lines[0] if lines else "")[:n]
+
+
+def serve_args(ap, here):
+    """The options `daemon.py` and `mutate.py` share: the corpus, the binary, a filter, the
+    warm timeout, a JSON report and the float tolerance."""
+    ap.add_argument("corpus")
+    ap.add_argument("--trtcache", default=os.path.join(here, "../../target/release/trtcache"))
+    ap.add_argument("--only")
+    ap.add_argument("--timeout", type=int, default=1800)
+    ap.add_argument("--json")
+    ap.add_argument("--atol", type=float, default=1e-4)
+    ap.add_argument("--rtol", type=float, default=1e-3)
+
+
+def start_serve(trtcache, args, sock, log_path):
+    """`trtcache serve ARGS` (output to LOG_PATH), once SOCK exists; exits the script when
+    it does not come up within 60 s."""
+    log = open(log_path, "w")
+    serve = subprocess.Popen([trtcache, "serve", *args], stdout=log, stderr=subprocess.STDOUT, env=ENV)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(sock):
+        if serve.poll() is not None or time.monotonic() > deadline:
+            serve.kill()
+            sys.exit(f"trtcache serve did not start; see {log_path}")
+        time.sleep(0.05)
+    return serve
+
+
+def stop_serve(serve):
+    """SIGTERM, then SIGKILL after 30 s; the exit status."""
+    serve.send_signal(signal.SIGTERM)
+    try:
+        return serve.wait(30)
+    except subprocess.TimeoutExpired:
+        serve.kill()
+        return serve.wait()
 
 
 def declared_shapes(path, outputs_only=True):

@@ -377,7 +377,7 @@ pub fn serve_one() -> i32 {
                     // error that starts with its path would read `M.onnx: M.onnx: …`.
                     let text = e.to_string();
                     let own = format!("{}: ", job.model.display());
-                    text.strip_prefix(&own).map_or(text.clone(), str::to_string)
+                    text.strip_prefix(&own).map(str::to_string).unwrap_or(text)
                 }
             };
             Reply::Failed { kind, message }
