@@ -3,10 +3,12 @@
 through trtcache against a fresh raw ONNX Runtime session, side by side in one run.
 
     benches/first_realworld.py CORPUS [--trtcache target/release/trtcache] [--runs 7]
-        [--core 0] [--only REGEX] [--client clients/python] [--json OUT.json]
+        [--core 0] [--only REGEX] [--client clients/python] [--golden] [--json OUT.json]
 
 Serves a copy of every CORPUS/<name>/model.onnx from one `trtcache serve` (defaults: no
-sidecar, backend ort-cpu) on temp folders, warms them, then per model and run starts one
+sidecar, backend ort-cpu; with `--golden`, a sidecar per model naming its corpus feed as
+golden inputs, `[golden] npz`, so validation and the build's thread probe run on the inputs
+the consumers feed) on temp folders, warms them, then per model and run starts one
 fresh consumer process per way, pinned to one core (`taskset -c CORE`; ONNX Runtime sets its
 intra-op pool threads' own affinities, so parallel kernels still use the other cores, both
 ways alike), alternating which way goes first:
@@ -53,6 +55,7 @@ def child(sock, name, raw, feed_path, way, client_dir):
     p = ["CPUExecutionProvider"]
     t = time.perf_counter()
     acquired = imported = connected = t
+    hint = None
     if way == "floor":
         # ONNX Runtime's fixed cost of a process's first session: a 1-node graph.
         sess = ort.InferenceSession(raw, providers=p)
@@ -72,6 +75,7 @@ def child(sock, name, raw, feed_path, way, client_dir):
         art = c.acquire(name)
         acquired = time.perf_counter()
         sess = art.session(providers=p)
+        hint = (art.metadata.get("session_hints") or {}).get("intra_op_num_threads")
     else:
         sess = ort.InferenceSession(raw, providers=p)
     opened = time.perf_counter()
@@ -81,7 +85,7 @@ def child(sock, name, raw, feed_path, way, client_dir):
     ms = lambda a, b: round((b - a) * 1e3, 3)  # noqa: E731
     print(json.dumps({"way": way, "total": ms(t, done), "acquire": ms(t, acquired),
                       "import": ms(t, imported), "connect": ms(imported, connected),
-                      "session": ms(acquired, opened), "run": ms(opened, done)}))
+                      "session": ms(acquired, opened), "run": ms(opened, done), "threads": hint}))
 
 
 def floor_ms(a, tmp, sock, client_dir):
@@ -138,6 +142,8 @@ def main():
     ap.add_argument("--only")
     ap.add_argument("--client", default=os.path.join(REPO, "clients", "python"),
                     help="the Python client's source folder (another checkout's, to compare)")
+    ap.add_argument("--golden", action="store_true",
+                    help="validate on each model's corpus feed (a sidecar with [golden] npz)")
     ap.add_argument("--json")
     a = ap.parse_args()
     only = re.compile(a.only) if a.only else None
@@ -156,6 +162,10 @@ def main():
         os.makedirs(cache)
         for n in names:
             shutil.copy(os.path.join(a.corpus, n, "model.onnx"), os.path.join(models, n + ".onnx"))
+            if a.golden:
+                shutil.copy(os.path.join(a.corpus, n, "golden.npz"), os.path.join(models, n + ".golden.npz"))
+                with open(os.path.join(models, n + ".trtcache.toml"), "w") as f:
+                    f.write(f'[golden]\nnpz = "{n}.golden.npz"\n')
         sock = os.path.join(tmp, "trtcache.sock")
         config = os.path.join(tmp, "config.toml")
         with open(config, "w") as f:
@@ -186,19 +196,22 @@ def main():
                     if p.returncode != 0:
                         sys.exit(f"{n} {way}: {p.stderr[-2000:]}")
                     got[way].append(json.loads(p.stdout.strip().splitlines()[-1]))
-            med = {w: {k: statistics.median(x[k] for x in v) for k in v[0] if k != "way"} for w, v in got.items()}
+            med = {w: {k: statistics.median(x[k] for x in v) for k in v[0] if k not in ("way", "threads")}
+                   for w, v in got.items()}
+            threads = got["via"][0].get("threads")  # the metadata's session_hints
             ratio = med["own"]["total"] / med["via"]["total"]
             # Without the client's import: per run, then the median.
             after = statistics.median(x["total"] - x["import"] for x in got["via"])
             ratio_imported = med["own"]["total"] / after
-            rows.append({"model": n, "own": med["own"], "via": med["via"], "ratio": round(ratio, 2),
+            rows.append({"model": n, "own": med["own"], "via": med["via"], "ratio": round(ratio, 2), "threads": threads,
                          "via_after_import": after, "ratio_after_import": round(ratio_imported, 2),
                          "runs": got})
             o, v = med["own"], med["via"]
             print(f"{n:30} own {o['total']:7.1f} ms (session {o['session']:6.1f}, run {o['run']:6.1f})  "
                   f"via {v['total']:6.1f} ms (import {v['import']:4.1f}, connect {v['connect']:4.1f}, "
                   f"acquire {v['acquire'] - v['import'] - v['connect']:4.1f}, session {v['session']:6.1f}, "
-                  f"run {v['run']:6.1f})  {ratio:5.2f}x  (imported: {ratio_imported:5.2f}x)", flush=True)
+                  f"run {v['run']:6.1f})  {ratio:5.2f}x  (imported: {ratio_imported:5.2f}x)"
+                  + ("  [1 thread]" if threads == 1 else ""), flush=True)
         gm = math.exp(sum(math.log(r["ratio"]) for r in rows) / len(rows))
         gmi = math.exp(sum(math.log(r["ratio_after_import"]) for r in rows) / len(rows))
         print(f"\n{len(rows)} models, {a.runs} runs each, core {a.core}: ratio own/via "
@@ -208,7 +221,7 @@ def main():
         if a.json:
             with open(a.json, "w") as f:
                 json.dump({"rows": rows, "floor": floor, "geomean": gm, "geomean_after_import": gmi, "core": a.core,
-                           "runs": a.runs}, f, indent=1)
+                           "runs": a.runs, "golden": a.golden}, f, indent=1)
     finally:
         if serve is not None:
             serve.terminate()

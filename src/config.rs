@@ -159,6 +159,11 @@ pub struct Limits {
     /// fixed input would need more is refused (give it golden inputs) before anything is
     /// allocated.
     pub validation_max_bytes: u64,
+    /// `ort-cpu`: after validation, the artifact's runs are timed on ONNX Runtime's default
+    /// thread pool and on one thread when its first validation run took at most this many
+    /// milliseconds; when one thread is no slower, consumers are told to use it (the
+    /// acquire's `session_hints`). 0: never.
+    pub thread_probe_max_run_ms: u64,
     /// Connections subscribed with `watch` at once (each also holds one of
     /// `max_connections`, and is never reclaimed: it is not waiting for a request); more get
     /// `busy`.
@@ -276,6 +281,8 @@ impl Default for Limits {
             worker_memory_bytes: 0,
             worker_cpu_secs: 0,
             validation_max_bytes: 2 << 30,
+            // build::validate::DEFAULT_THREAD_PROBE_MAX_RUN_MS (config is below build).
+            thread_probe_max_run_ms: 10,
             max_watchers: 256,
             watch_queue: 256,
             metrics_max_connections: 8,

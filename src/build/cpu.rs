@@ -16,11 +16,13 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 
-use super::{BackendImpl, BuildError, BuildOptions, Runtime, StagedArtifact};
+use super::{validate, BackendImpl, BuildError, BuildOptions, Runtime, StagedArtifact};
+use crate::cache::ThreadProbe;
 use crate::onnx::facts::Dim;
 use crate::onnx::Model;
 use crate::plan::ModelInputs;
@@ -289,15 +291,132 @@ impl BackendImpl for OrtCpu {
     }
 
     fn open(&self, rt: &Runtime, entry: &Path, opts: &BuildOptions) -> Result<Session, BuildError> {
-        base_builder(rt, entry, opts.threads)?
-            .with_optimization_level(GraphOptimizationLevel::Disable)
-            .map_err(|e| BuildError::ort("open artifact", entry, e))?
-            // As the clients open artifacts: weights packed on the intra-op threads.
-            .with_config_entry("session.prepack.enable_parallel", "1")
-            .map_err(|e| BuildError::ort("open artifact", entry, e))?
-            .commit_from_file(entry)
-            .map_err(|e| BuildError::ort("open artifact", entry, e))
+        open_artifact(rt, entry, opts.threads)
     }
+
+    /// Validates as every backend does, then times the artifact's runs on the validation
+    /// inputs with ONNX Runtime's default pool and on one thread ([`probe_threads`]).
+    fn validate(
+        &self,
+        rt: &Runtime,
+        model: &Path,
+        artifact: &StagedArtifact,
+        opts: &BuildOptions,
+        cfg: &validate::ValidationConfig,
+    ) -> Result<crate::cache::ValidationReport, BuildError> {
+        let entry = artifact.dir.join(&artifact.entry);
+        let mut session = self.open(rt, &entry, opts)?;
+        // Timings say what suits the inputs they were taken on: only inputs a consumer
+        // will feed count (golden ones, a profile's opt shapes, or the only shapes a
+        // static-shape artifact takes), never the smallest sizes the default search finds
+        // for a free dimension (a batch of 1 says nothing about a batch of 1,000).
+        let representative =
+            cfg.golden.is_some() || opts.profile.is_some() || static_inputs(&session);
+        let mut probe = None;
+        let mut report = validate::validate_with(
+            rt,
+            model,
+            opts.profile.as_ref(),
+            opts.precision,
+            cfg,
+            opts.threads,
+            &mut |inputs| {
+                let t = Instant::now();
+                let out = validate::run(&mut session, inputs, &entry)?;
+                let first = t.elapsed();
+                // Only with ORT's default thread count (a build limited to N threads would
+                // compare N with one) and for a run short enough to time cheaply.
+                let cap = Duration::from_millis(cfg.thread_probe_max_run_ms);
+                if representative && opts.threads == 0 && first <= cap {
+                    probe = match probe_threads(rt, &entry, &mut session, inputs) {
+                        Ok(p) => Some(p),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "thread probe failed; consumers keep ONNX Runtime's default threads");
+                            None
+                        }
+                    };
+                }
+                Ok(out)
+            },
+        )?;
+        if report.passed {
+            report.threads = probe;
+        }
+        Ok(report)
+    }
+}
+
+/// Whether every input of `session` is a tensor of fixed dimensions.
+fn static_inputs(session: &Session) -> bool {
+    session.inputs().iter().all(|i| match i.dtype() {
+        ort::value::ValueType::Tensor { shape, .. } => shape.iter().all(|&d| d > 0),
+        _ => false,
+    })
+}
+
+/// Opens an artifact's graph the way the clients do: optimizations off (it is optimized),
+/// weights packed on the intra-op threads; `threads` intra-op threads (0: ORT's default).
+fn open_artifact(rt: &Runtime, entry: &Path, threads: usize) -> Result<Session, BuildError> {
+    base_builder(rt, entry, threads)?
+        .with_optimization_level(GraphOptimizationLevel::Disable)
+        .map_err(|e| BuildError::ort("open artifact", entry, e))?
+        .with_config_entry("session.prepack.enable_parallel", "1")
+        .map_err(|e| BuildError::ort("open artifact", entry, e))?
+        .commit_from_file(entry)
+        .map_err(|e| BuildError::ort("open artifact", entry, e))
+}
+
+/// Median of `n` timed runs of `session` on `inputs`, in microseconds.
+fn median_run_us(
+    session: &mut Session,
+    inputs: &validate::Inputs,
+    entry: &Path,
+    n: u32,
+) -> Result<f64, BuildError> {
+    let feed: Vec<(&str, &ort::value::DynValue)> =
+        inputs.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut us = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let t = Instant::now();
+        drop(
+            session
+                .run(feed.clone())
+                .map_err(|e| BuildError::ort("run", entry, e))?,
+        );
+        us.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    us.sort_by(f64::total_cmp);
+    Ok(us[us.len() / 2])
+}
+
+/// Times `pooled` (a session with ONNX Runtime's default intra-op pool, run once already)
+/// and a new one-thread session of `entry` on `inputs`, [`validate::THREAD_PROBE_RUNS`]
+/// runs each after one warm-up run of the new session, and says whether one thread suits
+/// the artifact ([`ThreadProbe::single_suits`]).
+fn probe_threads(
+    rt: &Runtime,
+    entry: &Path,
+    pooled: &mut Session,
+    inputs: &validate::Inputs,
+) -> Result<ThreadProbe, BuildError> {
+    let runs = validate::THREAD_PROBE_RUNS;
+    let default_us = median_run_us(pooled, inputs, entry, runs)?;
+    let mut single = open_artifact(rt, entry, 1)?;
+    median_run_us(&mut single, inputs, entry, 1)?;
+    let single_us = median_run_us(&mut single, inputs, entry, runs)?;
+    let probe = ThreadProbe {
+        default_us,
+        single_us,
+        runs,
+        single: ThreadProbe::single_suits(default_us, single_us),
+    };
+    tracing::info!(
+        default_us = format!("{default_us:.1}"),
+        single_us = format!("{single_us:.1}"),
+        single = probe.single,
+        "timed the artifact's runs on ONNX Runtime's default pool and on one thread"
+    );
+    Ok(probe)
 }
 
 /// A session on the original model the way a user would create one without trtcache.

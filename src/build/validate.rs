@@ -50,6 +50,22 @@ pub struct ValidationConfig {
     /// model with a huge fixed input is refused with this, before anything is allocated.
     #[serde(default = "default_max_input_bytes")]
     pub max_input_bytes: u64,
+    /// `ort-cpu`: after validation, time the artifact's runs with ONNX Runtime's default
+    /// thread pool and on one thread (`cache::ThreadProbe`) when its first validation run
+    /// took at most this many milliseconds (`limits.thread_probe_max_run_ms`); 0: never.
+    #[serde(default = "default_thread_probe_max_run_ms")]
+    pub thread_probe_max_run_ms: u64,
+}
+
+/// Default [`ValidationConfig::thread_probe_max_run_ms`]: 10 ms, so the probe adds at most
+/// about 2 × [`THREAD_PROBE_RUNS`] × 10 ms and a session to a build.
+pub const DEFAULT_THREAD_PROBE_MAX_RUN_MS: u64 = 10;
+
+/// Runs the thread probe times each way.
+pub const THREAD_PROBE_RUNS: u32 = 9;
+
+fn default_thread_probe_max_run_ms() -> u64 {
+    DEFAULT_THREAD_PROBE_MAX_RUN_MS
 }
 
 /// Default [`ValidationConfig::max_input_bytes`]: 2 GiB.
@@ -69,6 +85,7 @@ impl Default for ValidationConfig {
             tolerance: None,
             golden: None,
             max_input_bytes: DEFAULT_MAX_INPUT_BYTES,
+            thread_probe_max_run_ms: DEFAULT_THREAD_PROBE_MAX_RUN_MS,
         }
     }
 }
@@ -373,7 +390,7 @@ fn no_inputs(
 }
 
 /// Runs `session` on `inputs` and returns every output read back, by name.
-fn run(
+pub(crate) fn run(
     session: &mut Session,
     inputs: &[(String, DynValue)],
     path: &Path,
@@ -531,12 +548,25 @@ pub(crate) fn validate_with(
         outputs,
         opt_level: None,
         rejected: Vec::new(),
+        threads: None,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_daemon_and_the_cli_probe_threads_under_the_same_default() {
+        assert_eq!(
+            crate::config::Limits::default().thread_probe_max_run_ms,
+            DEFAULT_THREAD_PROBE_MAX_RUN_MS
+        );
+        assert_eq!(
+            ValidationConfig::default().thread_probe_max_run_ms,
+            DEFAULT_THREAD_PROBE_MAX_RUN_MS
+        );
+    }
 
     #[test]
     fn compare_counts_elements_outside_both_tolerances() {
@@ -590,6 +620,7 @@ mod tests {
             outputs: vec![e, compare("z", &[1.0], &[1.0, 2.0], tol)],
             opt_level: None,
             rejected: Vec::new(),
+            threads: None,
         };
         let back: ValidationReport =
             serde_json::from_slice(&serde_json::to_vec(&v).unwrap()).unwrap();

@@ -57,6 +57,38 @@ pub struct ValidationReport {
     /// (`all: y max abs 2.5e-3 max rel 2.6e-3`), highest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rejected: Vec<String>,
+    /// `ort-cpu`: the artifact's runs timed on the validation inputs with ONNX Runtime's
+    /// default intra-op pool and on one thread (absent: not measured, see
+    /// [`ThreadProbe`]). Consumers are told the thread count that suits it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<ThreadProbe>,
+}
+
+/// How an `ort-cpu` artifact ran on the validation inputs with ONNX Runtime's default
+/// intra-op thread pool and with one thread, timed in the build worker after validation.
+/// Measured only for a model whose first validation run took at most
+/// `limits.thread_probe_max_run_ms` and a build with ORT's default thread count.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ThreadProbe {
+    /// Median run, in microseconds, with ONNX Runtime's default pool.
+    pub default_us: f64,
+    /// Median run, in microseconds, on one thread.
+    pub single_us: f64,
+    /// Runs timed each way.
+    pub runs: u32,
+    /// One thread suits the artifact ([`ThreadProbe::single_suits`]): consumers are told
+    /// `intra_op_num_threads = 1`.
+    pub single: bool,
+}
+
+impl ThreadProbe {
+    /// One thread suits an artifact that runs on it no slower than on the default pool:
+    /// within 5 % and 2 µs (timer and scheduling noise on a microsecond run). Its consumers
+    /// then skip creating the pool (a thread per core) with every session, and no pool
+    /// thread spins after each run.
+    pub fn single_suits(default_us: f64, single_us: f64) -> bool {
+        single_us.is_finite() && default_us.is_finite() && single_us <= default_us * 1.05 + 2.0
+    }
 }
 
 impl ValidationReport {

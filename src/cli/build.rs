@@ -157,6 +157,13 @@ pub struct BuildArgs {
     /// ONNX Runtime intra-op threads for building and validating (0 = ORT's default).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// ort-cpu: after validation, time the artifact's runs on ONNX Runtime's default thread
+    /// pool and on one thread when its first validation run took at most this many
+    /// milliseconds; consumers are told to use one thread when it runs no slower there
+    /// (the record's `validation.threads`, the acquire's `session_hints`). 0: never. Only
+    /// with --threads 0 (the daemon's `limits.thread_probe_max_run_ms`)
+    #[arg(long, value_name = "MS", default_value_t = crate::build::validate::DEFAULT_THREAD_PROBE_MAX_RUN_MS)]
+    pub thread_probe_max_run_ms: u64,
     /// Rebuild even when the cache has an entry (also retries a failed one).
     #[arg(long)]
     pub force: bool,
@@ -270,6 +277,7 @@ pub(super) fn request(a: &BuildArgs) -> anyhow::Result<(BuildJob, Option<u64>)> 
     req.force = a.force;
     req.validation = ValidationConfig {
         max_input_bytes: req.validation.max_input_bytes,
+        thread_probe_max_run_ms: a.thread_probe_max_run_ms,
         seed: a.seed.unwrap_or(req.validation.seed),
         int_range,
         tolerance: Some(Tolerance {

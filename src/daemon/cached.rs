@@ -14,7 +14,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use trtcache_client::protocol::{ArtifactFile, ArtifactMeta, Origin, TensorInfo, Validation};
+use trtcache_client::protocol::{
+    ArtifactFile, ArtifactMeta, Origin, SessionHints, TensorInfo, Validation,
+};
 
 use super::engine::*;
 use crate::build::{runtime, BuildError, BuildJob, BuildOptions, Builder, Watch};
@@ -39,6 +41,8 @@ pub struct CachedEngine {
     trt: crate::config::TrtSettings,
     /// `limits.validation_max_bytes` for every build.
     validation_max_bytes: u64,
+    /// `limits.thread_probe_max_run_ms` for every build.
+    thread_probe_max_run_ms: u64,
     /// The fleet tier (config `[remote]`): consulted before a build, fed after one.
     remote: Option<crate::remote::RemoteTier>,
 }
@@ -195,6 +199,7 @@ impl CachedEngine {
             external_min_bytes,
             trt: trt.clone(),
             validation_max_bytes: limits.validation_max_bytes,
+            thread_probe_max_run_ms: limits.thread_probe_max_run_ms,
             remote: None,
         })
     }
@@ -264,6 +269,7 @@ impl CachedEngine {
             },
         );
         req.validation.max_input_bytes = self.validation_max_bytes;
+        req.validation.thread_probe_max_run_ms = self.thread_probe_max_run_ms;
         Ok((req, plan))
     }
 
@@ -336,12 +342,22 @@ impl CachedEngine {
                 files,
                 built_at: record.created,
                 dir_fd_index: None,
+                session_hints: session_hints(record),
             },
             paths,
             stamps,
             origin,
         })
     }
+}
+
+/// What the record's thread probe tells consumers (`ort-cpu` artifacts built since it
+/// existed; none for the others).
+fn session_hints(record: &Record) -> Option<SessionHints> {
+    let probe = record.validation.as_ref()?.threads.as_ref()?;
+    probe.single.then_some(SessionHints {
+        intra_op_num_threads: Some(1),
+    })
 }
 
 /// File-system identity (device, inode, size, mtime, ctime) of each file; `None` for a file

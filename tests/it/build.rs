@@ -773,6 +773,86 @@ fn golden_npz_inputs_drive_validation() {
     );
 }
 
+/// The record's thread probe (`validation.threads`), checked for what any timing gives:
+/// positive medians of the stated runs, and `single` as the rule says for them.
+fn thread_probe(v: &Value) -> Option<(f64, f64, bool)> {
+    let t = &v["record"]["validation"]["threads"];
+    if t.is_null() {
+        return None;
+    }
+    let (d, s) = (
+        t["default_us"].as_f64().unwrap(),
+        t["single_us"].as_f64().unwrap(),
+    );
+    assert!(d > 0.0 && s > 0.0, "{t}");
+    assert_eq!(t["runs"], 9, "{t}");
+    let single = t["single"].as_bool().unwrap();
+    assert_eq!(
+        single,
+        trtcache::cache::ThreadProbe::single_suits(d, s),
+        "{t}"
+    );
+    Some((d, s, single))
+}
+
+#[test]
+fn the_thread_probe_times_only_inputs_a_consumer_feeds() {
+    // A static-shape model: the validation inputs are the only ones it takes, so its runs
+    // are timed on the default pool and on one thread.
+    let d = tempfile::tempdir().unwrap();
+    let fixed = d.path().join("gelu.onnx");
+    write(&erf_gelu(), &fixed).unwrap();
+    let (v, out) = build_json(&fixed, &d.path().join("c1"), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(thread_probe(&v).is_some(), "{v}");
+    // A free dimension searched by the defaults (a batch of 1 says nothing of the batch a
+    // consumer feeds): not timed.
+    let free = d.path().join("enc.onnx");
+    write(&models::tiny_encoder(false), &free).unwrap();
+    let (v, out) = build_json(&free, &d.path().join("c2"), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(thread_probe(&v), None, "{v}");
+    // The same model on golden inputs, or at a profile's opt shapes: timed on those.
+    let g = d.path().join("golden.npz");
+    run_python(
+        "import sys, numpy as np\nnp.savez(sys.argv[1], x=np.ones((2, 5, 64), np.float32))",
+        &[&g],
+    );
+    let (v, out) = build_json(
+        &free,
+        &d.path().join("c3"),
+        &["--golden", g.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(thread_probe(&v).is_some(), "{v}");
+    let (v, out) = build_json(&free, &d.path().join("c4"), &["--opt-shapes", "x:1x6x64"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(thread_probe(&v).is_some(), "{v}");
+    // Off, or with a build thread count of its own: not timed.
+    let (v, out) = build_json(
+        &fixed,
+        &d.path().join("c5"),
+        &["--thread-probe-max-run-ms", "0"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(thread_probe(&v), None, "{v}");
+    let (v, out) = build_json(&fixed, &d.path().join("c6"), &["--threads", "1"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(thread_probe(&v), None, "{v}");
+}
+
+#[test]
+fn one_thread_suits_an_artifact_no_slower_on_it() {
+    use trtcache::cache::ThreadProbe;
+    assert!(ThreadProbe::single_suits(10.0, 10.0));
+    assert!(ThreadProbe::single_suits(10.0, 12.4), "within 5 % and 2 µs");
+    assert!(!ThreadProbe::single_suits(10.0, 12.6));
+    assert!(ThreadProbe::single_suits(1000.0, 1049.0));
+    assert!(!ThreadProbe::single_suits(1000.0, 1100.0));
+    assert!(!ThreadProbe::single_suits(f64::NAN, 1.0));
+    assert!(!ThreadProbe::single_suits(1.0, f64::INFINITY));
+}
+
 #[test]
 fn a_build_killed_midway_leaves_nothing_servable_and_is_cleaned_up() {
     let d = tempfile::tempdir().unwrap();

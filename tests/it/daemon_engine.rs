@@ -418,12 +418,47 @@ from trtcache_client import Artifact
 assert Artifact({"inputs": [{"name": "x", "shape": [-1, 5]}]}, []).free_dims()
 assert not Artifact({"inputs": [{"name": "x", "shape": [3, 5]}]}, []).free_dims()
 assert art._ort_defaults({})["sess_options"].enable_mem_reuse is True
+# The build's thread probe, as the metadata tells it: one thread, or ONNX Runtime's default (0).
+hint = (art.metadata.get("session_hints") or {}).get("intra_op_num_threads")
+assert art._ort_defaults({})["sess_options"].intra_op_num_threads == (hint or 0), art.metadata
+assert Artifact({"session_hints": {"intra_op_num_threads": 1}}, [])._ort_defaults({"providers": []})["sess_options"].intra_op_num_threads == 1
+assert Artifact({}, [])._ort_defaults({"providers": []})["sess_options"].intra_op_num_threads == 0
+import onnxruntime
+own = onnxruntime.SessionOptions()
+assert Artifact({"session_hints": {"intra_op_num_threads": 1}}, [])._ort_defaults({"providers": [], "sess_options": own})["sess_options"] is own
 y = art.session(providers=["CPUExecutionProvider"]).run(None, {"x": np.ones((1, 6, 64), np.float32)})[0]
-print(y.shape)
+print(y.shape, hint)
 "#;
     let repo = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let out = support::run_python(script, &[&repo.join("clients/python"), &d.socket()]);
-    assert_eq!(out.trim(), "(1, 6, 64)");
+    // The profile's opt shape is what consumers feed: the build timed the artifact's runs
+    // there, and the metadata tells consumers one thread exactly when the probe found it
+    // no slower (the timing itself is this machine's).
+    let ls = support::json(&support::trtcache([
+        "ls",
+        "--cache-dir",
+        d.cache().to_str().unwrap(),
+        "--json",
+    ]));
+    let rec = ls
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["key"] == art.metadata.key.as_str())
+        .unwrap_or_else(|| panic!("{ls}"));
+    let single = rec["validation"]["threads"]["single"]
+        .as_bool()
+        .unwrap_or_else(|| panic!("no thread probe: {rec}"));
+    let hint = art
+        .metadata
+        .session_hints
+        .as_ref()
+        .and_then(|h| h.intra_op_num_threads);
+    assert_eq!(hint, single.then_some(1), "{rec}");
+    assert_eq!(
+        out.trim(),
+        format!("(1, 6, 64) {}", if single { "1" } else { "None" })
+    );
     drop(c);
     assert!(d.stop());
 }

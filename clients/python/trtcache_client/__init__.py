@@ -400,7 +400,9 @@ class Artifact:
         planner is quadratic in tensors of symbolic shape (a 7,570-node artifact: 13.3 s to
         plan, 0.38 s without; the arena still recycles freed buffers, same peak memory in
         BENCHMARKS.md). ONNX Runtime's C API has no switch for the latter, so only this
-        client does it."""
+        client does it. And the metadata's ``session_hints`` (``intra_op_num_threads``: 1
+        when the build timed the artifact no slower on one thread than on ONNX Runtime's
+        default pool, on inputs a consumer feeds: docs/protocol.md)."""
         import onnxruntime  # type: ignore[import-not-found, import-untyped, unused-ignore]
 
         out = dict(ort_kwargs)
@@ -429,6 +431,9 @@ class Artifact:
             so.add_session_config_entry("session.prepack.enable_parallel", "1")
             if self.free_dims():
                 so.enable_mem_reuse = False
+            threads = (self.metadata.get("session_hints") or {}).get("intra_op_num_threads")
+            if isinstance(threads, int) and threads > 0:
+                so.intra_op_num_threads = threads
             out["sess_options"] = so
         return out
 

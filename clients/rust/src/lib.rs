@@ -33,7 +33,7 @@ mod watch;
 pub use client::{Artifact, Client, ClientError, DEFAULT_MAX_RESPONSE};
 pub use protocol::{
     AcquireRequest, ArtifactMeta, BuildRequest, ErrorCode, ModelStatus, Progress, Request,
-    Response, Stats, VariantState, WatchEvent, WatchReason, PROTOCOL_VERSION,
+    Response, SessionHints, Stats, VariantState, WatchEvent, WatchReason, PROTOCOL_VERSION,
 };
 #[cfg(feature = "ort")]
 pub use session::{SessionError, SessionFollower};

@@ -666,6 +666,22 @@ pub struct ArtifactMeta {
     /// [`AcquireRequest::dir_fd`] and the daemon could open the directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dir_fd_index: Option<u32>,
+    /// Session options measured for this artifact when it was built, for a consumer that
+    /// does not choose its own (absent: none measured, ONNX Runtime's defaults suit it). The
+    /// Python client's `session()` applies them unless given `sess_options`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_hints: Option<SessionHints>,
+}
+
+/// Session options the build measured to suit an artifact ([`ArtifactMeta::session_hints`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionHints {
+    /// ONNX Runtime intra-op threads: `1` when the artifact ran no slower on one thread than
+    /// on ONNX Runtime's default pool, on the validation inputs at build time (a model whose
+    /// run is microseconds then skips creating the pool, and no pool thread spins after
+    /// each run). Absent: ONNX Runtime's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intra_op_num_threads: Option<u32>,
 }
 
 /// A build progress event.

@@ -133,7 +133,9 @@ impl Artifact {
     /// optimisation level are the caller's choice): in place through the directory
     /// descriptor when [`Artifact::dir_graph_path`] allows, else through the per-file
     /// descriptors. Adds `session.prepack.enable_parallel=1` to `builder` (weights packed on
-    /// the session's intra-op threads).
+    /// the session's intra-op threads). The thread count stays the caller's: the metadata's
+    /// [`crate::SessionHints`] says when the build found one intra-op thread no slower
+    /// (`builder.with_intra_threads(1)`).
     ///
     /// An artifact with a free input dimension pays ONNX Runtime's memory-reuse planning,
     /// which grows with the square of its symbolic-shape tensors and which ONNX Runtime's C
