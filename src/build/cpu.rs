@@ -312,8 +312,8 @@ impl BackendImpl for OrtCpu {
         // for a free dimension (a batch of 1 says nothing about a batch of 1,000).
         let representative =
             cfg.golden.is_some() || opts.profile.is_some() || static_inputs(&session);
-        let mut probe = None;
-        let mut report = validate::validate_with(
+        let mut first = Duration::MAX;
+        let (mut report, inputs) = validate::validate_keeping_inputs(
             rt,
             model,
             opts.profile.as_ref(),
@@ -322,25 +322,22 @@ impl BackendImpl for OrtCpu {
             opts.threads,
             &mut |inputs| {
                 let t = Instant::now();
-                let out = validate::run(&mut session, inputs, &entry)?;
-                let first = t.elapsed();
-                // Only with ORT's default thread count (a build limited to N threads would
-                // compare N with one) and for a run short enough to time cheaply.
-                let cap = Duration::from_millis(cfg.thread_probe_max_run_ms);
-                if representative && opts.threads == 0 && first <= cap {
-                    probe = match probe_threads(rt, &entry, &mut session, inputs) {
-                        Ok(p) => Some(p),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "thread probe failed; consumers keep ONNX Runtime's default threads");
-                            None
-                        }
-                    };
-                }
-                Ok(out)
+                let out = validate::run(&mut session, inputs, &entry);
+                first = t.elapsed();
+                out
             },
         )?;
-        if report.passed {
-            report.threads = probe;
+        // Only with ORT's default thread count (a build limited to N threads would compare
+        // N with one) and for a run short enough to time cheaply.
+        let cap = Duration::from_millis(cfg.thread_probe_max_run_ms);
+        if report.passed && representative && opts.threads == 0 && first <= cap {
+            report.threads = match probe_threads(rt, &entry, &mut session, &inputs) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    tracing::warn!(error = %e, "thread probe failed; consumers keep ONNX Runtime's default threads");
+                    None
+                }
+            };
         }
         Ok(report)
     }
@@ -366,33 +363,33 @@ fn open_artifact(rt: &Runtime, entry: &Path, threads: usize) -> Result<Session, 
         .map_err(|e| BuildError::ort("open artifact", entry, e))
 }
 
-/// Median of `n` timed runs of `session` on `inputs`, in microseconds.
-fn median_run_us(
+/// One timed run of `session` on `inputs`, in microseconds.
+fn time_run(
     session: &mut Session,
     inputs: &validate::Inputs,
     entry: &Path,
-    n: u32,
 ) -> Result<f64, BuildError> {
     let feed: Vec<(&str, &ort::value::DynValue)> =
         inputs.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let mut us = Vec::with_capacity(n as usize);
-    for _ in 0..n {
-        let t = Instant::now();
-        drop(
-            session
-                .run(feed.clone())
-                .map_err(|e| BuildError::ort("run", entry, e))?,
-        );
-        us.push(t.elapsed().as_secs_f64() * 1e6);
-    }
-    us.sort_by(f64::total_cmp);
-    Ok(us[us.len() / 2])
+    let t = Instant::now();
+    drop(
+        session
+            .run(feed)
+            .map_err(|e| BuildError::ort("run", entry, e))?,
+    );
+    Ok(t.elapsed().as_secs_f64() * 1e6)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// Times `pooled` (a session with ONNX Runtime's default intra-op pool, run once already)
-/// and a new one-thread session of `entry` on `inputs`, [`validate::THREAD_PROBE_RUNS`]
-/// runs each after one warm-up run of the new session, and says whether one thread suits
-/// the artifact ([`ThreadProbe::single_suits`]).
+/// against a new one-thread session of `entry` on `inputs`: one warm-up run of the new
+/// session, then [`validate::THREAD_PROBE_RUNS`] runs each, alternating (so a drift in the
+/// machine's load falls on both), and says whether one thread suits the artifact
+/// ([`ThreadProbe::single_suits`]).
 fn probe_threads(
     rt: &Runtime,
     entry: &Path,
@@ -400,10 +397,14 @@ fn probe_threads(
     inputs: &validate::Inputs,
 ) -> Result<ThreadProbe, BuildError> {
     let runs = validate::THREAD_PROBE_RUNS;
-    let default_us = median_run_us(pooled, inputs, entry, runs)?;
     let mut single = open_artifact(rt, entry, 1)?;
-    median_run_us(&mut single, inputs, entry, 1)?;
-    let single_us = median_run_us(&mut single, inputs, entry, runs)?;
+    time_run(&mut single, inputs, entry)?;
+    let (mut on_pool, mut on_one) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        on_pool.push(time_run(pooled, inputs, entry)?);
+        on_one.push(time_run(&mut single, inputs, entry)?);
+    }
+    let (default_us, single_us) = (median(on_pool), median(on_one));
     let probe = ThreadProbe {
         default_us,
         single_us,

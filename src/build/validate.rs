@@ -501,6 +501,20 @@ pub(crate) fn validate_with(
     threads: usize,
     candidate: &mut dyn FnMut(&Inputs) -> Result<Outs, BuildError>,
 ) -> Result<ValidationReport, BuildError> {
+    validate_keeping_inputs(rt, model, profile, precision, cfg, threads, candidate).map(|(r, _)| r)
+}
+
+/// [`validate_with`], also returning the inputs it validated on, once the reference session
+/// is closed (its threads gone, so timing the candidate on them competes with nothing).
+pub(crate) fn validate_keeping_inputs(
+    rt: &Runtime,
+    model: &Path,
+    profile: Option<&ShapeProfile>,
+    precision: Precision,
+    cfg: &ValidationConfig,
+    threads: usize,
+    candidate: &mut dyn FnMut(&Inputs) -> Result<Outs, BuildError>,
+) -> Result<(ValidationReport, Inputs), BuildError> {
     let mut reference = super::cpu::open_raw(
         rt,
         model,
@@ -508,6 +522,8 @@ pub(crate) fn validate_with(
         threads,
     )?;
     let (inputs, shapes, want) = reference_inputs(&mut reference, model, profile, cfg)?;
+    // Its intra-op threads spin a while after each run: gone before the candidate runs.
+    drop(reference);
     let got = candidate(&inputs)?;
     let tol = cfg
         .tolerance
@@ -539,7 +555,7 @@ pub(crate) fn validate_with(
         }
         outputs.push(e);
     }
-    Ok(ValidationReport {
+    let report = ValidationReport {
         passed: outputs.iter().all(|o| o.passed),
         tolerance: tol,
         seed: cfg.seed,
@@ -549,7 +565,8 @@ pub(crate) fn validate_with(
         opt_level: None,
         rejected: Vec::new(),
         threads: None,
-    })
+    };
+    Ok((report, inputs))
 }
 
 #[cfg(test)]
