@@ -802,14 +802,17 @@ fn the_thread_probe_times_only_inputs_a_consumer_feeds() {
     let d = tempfile::tempdir().unwrap();
     let fixed = d.path().join("gelu.onnx");
     write(&erf_gelu(), &fixed).unwrap();
-    let (v, out) = build_json(&fixed, &d.path().join("c1"), &[]);
+    // The cap on the first validation run is a budget, not what this test is about: lifted
+    // where a probe is expected, so a loaded machine cannot skip it.
+    let lifted = ["--thread-probe-max-run-ms", "60000"];
+    let (v, out) = build_json(&fixed, &d.path().join("c1"), &lifted);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(thread_probe(&v).is_some(), "{v}");
     // A free dimension searched by the defaults (a batch of 1 says nothing of the batch a
     // consumer feeds): not timed.
     let free = d.path().join("enc.onnx");
     write(&models::tiny_encoder(false), &free).unwrap();
-    let (v, out) = build_json(&free, &d.path().join("c2"), &[]);
+    let (v, out) = build_json(&free, &d.path().join("c2"), &lifted);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(thread_probe(&v), None, "{v}");
     // The same model on golden inputs, or at a profile's opt shapes: timed on those.
@@ -825,7 +828,11 @@ fn the_thread_probe_times_only_inputs_a_consumer_feeds() {
     );
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(thread_probe(&v).is_some(), "{v}");
-    let (v, out) = build_json(&free, &d.path().join("c4"), &["--opt-shapes", "x:1x6x64"]);
+    let (v, out) = build_json(
+        &free,
+        &d.path().join("c4"),
+        &["--opt-shapes", "x:1x6x64", lifted[0], lifted[1]],
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(thread_probe(&v).is_some(), "{v}");
     // Off, or with a build thread count of its own: not timed.
@@ -836,7 +843,11 @@ fn the_thread_probe_times_only_inputs_a_consumer_feeds() {
     );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(thread_probe(&v), None, "{v}");
-    let (v, out) = build_json(&fixed, &d.path().join("c6"), &["--threads", "1"]);
+    let (v, out) = build_json(
+        &fixed,
+        &d.path().join("c6"),
+        &["--threads", "1", lifted[0], lifted[1]],
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(thread_probe(&v), None, "{v}");
 }

@@ -373,6 +373,15 @@ fn a_model_served_with_a_fixed_profile_gets_an_artifact_specialized_to_it() {
         "[profiles.serve]\nopt = \"x:1x6x64\"\n",
     )
     .unwrap();
+    // The thread probe's cap on the first validation run is a budget, not a property of
+    // this test: lifted so a loaded machine cannot skip the probe. The config ends in its
+    // [limits] table.
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(
+        d.config(),
+        format!("{cfg}thread_probe_max_run_ms = 60000\n"),
+    )
+    .unwrap();
     d.start();
     d.wait_settled(&["fixed"]);
     let planned = |d: &Daemon| {
