@@ -75,6 +75,11 @@ pub struct Config {
     /// Serve model files that are symbolic links leading out of the repository (off: such a
     /// file is refused with a warning, the rule external data files follow too).
     pub follow_symlinks_outside_repo: bool,
+    /// Publish the ready index next to the socket (`<socket>.ready/`, one pointer per model
+    /// whose default artifact is ready): local consumers that can read the artifact files
+    /// open them directly and skip the socket round trip; each open counts as a hit
+    /// (docs/protocol.md, "The ready index"). Off: every acquire goes over the socket.
+    pub ready_index: bool,
     /// Limits.
     pub limits: Limits,
     /// The fleet tier (`[remote]`, see docs/fleet.md); absent = off.
@@ -395,6 +400,7 @@ impl Default for Config {
             log_format: LogFormat::Text,
             metrics_listen: None,
             follow_symlinks_outside_repo: false,
+            ready_index: true,
             limits: Limits::default(),
             trt: TrtSettings::default(),
             remote: None,

@@ -51,6 +51,7 @@ pub fn run(a: StatsArgs) -> anyhow::Result<ExitCode> {
         ("models", s.models.to_string()),
         ("connections", s.connections.to_string()),
         ("hits", s.hits.to_string()),
+        ("of them from the ready index", s.fast_hits.to_string()),
         ("misses", s.misses.to_string()),
         ("builds", s.builds.to_string()),
         ("failures", s.failures.to_string()),

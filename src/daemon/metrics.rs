@@ -199,6 +199,11 @@ impl Collector for Snapshot {
         )?;
         for (name, help, v) in [
             (
+                "ready_index_hits",
+                "Acquires answered from the ready index (a consumer opened a pointer; also in acquires{outcome=\"hit\"}).",
+                s.fast_hits,
+            ),
+            (
                 "remote_hits",
                 "Local misses answered from the fleet bucket.",
                 s.remote_hits,

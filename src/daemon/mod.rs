@@ -13,6 +13,7 @@ pub(crate) mod engine;
 mod http;
 pub mod metrics;
 pub(crate) mod queue;
+mod ready;
 pub(crate) mod repo;
 pub(crate) mod server;
 pub(crate) mod service;
@@ -210,6 +211,19 @@ async fn serve_async(mut cfg: Config, reload: Reload) -> Result<Ending, ServeErr
     let svc = service::Service::new(cfg.clone(), engine);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(svc.queue.clone().run());
+    if cfg.ready_index {
+        match ready::ReadyIndex::create(&socket_path) {
+            Ok(idx) => {
+                tracing::info!(dir = %idx.dir().display(), "ready index: consumers that can read it skip the socket");
+                let _ = svc.ready_index.set(idx.clone());
+                tokio::spawn(ready::publish(svc.clone(), idx.clone(), stop_rx.clone()));
+                tokio::spawn(ready::count_opens(svc.clone(), idx, stop_rx.clone()));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no ready index; every acquire goes over the socket")
+            }
+        }
+    }
     let n = watch::initial(&svc, root.clone()).await?;
     if let Some(l) = metrics_listener {
         let addr = l.local_addr().map_err(ServeError::Runtime)?;
@@ -253,6 +267,9 @@ async fn serve_async(mut cfg: Config, reload: Reload) -> Result<Ending, ServeErr
 
     systemd::notify("STOPPING=1\nSTATUS=stopping: cancelling builds");
     tracing::info!("shutting down");
+    if let Some(idx) = svc.ready_index.get() {
+        idx.clear();
+    }
     drop(remove_at_exit);
     svc.queue
         .close(Duration::from_secs(cfg.limits.shutdown_grace_secs))

@@ -8,11 +8,14 @@
 //! daemon's open store.
 
 mod maintain;
+mod ready;
+
+pub use ready::DefaultSelections;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
@@ -61,6 +64,8 @@ const TOUCH_EVERY: Duration = Duration::from_secs(5);
 #[derive(Default)]
 pub struct Counters {
     pub hits: AtomicU64,
+    /// Hits through the ready index (a consumer opened a pointer; also in `hits`).
+    pub fast_hits: AtomicU64,
     pub misses: AtomicU64,
     pub acquire_errors: AtomicU64,
     pub evictions_requested: AtomicU64,
@@ -90,6 +95,8 @@ pub struct Service {
     pub(super) rescanning: tokio::sync::Mutex<()>,
     /// Records artifact uses off the acquire path.
     toucher: Toucher,
+    /// The ready index, when the daemon publishes one (`serve`, `ready_index = true`).
+    pub ready_index: OnceLock<Arc<super::ready::ReadyIndex>>,
 }
 
 /// Stamps artifacts' last use (the LRU order `gc` evicts by) on a thread of its own: a
@@ -151,6 +158,7 @@ impl Service {
             warned: Default::default(),
             rescanning: Default::default(),
             toucher,
+            ready_index: OnceLock::new(),
         })
     }
 
@@ -267,6 +275,7 @@ impl Service {
             st.ready.retain(|k, _| live.contains(k));
             st.touched.retain(|k, _| live.contains(k));
         }
+        self.ready_changed();
         for k in &cancel {
             self.queue.cancel(k);
         }
@@ -374,6 +383,7 @@ impl Service {
         if let Some(m) = st.models.get_mut(&entry.name) {
             if keep && m.generation == generation {
                 m.plans.insert(slot, r.clone());
+                self.ready_changed();
                 // A model whose new content cannot even be planned (not ONNX, an unknown
                 // profile in its sidecar) tells its watchers so, as a failed build does.
                 let served = m.repo.served().map(|e| e.version);
@@ -495,6 +505,7 @@ impl Service {
             Ok(a) => {
                 st.ready.insert(key, a.clone());
                 self.announce(&mut st, key, Change::Ready(key, a.origin));
+                self.ready_changed();
             }
             Err((ErrorCode::Cancelled | ErrorCode::ShuttingDown, _)) => {}
             Err((_, msg)) => self.announce(&mut st, key, Change::Failed(msg.clone())),
@@ -576,15 +587,7 @@ impl Service {
         {
             let mut st = self.lock();
             if let Some(a) = st.ready.get(&p.key).cloned() {
-                let now = Instant::now();
-                let due = st
-                    .touched
-                    .get(&p.key)
-                    .is_none_or(|t| now.duration_since(*t) >= TOUCH_EVERY);
-                if due {
-                    st.touched.insert(p.key, now);
-                    self.toucher.touch(p.key);
-                }
+                self.note_use(&mut st, p.key);
                 return Some(a);
             }
         }
@@ -595,6 +598,8 @@ impl Service {
                 let mut st = self.lock();
                 st.ready.insert(p.key, a.clone());
                 self.announce(&mut st, p.key, Change::Ready(p.key, a.origin));
+                drop(st);
+                self.ready_changed();
                 Some(a)
             }
             Ok(Err(e)) => {
@@ -723,11 +728,13 @@ impl Service {
                 Err(e) if rechecks < 2 => {
                     tracing::warn!(key = %planned.key, error = %e, "artifact files vanished; checking the store");
                     self.lock().ready.remove(&planned.key);
+                    self.ready_changed();
                     rechecks += 1;
                     continue;
                 }
                 Err(e) => {
                     self.lock().ready.remove(&planned.key);
+                    self.ready_changed();
                     return Err(fail(
                         ErrorCode::NotReady,
                         format!("artifact files vanished ({e}); retry to rebuild"),
@@ -739,6 +746,7 @@ impl Service {
                 Err(why) => {
                     tracing::warn!(key = %planned.key, %why, "served artifact changed on disk; checking it");
                     self.lock().ready.remove(&planned.key);
+                    self.ready_changed();
                     if rechecks >= 2 {
                         return Err(fail(
                             ErrorCode::NotReady,
@@ -1080,6 +1088,7 @@ impl Service {
         let mut removed = 0;
         for k in keys {
             let was_ready = self.lock().ready.remove(&k).is_some();
+            self.ready_changed();
             self.queue.forget_failure(&k);
             let engine = self.engine.clone();
             let gone = tokio::task::spawn_blocking(move || engine.evict(&k))
@@ -1122,6 +1131,7 @@ impl Service {
             evictions: self.engine.evictions(),
             evictions_requested: self.counters.evictions_requested.load(Ordering::Relaxed),
             hits: self.counters.hits.load(Ordering::Relaxed),
+            fast_hits: self.counters.fast_hits.load(Ordering::Relaxed),
             misses: self.counters.misses.load(Ordering::Relaxed),
             builds: q.builds.load(Ordering::Relaxed),
             failures: q.failures.load(Ordering::Relaxed),

@@ -247,7 +247,8 @@ deadline = time.monotonic() + 30
 while c.stats()["connections"] != 1:
     assert time.monotonic() < deadline, c.stats()
     time.sleep(0.02)
-others = [t.Client(sys.argv[2]), t.Client(sys.argv[2])]
+# Clients connect at their first call that needs the socket (or `connect()`).
+others = [t.Client(sys.argv[2]).connect(), t.Client(sys.argv[2]).connect()]
 # The hello's answer is read with the first request's: the refusal comes there.
 raises(t.Busy, lambda: t.Client(sys.argv[2]).list())
 print("typed ok")
@@ -266,8 +267,9 @@ print("typed ok")
 
 /// The client's own JSON codec (CPython's `_json` accelerator, without `json`'s import cost)
 /// reads and writes what `json` does, on random values and on malformed text; and importing
-/// the client loads none of `json`, `socket`, `threading`, `dataclasses`, nor its own
-/// `errors` and `watch` modules until they are named (the import is part of every consumer's
+/// the client loads none of `json`, `socket` (nor `_socket`, `_json`), `threading`,
+/// `dataclasses`, nor its own `errors`, `watch`, `_wire`, `_codec` and `_files` modules until
+/// they are needed (the import is part of every consumer's
 /// first inference; BENCHMARKS.md, issue 14).
 #[test]
 fn python_client_codec_matches_json_and_its_import_stays_lean() {
@@ -277,7 +279,11 @@ sys.path.insert(0, sys.argv[1])
 before = set(sys.modules)
 import trtcache_client as t
 heavy = {"json", "socket", "selectors", "threading", "dataclasses", "tempfile", "shutil",
-         "trtcache_client.errors", "trtcache_client.watch"}
+         "trtcache_client.errors", "trtcache_client.watch",
+         # the socket side, the JSON codec and the cold artifact paths load on first use: an
+         # acquire from the ready index needs none of them
+         "_socket", "_json", "trtcache_client._wire", "trtcache_client._codec",
+         "trtcache_client._files"}
 loaded = sorted(heavy & (set(sys.modules) - before))
 assert not loaded, "importing trtcache_client loaded %s" % loaded
 assert t.Watcher.__name__ == "Watcher" and "ready" in t.WATCH_REASONS  # loaded on first use
@@ -334,7 +340,8 @@ import os, signal, sys
 sys.path.insert(0, sys.argv[1])
 import trtcache_client as t
 pid = int(sys.argv[3])
-c = t.Client(sys.argv[2], timeout=1.0)
+# Over the socket (the ready index would answer without asking the stopped daemon).
+c = t.Client(sys.argv[2], timeout=1.0, ready_index=False)
 c.acquire("enc").close()          # ready and served once
 before = sorted(os.listdir("/proc/self/fd"))
 stop(pid)
@@ -373,7 +380,8 @@ fn python_reports_descriptors_dropped_at_the_open_files_limit() {
 import os, resource, sys
 sys.path.insert(0, sys.argv[1])
 import trtcache_client as t
-c = t.Client(sys.argv[2])
+# Descriptors sent over the socket (not the ready index's, opened by this process).
+c = t.Client(sys.argv[2], ready_index=False)
 c.acquire("enc").close()
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 probe = os.open("/dev/null", os.O_RDONLY); os.close(probe)

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use trtcache::fixtures::{models, write, write_external};
-use trtcache_client::protocol::{ErrorCode, VariantState};
+use trtcache_client::protocol::{AcquireRequest, ErrorCode, VariantState};
 use trtcache_client::{Client, ClientError};
 
 use crate::support;
@@ -438,7 +438,12 @@ fn sixty_four_clients(io_threads: Option<usize>) {
             let s = socket.clone();
             std::thread::spawn(move || -> Result<(String, usize), ClientError> {
                 let mut c = Client::connect(&s)?;
-                let a = c.acquire_model("enc")?;
+                // Over the socket (`acquire_model` may answer from the ready index).
+                let a = c.acquire(&AcquireRequest {
+                    model: "enc".into(),
+                    dir_fd: true,
+                    ..Default::default()
+                })?;
                 let bytes = a.graph_bytes().map_err(ClientError::from)?;
                 Ok((a.metadata.key, bytes.len()))
             })

@@ -17,6 +17,7 @@ mod layering;
 mod onnx_load;
 mod ops;
 mod readme;
+mod ready_index;
 mod reliability_crash;
 mod reliability_files;
 mod reliability_hostile;

@@ -319,6 +319,8 @@ fn check_cache(d: &Daemon, round: usize) -> ((usize, usize, usize), BTreeSet<Str
         trtcache::cache::DIGEST_MEMO,
         trtcache::cache::DIGEST_MEMO_JOURNAL,
         "trtcache.sock",
+        // the ready index next to the socket (emptied and rewritten at every start)
+        "trtcache.sock.ready",
     ]
     .into();
     for e in std::fs::read_dir(&cache).unwrap().flatten() {

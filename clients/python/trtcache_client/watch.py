@@ -83,9 +83,9 @@ class Watcher:
         self._client = client
         self.model: str = model
         try:
-            msg, fds = client._call({"op": "watch", "model": model})
+            msg, fds = client._channel()._call({"op": "watch", "model": model})
             _close(fds)
-            self.status: Json = dict(client._expect(msg, "watching", "model"))
+            self.status: Json = dict(client._channel()._expect(msg, "watching", "model"))
         except BaseException:
             client.close()  # refused (not_found, busy): the connection is of no further use
             raise
@@ -95,7 +95,7 @@ class Watcher:
         for ever). The client's own ``timeout`` bounds reading an event once it started to
         arrive, not the wait for one. Raises :class:`ConnectionFailed` once the connection
         has ended and :class:`ShuttingDown` when the daemon says it stops."""
-        sock = self._client._sock
+        sock = self._client._channel()._sock
         if sock is None:
             raise ConnectionFailed("the watch of %r has ended" % self.model)
         try:
@@ -104,7 +104,7 @@ class Watcher:
             raise ConnectionFailed("the watch of %r has ended: %s" % (self.model, e)) from e
         if not ready:
             return None
-        msg, fds = self._client._recv()
+        msg, fds = self._client._channel()._recv()
         _close(fds)
         if msg.get("kind") != "watch_event":
             raise UnexpectedResponse("expected 'watch_event', got %r" % msg.get("kind"))
@@ -126,7 +126,7 @@ class Watcher:
         """Ends the subscription from another thread: a :meth:`next` waiting there raises
         :class:`ConnectionFailed` (the socket is shut down, not closed, so that thread never
         reads a reused descriptor)."""
-        sock = self._client._sock
+        sock = self._client._channel()._sock
         if sock is not None:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
@@ -241,7 +241,11 @@ class SessionHandle:
     def _client(self) -> "Client":
         from . import Client
 
-        return Client(self._path, timeout=self._client_timeout, max_response=self._max_response)
+        # Over the socket, never the ready index: the index is written just after the daemon
+        # announces a change, so right after an event it may still name the old artifact.
+        return Client(
+            self._path, timeout=self._client_timeout, max_response=self._max_response, ready_index=False
+        )
 
     def _load(self) -> Tuple[Json, "onnxruntime.InferenceSession"]:
         # A fresh connection per acquire: they are rare, and a kept one is closed as idle.

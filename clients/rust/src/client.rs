@@ -424,8 +424,13 @@ impl Client {
     }
 
     /// Acquires the default variant of `model`, waiting for it (with the directory
-    /// descriptor, so [`Artifact::session`] can open the graph in place).
+    /// descriptor, so [`Artifact::session`] can open the graph in place). Answered from the
+    /// daemon's ready index without a round trip when the daemon published the artifact
+    /// there and every check holds ([`crate::ready::acquire`]); otherwise over the socket.
     pub fn acquire_model(&mut self, model: &str) -> Result<Artifact, ClientError> {
+        if let Some(a) = crate::ready::acquire(&self.path, model) {
+            return Ok(a);
+        }
         self.acquire(&AcquireRequest {
             model: model.into(),
             wait: true,

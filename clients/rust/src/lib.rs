@@ -26,6 +26,7 @@ mod client;
 pub mod engine;
 pub mod frame;
 pub mod protocol;
+pub mod ready;
 #[cfg(feature = "ort")]
 mod session;
 mod watch;

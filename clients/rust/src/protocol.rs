@@ -730,8 +730,13 @@ pub struct BuildResult {
 /// Daemon counters.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Stats {
-    /// Acquires answered with an artifact already in the cache.
+    /// Acquires answered with an artifact already in the cache (those through the ready
+    /// index included).
     pub hits: u64,
+    /// Of `hits`, artifacts taken through the ready index (a consumer opened the daemon's
+    /// pointer instead of asking over the socket); absent (0) from daemons that predate it.
+    #[serde(default)]
+    pub fast_hits: u64,
     /// Acquires that had to wait for a build.
     pub misses: u64,
     /// Builds finished successfully.

@@ -44,6 +44,8 @@ impl Service {
             st.ready.remove(&k);
             st.touched.remove(&k);
         }
+        drop(st);
+        self.ready_changed();
     }
 
     /// Every record, as `trtcache ls --json` prints it.

@@ -1,0 +1,351 @@
+//! The ready index (`<socket>.ready/`, format and the consumer's checks in
+//! [`trtcache_client::ready`]): one pointer file per model whose default artifact is ready,
+//! so that a local consumer opens it without a round trip on the socket. This module owns the
+//! folder: it empties it at start, keeps it equal to what [`Service::ready_pointers`] says
+//! (rewritten with a rename when a pointer changes, removed when an artifact stops being
+//! served), empties it again at shutdown, and counts every open of a pointer (an inotify
+//! watch) as a hit of its artifact ([`Service::fast_hit`]).
+//!
+//! The folder may be read by whoever may use the socket: its mode follows the socket's (a
+//! class with read or write on the socket gets `r-x` on the folder and `r--` on the
+//! pointers) and so does its group.
+//!
+//! Enters: the socket path and the service. Leaves: files in the folder, hits.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use trtcache_client::protocol::valid_model_name;
+use trtcache_client::ready::ready_dir;
+
+use super::service::{DefaultSelections, Service};
+use crate::spec::CacheKey;
+
+/// Prefix of a pointer being written (hidden: never a model name, never counted).
+const TMP_PREFIX: &str = ".tmp-";
+
+/// How often the index is compared with the state even without a change signal (and a
+/// pointer deleted by hand is written again).
+const RECHECK_EVERY: Duration = Duration::from_secs(5);
+
+/// What was last written for a model.
+struct Published {
+    key: CacheKey,
+    text: String,
+}
+
+/// The folder and what it holds.
+pub struct ReadyIndex {
+    dir: PathBuf,
+    file_mode: u32,
+    gid: u32,
+    changed: tokio::sync::Notify,
+    published: Mutex<HashMap<String, Published>>,
+    /// Set by [`ReadyIndex::clear`] at shutdown: no pointer is written after it.
+    closed: AtomicBool,
+}
+
+/// Why the index could not be set up (the daemon then serves over the socket only).
+#[derive(Debug, thiserror::Error)]
+#[error("ready index {}: {source}", dir.display())]
+pub struct ReadyIndexError {
+    pub dir: PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
+impl ReadyIndex {
+    /// Creates (or empties) the index folder of the daemon listening at `socket`, with the
+    /// socket's group and a mode derived from the socket's.
+    pub fn create(socket: &Path) -> Result<Arc<ReadyIndex>, ReadyIndexError> {
+        let dir = ready_dir(socket);
+        let err = |source| ReadyIndexError {
+            dir: dir.clone(),
+            source,
+        };
+        let sock = std::fs::metadata(socket).map_err(err)?;
+        let (dir_mode, file_mode) = modes(sock.mode());
+        match std::fs::symlink_metadata(&dir) {
+            Ok(m) if m.file_type().is_dir() => clear_dir(&dir).map_err(err)?,
+            Ok(_) => {
+                return Err(err(std::io::Error::other(
+                    "exists and is not a folder; refusing to replace it",
+                )))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::create_dir(&dir).map_err(err)?
+            }
+            Err(e) => return Err(err(e)),
+        }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(dir_mode)).map_err(err)?;
+        std::os::unix::fs::chown(&dir, None, Some(sock.gid())).map_err(err)?;
+        Ok(Arc::new(ReadyIndex {
+            dir,
+            file_mode,
+            gid: sock.gid(),
+            changed: tokio::sync::Notify::new(),
+            published: Mutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
+        }))
+    }
+
+    /// The folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Asks the publisher to compare the index with the state now.
+    pub fn changed(&self) {
+        self.changed.notify_one();
+    }
+
+    fn published(&self) -> std::sync::MutexGuard<'_, HashMap<String, Published>> {
+        self.published.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The key a model's pointer names now.
+    fn key_of(&self, name: &str) -> Option<CacheKey> {
+        self.published().get(name).map(|p| p.key)
+    }
+
+    /// Makes the folder hold exactly `want` (model name → key and text). A pointer that
+    /// cannot be written is left out (and tried again at the next pass).
+    fn reconcile(&self, want: HashMap<String, (CacheKey, String)>) {
+        let mut published = self.published();
+        if self.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        let gone: Vec<String> = published
+            .keys()
+            .filter(|n| !want.contains_key(*n))
+            .cloned()
+            .collect();
+        for name in gone {
+            published.remove(&name);
+            match std::fs::remove_file(self.dir.join(&name)) {
+                Ok(()) => tracing::debug!(model = %name, "ready pointer removed"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(model = %name, error = %e, "cannot remove a ready pointer")
+                }
+            }
+        }
+        for (name, (key, text)) in want {
+            let path = self.dir.join(&name);
+            let same = published.get(&name).is_some_and(|p| p.text == text);
+            if same && path.exists() {
+                continue;
+            }
+            match self.write(&name, &text) {
+                Ok(()) => {
+                    tracing::debug!(model = %name, %key, "ready pointer written");
+                    published.insert(name, Published { key, text });
+                }
+                Err(e) => {
+                    published.remove(&name);
+                    let _ = std::fs::remove_file(&path);
+                    tracing::warn!(model = %name, error = %e, "cannot write a ready pointer; the model is served over the socket only");
+                }
+            }
+        }
+    }
+
+    /// Writes one pointer: a hidden temp file, then renamed over the old one, so a consumer
+    /// reads the old pointer or the new one, never half of one.
+    fn write(&self, name: &str, text: &str) -> std::io::Result<()> {
+        let tmp = self.dir.join(format!("{TMP_PREFIX}{name}"));
+        match std::fs::remove_file(&tmp) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(self.file_mode)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)?;
+        let r = (|| {
+            f.write_all(text.as_bytes())?;
+            f.set_permissions(std::fs::Permissions::from_mode(self.file_mode))?;
+            std::os::unix::fs::fchown(&f, None, Some(self.gid))?;
+            std::fs::rename(&tmp, self.dir.join(name))
+        })();
+        if r.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        r
+    }
+
+    /// Removes every pointer (the daemon stops: consumers ask the socket, which says so).
+    pub fn clear(&self) {
+        let mut published = self.published();
+        self.closed.store(true, Ordering::SeqCst);
+        published.clear();
+        if let Err(e) = clear_dir(&self.dir) {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "cannot empty the ready index");
+        }
+    }
+}
+
+/// The folder's and the pointers' modes for a socket of mode `sock`: the owner always reads
+/// and writes; group and others read where they may use the socket.
+fn modes(sock: u32) -> (u32, u32) {
+    let (mut dir, mut file) = (0o700, 0o600);
+    for shift in [3, 0] {
+        if (sock >> shift) & 0o6 != 0 {
+            dir |= 0o5 << shift;
+            file |= 0o4 << shift;
+        }
+    }
+    (dir, file)
+}
+
+/// Removes the pointers (and stray temp files) in `dir`, leaving anything else.
+fn clear_dir(dir: &Path) -> std::io::Result<()> {
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !(valid_model_name(name) || name.starts_with(TMP_PREFIX)) {
+            continue;
+        }
+        if e.file_type().is_ok_and(|t| t.is_file() || t.is_symlink()) {
+            match std::fs::remove_file(e.path()) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Keeps the index equal to the state until `stop`: after every change signal (bursts are
+/// taken together) and every [`RECHECK_EVERY`].
+pub async fn publish(
+    svc: Arc<Service>,
+    idx: Arc<ReadyIndex>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut sels = DefaultSelections::new();
+    loop {
+        let pass = {
+            let (svc, idx) = (svc.clone(), idx.clone());
+            let mut s = std::mem::take(&mut sels);
+            tokio::task::spawn_blocking(move || {
+                let want = svc
+                    .ready_pointers(&mut s)
+                    .into_iter()
+                    .filter_map(|(name, (key, p))| match p.render() {
+                        Some(text) => Some((name, (key, text))),
+                        None => {
+                            tracing::debug!(model = %name, "no ready pointer: a path cannot be written in one");
+                            None
+                        }
+                    })
+                    .collect();
+                idx.reconcile(want);
+                s
+            })
+        };
+        match pass.await {
+            Ok(s) => sels = s,
+            Err(e) => tracing::warn!(error = %e, "the ready index pass failed"),
+        }
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = idx.changed.notified() => {}
+            _ = tokio::time::sleep(RECHECK_EVERY) => {}
+        }
+        if *stop.borrow() {
+            return;
+        }
+    }
+}
+
+/// Counts every open of a pointer as a hit of the artifact it names, until `stop`. Opens of
+/// temp files and of the folder itself are not hits; an overflowing event queue loses some
+/// counts (logged), never correctness.
+pub async fn count_opens(
+    svc: Arc<Service>,
+    idx: Arc<ReadyIndex>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    use inotify::{EventMask, Inotify, WatchMask};
+    let stream = Inotify::init().and_then(|ino| {
+        ino.watches().add(&idx.dir, WatchMask::OPEN)?;
+        ino.into_event_stream(vec![0u8; 16 * 1024])
+    });
+    let mut events = match stream {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(dir = %idx.dir.display(), error = %e, "cannot watch the ready index; its hits are not counted");
+            return;
+        }
+    };
+    let mut overflowed = false;
+    loop {
+        let ev = tokio::select! {
+            _ = stop.changed() => return,
+            ev = events.next() => ev,
+        };
+        match ev {
+            Some(Ok(ev)) => {
+                if ev.mask.contains(EventMask::Q_OVERFLOW) {
+                    if !overflowed {
+                        tracing::warn!(
+                            "the ready index's event queue overflowed; some hits were not counted"
+                        );
+                        overflowed = true;
+                    }
+                    continue;
+                }
+                let Some(name) = ev.name.as_deref().and_then(|n| n.to_str()) else {
+                    continue;
+                };
+                if let Some(key) = idx.key_of(name) {
+                    svc.fast_hit(key);
+                }
+            }
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "the ready index's watch failed; its hits are no longer counted");
+                return;
+            }
+            None => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_follow_the_socket() {
+        assert_eq!(modes(0o660), (0o750, 0o640));
+        assert_eq!(modes(0o600), (0o700, 0o600));
+        assert_eq!(modes(0o666), (0o755, 0o644));
+        assert_eq!(modes(0o620), (0o750, 0o640));
+    }
+
+    #[test]
+    fn clearing_leaves_what_is_not_a_pointer() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("m"), "x").unwrap();
+        std::fs::write(d.path().join(".tmp-m"), "x").unwrap();
+        std::fs::write(d.path().join(".keep"), "x").unwrap();
+        std::fs::create_dir(d.path().join("sub")).unwrap();
+        clear_dir(d.path()).unwrap();
+        let mut left: Vec<String> = std::fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, [".keep", "sub"]);
+    }
+}

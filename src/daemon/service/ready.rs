@@ -1,0 +1,201 @@
+//! What the ready index ([`super::super::ready`]) publishes: for every model, the artifact a
+//! plain acquire (no profile, backend or version named) would hand out right now without
+//! waiting, as a [`ReadyPointer`]; and the count of consumers who opened one
+//! ([`Service::fast_hit`]), which the store's LRU order sees like any other hit.
+//!
+//! Enters: the state (models, plans, ready artifacts). Leaves: pointers by model name.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::{Instant, SystemTime};
+
+use trtcache_client::ready::{ReadyFile, ReadyPointer, ReadySource};
+
+use super::{Service, State, TOUCH_EVERY};
+use crate::daemon::engine::{Handout, Layout, ModelEntry, Selection};
+use crate::daemon::repo::FileStamp;
+use crate::spec::CacheKey;
+
+/// Each model's default selection, by the model generation it was computed for
+/// ([`Service::ready_pointers`] reads a model's sidecar only when the model changed).
+pub type DefaultSelections = HashMap<String, (u64, Selection)>;
+
+fn ns(t: SystemTime) -> Option<i128> {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_nanos() as i128)
+}
+
+fn source(f: &FileStamp) -> Option<ReadySource> {
+    Some(ReadySource {
+        path: f.path.clone(),
+        stamp: Some((f.size, ns(f.mtime?)?, f.ctime_ns)),
+    })
+}
+
+/// A stamp of `p` taken now (a model's folder: an entry added or removed changes its mtime).
+fn stat_source(p: &Path) -> Option<ReadySource> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(p).ok()?;
+    Some(ReadySource {
+        path: p.to_path_buf(),
+        stamp: Some((
+            m.size(),
+            m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
+            m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
+        )),
+    })
+}
+
+/// Where the model's sidecar would be: a consumer checks that it is still absent, so a
+/// sidecar written since (a new profile or backend) is never answered with the old artifact.
+fn sidecar_path(root: &Path, e: &ModelEntry) -> PathBuf {
+    if in_folder(root, e) {
+        root.join(&e.name).join("trtcache.toml")
+    } else {
+        root.join(format!("{}.trtcache.toml", e.name))
+    }
+}
+
+/// Whether the model is a folder (`NAME/model.onnx` or Triton's `NAME/VERSION/…`) rather than
+/// `NAME.onnx` at the repository's top.
+fn in_folder(root: &Path, e: &ModelEntry) -> bool {
+    e.layout == Layout::Triton || e.path.parent() != Some(root)
+}
+
+/// The pointer to `a`, served for `entry`; `None` when the daemon cannot vouch for its files
+/// (no verified stamps, files in more than one folder, a name that is not a plain path in it).
+fn pointer(entry: &ModelEntry, a: &Handout, sources: Vec<ReadySource>) -> Option<ReadyPointer> {
+    let mut metadata = a.metadata.clone();
+    metadata.model = entry.name.clone();
+    metadata.version = entry.version;
+    metadata.dir_fd_index = None;
+    if a.paths.is_empty()
+        || a.stamps.len() != a.paths.len()
+        || metadata.files.len() != a.paths.len()
+    {
+        return None;
+    }
+    let dir = std::path::absolute(a.paths[0].parent()?).ok()?;
+    let mut files = Vec::with_capacity(a.paths.len());
+    for ((p, s), f) in a.paths.iter().zip(&a.stamps).zip(&metadata.files) {
+        if std::path::absolute(p).ok()? != dir.join(&f.name) || f.name.split('/').any(|c| c == "..")
+        {
+            return None;
+        }
+        files.push(ReadyFile {
+            name: f.name.clone(),
+            dev: s.dev,
+            ino: s.ino,
+            size: s.size,
+            mtime_ns: s.mtime_ns,
+            ctime_ns: s.ctime_ns,
+        });
+    }
+    Some(ReadyPointer {
+        metadata,
+        dir,
+        files,
+        sources,
+    })
+}
+
+impl Service {
+    /// Every model's pointer: its served version's default variant when that is planned and
+    /// ready. `sels` keeps the default selections between calls.
+    pub fn ready_pointers(
+        &self,
+        sels: &mut DefaultSelections,
+    ) -> BTreeMap<String, (CacheKey, ReadyPointer)> {
+        let root = self.cfg.models.clone();
+        let models: Vec<(String, u64, ModelEntry, Vec<ReadySource>)> = {
+            let st = self.lock();
+            st.models
+                .iter()
+                .filter_map(|(name, m)| {
+                    let entry = m.repo.served()?.clone();
+                    let sources: Option<Vec<ReadySource>> =
+                        m.repo.fingerprint.iter().map(source).collect();
+                    Some((name.clone(), m.generation, entry, sources?))
+                })
+                .collect()
+        };
+        sels.retain(|name, _| models.iter().any(|(n, ..)| n == name));
+        let mut todo = Vec::with_capacity(models.len());
+        for (name, generation, entry, mut sources) in models {
+            let sel = match sels.get(&name) {
+                Some((g, sel)) if *g == generation => sel.clone(),
+                _ => {
+                    let sel = self.selection_for(&entry, None, None);
+                    sels.insert(name.clone(), (generation, sel.clone()));
+                    sel
+                }
+            };
+            if entry.sidecar.is_none() {
+                sources.push(ReadySource {
+                    path: sidecar_path(&root, &entry),
+                    stamp: None,
+                });
+            }
+            // A folder's own stamp: a version folder, `config.pbtxt` or sidecar added to it
+            // changes what is served.
+            if in_folder(&root, &entry) {
+                match stat_source(&root.join(&entry.name)) {
+                    Some(s) => sources.push(s),
+                    None => continue,
+                }
+            }
+            todo.push((name, entry, sel, sources));
+        }
+        let st = self.lock();
+        let mut out = BTreeMap::new();
+        for (name, entry, sel, sources) in todo {
+            let Some(m) = st.models.get(&name) else {
+                continue;
+            };
+            if m.repo.served().map(|e| e.version) != Some(entry.version) {
+                continue;
+            }
+            let Some(Ok(p)) = m.plans.get(&(entry.version, sel)) else {
+                continue;
+            };
+            let Some(a) = st.ready.get(&p.key) else {
+                continue;
+            };
+            if let Some(ptr) = pointer(&entry, a, sources) {
+                out.insert(name, (p.key, ptr));
+            }
+        }
+        out
+    }
+
+    /// A consumer opened the pointer of `key` (the index's inotify watch saw it): a hit, as
+    /// an acquire over the socket would have been, and a use for the LRU order.
+    pub fn fast_hit(&self, key: CacheKey) {
+        self.counters.hits.fetch_add(1, Ordering::Relaxed);
+        self.counters.fast_hits.fetch_add(1, Ordering::Relaxed);
+        let mut st = self.lock();
+        self.note_use(&mut st, key);
+    }
+
+    /// Passes a use of `key` on to the store, at most every [`TOUCH_EVERY`] per artifact.
+    pub(super) fn note_use(&self, st: &mut State, key: CacheKey) {
+        let now = Instant::now();
+        let due = st
+            .touched
+            .get(&key)
+            .is_none_or(|t| now.duration_since(*t) >= TOUCH_EVERY);
+        if due {
+            st.touched.insert(key, now);
+            self.toucher.touch(key);
+        }
+    }
+
+    /// Tells the ready index that what a model serves may have changed.
+    pub(super) fn ready_changed(&self) {
+        if let Some(r) = self.ready_index.get() {
+            r.changed();
+        }
+    }
+}

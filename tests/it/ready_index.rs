@@ -1,0 +1,304 @@
+//! The ready index (`<socket>.ready/`, docs/protocol.md): the real daemon publishes a pointer
+//! for each model whose default artifact is ready, keeps it in step with what an acquire
+//! over the socket hands out (a changed model, a sidecar added, an eviction), empties the
+//! folder at start and stop, and counts consumers' opens as hits; the Rust and Python
+//! clients take artifacts from it without the socket and fall back to the socket whenever a
+//! check fails (a damaged pointer, a model or artifact changed since the daemon verified it).
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use trtcache::fixtures::{models, write};
+use trtcache::onnx::proto::ModelProto;
+use trtcache_client::protocol::AcquireRequest;
+use trtcache_client::ready::{self, ReadyPointer};
+
+use crate::clients::python_client;
+use crate::daemon::Daemon;
+use crate::support;
+
+fn pointer_path(d: &Daemon, model: &str) -> PathBuf {
+    ready::ready_dir(&d.socket()).join(model)
+}
+
+/// Polls until the pointer of `model` names a key for which `ok` holds (`None`: no pointer).
+fn wait_pointer(
+    d: &Daemon,
+    model: &str,
+    what: &str,
+    ok: impl Fn(Option<&ReadyPointer>) -> bool,
+) -> Option<ReadyPointer> {
+    let t0 = Instant::now();
+    loop {
+        let p = std::fs::read_to_string(pointer_path(d, model))
+            .ok()
+            .map(|t| ReadyPointer::parse(&t).expect("the daemon writes pointers that parse"));
+        if ok(p.as_ref()) {
+            return p;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "pointer of {model}: never {what} (now {p:?})\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The key an acquire over the socket hands out for `model`'s default variant.
+fn socket_key(d: &Daemon, model: &str) -> String {
+    d.client()
+        .acquire(&AcquireRequest {
+            model: model.into(),
+            wait: true,
+            ..Default::default()
+        })
+        .unwrap()
+        .metadata
+        .key
+}
+
+fn fast_hits(d: &Daemon) -> u64 {
+    d.client().stats().unwrap().fast_hits
+}
+
+/// Polls the daemon's `fast_hits` until it reaches `n` (the inotify count is asynchronous).
+fn wait_fast_hits(d: &Daemon, n: u64) {
+    let t0 = Instant::now();
+    while fast_hits(d) < n {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "fast_hits stayed at {} (< {n})\n{}",
+            fast_hits(d),
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn started(models_: &[(&str, ModelProto)]) -> Daemon {
+    let mut d = Daemon::new();
+    for (name, m) in models_ {
+        write(m, &d.models().join(format!("{name}.onnx"))).unwrap();
+    }
+    d.start();
+    let names: Vec<&str> = models_.iter().map(|(n, _)| *n).collect();
+    d.wait_settled(&names);
+    d
+}
+
+#[test]
+fn the_index_follows_what_the_socket_serves() {
+    let mut d = started(&[("enc", models::tiny_encoder(false))]);
+    let key = socket_key(&d, "enc");
+    let p = wait_pointer(&d, "enc", "written", |p| p.is_some()).unwrap();
+    assert_eq!(p.metadata.key, key);
+    assert_eq!(p.metadata.model, "enc");
+    assert!(p.dir.is_absolute(), "{:?}", p.dir);
+
+    // Readable by whoever may use the socket (0660 by default), written by the daemon only.
+    let dir = ready::ready_dir(&d.socket());
+    let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o750);
+    let mode = std::fs::metadata(pointer_path(&d, "enc"))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o640);
+
+    // The Rust client takes it from the index (no request), the same artifact as the socket's;
+    // the daemon counts the open as a hit.
+    let before = d.client().stats().unwrap();
+    let a = ready::acquire(&d.socket(), "enc").expect("from the index");
+    // The metadata an acquire with `dir_fd` returns: the directory after the files.
+    let mut want = p.metadata.clone();
+    want.dir_fd_index = Some(p.files.len() as u32);
+    assert_eq!(a.metadata, want);
+    assert_eq!(a.files.len(), p.files.len());
+    assert!(a.dir.is_some());
+    wait_fast_hits(&d, before.fast_hits + 1);
+    let after = d.client().stats().unwrap();
+    assert!(after.hits > before.hits, "{before:?} -> {after:?}");
+    let mut c = d.client();
+    let via = c.acquire_model("enc").unwrap();
+    assert_eq!(via.metadata.key, key);
+    wait_fast_hits(&d, before.fast_hits + 2);
+
+    // An artifact file changed since the daemon verified it: the index is not trusted.
+    let graph = p.dir.join(&p.files[0].name);
+    let mut perms = std::fs::metadata(&graph).unwrap().permissions();
+    let ro = perms.mode();
+    perms.set_mode(ro | 0o200);
+    std::fs::set_permissions(&graph, perms.clone()).unwrap();
+    assert!(
+        ready::acquire(&d.socket(), "enc").is_none(),
+        "a chmod changes ctime"
+    );
+    perms.set_mode(ro);
+    std::fs::set_permissions(&graph, perms).unwrap();
+
+    // A sidecar written next to the model: not answered from the index from that moment on,
+    // before the daemon has even seen it.
+    let sidecar = d.models().join("enc.trtcache.toml");
+    std::fs::write(&sidecar, "[golden]\nseed = 7\n").unwrap();
+    assert!(ready::acquire(&d.socket(), "enc").is_none());
+    std::fs::remove_file(&sidecar).unwrap();
+
+    // The model rewritten: refused at once (its stamp changed), then the daemon replaces the
+    // pointer with the new content's artifact.
+    write(&models::tiny_encoder(true), &d.models().join("enc.onnx")).unwrap();
+    assert!(ready::acquire(&d.socket(), "enc").is_none());
+    let p2 = wait_pointer(&d, "enc", "replaced", |p| {
+        p.is_some_and(|p| p.metadata.key != key)
+    })
+    .unwrap();
+    assert_eq!(p2.metadata.key, socket_key(&d, "enc"));
+    assert!(ready::acquire(&d.socket(), "enc").is_some());
+
+    // Evicted: the pointer goes with the artifact.
+    assert!(d.client().evict(Some("enc"), None).unwrap() >= 1);
+    wait_pointer(&d, "enc", "removed after the eviction", |p| {
+        p.is_none_or(|p| p.metadata.key != p2.metadata.key)
+    });
+
+    // Stopped: the folder is emptied (consumers then ask the socket, which is gone).
+    assert!(d.stop());
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn a_stale_index_is_emptied_at_start_and_can_be_turned_off() {
+    let mut d = Daemon::new();
+    write(&models::tiny_encoder(false), &d.models().join("enc.onnx")).unwrap();
+    // A previous daemon's pointer (killed, not stopped) and a half-written one.
+    let dir = ready::ready_dir(&d.socket());
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("enc"), "trtcache-ready 1\nkey\tdead\n").unwrap();
+    std::fs::write(dir.join(".tmp-enc"), "half").unwrap();
+    std::fs::write(dir.join("gone"), "trtcache-ready 1\n").unwrap();
+    d.start();
+    d.wait_settled(&["enc"]);
+    let p = wait_pointer(&d, "enc", "rewritten", |p| p.is_some()).unwrap();
+    assert_eq!(p.metadata.key, socket_key(&d, "enc"));
+    assert!(!dir.join("gone").exists() && !dir.join(".tmp-enc").exists());
+    assert!(d.stop());
+
+    // `ready_index = false`: no folder at all; acquires go over the socket.
+    std::fs::remove_dir_all(&dir).unwrap();
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(d.config(), format!("ready_index = false\n{cfg}")).unwrap();
+    d.start();
+    d.wait_settled(&["enc"]);
+    assert!(!dir.exists());
+    let mut c = d.client();
+    assert_eq!(c.acquire_model("enc").unwrap().metadata.key, p.metadata.key);
+    assert_eq!(c.stats().unwrap().fast_hits, 0);
+    assert!(d.stop());
+}
+
+/// The Python client: an acquire from the index loads neither the socket layer nor the JSON
+/// codec and gives a session whose outputs are the socket's; every damaged copy of the
+/// pointer (next to a socket path where no daemon listens) falls back to the socket, which
+/// then fails to connect: proof that the damaged pointer was not used.
+#[test]
+fn python_takes_ready_artifacts_without_the_socket_and_refuses_damaged_pointers() {
+    let d = started(&[("enc", models::tiny_encoder(false))]);
+    wait_pointer(&d, "enc", "written", |p| p.is_some());
+    let fake = tempfile::tempdir().unwrap();
+    let script = r#"
+import os, sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import trtcache_client as t
+sock, fake = sys.argv[2], sys.argv[3]
+art = t.Client(sock).acquire("enc")
+assert art.from_index, "not from the index"
+loaded = {"_socket", "socket", "_json", "json", "trtcache_client._wire", "trtcache_client._codec"} & set(sys.modules)
+assert not loaded, loaded
+assert art.backend == "ort-cpu" and len(art.key) == 64 and art.free_dims()
+x = np.linspace(-1, 1, 2 * 3 * 64, dtype=np.float32).reshape(2, 3, 64)
+y = art.session().run(None, {"x": x})[0]
+# Over the socket: the same artifact, metadata and outputs.
+c = t.Client(sock, ready_index=False)
+art2 = c.acquire("enc")
+assert not art2.from_index
+assert art2.metadata == art.metadata, (art2.metadata, art.metadata)
+assert np.array_equal(art2.session().run(None, {"x": x})[0], y)
+# A profile, backend or version named: always the socket.
+assert not t.Client(sock).acquire("enc", backend="ort-cpu").from_index
+
+text = open(sock + ".ready/enc").read()
+os.makedirs(fake + "/d.sock.ready")
+def at_fake(body):
+    with open(fake + "/d.sock.ready/enc", "w") as f:
+        f.write(body)
+    try:
+        a = t.Client(fake + "/d.sock").acquire("enc")
+    except t.ConnectionFailed:
+        return "socket"
+    assert a.from_index
+    return "index"
+# The intact pointer works without any daemon at that path.
+assert at_fake(text) == "index"
+lines = text.split("\n")
+def edit(field, fn):
+    return "\n".join(fn(l) if l.startswith(field + "\t") else l for l in lines)
+def bump(l, i):
+    f = l.split("\t"); f[i] = str(int(f[i]) + 1); return "\t".join(f)
+damaged = {
+    "magic": text.replace("trtcache-ready 1", "trtcache-ready 9", 1),
+    "truncated": text[: len(text) // 3],
+    "empty": "",
+    "no meta": "\n".join(l for l in lines if not l.startswith("meta\t")),
+    "file inode": edit("file", lambda l: bump(l, 2)),
+    "file size": edit("file", lambda l: bump(l, 3)),
+    "source mtime": edit("source", lambda l: bump(l, 2)),
+    "source gone": edit("source", lambda l: l + ".nope"),
+    "absent exists": edit("absent", lambda l: "absent\t" + sock),
+    "dir gone": edit("dir", lambda l: l + "/nope"),
+    "name escapes": edit("file", lambda l: l.rsplit("\t", 1)[0] + "\t../model.onnx"),
+    "not utf-8": text.replace("enc", "\udcff", 1),
+}
+for what, body in damaged.items():
+    try:
+        got = at_fake(body)
+    except UnicodeEncodeError:
+        with open(fake + "/d.sock.ready/enc", "wb") as f:
+            f.write(text.encode().replace(b"enc", b"\xff", 1))
+        try:
+            t.Client(fake + "/d.sock").acquire("enc"); got = "index"
+        except t.ConnectionFailed:
+            got = "socket"
+    assert got == "socket", what
+# Names that are not model names never reach the file system.
+for bad in ["../enc", ".enc", "", "a/b"]:
+    try:
+        t.Client(fake + "/d.sock").acquire(bad)
+    except t.ConnectionFailed:
+        pass
+print("index ok")
+"#;
+    let out = support::run_python(script, &[&python_client(), &d.socket(), fake.path()]);
+    assert!(out.contains("index ok"), "{out}");
+    // The Python process's open of the pointer was counted.
+    wait_fast_hits(&d, 1);
+}
+
+/// What the daemon writes matches what the daemon hands out for a model with external data
+/// (two files in one folder).
+#[test]
+fn external_data_artifacts_are_published_with_every_file() {
+    let d = started(&[("big", models::big_weights(2, 512))]);
+    let p = wait_pointer(&d, "big", "written", |p| p.is_some()).unwrap();
+    let a = ready::acquire(&d.socket(), "big").expect("from the index");
+    assert_eq!(a.files.len(), p.metadata.files.len());
+    let key = socket_key(&d, "big");
+    assert_eq!(p.metadata.key, key);
+    for (f, meta) in a.files.iter().zip(&p.metadata.files) {
+        assert_eq!(f.metadata().unwrap().len(), meta.bytes, "{}", meta.name);
+    }
+    assert!(p.files.len() >= 2, "{p:?}");
+}
