@@ -16,7 +16,11 @@ ways alike), alternating which way goes first:
 - `own`: `onnxruntime.InferenceSession(model.onnx)` with ONNX Runtime's defaults
   (ORT_ENABLE_ALL, CPU) and one run on the corpus feed;
 - `via`: import the Python client, connect, acquire, `Artifact.session()` with the client's
-  defaults, one run on the same feed.
+  defaults, one run on the same feed. With the daemon's ready index (docs/protocol.md) the
+  acquire opens the published artifact without the socket (`connect` is then 0: the client
+  connects only when a call needs the socket); the table marks such models `[index]`.
+- `sock` (with `--compare-socket`): the same as `via` with `Client(ready_index=False)`, every
+  acquire over the socket as before the ready index: the index's own effect, same run.
 
 Both processes import numpy and onnxruntime, create ONNX Runtime's environment and load the
 feed before the clock starts (every consumer pays that alike); the client's import is inside
@@ -65,27 +69,33 @@ def child(sock, name, raw, feed_path, way, client_dir):
         print(json.dumps({"way": way, "total": round((done - t) * 1e3, 3),
                           "session": round((opened - t) * 1e3, 3), "run": round((done - opened) * 1e3, 3)}))
         return
-    if way == "via":
+    index = None
+    if way in ("via", "sock"):
         sys.path.insert(0, client_dir)
         from trtcache_client import Client
 
         imported = time.perf_counter()
-        c = Client(sock)
+        c = Client(sock, ready_index=False) if way == "sock" else Client(sock)
         connected = time.perf_counter()
         art = c.acquire(name)
         acquired = time.perf_counter()
         sess = art.session(providers=p)
-        hint = (art.metadata.get("session_hints") or {}).get("intra_op_num_threads")
+        index = getattr(art, "from_index", False)
+        # Read after the clock: from the index the metadata is parsed on first use.
+        metadata = art.metadata
     else:
         sess = ort.InferenceSession(raw, providers=p)
     opened = time.perf_counter()
     names = {i.name for i in sess.get_inputs()}
     sess.run(None, {k: v for k, v in feed.items() if k in names})
     done = time.perf_counter()
+    if index is not None:
+        hint = (metadata.get("session_hints") or {}).get("intra_op_num_threads")
     ms = lambda a, b: round((b - a) * 1e3, 3)  # noqa: E731
     print(json.dumps({"way": way, "total": ms(t, done), "acquire": ms(t, acquired),
                       "import": ms(t, imported), "connect": ms(imported, connected),
-                      "session": ms(acquired, opened), "run": ms(opened, done), "threads": hint}))
+                      "session": ms(acquired, opened), "run": ms(opened, done), "threads": hint,
+                      "index": index}))
 
 
 def floor_ms(a, tmp, sock, client_dir):
@@ -144,6 +154,8 @@ def main():
                     help="the Python client's source folder (another checkout's, to compare)")
     ap.add_argument("--golden", action="store_true",
                     help="validate on each model's corpus feed (a sidecar with [golden] npz)")
+    ap.add_argument("--compare-socket", action="store_true",
+                    help="also time the client with ready_index=False (every acquire on the socket)")
     ap.add_argument("--json")
     a = ap.parse_args()
     only = re.compile(a.only) if a.only else None
@@ -186,9 +198,11 @@ def main():
         for n in names:
             raw = os.path.join(a.corpus, n, "model.onnx")
             feed = os.path.join(a.corpus, n, "feed.pkl")
-            got = {"own": [], "via": []}
+            ways = ("own", "via", "sock") if a.compare_socket else ("own", "via")
+            got = {w: [] for w in ways}
             for r in range(a.runs):
-                for way in (("own", "via") if r % 2 == 0 else ("via", "own")):
+                # Each way goes first as often as the others.
+                for way in ways[r % len(ways):] + ways[:r % len(ways)]:
                     p = subprocess.run(
                         ["taskset", "-c", str(a.core), sys.executable, os.path.abspath(__file__),
                          "--child", sock, n, raw, feed, way, client_dir],
@@ -196,28 +210,47 @@ def main():
                     if p.returncode != 0:
                         sys.exit(f"{n} {way}: {p.stderr[-2000:]}")
                     got[way].append(json.loads(p.stdout.strip().splitlines()[-1]))
-            med = {w: {k: statistics.median(x[k] for x in v) for k in v[0] if k not in ("way", "threads")}
+            med = {w: {k: statistics.median(x[k] for x in v) for k in v[0] if k not in ("way", "threads", "index")}
                    for w, v in got.items()}
+            index = all(x.get("index") for x in got["via"])
             threads = got["via"][0].get("threads")  # the metadata's session_hints
             ratio = med["own"]["total"] / med["via"]["total"]
             # Without the client's import: per run, then the median.
             after = statistics.median(x["total"] - x["import"] for x in got["via"])
             ratio_imported = med["own"]["total"] / after
-            rows.append({"model": n, "own": med["own"], "via": med["via"], "ratio": round(ratio, 2), "threads": threads,
-                         "via_after_import": after, "ratio_after_import": round(ratio_imported, 2),
-                         "runs": got})
+            row = {"model": n, "own": med["own"], "via": med["via"], "ratio": round(ratio, 2), "threads": threads,
+                   "via_after_import": after, "ratio_after_import": round(ratio_imported, 2), "index": index,
+                   "runs": got}
+            if a.compare_socket:
+                row["sock"] = med["sock"]
+                row["ratio_socket"] = round(med["own"]["total"] / med["sock"]["total"], 2)
+                row["ratio_socket_after_import"] = round(
+                    med["own"]["total"] / statistics.median(x["total"] - x["import"] for x in got["sock"]), 2)
+            rows.append(row)
             o, v = med["own"], med["via"]
             print(f"{n:30} own {o['total']:7.1f} ms (session {o['session']:6.1f}, run {o['run']:6.1f})  "
                   f"via {v['total']:6.1f} ms (import {v['import']:4.1f}, connect {v['connect']:4.1f}, "
                   f"acquire {v['acquire'] - v['import'] - v['connect']:4.1f}, session {v['session']:6.1f}, "
                   f"run {v['run']:6.1f})  {ratio:5.2f}x  (imported: {ratio_imported:5.2f}x)"
-                  + ("  [1 thread]" if threads == 1 else ""), flush=True)
+                  + (f"  socket: {row['ratio_socket']:5.2f}x ({row['ratio_socket_after_import']:5.2f}x)"
+                     if a.compare_socket else "")
+                  + ("  [index]" if index else "") + ("  [1 thread]" if threads == 1 else ""), flush=True)
         gm = math.exp(sum(math.log(r["ratio"]) for r in rows) / len(rows))
         gmi = math.exp(sum(math.log(r["ratio_after_import"]) for r in rows) / len(rows))
         print(f"\n{len(rows)} models, {a.runs} runs each, core {a.core}: ratio own/via "
               f"min {min(r['ratio'] for r in rows):.2f}x, max {max(r['ratio'] for r in rows):.2f}x, "
               f"geometric mean {gm:.2f}x; client imported before: min "
-              f"{min(r['ratio_after_import'] for r in rows):.2f}x, geometric mean {gmi:.2f}x")
+              f"{min(r['ratio_after_import'] for r in rows):.2f}x, geometric mean {gmi:.2f}x; "
+              f"under 0.95x: {sum(r['ratio'] < 0.95 for r in rows)} ({sum(r['ratio_after_import'] < 0.95 for r in rows)} "
+              f"imported); from the ready index: {sum(bool(r['index']) for r in rows)}")
+        if a.compare_socket:
+            gs = math.exp(sum(math.log(r["ratio_socket"]) for r in rows) / len(rows))
+            gsi = math.exp(sum(math.log(r["ratio_socket_after_import"]) for r in rows) / len(rows))
+            print(f"every acquire on the socket (ready_index=False), same run: min "
+                  f"{min(r['ratio_socket'] for r in rows):.2f}x, geometric mean {gs:.2f}x; client imported "
+                  f"before: min {min(r['ratio_socket_after_import'] for r in rows):.2f}x, geometric mean {gsi:.2f}x; "
+                  f"under 0.95x: {sum(r['ratio_socket'] < 0.95 for r in rows)} "
+                  f"({sum(r['ratio_socket_after_import'] < 0.95 for r in rows)} imported)")
         if a.json:
             with open(a.json, "w") as f:
                 json.dump({"rows": rows, "floor": floor, "geomean": gm, "geomean_after_import": gmi, "core": a.core,

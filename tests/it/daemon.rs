@@ -149,6 +149,26 @@ impl Daemon {
         }
     }
 
+    /// Polls `stats` on `c` until the daemon counts `n` hits (an acquire answered from the
+    /// ready index is counted when the daemon's inotify watch sees the open, a moment later);
+    /// returns those stats (panics after 10 s).
+    pub(crate) fn wait_hits(&self, c: &mut Client, n: u64) -> trtcache_client::Stats {
+        let t0 = Instant::now();
+        loop {
+            let s = c.stats().unwrap();
+            if s.hits >= n {
+                return s;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the daemon still counts {} hits, not {n}: {s:?}\n{}",
+                s.hits,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Polls `list` on `c` until some model has a variant building (panics after 60 s).
     pub(crate) fn wait_building(&self, c: &mut Client) {
         let t0 = Instant::now();
@@ -380,7 +400,7 @@ fn restart_serves_from_the_cache_without_rebuilding() {
     let mut c = d.client();
     let art = c.acquire_model("enc").unwrap();
     assert_eq!(art.metadata.key, key);
-    let s = c.stats().unwrap();
+    let s = d.wait_hits(&mut c, 1);
     assert_eq!((s.builds, s.hits), (0, 1), "served from cache: {s:?}");
     assert!(d.stop());
 }

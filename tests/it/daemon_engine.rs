@@ -84,7 +84,7 @@ fn warm_then_serve_serves_the_key_trtcache_key_prints_without_building() {
         std::fs::read(&model).unwrap(),
         "served the model itself"
     );
-    let s = c.stats().unwrap();
+    let s = d.wait_hits(&mut c, 1);
     assert_eq!(
         (s.builds, s.hits),
         (0, 1),
