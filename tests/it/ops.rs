@@ -358,10 +358,14 @@ fn a_flood_of_idle_http_connections_does_not_hurt_the_socket_service() {
         refused, "",
         "a connection past metrics_max_connections was served"
     );
-    // The socket service goes on meanwhile.
+    // The socket service goes on meanwhile (acquires over the socket, not the ready index).
     let mut c = d.client();
     for _ in 0..20 {
-        c.acquire_model("enc").unwrap();
+        c.acquire(&trtcache_client::AcquireRequest {
+            model: "enc".into(),
+            ..Default::default()
+        })
+        .unwrap();
     }
     // Once the idle ones time out (frame_timeout_secs), scrapes are answered again.
     let m = eventually(&d, "a scrape after the idle connections", || {
