@@ -47,7 +47,9 @@ pub fn onnx_inspect(data: &[u8]) {
 /// The wire protocol as the daemon reads it: the input is a byte stream on a socket, split
 /// into length-prefixed frames by the client crate's frame reader (oversized and truncated
 /// frames included), each body parsed by the daemon's request parser, every parsed request
-/// re-encoded, and every string checked as a model name.
+/// re-encoded, and every string checked as a model name. The same text as a ready-index
+/// pointer (`trtcache_client::ready`, read by the clients): a pointer that parses and can be
+/// written again must read back as itself.
 pub fn protocol_request(data: &[u8]) {
     // The whole input is written before anything is read: it must fit in the socketpair's
     // buffer (about 200 KiB here) or the write would block; `fuzz/run.sh` caps inputs at
@@ -70,6 +72,12 @@ pub fn protocol_request(data: &[u8]) {
     }
     if let Ok(s) = std::str::from_utf8(data) {
         let _ = trtcache_client::protocol::valid_model_name(s);
+        if let Ok(p) = trtcache_client::ready::ReadyPointer::parse(s) {
+            if let Some(text) = p.render() {
+                let again = trtcache_client::ready::ReadyPointer::parse(&text);
+                assert_eq!(again.as_ref(), Ok(&p), "a rendered pointer reads back");
+            }
+        }
     }
 }
 

@@ -43,9 +43,12 @@ struct Published {
 /// The folder and what it holds.
 pub struct ReadyIndex {
     dir: PathBuf,
+    dir_mode: u32,
     file_mode: u32,
     gid: u32,
     changed: tokio::sync::Notify,
+    /// Told when the folder was made again (deleted by hand): the opens' watch is re-added.
+    remade: tokio::sync::Notify,
     published: Mutex<HashMap<String, Published>>,
     /// Set by [`ReadyIndex::clear`] at shutdown: no pointer is written after it.
     closed: AtomicBool,
@@ -71,28 +74,43 @@ impl ReadyIndex {
         };
         let sock = std::fs::metadata(socket).map_err(err)?;
         let (dir_mode, file_mode) = modes(sock.mode());
-        match std::fs::symlink_metadata(&dir) {
-            Ok(m) if m.file_type().is_dir() => clear_dir(&dir).map_err(err)?,
-            Ok(_) => {
-                return Err(err(std::io::Error::other(
-                    "exists and is not a folder; refusing to replace it",
-                )))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                std::fs::create_dir(&dir).map_err(err)?
-            }
-            Err(e) => return Err(err(e)),
-        }
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(dir_mode)).map_err(err)?;
-        std::os::unix::fs::chown(&dir, None, Some(sock.gid())).map_err(err)?;
-        Ok(Arc::new(ReadyIndex {
-            dir,
+        let idx = ReadyIndex {
+            dir: dir.clone(),
+            dir_mode,
             file_mode,
             gid: sock.gid(),
             changed: tokio::sync::Notify::new(),
+            remade: tokio::sync::Notify::new(),
             published: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
-        }))
+        };
+        if !idx.ensure_dir().map_err(err)? {
+            clear_dir(&dir).map_err(err)?;
+        }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(dir_mode)).map_err(err)?;
+        std::os::unix::fs::chown(&dir, None, Some(idx.gid)).map_err(err)?;
+        Ok(Arc::new(idx))
+    }
+
+    /// Makes the folder (with its mode and group) when it is missing; `Ok(true)` when it was
+    /// made. Something else at its path is an error: the daemon never replaces it.
+    fn ensure_dir(&self) -> std::io::Result<bool> {
+        match std::fs::symlink_metadata(&self.dir) {
+            Ok(m) if m.file_type().is_dir() => Ok(false),
+            Ok(_) => Err(std::io::Error::other(
+                "exists and is not a folder; refusing to replace it",
+            )),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::create_dir(&self.dir)?;
+                std::fs::set_permissions(
+                    &self.dir,
+                    std::fs::Permissions::from_mode(self.dir_mode),
+                )?;
+                std::os::unix::fs::chown(&self.dir, None, Some(self.gid))?;
+                Ok(true)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// The folder.
@@ -120,6 +138,19 @@ impl ReadyIndex {
         let mut published = self.published();
         if self.closed.load(Ordering::SeqCst) {
             return;
+        }
+        match self.ensure_dir() {
+            Ok(false) => {}
+            Ok(true) => {
+                tracing::info!(dir = %self.dir.display(), "the ready index folder was gone; made it again");
+                published.clear();
+                self.remade.notify_one();
+            }
+            Err(e) => {
+                tracing::warn!(dir = %self.dir.display(), error = %e, "cannot make the ready index folder");
+                published.clear();
+                return;
+            }
         }
         let gone: Vec<String> = published
             .keys()
@@ -270,7 +301,8 @@ pub async fn publish(
 
 /// Counts every open of a pointer as a hit of the artifact it names, until `stop`. Opens of
 /// temp files and of the folder itself are not hits; an overflowing event queue loses some
-/// counts (logged), never correctness.
+/// counts (logged), never correctness. A folder deleted by hand ends its watch; the watch is
+/// added again once the publisher has made the folder again.
 pub async fn count_opens(
     svc: Arc<Service>,
     idx: Arc<ReadyIndex>,
@@ -289,13 +321,27 @@ pub async fn count_opens(
         }
     };
     let mut overflowed = false;
+    let mut watching = true;
     loop {
         let ev = tokio::select! {
             _ = stop.changed() => return,
+            _ = idx.remade.notified(), if !watching => {
+                watching = events.watches().add(&idx.dir, WatchMask::OPEN).is_ok();
+                continue;
+            }
+            _ = tokio::time::sleep(RECHECK_EVERY), if !watching => {
+                watching = events.watches().add(&idx.dir, WatchMask::OPEN).is_ok();
+                continue;
+            }
             ev = events.next() => ev,
         };
         match ev {
             Some(Ok(ev)) => {
+                if ev.mask.contains(EventMask::IGNORED) {
+                    // The folder was deleted (or its file system unmounted).
+                    watching = false;
+                    continue;
+                }
                 if ev.mask.contains(EventMask::Q_OVERFLOW) {
                     if !overflowed {
                         tracing::warn!(

@@ -302,3 +302,34 @@ fn external_data_artifacts_are_published_with_every_file() {
     }
     assert!(p.files.len() >= 2, "{p:?}");
 }
+
+/// The folder deleted by hand under a running daemon: made again with its pointers within a
+/// pass (5 s), and opens are counted again (the inotify watch died with the folder).
+#[test]
+fn a_deleted_index_folder_comes_back_and_its_opens_count_again() {
+    let d = started(&[("enc", models::tiny_encoder(false))]);
+    let p = wait_pointer(&d, "enc", "written", |p| p.is_some()).unwrap();
+    let dir = ready::ready_dir(&d.socket());
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(ready::acquire(&d.socket(), "enc").is_none());
+    let again = wait_pointer(&d, "enc", "written again", |p| p.is_some()).unwrap();
+    assert_eq!(again.metadata.key, p.metadata.key);
+    let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o750);
+    // The watch is added again once the folder is back; until then opens go uncounted, so
+    // open until one is counted (each open is a real acquire from the index).
+    let before = fast_hits(&d);
+    let t0 = Instant::now();
+    loop {
+        assert!(ready::acquire(&d.socket(), "enc").is_some());
+        std::thread::sleep(Duration::from_millis(100));
+        if fast_hits(&d) > before {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "opens are not counted again\n{}",
+            d.log()
+        );
+    }
+}
