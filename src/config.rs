@@ -190,6 +190,10 @@ pub struct Limits {
     /// deleted one is bound again, one replaced by another file stops the daemon with an
     /// error. 0: never checked.
     pub socket_check_secs: u64,
+    /// How often (seconds) the ready index (`ready_index`) is compared with what the daemon
+    /// serves even when nothing signalled a change: a pointer or the folder deleted by hand
+    /// is written again. 0: only on changes.
+    pub ready_recheck_secs: u64,
     /// Longest wait (seconds) between retries of a background build that failed for a
     /// reason of the machine (the cache full, read-only, failing, or its folders deleted);
     /// the wait doubles from 1 s up to this.
@@ -294,6 +298,7 @@ impl Default for Limits {
             metrics_max_request_bytes: 16 * 1024,
             metrics_max_models: 100,
             socket_check_secs: 5,
+            ready_recheck_secs: 5,
             storage_retry_max_secs: 60,
             decode_max_nodes: decode.max_nodes,
             decode_max_attributes: decode.max_attributes,

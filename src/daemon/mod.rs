@@ -216,7 +216,16 @@ async fn serve_async(mut cfg: Config, reload: Reload) -> Result<Ending, ServeErr
             Ok(idx) => {
                 tracing::info!(dir = %idx.dir().display(), "ready index: consumers that can read it skip the socket");
                 let _ = svc.ready_index.set(idx.clone());
-                tokio::spawn(ready::publish(svc.clone(), idx.clone(), stop_rx.clone()));
+                let recheck = match cfg.limits.ready_recheck_secs {
+                    0 => None,
+                    s => Some(Duration::from_secs(s)),
+                };
+                tokio::spawn(ready::publish(
+                    svc.clone(),
+                    idx.clone(),
+                    recheck,
+                    stop_rx.clone(),
+                ));
                 tokio::spawn(ready::count_opens(svc.clone(), idx, stop_rx.clone()));
             }
             Err(e) => {

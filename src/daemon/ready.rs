@@ -30,9 +30,8 @@ use crate::spec::CacheKey;
 /// Prefix of a pointer being written (hidden: never a model name, never counted).
 const TMP_PREFIX: &str = ".tmp-";
 
-/// How often the index is compared with the state even without a change signal (and a
-/// pointer deleted by hand is written again).
-const RECHECK_EVERY: Duration = Duration::from_secs(5);
+/// How often a watch of a folder deleted by hand is tried again when nothing says it is back.
+const REWATCH_EVERY: Duration = Duration::from_secs(5);
 
 /// What was last written for a model.
 struct Published {
@@ -257,10 +256,12 @@ fn clear_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 /// Keeps the index equal to the state until `stop`: after every change signal (bursts are
-/// taken together) and every [`RECHECK_EVERY`].
+/// taken together) and every `recheck` (`limits.ready_recheck_secs`; `None`: only on
+/// changes).
 pub async fn publish(
     svc: Arc<Service>,
     idx: Arc<ReadyIndex>,
+    recheck: Option<Duration>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut sels = DefaultSelections::new();
@@ -291,7 +292,7 @@ pub async fn publish(
         tokio::select! {
             _ = stop.changed() => return,
             _ = idx.changed.notified() => {}
-            _ = tokio::time::sleep(RECHECK_EVERY) => {}
+            _ = tokio::time::sleep(recheck.unwrap_or_default()), if recheck.is_some() => {}
         }
         if *stop.borrow() {
             return;
@@ -329,7 +330,7 @@ pub async fn count_opens(
                 watching = events.watches().add(&idx.dir, WatchMask::OPEN).is_ok();
                 continue;
             }
-            _ = tokio::time::sleep(RECHECK_EVERY), if !watching => {
+            _ = tokio::time::sleep(REWATCH_EVERY), if !watching => {
                 watching = events.watches().add(&idx.dir, WatchMask::OPEN).is_ok();
                 continue;
             }
