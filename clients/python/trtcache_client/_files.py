@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
-from . import Json, _err
+from . import _err
 
 if TYPE_CHECKING:
     import onnxruntime  # type: ignore[import-not-found, import-untyped, unused-ignore]

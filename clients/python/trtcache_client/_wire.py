@@ -268,20 +268,9 @@ class Channel:
         """One model's state."""
         return dict(self._expect(self._call({"op": "status", "model": model})[0], "status", "model"))
 
-    def acquire(
-        self,
-        model: str,
-        profile: Optional[str] = None,
-        backend: Optional[str] = None,
-        wait: bool = True,
-        timeout: Optional[float] = None,
-        version: Optional[int] = None,
-    ) -> Artifact:
-        """A ready artifact; waits for a build when ``wait`` (up to ``timeout`` seconds on
-        the daemon's side, then :class:`Timeout`). Set the client's own ``timeout`` above
-        this one, or a long wait ends as :class:`ConnectionTimeout`. The default variant
-        (no ``profile``, ``backend``, ``version``) comes from the ready index when the
-        daemon published it there (see the class; ``Artifact.from_index``)."""
+    def acquire(self, model: str, profile: Optional[str], backend: Optional[str], wait: bool,
+                timeout: Optional[float], version: Optional[int]) -> Artifact:
+        """``Client.acquire`` over the socket."""
         req: Json = {"op": "acquire", "model": model, "wait": bool(wait), "dir_fd": True}
         if profile is not None:
             req["profile"] = profile
@@ -311,9 +300,7 @@ class Channel:
         on_progress: Optional[Callable[[Json], None]] = None,
         paths: Optional[Sequence[Union[str, "os.PathLike[str]"]]] = None,
     ) -> List[Json]:
-        """Builds models (all when None and no paths); calls ``on_progress(event)`` per
-        event; returns the results. ``paths``: model files outside the repository, by
-        absolute path (admin only: root or the daemon's user)."""
+        """``Client.build`` over the socket."""
         req: Json = {"op": "build", "models": list(models or [])}
         if paths:
             req["paths"] = [os.fspath(p) for p in paths]
@@ -336,9 +323,7 @@ class Channel:
         return dict(self._expect(msg, "stats", "stats"))
 
     def rescan(self) -> Json:
-        """Has the daemon scan its repository now: ``root``, ``settle_ms``, every model found
-        in ``models`` (``settled`` once the daemon serves exactly its files) and every entry
-        it skips in ``skipped``, with the reason."""
+        """``Client.rescan`` over the socket."""
         msg = self._call({"op": "rescan"})[0]
         self._expect(msg, "rescanned", "models")
         return {k: v for k, v in msg.items() if k != "kind"}
