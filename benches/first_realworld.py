@@ -240,22 +240,23 @@ def main():
                   + (f"  socket: {row['ratio_socket']:5.2f}x ({row['ratio_socket_after_import']:5.2f}x)"
                      if a.compare_socket else "")
                   + ("  [index]" if index else "") + ("  [1 thread]" if threads == 1 else ""), flush=True)
-        gm = math.exp(sum(math.log(r["ratio"]) for r in rows) / len(rows))
-        gmi = math.exp(sum(math.log(r["ratio_after_import"]) for r in rows) / len(rows))
+        def summary(key):
+            """Min, max and geometric mean of one ratio column, and how many are under 0.95."""
+            xs = [r[key] for r in rows]
+            return min(xs), max(xs), math.exp(sum(map(math.log, xs)) / len(xs)), sum(x < 0.95 for x in xs)
+
+        lo, hi, gm, under = summary("ratio")
+        loi, _, gmi, underi = summary("ratio_after_import")
         print(f"\n{len(rows)} models, {a.runs} runs each, core {a.core}: ratio own/via "
-              f"min {min(r['ratio'] for r in rows):.2f}x, max {max(r['ratio'] for r in rows):.2f}x, "
-              f"geometric mean {gm:.2f}x; client imported before: min "
-              f"{min(r['ratio_after_import'] for r in rows):.2f}x, geometric mean {gmi:.2f}x; "
-              f"under 0.95x: {sum(r['ratio'] < 0.95 for r in rows)} ({sum(r['ratio_after_import'] < 0.95 for r in rows)} "
-              f"imported); from the ready index: {sum(bool(r['index']) for r in rows)}")
+              f"min {lo:.2f}x, max {hi:.2f}x, geometric mean {gm:.2f}x; client imported before: min "
+              f"{loi:.2f}x, geometric mean {gmi:.2f}x; under 0.95x: {under} ({underi} imported); "
+              f"from the ready index: {sum(bool(r['index']) for r in rows)}")
         if a.compare_socket:
-            gs = math.exp(sum(math.log(r["ratio_socket"]) for r in rows) / len(rows))
-            gsi = math.exp(sum(math.log(r["ratio_socket_after_import"]) for r in rows) / len(rows))
-            print(f"every acquire on the socket (ready_index=False), same run: min "
-                  f"{min(r['ratio_socket'] for r in rows):.2f}x, geometric mean {gs:.2f}x; client imported "
-                  f"before: min {min(r['ratio_socket_after_import'] for r in rows):.2f}x, geometric mean {gsi:.2f}x; "
-                  f"under 0.95x: {sum(r['ratio_socket'] < 0.95 for r in rows)} "
-                  f"({sum(r['ratio_socket_after_import'] < 0.95 for r in rows)} imported)")
+            los, _, gs, unders = summary("ratio_socket")
+            losi, _, gsi, undersi = summary("ratio_socket_after_import")
+            print(f"every acquire on the socket (ready_index=False), same run: min {los:.2f}x, geometric "
+                  f"mean {gs:.2f}x; client imported before: min {losi:.2f}x, geometric mean {gsi:.2f}x; "
+                  f"under 0.95x: {unders} ({undersi} imported)")
         if a.json:
             with open(a.json, "w") as f:
                 json.dump({"rows": rows, "floor": floor, "geomean": gm, "geomean_after_import": gmi, "core": a.core,

@@ -432,7 +432,7 @@ def _from_index(socket_path: str, model: str) -> Optional[Artifact]:
     if lines[0] != READY_MAGIC:
         return None
     fields: Dict[str, str] = {}
-    files: List[List[str]] = []
+    files: List[Tuple[Tuple[int, ...], str]] = []  # ((dev, ino, size, mtime_ns, ctime_ns), name)
     meta: Optional[str] = None
     try:
         for line in lines[1:]:
@@ -442,7 +442,7 @@ def _from_index(socket_path: str, model: str) -> Optional[Artifact]:
                 want = tuple(int(x) for x in f[:5])
                 if len(want) != 5 or not _plain_name(f[5]):
                     return None
-                files.append(f)
+                files.append((want, f[5]))
             elif k == "source":
                 size, mtime, ctime, path = v.split("\t", 3)
                 st = os.stat(path)
@@ -465,18 +465,17 @@ def _from_index(socket_path: str, model: str) -> Optional[Artifact]:
         return None
     fds: List[int] = []
     try:
-        for f in files:
-            h = os.open(f[5], os.O_RDONLY | os.O_CLOEXEC, dir_fd=d)
+        for want, name in files:
+            h = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=d)
             fds.append(h)
             st = os.fstat(h)
-            have = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-            if have != tuple(int(x) for x in f[:5]):
+            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) != want:
                 raise ValueError("changed since it was verified")
     except (OSError, ValueError):
         _close_all(fds + [d])
         return None
     st = os.fstat(d)
-    return Artifact(None, fds, d, _Ready(fields, [f[5] for f in files], meta, (st.st_dev, st.st_ino)))
+    return Artifact(None, fds, d, _Ready(fields, [name for _, name in files], meta, (st.st_dev, st.st_ino)))
 
 
 def _close_all(fds: Iterable[int]) -> None:

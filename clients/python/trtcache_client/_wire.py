@@ -292,14 +292,9 @@ class Channel:
         dir_fd = fds.pop() if di is not None else None
         return Artifact(meta, fds, dir_fd)
 
-    def build(
-        self,
-        models: Optional[Sequence[str]] = None,
-        backend: Optional[str] = None,
-        timeout: Optional[float] = None,
-        on_progress: Optional[Callable[[Json], None]] = None,
-        paths: Optional[Sequence[Union[str, "os.PathLike[str]"]]] = None,
-    ) -> List[Json]:
+    def build(self, models: Optional[Sequence[str]], backend: Optional[str], timeout: Optional[float],
+              on_progress: Optional[Callable[[Json], None]],
+              paths: Optional[Sequence[Union[str, "os.PathLike[str]"]]]) -> List[Json]:
         """``Client.build`` over the socket."""
         req: Json = {"op": "build", "models": list(models or [])}
         if paths:

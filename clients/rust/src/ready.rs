@@ -122,6 +122,13 @@ impl std::fmt::Display for ReadyError {
 
 impl std::error::Error for ReadyError {}
 
+/// Whether `files` are the metadata's files, in order, by name (and not none).
+fn files_match(files: &[ReadyFile], meta: &ArtifactMeta) -> bool {
+    !files.is_empty()
+        && files.len() == meta.files.len()
+        && files.iter().zip(&meta.files).all(|(f, m)| f.name == m.name)
+}
+
 /// Whether `s` can be a field of a pointer (no tab or line break).
 fn plain(s: &str) -> bool {
     !s.contains(['\t', '\n', '\r'])
@@ -143,14 +150,7 @@ impl ReadyPointer {
     pub fn render(&self) -> Option<String> {
         use std::fmt::Write;
         let m = &self.metadata;
-        if self.files.is_empty()
-            || self.files.len() != m.files.len()
-            || self
-                .files
-                .iter()
-                .zip(&m.files)
-                .any(|(f, mf)| f.name != mf.name)
-        {
+        if !files_match(&self.files, m) {
             return None;
         }
         let dir = self.dir.to_str()?;
@@ -270,13 +270,7 @@ impl ReadyPointer {
                 "the key line disagrees with the metadata".into(),
             ));
         }
-        if files.is_empty()
-            || files.len() != metadata.files.len()
-            || files
-                .iter()
-                .zip(&metadata.files)
-                .any(|(f, m)| f.name != m.name)
-        {
+        if !files_match(&files, &metadata) {
             return Err(ReadyError::Incomplete(
                 "the file lines disagree with the metadata's files".into(),
             ));

@@ -36,16 +36,7 @@ fn source(f: &FileStamp) -> Option<ReadySource> {
 
 /// A stamp of `p` taken now (a model's folder: an entry added or removed changes its mtime).
 fn stat_source(p: &Path) -> Option<ReadySource> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(p).ok()?;
-    Some(ReadySource {
-        path: p.to_path_buf(),
-        stamp: Some((
-            m.size(),
-            m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
-            m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
-        )),
-    })
+    source(&FileStamp::of(p)?)
 }
 
 /// Where the model's sidecar would be: a consumer checks that it is still absent, so a
