@@ -90,6 +90,7 @@ def main():
                 r.update(cls="not-served", why=str(reasons.get(n) or e)[:600])
                 results.append(r)
                 continue
+            r["index"] = bool(getattr(art, "from_index", False))
             try:
                 s = art.session(providers=["CPUExecutionProvider"])
                 out = s.run(None, corpus_run.feed_for(s, feed))
@@ -112,7 +113,8 @@ def main():
     ok = [r for r in ran if r["cls"] == "pass"]
     print(f"\nwarm: exit {w.returncode} in {warm_s:.1f}s")
     print(f"served through the daemon with the defaults and matching ONNX Runtime: {len(ok)}/{len(ran)}"
-          f" ({100 * len(ok) / max(1, len(ran)):.1f}%); ort-cannot: {len(results) - len(ran)}")
+          f" ({100 * len(ok) / max(1, len(ran)):.1f}%); ort-cannot: {len(results) - len(ran)}; "
+          f"acquired from the ready index: {sum(bool(r.get('index')) for r in results)}")
     if a.json:
         json.dump(results, open(a.json, "w"), indent=1)
     shutil.rmtree(tmp, ignore_errors=True)
