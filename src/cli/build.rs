@@ -40,8 +40,10 @@ pub struct BuildOptionArgs {
     pub no_prepack: bool,
     /// ort-cpu: initializers of at least this size go to the artifact's external data file
     /// (memory-mapped, shared between consumers); smaller ones stay in the graph file, which
-    /// makes sessions open faster. A size such as 256K, 1M or 0 (everything external).
-    #[arg(long, default_value = "256K", value_parser = parse_bytes)]
+    /// makes sessions open faster. A size such as 64K, 1M or 0 (everything external; under
+    /// about 1K, ONNX Runtime cannot load a graph whose shape inputs, such as Split's sizes,
+    /// are then external, and the build fails saying so).
+    #[arg(long, default_value = "64K", value_parser = parse_bytes)]
     pub external_min_size: u64,
     /// ort-cpu: do not bake the profile's fixed dimensions (min = max) into the artifact. By
     /// default they are baked in, so ONNX Runtime folds the shape arithmetic and sessions open

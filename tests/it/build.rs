@@ -145,7 +145,7 @@ fn external_min_size_splits_initializers_between_graph_and_data_file() {
     write(&bert::bert(bert::BertConfig::tiny()), &m).unwrap();
     let cache = d.path().join("cache");
     let mut keys = Vec::new();
-    for (size, limit, data_file) in [("20K", 20480, true), ("256K", 262144, false)] {
+    for (size, limit, data_file) in [("20K", 20480, true), ("64K", 65536, false)] {
         let (v, entry) = validated_build(&m, &cache, &["--external-min-size", size]);
         let files = v["artifact"]["files"].as_array().unwrap();
         assert_eq!(files.len(), if data_file { 2 } else { 1 }, "{size}: {v}");
@@ -161,7 +161,7 @@ fn external_min_size_splits_initializers_between_graph_and_data_file() {
         assert_eq!(counts[1] > 0, data_file, "{size}: {counts:?}");
         keys.push(v["key"].clone());
     }
-    // The default is 256K: a build without the flag is the second one, from the cache.
+    // The default is 64K: a build without the flag is the second one, from the cache.
     let (v, _) = build_json(&m, &cache, &[]);
     assert_eq!(v["key"], keys[1]);
     assert_eq!(v["source"], "cached");
