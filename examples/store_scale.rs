@@ -65,6 +65,7 @@ fn staged(dir: &Path, n: u64) -> StagedArtifact {
         dir: dir.to_path_buf(),
         entry: "model.onnx".into(),
         files: vec!["model.onnx".into()],
+        rewrites: Vec::new(),
     }
 }
 

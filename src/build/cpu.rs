@@ -45,6 +45,7 @@ pub fn optimized_artifact(out: &Path) -> StagedArtifact {
         dir: out.to_path_buf(),
         entry: ENTRY.into(),
         files,
+        rewrites: Vec::new(),
     }
 }
 
@@ -85,8 +86,7 @@ pub fn fixed_dims(inputs: &ModelInputs, profile: &ShapeProfile) -> BTreeMap<Stri
 /// The inputs a caller feeds are unchanged: ORT never counts initializer-backed inputs as
 /// required inputs. `None` when nothing needs to change, or when the model has external
 /// data (which resolves relative to the model's file, so it must be read from its path).
-pub fn initializers_as_constants(m: &Model) -> Option<Vec<u8>> {
-    use prost::Message;
+pub fn initializers_as_constants(m: &Model) -> Option<crate::onnx::proto::ModelProto> {
     if m.proto.ir_version >= 4 || !m.external_files.is_empty() {
         return None;
     }
@@ -104,7 +104,29 @@ pub fn initializers_as_constants(m: &Model) -> Option<Vec<u8>> {
         ir_version = m.proto.ir_version,
         "IR < 4: initializers listed as graph inputs are built as constants"
     );
-    Some(proto.encode_to_vec())
+    Some(proto)
+}
+
+/// What ONNX Runtime optimizes when it is not the model's file as it is: the model with
+/// [`initializers_as_constants`] and, when `rewrite` is on, [`rewrite::apply`]'s rewrites,
+/// encoded; and the rewrites applied, one line each. `(None, [])` when nothing changes, and
+/// always for a model with external data (it must be read from its path).
+fn prepare(m: &Model, rewrite: bool) -> (Option<Vec<u8>>, Vec<String>) {
+    use prost::Message;
+    if !m.external_files.is_empty() {
+        return (None, Vec::new());
+    }
+    let constants = initializers_as_constants(m);
+    let rewritten = if rewrite {
+        super::rewrite::apply(constants.as_ref().unwrap_or(&m.proto))
+    } else {
+        None
+    };
+    match (constants, rewritten) {
+        (_, Some(r)) => (Some(r.model.encode_to_vec()), r.applied),
+        (Some(p), None) => (Some(p.encode_to_vec()), Vec::new()),
+        (None, None) => (None, Vec::new()),
+    }
 }
 
 /// Offline-optimized model for ONNX Runtime's CPU provider.
@@ -252,7 +274,7 @@ impl BackendImpl for OrtCpu {
             path: model.to_path_buf(),
             message: e.to_string(),
         })?;
-        let constants = initializers_as_constants(&m);
+        let (constants, rewrites) = prepare(&m, opts.rewrite);
         let dims = match (opts.specialize, &opts.profile) {
             (true, Some(profile)) => fixed_dims(&ModelInputs::of(&m), profile),
             _ => BTreeMap::new(),
@@ -287,7 +309,10 @@ impl BackendImpl for OrtCpu {
                 optimize(rt, &source, opts, out, Save::Inline)?;
             }
         }
-        Ok(optimized_artifact(out))
+        Ok(StagedArtifact {
+            rewrites,
+            ..optimized_artifact(out)
+        })
     }
 
     fn open(&self, rt: &Runtime, entry: &Path, opts: &BuildOptions) -> Result<Session, BuildError> {
@@ -327,6 +352,16 @@ impl BackendImpl for OrtCpu {
                 out
             },
         )?;
+        if !report.passed && !artifact.rewrites.is_empty() {
+            if let Some(mut exact) = exact_report(rt, model, artifact, opts, cfg, &mut session)? {
+                exact.reference = Some(format!(
+                    "{}; against ONNX Runtime's run of the model as given: {}",
+                    super::rewrite::EXACT_REFERENCE,
+                    report.worst()
+                ));
+                report = exact;
+            }
+        }
         // Only with ORT's default thread count (a build limited to N threads would compare
         // N with one) and for a run short enough to time cheaply.
         let cap = Duration::from_millis(cfg.thread_probe_max_run_ms);
@@ -341,6 +376,61 @@ impl BackendImpl for OrtCpu {
         }
         Ok(report)
     }
+}
+
+/// For a rewritten artifact over tolerance against the model as given: the report against
+/// [`rewrite::exact_reference`](super::rewrite::exact_reference) (the rewritten ops computed
+/// in float64; written next to the staging directory for the comparison and removed after)
+/// when the artifact passes that, naming that reference; `None` when it does not either (the
+/// pipeline then builds without rewrites) or there is no such reference.
+fn exact_report(
+    rt: &Runtime,
+    model: &Path,
+    artifact: &StagedArtifact,
+    opts: &BuildOptions,
+    cfg: &validate::ValidationConfig,
+    session: &mut Session,
+) -> Result<Option<crate::cache::ValidationReport>, BuildError> {
+    use prost::Message;
+    let m = Model::load(model).map_err(|e| BuildError::Model {
+        path: model.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    let base = initializers_as_constants(&m);
+    let Some(exact) = super::rewrite::exact_reference(base.as_ref().unwrap_or(&m.proto)) else {
+        return Ok(None);
+    };
+    drop(m);
+    let folder = artifact.dir.parent().unwrap_or(&artifact.dir);
+    let io = |source| BuildError::Io {
+        path: folder.to_path_buf(),
+        source,
+    };
+    let mut file = tempfile::Builder::new()
+        .prefix("reference-")
+        .suffix(".onnx")
+        .tempfile_in(folder)
+        .map_err(io)?;
+    std::io::Write::write_all(&mut file, &exact.encode_to_vec()).map_err(io)?;
+    let entry = artifact.dir.join(&artifact.entry);
+    let (mut report, _) = validate::validate_keeping_inputs(
+        rt,
+        file.path(),
+        opts.profile.as_ref(),
+        opts.precision,
+        cfg,
+        opts.threads,
+        &mut |inputs| validate::run(session, inputs, &entry),
+    )?;
+    tracing::info!(
+        passed = report.passed,
+        "validated the rewritten artifact against the model with its rewritten ops in float64"
+    );
+    if !report.passed {
+        return Ok(None);
+    }
+    report.reference = Some(super::rewrite::EXACT_REFERENCE.into());
+    Ok(Some(report))
 }
 
 /// Whether every input of `session` is a tensor of fixed dimensions.

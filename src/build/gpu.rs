@@ -228,6 +228,7 @@ impl BackendImpl for OrtTensorRt {
             dir: out.to_path_buf(),
             entry: CTX_ENTRY.into(),
             files: vec![CTX_ENTRY.into()],
+            rewrites: Vec::new(),
         })
     }
 

@@ -12,6 +12,7 @@ pub(crate) mod golden;
 pub(crate) mod gpu;
 pub(crate) mod pickle;
 pub(crate) mod pipeline;
+pub mod rewrite;
 pub mod runtime;
 pub(crate) mod search;
 pub mod trt;
@@ -186,6 +187,10 @@ pub struct BuildOptions {
     /// [`cpu::fixed_dims`]). The artifact then accepts only those sizes, like a TensorRT
     /// engine built for the profile.
     pub specialize: bool,
+    /// `ort-cpu`: apply the graph rewrites of [`rewrite`] (an op ONNX Runtime's CPU provider
+    /// runs slowly replaced by the same computation in ops it runs well) before optimizing.
+    #[serde(default = "yes")]
+    pub rewrite: bool,
     /// TensorRT builder optimization level, 0–5 (TensorRT's default is 3).
     pub trt_builder_level: u8,
     /// `trt`: TensorRT's hardware-compatibility level. With a level set, the key records the
@@ -211,6 +216,10 @@ pub struct BuildOptions {
     pub threads: usize,
 }
 
+fn yes() -> bool {
+    true
+}
+
 impl Default for BuildOptions {
     fn default() -> Self {
         Self {
@@ -220,6 +229,7 @@ impl Default for BuildOptions {
             prepack: true,
             external_min_bytes: DEFAULT_EXTERNAL_MIN_BYTES,
             specialize: true,
+            rewrite: true,
             trt_builder_level: 3,
             trt_hardware_compat: crate::trt::HwCompat::None,
             trt_workspace_bytes: None,
@@ -250,6 +260,7 @@ impl BuildOptions {
         "prepack",
         "external_min_bytes",
         "specialize",
+        "rewrites",
         "device_id",
         "trt_builder_optimization_level",
         "trt_ep_context_embed_mode",
@@ -296,6 +307,12 @@ impl BuildOptions {
                     self.external_min_bytes.to_string(),
                 );
                 m.insert("specialize".into(), self.specialize.to_string());
+                let rewrites = if self.rewrite {
+                    rewrite::REWRITES.join(",")
+                } else {
+                    "none".into()
+                };
+                m.insert("rewrites".into(), rewrites);
             }
             Backend::OrtCuda => {
                 m.insert("opt_level".into(), self.opt_level.for_cuda().name().into());

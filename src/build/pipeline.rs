@@ -392,6 +392,18 @@ impl Builder {
             let staging = self.store.staging_dir()?;
             let built = self.stage(rt, &attempt, staging.path(), progress, &watch)?;
             spent_ms += built.build_ms;
+            // A rewritten graph over tolerance (against the model and against its exact
+            // reference, see `cpu`) is built again without rewrites first.
+            if !built.validation.passed && !built.artifact.rewrites.is_empty() {
+                let worst = built.validation.worst();
+                tracing::warn!(%worst, "rewritten artifact over tolerance; building it again without rewrites");
+                progress("over tolerance with graph rewrites: building without them");
+                rejected.push(format!("rewrites: {worst}"));
+                attempt.options.rewrite = false;
+                drop(staging);
+                watch.check()?;
+                continue;
+            }
             let level = ort_level(&attempt);
             match (
                 built.validation.passed,
@@ -425,10 +437,11 @@ impl Builder {
             build_ms: _,
         } = built;
         let build_ms = spent_ms;
-        if !rejected.is_empty() {
+        if ort_level(&attempt) != ort_level(req) {
             validation.opt_level = ort_level(&attempt).map(|l| l.name().to_string());
-            validation.rejected = rejected;
         }
+        validation.rejected = rejected;
+        validation.rewrites = artifact.rewrites.clone();
         watch.check()?;
         // ONNX Runtime read the model by path: what it built from must be what was keyed. A
         // file replaced or rewritten during the build has another identity, so the memo

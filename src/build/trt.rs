@@ -108,6 +108,7 @@ impl BackendImpl for NativeTrt {
             dir: out.to_path_buf(),
             entry: PLAN_FILE.into(),
             files: vec![PLAN_FILE.into(), META_FILE.into()],
+            rewrites: Vec::new(),
         })
     }
 

@@ -565,6 +565,8 @@ pub(crate) fn validate_keeping_inputs(
         opt_level: None,
         rejected: Vec::new(),
         threads: None,
+        rewrites: Vec::new(),
+        reference: None,
     };
     Ok((report, inputs))
 }
@@ -638,6 +640,8 @@ mod tests {
             opt_level: None,
             rejected: Vec::new(),
             threads: None,
+            rewrites: Vec::new(),
+            reference: None,
         };
         let back: ValidationReport =
             serde_json::from_slice(&serde_json::to_vec(&v).unwrap()).unwrap();

@@ -53,8 +53,9 @@ pub struct ValidationReport {
     /// build counts as failed. See [`ValidationReport::rejected`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub opt_level: Option<String>,
-    /// The higher levels whose artifacts were over tolerance, each with its worst outputs
-    /// (`all: y max abs 2.5e-3 max rel 2.6e-3`), highest first.
+    /// The artifacts built first and refused as over tolerance, each with its worst outputs:
+    /// one with graph rewrites (`rewrites: y max abs …`, built again without them), then the
+    /// higher levels (`all: y max abs 2.5e-3 max rel 2.6e-3`), highest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rejected: Vec<String>,
     /// `ort-cpu`: the artifact's runs timed on the validation inputs with ONNX Runtime's
@@ -62,6 +63,14 @@ pub struct ValidationReport {
     /// [`ThreadProbe`]). Consumers are told the thread count that suits it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<ThreadProbe>,
+    /// `ort-cpu`: the graph rewrites the artifact has (`build::rewrite`), one line each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rewrites: Vec<String>,
+    /// What the artifact was compared with when it was not the model as given: a rewritten
+    /// artifact over tolerance against ONNX Runtime's run of the model is compared with the
+    /// model whose rewritten ops compute in float64 (`build::rewrite::exact_reference`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
 }
 
 /// How an `ort-cpu` artifact ran on the validation inputs with ONNX Runtime's default
@@ -154,6 +163,10 @@ pub struct StagedArtifact {
     pub entry: String,
     /// Every file name, `entry` included.
     pub files: Vec<String>,
+    /// `ort-cpu`: the graph rewrites applied before optimizing (`build::rewrite`), one line
+    /// each; empty when none applied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rewrites: Vec<String>,
 }
 
 /// Everything the cache knows about one key.

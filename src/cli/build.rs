@@ -51,6 +51,12 @@ pub struct BuildOptionArgs {
     /// sidecar's `specialize = false` does the same for one model.
     #[arg(long)]
     pub no_specialize: bool,
+    /// ort-cpu: do not rewrite ops that ONNX Runtime's CPU provider runs slowly before
+    /// optimizing (today: an STFT whose frame length is not a power of two becomes a Conv,
+    /// several times faster; docs/cache.md "Graph rewrites"). A rewritten artifact that
+    /// misses the tolerance is built again without them anyway.
+    #[arg(long)]
+    pub no_rewrite: bool,
     /// TensorRT builder optimization level (0-5).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(0..=5))]
     pub trt_opt_level: u8,
@@ -81,6 +87,7 @@ impl BuildOptionArgs {
             prepack: !self.no_prepack,
             external_min_bytes: self.external_min_size,
             specialize: !self.no_specialize,
+            rewrite: !self.no_rewrite,
             trt_builder_level: self.trt_opt_level,
             trt_hardware_compat: self.trt_hardware_compat,
             trt_workspace_bytes: self.trt_workspace,
@@ -416,9 +423,21 @@ fn render(o: &BuildOutcome, ort: Option<&str>, dir: &std::path::Path, st: Style)
             })
             .collect();
         out.push_str(&table("  ", &rows));
+        for r in &v.rewrites {
+            out.push_str(&format!("rewritten: {r}\n"));
+        }
+        if let Some(reference) = &v.reference {
+            out.push_str(&format!("compared with {reference}\n"));
+        }
         if let Some(level) = &v.opt_level {
             out.push_str(&format!(
                 "{} built at optimization level {level}: over tolerance higher up ({})\n",
+                st.warn("note:"),
+                v.rejected.join("; ")
+            ));
+        } else if !v.rejected.is_empty() {
+            out.push_str(&format!(
+                "{} built without graph rewrites: over tolerance with them ({})\n",
                 st.warn("note:"),
                 v.rejected.join("; ")
             ));

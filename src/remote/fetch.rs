@@ -181,6 +181,7 @@ impl Inner {
             dir: staging.path().to_path_buf(),
             entry: m.entry.clone(),
             files: m.files.iter().map(|f| f.name.clone()).collect(),
+            rewrites: Vec::new(),
         };
         check(&artifact, &m).map_err(|message| RemoteError::CheckFailed {
             key: key.hex(),

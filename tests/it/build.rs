@@ -1053,3 +1053,132 @@ fn key_and_build_report_the_same_key() {
     assert!(!e.contains("building with"), "{e}");
     assert!(!fresh.exists(), "nothing was built or stored");
 }
+
+/// Op types of a stored artifact's graph.
+fn artifact_ops(v: &Value) -> Vec<String> {
+    let entry = v["artifact"]["entry"].as_str().unwrap();
+    let art = trtcache::onnx::Model::load(Path::new(entry)).unwrap();
+    art.graph().node.iter().map(|n| n.op_type.clone()).collect()
+}
+
+/// Runs the original and the artifact on one Gaussian signal and prints the largest relative
+/// difference of each from numpy's float64 power spectrum, over bins above 1 % of the peak.
+const STFT_ERRORS: &str = r#"
+import sys, numpy as np, onnxruntime as ort
+orig, art, length = sys.argv[1], sys.argv[2], int(sys.argv[3])
+x = np.random.default_rng(1).standard_normal((1, length)).astype(np.float32)
+n, step = 400, 160
+w = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(n) / n)
+frames = np.stack([x[0, i * step:i * step + n].astype(np.float64) * w for i in range((length - n) // step + 1)])
+exact = np.abs(np.fft.rfft(frames, axis=1)) ** 2
+so = ort.SessionOptions(); so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+big = exact > 0.01 * exact.max()
+for p in (orig, art):
+    y = ort.InferenceSession(p, so, providers=['CPUExecutionProvider']).run(None, {'x': x})[0][0]
+    assert y.shape == exact.shape, (y.shape, exact.shape)
+    print(float((np.abs(y - exact) / exact)[big].max()))
+"#;
+
+#[test]
+fn an_stft_is_built_as_a_conv_and_validated_against_an_exact_reference() {
+    // A 400-sample frame: ONNX Runtime's float32 direct DFT. The artifact has a Conv instead;
+    // against ORT's run of the model it misses the default tolerance (ORT's STFT is the less
+    // exact of the two), so it is compared with the model's STFT in float64, and the report
+    // says so and what the first comparison found.
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("stft.onnx");
+    write(&models::stft(400, 16000), &m).unwrap();
+    let cache = d.path().join("cache");
+    let (v, out) = build_json(&m, &cache, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(v["state"], "ready", "{v}");
+    let val = &v["record"]["validation"];
+    assert_eq!(val["passed"], true, "{val}");
+    let rewrites = val["rewrites"].as_array().expect("rewrites listed");
+    assert!(
+        rewrites[0]
+            .as_str()
+            .unwrap()
+            .starts_with("stft-as-conv: STFT `spectrum` (frame 400, step 160, 201 bins)"),
+        "{val}"
+    );
+    let reference = val["reference"]
+        .as_str()
+        .expect("the exact reference named");
+    assert!(
+        reference.contains("float64")
+            && reference.contains("against ONNX Runtime's run of the model as given: y max abs"),
+        "{reference}"
+    );
+    assert_eq!(
+        v["record"]["parts"]["options"]["rewrites"], "stft-as-conv",
+        "{v}"
+    );
+    let ops = artifact_ops(&v);
+    assert!(
+        ops.contains(&"Conv".into()) && !ops.contains(&"STFT".into()),
+        "{ops:?}"
+    );
+    // Closer to numpy's float64 spectrum than ONNX Runtime's own STFT is.
+    let entry = v["artifact"]["entry"].as_str().unwrap();
+    let errs = run_python(STFT_ERRORS, &[&m, Path::new(entry), Path::new("16000")]);
+    let errs: Vec<f64> = errs
+        .split_whitespace()
+        .map(|e| e.parse().unwrap())
+        .collect();
+    assert!(
+        errs[1] < 1e-4 && errs[1] < errs[0],
+        "original, artifact: {errs:?}"
+    );
+    // The human report says what was rewritten and compared.
+    let text = trtcache(&[
+        "build".into(),
+        m.display().to_string(),
+        "--cache-dir".into(),
+        cache.display().to_string(),
+    ]);
+    let stdout = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        stdout.contains("rewritten: stft-as-conv: STFT `spectrum`"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("compared with the model with its rewritten STFTs computed in float64"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_rewritten_artifact_over_both_references_is_built_without_rewrites() {
+    // At zero tolerance the Conv differs from both references; the same model without the
+    // rewrite matches ORT's run exactly: that artifact is stored, and the report says why.
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("stft.onnx");
+    write(&models::stft(400, 4000), &m).unwrap();
+    let (v, out) = build_json(&m, &d.path().join("cache"), &["--atol", "0", "--rtol", "0"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(v["state"], "ready", "{v}");
+    let val = &v["record"]["validation"];
+    assert_eq!(val["passed"], true, "{val}");
+    assert!(
+        val.get("rewrites").is_none() && val.get("reference").is_none(),
+        "{val}"
+    );
+    assert!(val.get("opt_level").is_none(), "{val}");
+    let rejected = val["rejected"].as_array().unwrap();
+    assert!(
+        rejected[0]
+            .as_str()
+            .unwrap()
+            .starts_with("rewrites: y max abs"),
+        "{val}"
+    );
+    assert!(artifact_ops(&v).contains(&"STFT".into()));
+    // Asked for: no rewrite, another key, the STFT kept.
+    let (n, out) = build_json(&m, &d.path().join("cache2"), &["--no-rewrite"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(n["record"]["parts"]["options"]["rewrites"], "none", "{n}");
+    assert_ne!(n["key"], v["key"]);
+    assert!(n["record"]["validation"].get("rewrites").is_none(), "{n}");
+    assert!(artifact_ops(&n).contains(&"STFT".into()));
+}

@@ -668,6 +668,7 @@ mod tests {
             dir: dir.to_path_buf(),
             entry: "model.onnx".into(),
             files: vec!["model.onnx".into(), "model.onnx.data".into()],
+            rewrites: Vec::new(),
         }
     }
 

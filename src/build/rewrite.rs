@@ -1,0 +1,555 @@
+//! Graph rewrites the `ort-cpu` build applies before ONNX Runtime optimizes a model: an op that
+//! ONNX Runtime's CPU provider runs slowly, replaced by the same computation in ops it runs
+//! well. The artifact is validated like every other (against the model as given, see
+//! [`exact_reference`] for the one refinement); one that does not pass is built again
+//! without rewrites before a lower optimization level is tried (`pipeline`), and
+//! `--no-rewrite` turns them off. Which rewrites exist is part of the key
+//! ([`BuildOptions::key_options`](super::BuildOptions::key_options)), so adding one rebuilds.
+//!
+//! Enters: a decoded [`ModelProto`]. Leaves: the rewritten proto and one line per rewrite
+//! applied (the validation report lists them), or `None` when nothing applies.
+//!
+//! **`stft-as-conv`.** An `STFT` (opset 17) of a real float32 signal (`[batch, length]` or
+//! `[batch, length, 1]`) whose step is a constant and whose window (or frame length) is a
+//! constant of a length that is not a power of two becomes `Reshape → Conv → Reshape →
+//! Transpose`: a 1-D convolution with stride = step whose `2·bins` filters are the window
+//! times the DFT's cosines and negated sines, so its output is each frame's real and
+//! imaginary parts, reordered to STFT's `[batch, frames, bins, 2]`. ONNX Runtime 1.31 takes
+//! a direct DFT in float32 for such a frame (Whisper's 400-sample frame: 124 ms of a 126 ms
+//! run on this project's machines, against 22 ms for the Conv); for a power-of-two frame it
+//! runs an FFT, which is left alone. Signals of unknown rank or type, complex signals,
+//! windows or steps computed at run time or stored outside the graph, and STFTs inside
+//! control-flow bodies are left alone.
+
+use std::collections::HashSet;
+
+use bytes::Bytes;
+
+use crate::analysis::facts::SymDim;
+use crate::onnx::proto::{AttributeProto, AttributeType, ModelProto, NodeProto, TensorProto};
+use crate::onnx::ElemType;
+
+/// The rewrites this build applies, by name (what the key records).
+pub const REWRITES: &[&str] = &["stft-as-conv"];
+
+/// Largest frame (window) length rewritten: the Conv's weights are `2·(n/2+1)·n` floats
+/// (16 MiB at 2,048); longer frames are rare and their direct DFT is left to ONNX Runtime.
+pub const MAX_STFT_FRAME: usize = 2048;
+
+/// What a validation report says it compared against when it used [`exact_reference`].
+pub const EXACT_REFERENCE: &str =
+    "the model with its rewritten STFTs computed in float64 (ONNX Runtime's float32 STFT is less exact than the rewrite)";
+
+/// A rewritten model and what was rewritten, one line each.
+pub struct Rewritten {
+    pub model: ModelProto,
+    pub applied: Vec<String>,
+}
+
+/// One STFT the rewrite takes, with its constants read.
+struct Stft {
+    /// Index of the node in the top-level graph.
+    node: usize,
+    signal: String,
+    /// The window's values (ones for a frame length without a window).
+    window: Vec<f32>,
+    step: i64,
+    onesided: bool,
+    output: String,
+}
+
+/// The model with every STFT it can take rewritten as a Conv; `None` when there is none.
+pub fn apply(proto: &ModelProto) -> Option<Rewritten> {
+    let found = stfts(proto);
+    if found.is_empty() {
+        return None;
+    }
+    let mut model = proto.clone();
+    let graph = model.graph.as_mut()?;
+    let mut names = Names::of(graph);
+    let mut applied = Vec::new();
+    // Back to front, so the indices of the ones still to do stay valid.
+    for s in found.iter().rev() {
+        let n = s.window.len();
+        let bins = if s.onesided { n / 2 + 1 } else { n };
+        let p = names.prefix(&s.output);
+        let (shape_in, weights, shape_out) = (
+            format!("{p}_shape_in"),
+            format!("{p}_basis"),
+            format!("{p}_shape_out"),
+        );
+        let (framed, conv, split) = (
+            format!("{p}_signal"),
+            format!("{p}_conv"),
+            format!("{p}_parts"),
+        );
+        graph.initializer.push(tensor_i64(&shape_in, &[0, 1, -1]));
+        graph
+            .initializer
+            .push(tensor_i64(&shape_out, &[0, 2, bins as i64, -1]));
+        graph.initializer.push(dft_basis(&weights, &s.window, bins));
+        let nodes = vec![
+            node("Reshape", &[&s.signal, &shape_in], &framed, vec![]),
+            node(
+                "Conv",
+                &[&framed, &weights],
+                &conv,
+                vec![
+                    ints("kernel_shape", &[n as i64]),
+                    ints("strides", &[s.step]),
+                ],
+            ),
+            node("Reshape", &[&conv, &shape_out], &split, vec![]),
+            node(
+                "Transpose",
+                &[&split],
+                &s.output,
+                vec![ints("perm", &[0, 3, 2, 1])],
+            ),
+        ];
+        graph.node.splice(s.node..=s.node, nodes);
+        applied.push(format!(
+            "stft-as-conv: STFT `{}` (frame {n}, step {}, {bins} bins) as a Conv",
+            s.output, s.step
+        ));
+    }
+    applied.reverse();
+    tracing::info!(?applied, "rewrote the graph before optimizing it");
+    Some(Rewritten { model, applied })
+}
+
+/// The model with every STFT that [`apply`] rewrites computed in float64 instead (its signal
+/// and window cast to double, the result cast back), or `None` when there is none. The
+/// validation compares a rewritten artifact with this when it misses the tolerance against
+/// the model as given: ONNX Runtime's float32 direct DFT is itself off by up to 3·10⁻⁵ of the
+/// spectrum's peak (1.4·10⁻³ on a 400-sample frame of unit noise, against 2·10⁻⁵ for the
+/// Conv, both measured against numpy's float64 FFT), which a log-mel front end turns into
+/// differences of 10⁻³ that are ONNX Runtime's error, not the artifact's.
+pub fn exact_reference(proto: &ModelProto) -> Option<ModelProto> {
+    let found = stfts(proto);
+    if found.is_empty() {
+        return None;
+    }
+    let mut model = proto.clone();
+    let graph = model.graph.as_mut()?;
+    let mut names = Names::of(graph);
+    for s in found.iter().rev() {
+        let p = names.prefix(&s.output);
+        let old = graph.node[s.node].clone();
+        let to = |name: &str, to: ElemType, out: &str| {
+            node("Cast", &[name], out, vec![int("to", to.code() as i64)])
+        };
+        let mut nodes = vec![to(&s.signal, ElemType::Float64, &format!("{p}_signal64"))];
+        let mut stft = old.clone();
+        stft.name = format!("{p}_stft64");
+        stft.input[0] = format!("{p}_signal64");
+        if let Some(w) = old.input.get(2).filter(|w| !w.is_empty()) {
+            nodes.push(to(w, ElemType::Float64, &format!("{p}_window64")));
+            stft.input[2] = format!("{p}_window64");
+        }
+        stft.output[0] = format!("{p}_spectrum64");
+        nodes.push(stft);
+        nodes.push(to(&format!("{p}_spectrum64"), ElemType::Float32, &s.output));
+        graph.node.splice(s.node..=s.node, nodes);
+    }
+    Some(model)
+}
+
+/// The top-level STFTs [`apply`] can take, in graph order.
+fn stfts(proto: &ModelProto) -> Vec<Stft> {
+    let Some(g) = proto.graph.as_ref() else {
+        return Vec::new();
+    };
+    let opset = proto
+        .opset_import
+        .iter()
+        .find(|o| matches!(o.domain.as_str(), "" | "ai.onnx"))
+        .map_or(0, |o| o.version);
+    let is_stft =
+        |n: &NodeProto| n.op_type == "STFT" && matches!(n.domain.as_str(), "" | "ai.onnx");
+    if opset < 17 || !g.node.iter().any(is_stft) {
+        return Vec::new();
+    }
+    // Shapes and types of the signals: the analysis's propagation, which never guesses.
+    let view = crate::onnx::Graph::new(g);
+    let (order, _) = crate::analysis::partition::topo_order(&view);
+    let facts = crate::analysis::shapes::propagate(&view, &order, None, opset);
+    let inputs: HashSet<&str> = g.input.iter().map(|i| i.name.as_str()).collect();
+    // Initializers a caller cannot override (an IR < 4 model lists them as inputs too; the
+    // build drops those inputs before it gets here).
+    let constant = |name: &str| {
+        if inputs.contains(name) {
+            return None;
+        }
+        g.initializer
+            .iter()
+            .rev()
+            .find(|t| t.name == name && t.external_data.is_empty())
+    };
+    let mut out = Vec::new();
+    for (i, n) in g.node.iter().enumerate() {
+        if !is_stft(n) || n.output.first().is_none_or(|o| o.is_empty()) || n.output.len() != 1 {
+            continue;
+        }
+        let arg = |k: usize| n.input.get(k).map(String::as_str).filter(|s| !s.is_empty());
+        let Some(signal) = arg(0) else { continue };
+        let real_f32 = facts.get(signal).is_some_and(|t| {
+            t.dtype == Some(ElemType::Float32)
+                && match t.shape.as_deref() {
+                    Some([_, _]) => true,
+                    Some([_, _, last]) => *last == SymDim::Known(1),
+                    _ => false,
+                }
+        });
+        if !real_f32 {
+            continue;
+        }
+        let Some(step) = arg(1)
+            .and_then(constant)
+            .and_then(scalar_int)
+            .filter(|&s| s > 0)
+        else {
+            continue;
+        };
+        let window = arg(2).map(|w| constant(w).and_then(floats));
+        let frame = arg(3).map(|f| constant(f).and_then(scalar_int));
+        let window = match (window, frame) {
+            (Some(Some(w)), None) => w,
+            (Some(Some(w)), Some(Some(f))) if f == w.len() as i64 => w,
+            (None, Some(Some(f))) if f > 0 && f as usize <= MAX_STFT_FRAME => vec![1.0; f as usize],
+            _ => continue,
+        };
+        let len = window.len();
+        if !(2..=MAX_STFT_FRAME).contains(&len) || len.is_power_of_two() {
+            continue;
+        }
+        let onesided = crate::onnx::attr::int(n, "onesided").unwrap_or(1) != 0;
+        out.push(Stft {
+            node: i,
+            signal: signal.to_string(),
+            window,
+            step,
+            onesided,
+            output: n.output[0].clone(),
+        });
+    }
+    out
+}
+
+/// The Conv's weights `[2·bins, 1, n]`: rows `k < bins` are `window[t]·cos(2πkt/n)`, rows
+/// `bins + k` are `−window[t]·sin(2πkt/n)` (the DFT's `e^{−2πikt/n}`), computed in float64
+/// with `k·t` reduced modulo `n` so every angle is exact before it is rounded.
+fn dft_basis(name: &str, window: &[f32], bins: usize) -> TensorProto {
+    let n = window.len();
+    let mut raw = Vec::with_capacity(2 * bins * n * 4);
+    for part in 0..2 {
+        for k in 0..bins {
+            for (t, &w) in window.iter().enumerate() {
+                let angle = std::f64::consts::TAU * ((k * t) % n) as f64 / n as f64;
+                let v = if part == 0 {
+                    f64::from(w) * angle.cos()
+                } else {
+                    -f64::from(w) * angle.sin()
+                };
+                raw.extend_from_slice(&(v as f32).to_le_bytes());
+            }
+        }
+    }
+    TensorProto {
+        name: name.into(),
+        dims: vec![2 * bins as i64, 1, n as i64],
+        data_type: ElemType::Float32.code(),
+        raw_data: Bytes::from(raw),
+        ..Default::default()
+    }
+}
+
+/// A scalar (or one-element) integer constant.
+fn scalar_int(t: &TensorProto) -> Option<i64> {
+    if t.dims.iter().product::<i64>() != 1 {
+        return None;
+    }
+    match crate::analysis::facts::tensor_ints(t)?.as_slice() {
+        [v] => Some(*v),
+        _ => None,
+    }
+}
+
+/// The values of a one-dimensional float32 constant.
+fn floats(t: &TensorProto) -> Option<Vec<f32>> {
+    if ElemType::from_code(t.data_type) != ElemType::Float32 || t.dims.len() != 1 {
+        return None;
+    }
+    let n = usize::try_from(t.dims[0]).ok()?;
+    let v: Vec<f32> = if t.raw_data.is_empty() {
+        t.float_data.clone()
+    } else {
+        t.raw_data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    };
+    (v.len() == n).then_some(v)
+}
+
+/// Names already used in a graph, to make new ones that are not.
+struct Names(HashSet<String>);
+
+impl Names {
+    fn of(g: &crate::onnx::proto::GraphProto) -> Self {
+        let mut s = HashSet::new();
+        for n in &g.node {
+            s.extend(n.input.iter().chain(&n.output).cloned());
+            s.insert(n.name.clone());
+        }
+        s.extend(g.initializer.iter().map(|t| t.name.clone()));
+        s.extend(g.input.iter().chain(&g.output).map(|v| v.name.clone()));
+        s.extend(g.value_info.iter().map(|v| v.name.clone()));
+        Self(s)
+    }
+
+    /// A prefix no used name starts with, derived from `base`.
+    fn prefix(&mut self, base: &str) -> String {
+        let mut k = 0;
+        loop {
+            let p = format!("{base}__trtcache{k}");
+            if !self.0.iter().any(|n| n.starts_with(&p)) {
+                self.0.insert(p.clone());
+                return p;
+            }
+            k += 1;
+        }
+    }
+}
+
+/// A node named after its one output (new outputs are unique, so the names are too).
+fn node(op: &str, inputs: &[&str], output: &str, attrs: Vec<AttributeProto>) -> NodeProto {
+    NodeProto {
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.to_string()],
+        name: format!("{output}__{}", op.to_lowercase()),
+        op_type: op.into(),
+        attribute: attrs,
+        ..Default::default()
+    }
+}
+
+fn ints(name: &str, v: &[i64]) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: AttributeType::Ints as i32,
+        ints: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn int(name: &str, v: i64) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: AttributeType::Int as i32,
+        i: v,
+        ..Default::default()
+    }
+}
+
+fn tensor_i64(name: &str, v: &[i64]) -> TensorProto {
+    TensorProto {
+        name: name.into(),
+        dims: vec![v.len() as i64],
+        data_type: ElemType::Int64.code(),
+        raw_data: Bytes::from(v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{models, tensor_f32};
+
+    fn ops(m: &ModelProto) -> Vec<&str> {
+        m.graph
+            .as_ref()
+            .unwrap()
+            .node
+            .iter()
+            .map(|n| n.op_type.as_str())
+            .collect()
+    }
+
+    fn floats_of(m: &ModelProto, name: &str) -> (Vec<i64>, Vec<f32>) {
+        let t = m
+            .graph
+            .as_ref()
+            .unwrap()
+            .initializer
+            .iter()
+            .find(|t| t.name == name)
+            .unwrap();
+        let v = t
+            .raw_data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        (t.dims.clone(), v)
+    }
+
+    #[test]
+    fn a_400_sample_stft_becomes_a_conv_with_the_windowed_dft_basis() {
+        let m = models::stft(400, 4000);
+        let r = apply(&m).expect("rewritten");
+        assert_eq!(
+            ops(&r.model),
+            [
+                "Reshape",
+                "Conv",
+                "Reshape",
+                "Transpose",
+                "Mul",
+                "ReduceSum"
+            ]
+        );
+        assert_eq!(r.applied.len(), 1);
+        assert!(
+            r.applied[0].contains("frame 400, step 160, 201 bins"),
+            "{:?}",
+            r.applied
+        );
+        let g = r.model.graph.as_ref().unwrap();
+        // The Transpose writes the STFT's own output, which the rest still reads.
+        assert_eq!(g.node[3].output, ["spectrum"]);
+        assert_eq!(
+            crate::onnx::attr::ints(&g.node[3], "perm").unwrap(),
+            [0, 3, 2, 1]
+        );
+        assert_eq!(
+            crate::onnx::attr::ints(&g.node[1], "strides").unwrap(),
+            [160]
+        );
+        assert_eq!(
+            crate::onnx::attr::ints(&g.node[1], "kernel_shape").unwrap(),
+            [400]
+        );
+        let (dims, w) = floats_of(&r.model, &g.node[1].input[1]);
+        assert_eq!(dims, [402, 1, 400]);
+        let (_, window) = floats_of(&m, "window");
+        let at = |row: usize, t: usize| w[row * 400 + t];
+        for t in [0, 1, 77, 200, 399] {
+            // Bin 0: the window itself (cos 0) and no imaginary part.
+            assert_eq!(at(0, t), window[t]);
+            assert_eq!(at(201, t), 0.0);
+            let angle = std::f64::consts::TAU * ((3 * t) % 400) as f64 / 400.0;
+            assert!((f64::from(at(3, t)) - f64::from(window[t]) * angle.cos()).abs() < 1e-6);
+            assert!((f64::from(at(204, t)) + f64::from(window[t]) * angle.sin()).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn stfts_it_cannot_take_or_need_not_are_left_alone() {
+        // A power-of-two frame: ONNX Runtime runs an FFT.
+        assert!(apply(&models::stft(512, 4000)).is_none());
+        // A window a caller can override (listed as an input too).
+        let mut m = models::stft(400, 4000);
+        let g = m.graph.as_mut().unwrap();
+        g.input.push(crate::fixtures::value_info(
+            "window",
+            ElemType::Float32,
+            None,
+        ));
+        assert!(apply(&m).is_none());
+        // A window computed at run time.
+        let mut m = models::stft(400, 4000);
+        let g = m.graph.as_mut().unwrap();
+        g.initializer.retain(|t| t.name != "window");
+        g.node.insert(
+            0,
+            NodeProto {
+                op_type: "HannWindow".into(),
+                input: vec!["n".into()],
+                output: vec!["window".into()],
+                ..Default::default()
+            },
+        );
+        g.initializer
+            .push(crate::fixtures::tensor_i64("n", &[], &[400]));
+        assert!(apply(&m).is_none());
+        // A complex signal ([batch, length, 2]).
+        let mut m = models::stft(400, 4000);
+        let g = m.graph.as_mut().unwrap();
+        g.input[0] = crate::fixtures::value_info(
+            "x",
+            ElemType::Float32,
+            Some(&[1.into(), 4000.into(), 2.into()]),
+        );
+        assert!(apply(&m).is_none());
+        // A signal of unknown rank.
+        let mut m = models::stft(400, 4000);
+        m.graph.as_mut().unwrap().input[0] =
+            crate::fixtures::value_info("x", ElemType::Float32, None);
+        assert!(apply(&m).is_none());
+        // A frame length that disagrees with the window.
+        let mut m = models::stft(400, 4000);
+        let g = m.graph.as_mut().unwrap();
+        g.initializer
+            .push(crate::fixtures::tensor_i64("len", &[], &[320]));
+        g.node[0].input.push("len".into());
+        assert!(apply(&m).is_none());
+        // A step that is not a positive constant.
+        let mut m = models::stft(400, 4000);
+        let g = m.graph.as_mut().unwrap();
+        g.initializer[0] = crate::fixtures::tensor_i64("step", &[], &[0]);
+        assert!(apply(&m).is_none());
+    }
+
+    #[test]
+    fn a_rank_3_real_signal_and_a_frame_length_without_window_are_taken() {
+        // [batch, length, 1], frame length 300 and no window: a rectangular one.
+        let mut m = models::stft(400, 4000);
+        let g = m.graph.as_mut().unwrap();
+        g.input[0] = crate::fixtures::value_info(
+            "x",
+            ElemType::Float32,
+            Some(&[1.into(), 4000.into(), 1.into()]),
+        );
+        g.initializer
+            .push(crate::fixtures::tensor_i64("len", &[], &[300]));
+        g.node[0].input = vec!["x".into(), "step".into(), String::new(), "len".into()];
+        let r = apply(&m).expect("rewritten");
+        let g = r.model.graph.as_ref().unwrap();
+        let (dims, w) = floats_of(&r.model, &g.node[1].input[1]);
+        assert_eq!(dims, [302, 1, 300]);
+        assert!(w[..300].iter().all(|&v| v == 1.0));
+    }
+
+    #[test]
+    fn new_names_never_reuse_the_graphs() {
+        let mut m = models::stft(400, 4000);
+        let g = m.graph.as_mut().unwrap();
+        g.initializer
+            .push(tensor_f32("spectrum__trtcache0_basis", &[1], &[0.0]));
+        let r = apply(&m).expect("rewritten");
+        let g = r.model.graph.as_ref().unwrap();
+        assert_eq!(g.node[1].input[1], "spectrum__trtcache1_basis");
+    }
+
+    #[test]
+    fn the_exact_reference_computes_the_same_stft_in_float64() {
+        let m = models::stft(400, 4000);
+        let e = exact_reference(&m).expect("an STFT it rewrites");
+        assert_eq!(
+            ops(&e),
+            ["Cast", "Cast", "STFT", "Cast", "Mul", "ReduceSum"]
+        );
+        let g = e.graph.as_ref().unwrap();
+        assert_eq!(
+            crate::onnx::attr::int(&g.node[0], "to"),
+            Some(ElemType::Float64.code() as i64)
+        );
+        assert_eq!(g.node[3].output, ["spectrum"]);
+        assert_eq!(
+            crate::onnx::attr::int(&g.node[3], "to"),
+            Some(ElemType::Float32.code() as i64)
+        );
+        assert!(exact_reference(&models::stft(512, 4000)).is_none());
+    }
+}
