@@ -226,6 +226,8 @@ pub struct Plan {
     pub golden: GoldenSettings,
     /// The sidecar's `specialize` (`None` when it does not say).
     pub specialize: Option<bool>,
+    /// The sidecar's `rewrite` (`None` when it does not say).
+    pub rewrite: Option<bool>,
     /// The sidecar used, if any.
     pub sidecar: Option<PathBuf>,
 }
@@ -281,6 +283,7 @@ pub fn resolve(
             .map(|s| s.golden.clone())
             .unwrap_or_default(),
         specialize: sidecar.as_ref().and_then(|s| s.specialize),
+        rewrite: sidecar.as_ref().and_then(|s| s.rewrite),
         sidecar: sidecar.map(|s| s.path),
     })
 }

@@ -243,12 +243,13 @@ impl Default for BuildOptions {
 
 impl BuildOptions {
     /// These options as `plan` resolves them: the plan's profile and precision, and
-    /// `specialize` unless the plan (its sidecar) turns it off.
+    /// `specialize` and `rewrite` unless the plan (its sidecar) turns them off.
     pub fn for_plan(self, plan: &crate::plan::Plan) -> Self {
         Self {
             precision: plan.precision,
             profile: plan.profile.clone(),
             specialize: self.specialize && plan.specialize.unwrap_or(true),
+            rewrite: self.rewrite && plan.rewrite.unwrap_or(true),
             ..self
         }
     }

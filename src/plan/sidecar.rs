@@ -8,6 +8,7 @@
 //! backends = ["ort-tensorrt", "ort-cpu"]
 //! default_profile = "small"          # needed when several profiles exist
 //! specialize = false                 # ort-cpu: keep fixed profile dims free (default true)
+//! rewrite = false                    # ort-cpu: no graph rewrites (default true)
 //!
 //! [profiles.small]                   # shapes as tables ...
 //! min = { ids = [1, 1],   mask = [1, 1] }
@@ -102,6 +103,7 @@ struct SidecarFile {
     backends: Vec<Backend>,
     default_profile: Option<String>,
     specialize: Option<bool>,
+    rewrite: Option<bool>,
     #[serde(default)]
     profiles: BTreeMap<String, ProfileSpec>,
     #[serde(default)]
@@ -121,6 +123,9 @@ pub struct Sidecar {
     /// `ort-cpu`: whether a profile's fixed dimensions are baked into the artifact (`None`:
     /// the command's default, yes).
     pub specialize: Option<bool>,
+    /// `ort-cpu`: whether the build applies its graph rewrites (`build::rewrite`; `None`:
+    /// the command's default, yes).
+    pub rewrite: Option<bool>,
     /// Profiles by name, unvalidated (validation needs the model: [`super::validate_profile`]).
     pub profiles: BTreeMap<String, ShapeProfile>,
     pub tolerances: HashMap<Precision, Tolerance>,
@@ -297,6 +302,7 @@ impl Sidecar {
             backends: f.backends,
             default_profile: f.default_profile,
             specialize: f.specialize,
+            rewrite: f.rewrite,
             profiles,
             tolerances,
             golden,
@@ -349,6 +355,7 @@ precision = "fp16"
 backends = ["ort-tensorrt", "ort-cpu"]
 default_profile = "small"
 specialize = false
+rewrite = false
 [profiles.small]
 min = { x = [1, 1, 64] }
 opt = { x = [2, 16, 64] }
@@ -370,6 +377,7 @@ int_range = [0, 5]
         assert_eq!(s.precision, Some(Precision::Fp16));
         assert_eq!(s.backends, [Backend::OrtTensorRt, Backend::OrtCpu]);
         assert_eq!(s.specialize, Some(false));
+        assert_eq!(s.rewrite, Some(false));
         let p = s.profile(None).unwrap().unwrap();
         assert_eq!(p.name, "small");
         assert_eq!(p.max["x"], [8, 128, 64]);

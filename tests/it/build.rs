@@ -1181,4 +1181,9 @@ fn a_rewritten_artifact_over_both_references_is_built_without_rewrites() {
     assert_ne!(n["key"], v["key"]);
     assert!(n["record"]["validation"].get("rewrites").is_none(), "{n}");
     assert!(artifact_ops(&n).contains(&"STFT".into()));
+    // The sidecar's `rewrite = false` (how a daemon-served model opts out) is the same build.
+    std::fs::write(d.path().join("stft.trtcache.toml"), "rewrite = false\n").unwrap();
+    let (s, out) = build_json(&m, &d.path().join("cache3"), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(s["key"], n["key"], "{s}");
 }
