@@ -66,6 +66,11 @@ pub struct Config {
     /// (faster session creation). Part of the cache key, as `trtcache build
     /// --external-min-size`; the default matches it.
     pub external_min_bytes: u64,
+    /// `ort-cpu` artifacts: apply the build's graph rewrites (`build::rewrite`: an op ONNX
+    /// Runtime's CPU provider runs slowly replaced by the same computation in ops it runs
+    /// well). A model's sidecar `rewrite = false` turns them off for that model; this, for
+    /// every model. Part of the cache key, as `trtcache build --no-rewrite`.
+    pub rewrite: bool,
     /// Log lines on stderr: `text` (human; under journald without timestamps, with syslog
     /// priorities) or `json` (one JSON object a line, for log shippers). `--log-format`
     /// overrides it.
@@ -404,6 +409,7 @@ impl Default for Config {
             ort_library: None,
             backends: vec![Backend::DEFAULT],
             external_min_bytes: DEFAULT_EXTERNAL_MIN_BYTES,
+            rewrite: true,
             log_format: LogFormat::Text,
             metrics_listen: None,
             follow_symlinks_outside_repo: false,
@@ -603,6 +609,11 @@ mod tests {
         let sample = include_str!("../systemd/config.toml");
         let c = Config::from_toml(sample, Path::new("systemd/config.toml")).unwrap();
         assert_eq!(c.limits, Limits::default());
+        let d = Config::default();
+        assert_eq!(
+            (c.external_min_bytes, c.rewrite, c.ready_index),
+            (d.external_min_bytes, d.rewrite, d.ready_index)
+        );
         assert_eq!(c.socket, PathBuf::from("/run/trtcache/trtcache.sock"));
         assert_eq!(c.cache_dir, PathBuf::from("/var/cache/trtcache"));
     }

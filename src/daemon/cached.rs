@@ -37,6 +37,9 @@ pub struct CachedEngine {
     max_bytes: u64,
     /// [`BuildOptions::external_min_bytes`] for every build (config `external_min_bytes`).
     external_min_bytes: u64,
+    /// [`BuildOptions::rewrite`] for every build (config `rewrite`; a sidecar can still turn
+    /// it off for its model).
+    rewrite: bool,
     /// The `trt` builder settings of every build (config `[trt]`).
     trt: crate::config::TrtSettings,
     /// `limits.validation_max_bytes` for every build.
@@ -197,6 +200,7 @@ impl CachedEngine {
             store,
             max_bytes,
             external_min_bytes,
+            rewrite: true,
             trt: trt.clone(),
             validation_max_bytes: limits.validation_max_bytes,
             thread_probe_max_run_ms: limits.thread_probe_max_run_ms,
@@ -260,6 +264,7 @@ impl CachedEngine {
             &plan,
             BuildOptions {
                 external_min_bytes: self.external_min_bytes,
+                rewrite: self.rewrite,
                 trt_builder_level: self.trt.builder_optimization_level,
                 trt_hardware_compat: crate::trt::HwCompat::parse(&self.trt.hardware_compatibility)
                     .unwrap_or_default(),
@@ -715,6 +720,14 @@ impl CachedEngine {
     }
 }
 
+impl CachedEngine {
+    /// Whether builds apply the graph rewrites (config `rewrite`; on when not called).
+    pub fn with_rewrite(mut self, on: bool) -> Self {
+        self.rewrite = on;
+        self
+    }
+}
+
 /// The cache directory's engine for a daemon config.
 pub fn open(cfg: &crate::config::Config) -> Result<CachedEngine, EngineError> {
     let engine = CachedEngine::open(
@@ -723,7 +736,8 @@ pub fn open(cfg: &crate::config::Config) -> Result<CachedEngine, EngineError> {
         cfg.external_min_bytes,
         &cfg.limits,
         &cfg.trt,
-    )?;
+    )?
+    .with_rewrite(cfg.rewrite);
     Ok(match &cfg.remote {
         Some(r) => engine.with_remote(
             crate::remote::RemoteTier::open(r)

@@ -107,3 +107,43 @@ fn a_model_onnx_runtime_refuses_is_named_once_in_its_reason() {
     );
     assert!(d.stop());
 }
+
+/// Op types of the graph of `name`'s default artifact, acquired from the daemon.
+fn served_ops(d: &Daemon, name: &str) -> Vec<String> {
+    let a = d.client().acquire_model(name).unwrap();
+    let bytes = a.graph_bytes().unwrap();
+    let m: trtcache::onnx::proto::ModelProto = prost::Message::decode(bytes.as_slice()).unwrap();
+    m.graph
+        .unwrap()
+        .node
+        .into_iter()
+        .map(|n| n.op_type)
+        .collect()
+}
+
+/// The daemon builds an STFT front end with the graph rewrite (a Conv is served); a model's
+/// sidecar `rewrite = false` opts that model out, the config's `rewrite = false` every model.
+#[test]
+fn the_daemon_serves_rewritten_stfts_unless_a_sidecar_or_the_config_says_not_to() {
+    use trtcache::fixtures::models;
+    let mut d = Daemon::new();
+    write(&models::stft(400, 4000), &d.models().join("a.onnx")).unwrap();
+    write(&models::stft(400, 4000), &d.models().join("b.onnx")).unwrap();
+    std::fs::write(d.models().join("b.trtcache.toml"), "rewrite = false\n").unwrap();
+    d.start();
+    d.wait_settled(&["a", "b"]);
+    let (a, b) = (served_ops(&d, "a"), served_ops(&d, "b"));
+    assert!(
+        a.contains(&"Conv".into()) && !a.contains(&"STFT".into()),
+        "{a:?}"
+    );
+    assert!(b.contains(&"STFT".into()), "{b:?}");
+    assert!(d.stop());
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(d.config(), format!("rewrite = false\n{cfg}")).unwrap();
+    d.start();
+    d.wait_settled(&["a", "b"]);
+    let a = served_ops(&d, "a");
+    assert!(a.contains(&"STFT".into()), "{a:?}");
+    assert!(d.stop());
+}
