@@ -35,13 +35,48 @@ fn table() -> &'static TrtTable {
 }
 
 /// ONNX decoding + `inspect` facts + capability analysis (shapes, data-dependent shapes,
-/// partitioning) on arbitrary bytes.
+/// partitioning) + the `ort-cpu` build's graph rewrites on arbitrary bytes. A rewritten
+/// graph must read only names that exist (a graph input, an initializer or an earlier
+/// node's output) wherever the original did.
 pub fn onnx_inspect(data: &[u8]) {
     let bytes = bytes::Bytes::copy_from_slice(data);
     if let Ok(model) = Model::from_bytes("/nonexistent/fuzz.onnx", bytes) {
         let _ = facts(&model, &crate::cli::opset_bounds(table()));
         let _ = analyse(&model, &Options::default());
+        if let Some(r) = crate::build::rewrite::apply(&model.proto) {
+            assert!(
+                !reads_defined(&model.proto) || reads_defined(&r.model),
+                "a rewrite reads a name nothing defines"
+            );
+        }
+        if let Some(e) = crate::build::rewrite::exact_reference(&model.proto) {
+            assert!(!reads_defined(&model.proto) || reads_defined(&e));
+        }
     }
+}
+
+/// Whether every top-level node reads only names defined before it (graph inputs,
+/// initializers, earlier outputs; empty names are absent optional inputs).
+fn reads_defined(m: &crate::onnx::proto::ModelProto) -> bool {
+    let Some(g) = m.graph.as_ref() else {
+        return true;
+    };
+    let mut defined: std::collections::HashSet<&str> = g
+        .input
+        .iter()
+        .map(|v| v.name.as_str())
+        .chain(g.initializer.iter().map(|t| t.name.as_str()))
+        .collect();
+    for n in &g.node {
+        if n.input
+            .iter()
+            .any(|i| !i.is_empty() && !defined.contains(i.as_str()))
+        {
+            return false;
+        }
+        defined.extend(n.output.iter().map(String::as_str));
+    }
+    true
 }
 
 /// The wire protocol as the daemon reads it: the input is a byte stream on a socket, split
