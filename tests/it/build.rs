@@ -1111,7 +1111,7 @@ fn an_stft_is_built_as_a_conv_and_validated_against_an_exact_reference() {
         "{reference}"
     );
     assert_eq!(
-        v["record"]["parts"]["options"]["rewrites"], "stft-as-conv",
+        v["record"]["parts"]["options"]["rewrites"], "stft-as-conv,hardswish",
         "{v}"
     );
     let ops = artifact_ops(&v);
@@ -1186,4 +1186,40 @@ fn a_rewritten_artifact_over_both_references_is_built_without_rewrites() {
     let (s, out) = build_json(&m, &d.path().join("cache3"), &[]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(s["key"], n["key"], "{s}");
+}
+
+#[test]
+fn a_spelled_out_hard_swish_is_built_as_a_hard_sigmoid_gate() {
+    // Add → Clip → Mul → Div at opset 13 becomes HardSigmoid + Mul, validated against the
+    // model as given; --no-rewrite keeps the four ops.
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("hs.onnx");
+    write(&models::hard_swish(false), &m).unwrap();
+    let (v, out) = build_json(&m, &d.path().join("cache"), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let val = &v["record"]["validation"];
+    assert_eq!(val["passed"], true, "{val}");
+    assert!(val.get("reference").is_none(), "{val}");
+    assert_eq!(
+        val["rewrites"][0], "hardswish: 1 x·clip(x+3, 0, 6)/6 as Mul(x, HardSigmoid(x))",
+        "{val}"
+    );
+    assert_eq!(
+        v["record"]["parts"]["options"]["rewrites"],
+        "stft-as-conv,hardswish"
+    );
+    let ops = artifact_ops(&v);
+    assert!(
+        ops.contains(&"HardSigmoid".into()) && !ops.contains(&"Clip".into()),
+        "{ops:?}"
+    );
+    let entry = v["artifact"]["entry"].as_str().unwrap();
+    let diff: f64 = run_python(COMPARE, &[&m, Path::new(entry), Path::new("1x8x6x6")])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(diff < 1e-5, "max abs {diff}");
+    let (n, out) = build_json(&m, &d.path().join("cache2"), &["--no-rewrite"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(artifact_ops(&n).contains(&"Clip".into()));
 }
