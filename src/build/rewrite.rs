@@ -155,11 +155,7 @@ fn stft_as_conv(proto: &ModelProto, applied: &mut Vec<String>) -> Option<ModelPr
 /// nothing else, and only with constants of exactly 3, 0, 6 and 6.
 fn hardswish(proto: &ModelProto, applied: &mut Vec<String>) -> Option<ModelProto> {
     let g = proto.graph.as_ref()?;
-    let opset = proto
-        .opset_import
-        .iter()
-        .find(|o| matches!(o.domain.as_str(), "" | "ai.onnx"))
-        .map_or(0, |o| o.version);
+    let opset = std_opset(proto);
     let std = |n: &NodeProto| matches!(n.domain.as_str(), "" | "ai.onnx");
     let inputs: HashSet<&str> = g.input.iter().map(|i| i.name.as_str()).collect();
     // One-element float constants: initializers a caller cannot override, Constant nodes.
@@ -341,11 +337,7 @@ fn stfts(proto: &ModelProto) -> Vec<Stft> {
     let Some(g) = proto.graph.as_ref() else {
         return Vec::new();
     };
-    let opset = proto
-        .opset_import
-        .iter()
-        .find(|o| matches!(o.domain.as_str(), "" | "ai.onnx"))
-        .map_or(0, |o| o.version);
+    let opset = std_opset(proto);
     let is_stft =
         |n: &NodeProto| n.op_type == "STFT" && matches!(n.domain.as_str(), "" | "ai.onnx");
     if opset < 17 || !g.node.iter().any(is_stft) {
@@ -521,6 +513,17 @@ impl Names {
     }
 }
 
+/// The model's ai.onnx opset, as [`crate::onnx::Model::opset`] reads it (0 when absent).
+fn std_opset(proto: &ModelProto) -> i64 {
+    proto
+        .opset_import
+        .iter()
+        .filter(|o| matches!(o.domain.as_str(), "" | "ai.onnx"))
+        .map(|o| o.version)
+        .max()
+        .unwrap_or(0)
+}
+
 /// A node named after its one output (new outputs are unique, so the names are too).
 fn node(op: &str, inputs: &[&str], output: &str, attrs: Vec<AttributeProto>) -> NodeProto {
     NodeProto {
@@ -533,30 +536,33 @@ fn node(op: &str, inputs: &[&str], output: &str, attrs: Vec<AttributeProto>) -> 
     }
 }
 
+/// An attribute of `name` and type `t`, its value left to the caller.
+fn attr(name: &str, t: AttributeType) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: t as i32,
+        ..Default::default()
+    }
+}
+
 fn ints(name: &str, v: &[i64]) -> AttributeProto {
     AttributeProto {
-        name: name.into(),
-        r#type: AttributeType::Ints as i32,
         ints: v.to_vec(),
-        ..Default::default()
+        ..attr(name, AttributeType::Ints)
     }
 }
 
-fn float(name: &str, v: f32) -> AttributeProto {
+fn float(name: &str, f: f32) -> AttributeProto {
     AttributeProto {
-        name: name.into(),
-        r#type: AttributeType::Float as i32,
-        f: v,
-        ..Default::default()
+        f,
+        ..attr(name, AttributeType::Float)
     }
 }
 
-fn int(name: &str, v: i64) -> AttributeProto {
+fn int(name: &str, i: i64) -> AttributeProto {
     AttributeProto {
-        name: name.into(),
-        r#type: AttributeType::Int as i32,
-        i: v,
-        ..Default::default()
+        i,
+        ..attr(name, AttributeType::Int)
     }
 }
 
