@@ -19,18 +19,26 @@ The typed API is documented in docs/clients.md.
 from __future__ import annotations
 
 import os
-from typing import (
-    TYPE_CHECKING,
-    Any,
-    Callable,
-    Dict,
-    Iterable,
-    List,
-    Optional,
-    Sequence,
-    Tuple,
-    Union,
-)
+from typing import TYPE_CHECKING
+
+# The typing names are for annotations only (strings under ``from __future__ import
+# annotations``): a consumer's first inference pays this module's import, and building a
+# generic alias such as ``Dict[str, Any]`` at import costs more than the rest of the module's
+# top-level statements together (~45 us of ~0.1 ms in a fresh process).
+if TYPE_CHECKING:
+    from typing import (
+        Any,
+        Callable,
+        Dict,
+        Iterable,
+        List,
+        Optional,
+        Sequence,
+        Tuple,
+        Union,
+    )
+
+    Json = Dict[str, Any]
 
 # The exceptions (``trtcache_client.errors``, 25 classes: a quarter of this module's import
 # time, which every consumer's first inference pays) are loaded when one is first raised or
@@ -167,8 +175,6 @@ BACKEND_PROVIDERS: Dict[str, List[str]] = {
 passes ``providers``: the first is the backend's own (checked to be available), the rest
 take the nodes it does not."""
 
-
-Json = Dict[str, Any]
 
 
 class Artifact:

@@ -22,7 +22,6 @@ from . import (
     MAX_FDS,
     PROTOCOL_VERSION,
     Artifact,
-    Json,
     __version__,
     _close_all,
     _err,
@@ -30,7 +29,7 @@ from . import (
 from ._codec import dumps, loads
 
 if TYPE_CHECKING:
-    from . import Client
+    from . import Client, Json
 
 
 def _nofile_limit() -> str:
