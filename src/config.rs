@@ -201,6 +201,13 @@ pub struct Limits {
     /// serves even when nothing signalled a change: a pointer or the folder deleted by hand
     /// is written again. 0: only on changes.
     pub ready_recheck_secs: u64,
+    /// How often (milliseconds) the daemon reads the ready index's open events, each a hit of
+    /// the artifact a consumer opened through it (`fast_hits`, the LRU order). Read on a
+    /// timer rather than awaited, so that a consumer's open wakes nothing (20–70 µs of a
+    /// fresh consumer's acquire otherwise); a hit is counted up to this late, and more opens
+    /// than the kernel queues (`fs.inotify.max_queued_events`) in one interval go uncounted
+    /// (logged). At least 1.
+    pub ready_hits_poll_ms: u64,
     /// Longest wait (seconds) between retries of a background build that failed for a
     /// reason of the machine (the cache full, read-only, failing, or its folders deleted);
     /// the wait doubles from 1 s up to this.
@@ -306,6 +313,7 @@ impl Default for Limits {
             metrics_max_models: 100,
             socket_check_secs: 5,
             ready_recheck_secs: 5,
+            ready_hits_poll_ms: 250,
             storage_retry_max_secs: 60,
             decode_max_nodes: decode.max_nodes,
             decode_max_attributes: decode.max_attributes,

@@ -226,7 +226,8 @@ async fn serve_async(mut cfg: Config, reload: Reload) -> Result<Ending, ServeErr
                     recheck,
                     stop_rx.clone(),
                 ));
-                tokio::spawn(ready::count_opens(svc.clone(), idx, stop_rx.clone()));
+                let poll = Duration::from_millis(cfg.limits.ready_hits_poll_ms.max(1));
+                tokio::spawn(ready::count_opens(svc.clone(), idx, poll, stop_rx.clone()));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "no ready index; every acquire goes over the socket")

@@ -173,6 +173,35 @@ fn the_index_follows_what_the_socket_serves() {
     assert!(left.is_empty(), "{left:?}");
 }
 
+/// The daemon reads the index's open events on a timer (`limits.ready_hits_poll_ms`), so a
+/// consumer's open wakes nothing. A burst of opens of one pointer inside one interval still
+/// counts once each (the kernel merges identical unread events; the closes between the opens
+/// keep them apart), and nothing is counted twice.
+#[test]
+fn a_burst_of_opens_inside_one_poll_interval_counts_once_each() {
+    let mut d = Daemon::new();
+    write(&models::tiny_encoder(false), &d.models().join("enc.onnx")).unwrap();
+    // The config ends in its [limits] table.
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(d.config(), format!("{cfg}ready_hits_poll_ms = 1500\n")).unwrap();
+    d.start();
+    d.wait_settled(&["enc"]);
+    wait_pointer(&d, "enc", "written", |p| p.is_some());
+    wait_fast_hits(&d, 1);
+    let before = fast_hits(&d);
+    // Eight opens well inside one 1.5 s interval: five acquires, three plain reads.
+    for _ in 0..5 {
+        assert!(ready::acquire(&d.socket(), "enc").is_some());
+    }
+    for _ in 0..3 {
+        std::fs::read_to_string(pointer_path(&d, "enc")).unwrap();
+    }
+    wait_fast_hits(&d, before + 8);
+    // Two more intervals: no open is counted twice.
+    std::thread::sleep(Duration::from_millis(3200));
+    assert_eq!(fast_hits(&d), before + 8, "{}", d.log());
+}
+
 #[test]
 fn a_stale_index_is_emptied_at_start_and_can_be_turned_off() {
     let mut d = Daemon::new();
