@@ -32,6 +32,10 @@ const TMP_PREFIX: &str = ".tmp-";
 /// How often a watch of a folder deleted by hand is tried again when nothing says it is back.
 const REWATCH_EVERY: Duration = Duration::from_secs(5);
 
+/// Reads of the index's event queue per tick of `count_opens` (each up to 16 KiB): enough
+/// for the kernel's default queue (16,384 events) twice over.
+const MAX_READS_PER_TICK: usize = 64;
+
 /// What was last written for a model.
 struct Published {
     key: CacheKey,
@@ -351,8 +355,10 @@ pub async fn count_opens(
                 watching = ino.watches().add(&idx.dir, WATCHED).is_ok();
             }
         }
-        // Everything queued since the last tick, one read(2) of up to 16 KiB at a time.
-        loop {
+        // What was queued since the last tick, one read(2) of up to 16 KiB (at least 512
+        // events) at a time; at most MAX_READS_PER_TICK reads, so that a local flood of opens
+        // cannot hold the socket's thread (what is left waits for the next tick).
+        for _ in 0..MAX_READS_PER_TICK {
             let events = match ino.read_events(&mut buf) {
                 Ok(events) => events,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
