@@ -202,6 +202,62 @@ fn a_burst_of_opens_inside_one_poll_interval_counts_once_each() {
     assert_eq!(fast_hits(&d), before + 8, "{}", d.log());
 }
 
+/// A local flood of pointer opens (far more in one tick than the kernel queues) costs counts,
+/// logged once, and nothing else: acquires over the socket are answered throughout, and no
+/// more hits are counted than there were opens.
+#[test]
+fn a_flood_of_pointer_opens_loses_counts_not_the_socket() {
+    let d = started(&[("enc", models::tiny_encoder(false))]);
+    wait_pointer(&d, "enc", "written", |p| p.is_some());
+    wait_fast_hits(&d, 1);
+    let before = fast_hits(&d);
+    let path = pointer_path(&d, "enc");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flooders: Vec<_> = (0..2)
+        .map(|_| {
+            let (path, stop) = (path.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut opens = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    drop(std::fs::File::open(&path).unwrap());
+                    opens += 1;
+                }
+                opens
+            })
+        })
+        .collect();
+    let mut c = d.client();
+    let t0 = Instant::now();
+    let mut answered = 0;
+    while t0.elapsed() < Duration::from_secs(2) {
+        let a = c
+            .acquire(&AcquireRequest {
+                model: "enc".into(),
+                ..Default::default()
+            })
+            .unwrap();
+        assert!(!a.files.is_empty());
+        answered += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let opens: u64 = flooders.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(answered > 0);
+    // Let the last ticks drain what is queued, then compare.
+    std::thread::sleep(Duration::from_millis(1500));
+    let counted = fast_hits(&d) - before;
+    eprintln!("flood: {opens} opens, {counted} counted, {answered} acquires answered");
+    assert!(counted <= opens, "{counted} hits counted for {opens} opens");
+    if opens > 262_144 {
+        // Two events an open (the close too), eight 250 ms ticks in 2 s, 16,384 queued events
+        // a tick: 65,536 opens fit; four times that cannot, however the opens fall.
+        assert!(
+            d.log().contains("event queue overflowed"),
+            "{opens} opens, {counted} counted, no overflow logged\n{}",
+            d.log()
+        );
+    }
+}
+
 #[test]
 fn a_stale_index_is_emptied_at_start_and_can_be_turned_off() {
     let mut d = Daemon::new();
