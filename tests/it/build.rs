@@ -1111,7 +1111,7 @@ fn an_stft_is_built_as_a_conv_and_validated_against_an_exact_reference() {
         "{reference}"
     );
     assert_eq!(
-        v["record"]["parts"]["options"]["rewrites"], "stft-as-conv,hardswish",
+        v["record"]["parts"]["options"]["rewrites"], "stft-as-conv,hardswish,conv-affine",
         "{v}"
     );
     let ops = artifact_ops(&v);
@@ -1189,6 +1189,43 @@ fn a_rewritten_artifact_over_both_references_is_built_without_rewrites() {
 }
 
 #[test]
+fn a_scalar_affine_after_a_conv_is_built_into_the_conv() {
+    // Conv → Mul(0.75) → Add(-0.25) with every constant a Constant node (as paddle2onnx
+    // writes PP-LCNetV3's learnable affine blocks) becomes the Conv alone, validated against
+    // the model as given; --no-rewrite keeps the Mul and Add.
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("affine.onnx");
+    write(&models::conv_affine(true, true, true), &m).unwrap();
+    let (v, out) = build_json(&m, &d.path().join("cache"), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let val = &v["record"]["validation"];
+    assert_eq!(val["passed"], true, "{val}");
+    assert_eq!(
+        val["rewrites"][0],
+        "conv-affine: 1 scalar Mul/Add after a Conv folded into its weights and bias",
+        "{val}"
+    );
+    let ops = artifact_ops(&v);
+    assert!(
+        !ops.contains(&"Mul".into()) && !ops.contains(&"Add".into()),
+        "{ops:?}"
+    );
+    let entry = v["artifact"]["entry"].as_str().unwrap();
+    let diff: f64 = run_python(COMPARE, &[&m, Path::new(entry), Path::new("1x4x6x6")])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(diff < 1e-5, "max abs {diff}");
+    let (n, out) = build_json(&m, &d.path().join("cache2"), &["--no-rewrite"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        artifact_ops(&n).contains(&"Mul".into()),
+        "{:?}",
+        artifact_ops(&n)
+    );
+}
+
+#[test]
 fn a_spelled_out_hard_swish_is_built_as_a_hard_sigmoid_gate() {
     // Add → Clip → Mul → Div at opset 13 becomes HardSigmoid + Mul, validated against the
     // model as given; --no-rewrite keeps the four ops.
@@ -1206,7 +1243,7 @@ fn a_spelled_out_hard_swish_is_built_as_a_hard_sigmoid_gate() {
     );
     assert_eq!(
         v["record"]["parts"]["options"]["rewrites"],
-        "stft-as-conv,hardswish"
+        "stft-as-conv,hardswish,conv-affine"
     );
     let ops = artifact_ops(&v);
     assert!(
