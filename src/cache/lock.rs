@@ -8,8 +8,15 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use super::StoreError;
+
+/// How long [`DirLock::acquire`] waits for a lock whose recorded owner is no longer alive.
+/// An owner killed while it was starting a child (a build worker between `fork` and `exec`)
+/// leaves that child holding the lock's descriptor for a moment; a restart right after the
+/// kill (systemd's, a crash test's `verify`) must not mistake it for a live owner.
+pub const DEAD_OWNER_GRACE: Duration = Duration::from_secs(2);
 
 /// An exclusive lock on a cache directory; released when dropped (or when the process dies).
 #[derive(Debug)]
@@ -25,19 +32,36 @@ impl DirLock {
         // Never through a link: a root-run command would otherwise truncate whatever
         // `lock` points at (see `files`).
         let mut file = super::files::open_rw(&path, 0o640).map_err(io)?;
-        // SAFETY: flock on a valid, owned file descriptor.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc != 0 {
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                let mut s = String::new();
-                let _ = file.read_to_string(&mut s);
-                return Err(StoreError::InUse {
-                    dir: dir.to_path_buf(),
-                    pid: s.trim().parse().ok(),
-                });
+        let started = Instant::now();
+        loop {
+            // SAFETY: flock on a valid, owned file descriptor.
+            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+            if rc == 0 {
+                break;
             }
-            return Err(io(err));
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(io(err));
+            }
+            let mut s = String::new();
+            let _ = file.seek(SeekFrom::Start(0));
+            let _ = file.read_to_string(&mut s);
+            let pid: Option<u32> = s.trim().parse().ok();
+            if pid.is_some_and(|p| !alive(p)) && started.elapsed() < DEAD_OWNER_GRACE {
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+            if pid.is_some_and(|p| !alive(p)) {
+                tracing::warn!(
+                    dir = %dir.display(),
+                    pid = pid.unwrap_or_default(),
+                    "the cache's recorded owner is gone but its lock is still held after {DEAD_OWNER_GRACE:?} (a process it started?)"
+                );
+            }
+            return Err(StoreError::InUse {
+                dir: dir.to_path_buf(),
+                pid,
+            });
         }
         file.set_len(0).map_err(io)?;
         file.seek(SeekFrom::Start(0)).map_err(io)?;
@@ -47,9 +71,59 @@ impl DirLock {
     }
 }
 
+/// Whether a process with this pid exists (one of another user's counts).
+fn alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 checks existence and permission only.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lock_held_after_its_owner_died_is_waited_for() {
+        // The owner recorded in the file is gone (a reaped child), but another descriptor
+        // still holds the lock, as a dead daemon's half-started worker would: acquire waits
+        // for its release instead of failing at once.
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        assert!(!alive(dead));
+        let path = dir.path().join("lock");
+        std::fs::write(&path, format!("{dead}\n")).unwrap();
+        let holder = File::open(&path).unwrap();
+        // SAFETY: flock on a valid, owned file descriptor.
+        assert_eq!(unsafe { libc::flock(holder.as_raw_fd(), libc::LOCK_EX) }, 0);
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            drop(holder);
+        });
+        let t = Instant::now();
+        let lock = DirLock::acquire(dir.path()).expect("waited for the dead owner's lock");
+        assert!(
+            t.elapsed() >= Duration::from_millis(150),
+            "{:?}",
+            t.elapsed()
+        );
+        release.join().unwrap();
+        drop(lock);
+        // A live owner (this process) is refused at once, as before.
+        let first = DirLock::acquire(dir.path()).unwrap();
+        match DirLock::acquire(dir.path()) {
+            Err(StoreError::InUse { pid, .. }) => assert_eq!(pid, Some(std::process::id())),
+            other => panic!("unexpected {other:?}"),
+        }
+        drop(first);
+    }
 
     #[test]
     fn second_lock_names_the_owner_pid() {
