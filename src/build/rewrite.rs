@@ -185,20 +185,12 @@ fn hardswish(proto: &ModelProto, applied: &mut Vec<String>) -> Option<ModelProto
     if !scalars.values().any(|&v| v == 6.0) {
         return None;
     }
-    let view = crate::onnx::Graph::new(g);
+    let uses = read_counts(g);
     let mut producer: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
-    let mut uses: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
     for (i, n) in g.node.iter().enumerate() {
         for o in n.output.iter().filter(|o| !o.is_empty()) {
             producer.insert(o.as_str(), i);
         }
-        // What a node reads, its bodies' captures included.
-        for r in crate::analysis::partition::reads(&view, i) {
-            *uses.entry(r).or_default() += 1;
-        }
-    }
-    for o in &g.output {
-        *uses.entry(o.name.as_str()).or_default() += 2;
     }
     // The node producing `name` when it is `op` and `name` feeds nothing else.
     let only = |name: &str, op: &str| {
@@ -264,6 +256,7 @@ fn hardswish(proto: &ModelProto, applied: &mut Vec<String>) -> Option<ModelProto
         return None;
     }
     // Float32 only (HardSigmoid takes other float types, but nothing here measured them).
+    let view = crate::onnx::Graph::new(g);
     let (order, _) = crate::analysis::partition::topo_order(&view);
     let facts = crate::analysis::shapes::propagate(&view, &order, None, opset);
     found.retain(|(x, _, _)| facts.get(x).and_then(|t| t.dtype) == Some(ElemType::Float32));
@@ -342,19 +335,12 @@ fn conv_affine(proto: &ModelProto, applied: &mut Vec<String>) -> Option<ModelPro
         }
     };
     let scalar = |name: &str| tensor(name).and_then(scalar_f32).filter(|v| v.is_finite());
-    let view = crate::onnx::Graph::new(g);
-    let mut uses: HashMap<&str, usize> = HashMap::new();
+    let uses = read_counts(g);
     let mut reader: HashMap<&str, usize> = HashMap::new();
     for (i, n) in g.node.iter().enumerate() {
-        for r in crate::analysis::partition::reads(&view, i) {
-            *uses.entry(r).or_default() += 1;
-        }
         for r in n.input.iter().filter(|r| !r.is_empty()) {
             reader.insert(r.as_str(), i);
         }
-    }
-    for o in &g.output {
-        *uses.entry(o.name.as_str()).or_default() += 2;
     }
     // The node that alone reads `name`, when it is `op` with one output and reads `name` and
     // a finite one-element float32 constant: (the node, the constant's value).
@@ -685,19 +671,27 @@ fn scalar_f32(t: &TensorProto) -> Option<f32> {
 
 /// The values of a one-dimensional float32 constant.
 fn floats(t: &TensorProto) -> Option<Vec<f32>> {
-    if ElemType::from_code(t.data_type) != ElemType::Float32 || t.dims.len() != 1 {
+    if t.dims.len() != 1 {
         return None;
     }
-    let n = usize::try_from(t.dims[0]).ok()?;
-    let v: Vec<f32> = if t.raw_data.is_empty() {
-        t.float_data.clone()
-    } else {
-        t.raw_data
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    };
-    (v.len() == n).then_some(v)
+    inline_floats(t)
+}
+
+/// How many times each name of `g` is read: by its nodes (their bodies' captures included)
+/// once per reading node, and twice more when it is a graph output (so that "read once"
+/// means one node and nothing else).
+fn read_counts(g: &crate::onnx::proto::GraphProto) -> std::collections::HashMap<&str, usize> {
+    let view = crate::onnx::Graph::new(g);
+    let mut uses: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for i in 0..g.node.len() {
+        for r in crate::analysis::partition::reads(&view, i) {
+            *uses.entry(r).or_default() += 1;
+        }
+    }
+    for o in &g.output {
+        *uses.entry(o.name.as_str()).or_default() += 2;
+    }
+    uses
 }
 
 /// Names already used in a graph, to make new ones that are not.

@@ -47,14 +47,14 @@ impl DirLock {
             let _ = file.seek(SeekFrom::Start(0));
             let _ = file.read_to_string(&mut s);
             let pid: Option<u32> = s.trim().parse().ok();
-            if pid.is_some_and(|p| !alive(p)) && started.elapsed() < DEAD_OWNER_GRACE {
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
-            }
-            if pid.is_some_and(|p| !alive(p)) {
+            if let Some(dead) = pid.filter(|&p| !alive(p)) {
+                if started.elapsed() < DEAD_OWNER_GRACE {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
                 tracing::warn!(
                     dir = %dir.display(),
-                    pid = pid.unwrap_or_default(),
+                    pid = dead,
                     "the cache's recorded owner is gone but its lock is still held after {DEAD_OWNER_GRACE:?} (a process it started?)"
                 );
             }

@@ -1061,6 +1061,23 @@ fn artifact_ops(v: &Value) -> Vec<String> {
     art.graph().node.iter().map(|n| n.op_type.clone()).collect()
 }
 
+/// The largest absolute difference between `model` and the artifact a build reported in `v`,
+/// on one random input of `shape` (`COMPARE`, e.g. `1x8x6x6`).
+fn artifact_diff(model: &Path, v: &Value, shape: &str) -> f64 {
+    let entry = v["artifact"]["entry"].as_str().unwrap();
+    run_python(COMPARE, &[model, Path::new(entry), Path::new(shape)])
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Op types of `model`'s artifact built with `--no-rewrite` into `cache`.
+fn ops_without_rewrites(model: &Path, cache: &Path) -> Vec<String> {
+    let (v, out) = build_json(model, cache, &["--no-rewrite"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    artifact_ops(&v)
+}
+
 /// Runs the original and the artifact on one Gaussian signal and prints the largest relative
 /// difference of each from numpy's float64 power spectrum, over bins above 1 % of the peak.
 const STFT_ERRORS: &str = r#"
@@ -1210,19 +1227,10 @@ fn a_scalar_affine_after_a_conv_is_built_into_the_conv() {
         !ops.contains(&"Mul".into()) && !ops.contains(&"Add".into()),
         "{ops:?}"
     );
-    let entry = v["artifact"]["entry"].as_str().unwrap();
-    let diff: f64 = run_python(COMPARE, &[&m, Path::new(entry), Path::new("1x4x6x6")])
-        .trim()
-        .parse()
-        .unwrap();
+    let diff = artifact_diff(&m, &v, "1x4x6x6");
     assert!(diff < 1e-5, "max abs {diff}");
-    let (n, out) = build_json(&m, &d.path().join("cache2"), &["--no-rewrite"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert!(
-        artifact_ops(&n).contains(&"Mul".into()),
-        "{:?}",
-        artifact_ops(&n)
-    );
+    let ops = ops_without_rewrites(&m, &d.path().join("cache2"));
+    assert!(ops.contains(&"Mul".into()), "{ops:?}");
 }
 
 #[test]
@@ -1250,13 +1258,7 @@ fn a_spelled_out_hard_swish_is_built_as_a_hard_sigmoid_gate() {
         ops.contains(&"HardSigmoid".into()) && !ops.contains(&"Clip".into()),
         "{ops:?}"
     );
-    let entry = v["artifact"]["entry"].as_str().unwrap();
-    let diff: f64 = run_python(COMPARE, &[&m, Path::new(entry), Path::new("1x8x6x6")])
-        .trim()
-        .parse()
-        .unwrap();
+    let diff = artifact_diff(&m, &v, "1x8x6x6");
     assert!(diff < 1e-5, "max abs {diff}");
-    let (n, out) = build_json(&m, &d.path().join("cache2"), &["--no-rewrite"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert!(artifact_ops(&n).contains(&"Clip".into()));
+    assert!(ops_without_rewrites(&m, &d.path().join("cache2")).contains(&"Clip".into()));
 }
