@@ -9,6 +9,9 @@
 //! Enters: a decoded [`ModelProto`]. Leaves: the rewritten proto and one line per rewrite
 //! applied (the validation report lists them), or `None` when nothing applies.
 //!
+//! **`static-if`**: see [`static_if`] (an `If` whose condition the model's shapes fix
+//! becomes the branch it takes).
+//!
 //! **`hardswish`**: see [`hardswish`] (a hard-swish spelled out as four elementwise ops
 //! becomes `Mul(x, HardSigmoid(x))`).
 //!
@@ -31,6 +34,8 @@
 //! windows or steps computed at run time or stored outside the graph, and STFTs inside
 //! control-flow bodies are left alone.
 
+mod static_if;
+
 use std::collections::HashSet;
 
 use bytes::Bytes;
@@ -42,7 +47,7 @@ use crate::onnx::proto::{
 use crate::onnx::ElemType;
 
 /// The rewrites this build applies, by name (what the key records).
-pub const REWRITES: &[&str] = &["stft-as-conv", "hardswish", "conv-affine"];
+pub const REWRITES: &[&str] = &["static-if", "stft-as-conv", "hardswish", "conv-affine"];
 
 /// Largest frame (window) length rewritten: the Conv's weights are `2·(n/2+1)·n` floats
 /// (16 MiB at 2,048); longer frames are rare and their direct DFT is left to ONNX Runtime.
@@ -73,13 +78,18 @@ struct Stft {
     output: String,
 }
 
-/// The model with every rewrite applied where it can be (`stft-as-conv`, `hardswish`, then
-/// `conv-affine`); `None` when none applies.
+/// The model with every rewrite applied where it can be (`static-if` first, so the others
+/// see the branches it inlines; then `stft-as-conv`, `hardswish` and `conv-affine`); `None`
+/// when none applies.
 pub fn apply(proto: &ModelProto) -> Option<Rewritten> {
     let mut applied = Vec::new();
-    let model = stft_as_conv(proto, &mut applied);
-    let model = hardswish(model.as_ref().unwrap_or(proto), &mut applied).or(model);
-    let model = conv_affine(model.as_ref().unwrap_or(proto), &mut applied).or(model)?;
+    let inlined = static_if::static_if(proto, &mut applied);
+    let base = inlined.as_ref().unwrap_or(proto);
+    let model = stft_as_conv(base, &mut applied);
+    let model = hardswish(model.as_ref().unwrap_or(base), &mut applied).or(model);
+    let model = conv_affine(model.as_ref().unwrap_or(base), &mut applied)
+        .or(model)
+        .or(inlined)?;
     tracing::info!(?applied, "rewrote the graph before optimizing it");
     Some(Rewritten { model, applied })
 }

@@ -1128,7 +1128,7 @@ fn an_stft_is_built_as_a_conv_and_validated_against_an_exact_reference() {
         "{reference}"
     );
     assert_eq!(
-        v["record"]["parts"]["options"]["rewrites"], "stft-as-conv,hardswish,conv-affine",
+        v["record"]["parts"]["options"]["rewrites"], "static-if,stft-as-conv,hardswish,conv-affine",
         "{v}"
     );
     let ops = artifact_ops(&v);
@@ -1234,6 +1234,40 @@ fn a_scalar_affine_after_a_conv_is_built_into_the_conv() {
 }
 
 #[test]
+fn an_if_whose_condition_the_shapes_fix_is_built_as_its_branch() {
+    // bool(x.shape[0]) and x.shape[2] == 4 on x: [2, batch, 4] become their then branches;
+    // x.shape[1] == 1 (the batch) stays an If. Validated against the model as given, and
+    // the artifact agrees with it on both sides of the batch check.
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("static_if.onnx");
+    write(&models::static_if(false), &m).unwrap();
+    let (v, out) = build_json(&m, &d.path().join("cache"), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let val = &v["record"]["validation"];
+    assert_eq!(val["passed"], true, "{val}");
+    let lines: Vec<&str> = val["rewrites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l.as_str())
+        .collect();
+    assert_eq!(lines.len(), 2, "{val}");
+    assert!(
+        lines.iter().all(|l| l.starts_with("static-if: ")),
+        "{lines:?}"
+    );
+    let ops = artifact_ops(&v);
+    assert_eq!(ops.iter().filter(|o| *o == "If").count(), 1, "{ops:?}");
+    assert!(ops.contains(&"Neg".into()), "{ops:?}");
+    for shape in ["2x3x4", "2x1x4"] {
+        let diff = artifact_diff(&m, &v, shape);
+        assert!(diff == 0.0, "{shape}: max abs {diff}");
+    }
+    let ops = ops_without_rewrites(&m, &d.path().join("cache2"));
+    assert_eq!(ops.iter().filter(|o| *o == "If").count(), 2, "{ops:?}");
+}
+
+#[test]
 fn a_spelled_out_hard_swish_is_built_as_a_hard_sigmoid_gate() {
     // Add → Clip → Mul → Div at opset 13 becomes HardSigmoid + Mul, validated against the
     // model as given; --no-rewrite keeps the four ops.
@@ -1251,7 +1285,7 @@ fn a_spelled_out_hard_swish_is_built_as_a_hard_sigmoid_gate() {
     );
     assert_eq!(
         v["record"]["parts"]["options"]["rewrites"],
-        "stft-as-conv,hardswish,conv-affine"
+        "static-if,stft-as-conv,hardswish,conv-affine"
     );
     let ops = artifact_ops(&v);
     assert!(

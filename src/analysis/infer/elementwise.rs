@@ -4,7 +4,8 @@
 //!
 //! Enters: a [`NodeCx`]. Leaves: `None` for ops of other families, else one [`Out`] per
 //! output. Add, Sub, Mul and Div also fold small integer values (shape arithmetic), so a
-//! shape computed in the graph stays known.
+//! shape computed in the graph stays known; comparisons, Not, And, Or and Xor fold them to
+//! bools (0 and 1), so a shape check an exporter wrote as an `If` condition is known too.
 
 use super::{one, same, shape, Answer, NodeCx};
 use crate::analysis::facts::{broadcast, Out, SymDim};
@@ -86,6 +87,17 @@ fn like_input(cx: &NodeCx<'_>) -> Vec<Option<Out>> {
     if cx.op == "Identity" {
         o.value = t.value.clone();
     }
+    if cx.op == "Not" && t.dtype == Some(ElemType::Bool) {
+        // Tracked bools are 0 and 1 (a folded comparison, a Cast to bool).
+        o.value = t.value.as_ref().map(|v| {
+            v.iter()
+                .map(|d| match d {
+                    SymDim::Known(x @ (0 | 1)) => SymDim::Known(1 - x),
+                    _ => SymDim::Unknown,
+                })
+                .collect()
+        });
+    }
     let mut v = vec![Some(o)];
     if cx.op == "Dropout" {
         // The mask is bool from Dropout-10 on; before, it has the type of the data.
@@ -115,7 +127,12 @@ fn broadcasting(cx: &NodeCx<'_>) -> Vec<Option<Out>> {
         cx.inp(0).and_then(|t| t.value.as_ref()),
         cx.inp(1).and_then(|t| t.value.as_ref()),
     ) {
-        ("Add" | "Sub" | "Mul" | "Div", Some(a), Some(b)) if n.input.len() == 2 => {
+        (
+            "Add" | "Sub" | "Mul" | "Div" | "Equal" | "Less" | "Greater" | "LessOrEqual"
+            | "GreaterOrEqual" | "And" | "Or" | "Xor",
+            Some(a),
+            Some(b),
+        ) if n.input.len() == 2 && !a.is_empty() && !b.is_empty() => {
             let len = a.len().max(b.len());
             if (a.len() == len || a.len() == 1) && (b.len() == len || b.len() == 1) {
                 Some(
@@ -136,10 +153,27 @@ fn broadcasting(cx: &NodeCx<'_>) -> Vec<Option<Out>> {
     }))
 }
 
-/// One element of integer shape arithmetic; unknown unless it is sure.
+/// One element of integer shape arithmetic, or of a comparison or logic op on tracked
+/// values (bools as 0 and 1); unknown unless it is sure. Two equal symbols are not taken
+/// to be equal numbers: ONNX Runtime does not check that inputs sharing a dimension name
+/// agree, and a folded condition must hold for every input it accepts.
 fn arith(op: &str, a: &SymDim, b: &SymDim) -> SymDim {
     use SymDim::*;
+    let truth = |c: bool| Known(i64::from(c));
     match (op, a, b) {
+        ("Equal", Known(x), Known(y)) => truth(x == y),
+        ("Less", Known(x), Known(y)) => truth(x < y),
+        ("Greater", Known(x), Known(y)) => truth(x > y),
+        ("LessOrEqual", Known(x), Known(y)) => truth(x <= y),
+        ("GreaterOrEqual", Known(x), Known(y)) => truth(x >= y),
+        ("And", Known(x @ (0 | 1)), Known(y @ (0 | 1))) => truth(*x == 1 && *y == 1),
+        ("Or", Known(x @ (0 | 1)), Known(y @ (0 | 1))) => truth(*x == 1 || *y == 1),
+        ("Xor", Known(x @ (0 | 1)), Known(y @ (0 | 1))) => truth(x != y),
+        (
+            "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or" | "Xor",
+            _,
+            _,
+        ) => Unknown,
         ("Add", Known(x), Known(y)) => Known(x.saturating_add(*y)),
         ("Sub", Known(x), Known(y)) => Known(x.saturating_sub(*y)),
         ("Mul", Known(x), Known(y)) => Known(x.saturating_mul(*y)),
@@ -173,5 +207,32 @@ mod tests {
         );
         assert_eq!(broadcast(&[&k(&[3]), &k(&[4])]), vec![SymDim::Unknown]);
         assert_eq!(broadcast(&[&[SymDim::Unknown], &k(&[5])]), k(&[5]));
+    }
+
+    #[test]
+    fn comparisons_and_logic_fold_known_values_only() {
+        let b = SymDim::Sym("b".into());
+        assert_eq!(
+            arith("Equal", &SymDim::Known(2), &SymDim::Known(2)),
+            SymDim::Known(1)
+        );
+        assert_eq!(
+            arith("Less", &SymDim::Known(2), &SymDim::Known(1)),
+            SymDim::Known(0)
+        );
+        assert_eq!(
+            arith("And", &SymDim::Known(1), &SymDim::Known(0)),
+            SymDim::Known(0)
+        );
+        assert_eq!(
+            arith("Or", &SymDim::Known(1), &SymDim::Known(0)),
+            SymDim::Known(1)
+        );
+        // Two equal names are not taken as equal numbers; bools are 0 and 1 only.
+        assert_eq!(arith("Equal", &b, &b), SymDim::Unknown);
+        assert_eq!(
+            arith("And", &SymDim::Known(2), &SymDim::Known(1)),
+            SymDim::Unknown
+        );
     }
 }

@@ -76,7 +76,17 @@ pub(super) fn rules(cx: &NodeCx<'_>) -> Answer {
             one(shape(cx.in_dt(0), Some(vec![m, nn])))
         }
         "Conv" | "MaxPool" | "AveragePool" | "LpPool" => {
-            let s = conv_like(n, op, cx.in_shape(0), cx.in_shape(1));
+            let w = cx.in_shape(1);
+            let s = match (cx.in_shape(0), op) {
+                // X's rank unknown: a Conv's output still has W's rank and W's output
+                // channels (ONNX requires X and W of one rank).
+                (None, "Conv") => w.filter(|w| w.len() >= 3).map(|w| {
+                    let mut s = vec![SymDim::Unknown, w[0].clone()];
+                    s.extend(std::iter::repeat_n(SymDim::Unknown, w.len() - 2));
+                    s
+                }),
+                (x, _) => conv_like(n, op, x, w),
+            };
             let mut v = vec![shape(cx.in_dt(0), s.clone())];
             if op == "MaxPool" {
                 v.push(shape(Some(ElemType::Int64), s));

@@ -2,10 +2,11 @@
 //!
 //! Enters: a [`NodeCx`]. Leaves: `None` for ops of other families, else the one [`Out`],
 //! shaped like input 0. A Cast between integer types keeps the tracked value (shape
-//! arithmetic often passes through int32).
+//! arithmetic often passes through int32), and one to or from bool too (a shape check
+//! written `bool(x.shape[0])`), bools as 0 and 1.
 
 use super::{one, shape, Answer, NodeCx};
-use crate::analysis::facts::Out;
+use crate::analysis::facts::{Out, SymDim};
 use crate::onnx::attr;
 use crate::onnx::ElemType;
 
@@ -21,9 +22,24 @@ pub(super) fn rules(cx: &NodeCx<'_>) -> Answer {
                     Some(ElemType::Int64 | ElemType::Int32 | ElemType::Int8 | ElemType::Uint8)
                 )
             };
+            let from = t.and_then(|t| t.dtype);
+            let int_or_bool = |e: Option<ElemType>| ints(e) || e == Some(ElemType::Bool);
             let value = t
                 .and_then(|t| t.value.clone())
-                .filter(|_| ints(to) && ints(t.and_then(|t| t.dtype)));
+                .filter(|_| int_or_bool(to) && int_or_bool(from))
+                .map(|v| {
+                    if to == Some(ElemType::Bool) {
+                        // Any non-zero integer is true.
+                        v.into_iter()
+                            .map(|d| match d {
+                                SymDim::Known(x) => SymDim::Known(i64::from(x != 0)),
+                                _ => SymDim::Unknown,
+                            })
+                            .collect()
+                    } else {
+                        v
+                    }
+                });
             one(Some(Out {
                 dtype: to,
                 shape: t.and_then(|t| t.shape.clone()),
