@@ -289,12 +289,32 @@ impl BackendImpl for OrtCpu {
         let control_flow =
             m.graph().node.iter().any(crate::onnx::attr::has_body) && m.external_files.is_empty();
         drop(m);
-        let source = Source {
+        let mut source = Source {
             model,
             constants: constants.as_deref(),
             dims: &dims,
         };
-        optimize(rt, &source, opts, out, Save::External)?;
+        let plain;
+        let mut rewrites = rewrites;
+        if let Err(e) = optimize(rt, &source, opts, out, Save::External) {
+            if rewrites.is_empty() {
+                return Err(e);
+            }
+            // ONNX Runtime's checks can be stricter on a rewritten graph than on the model
+            // (an inlined `If` branch hands `Range` a one-element vector where ONNX's shape
+            // inference wants a scalar, which ORT's kernel takes at run time): the rewrites
+            // must never cost a model its artifact, so build it as given.
+            tracing::warn!(error = %e, ?rewrites, "ONNX Runtime refused the rewritten graph; building the model without rewrites");
+            clear(out)?;
+            let m = Model::load(model).map_err(|e| BuildError::Model {
+                path: model.to_path_buf(),
+                message: e.to_string(),
+            })?;
+            plain = prepare(&m, false).0;
+            source.constants = plain.as_deref();
+            rewrites = Vec::new();
+            optimize(rt, &source, opts, out, Save::External)?;
+        }
         if control_flow {
             // ONNX Runtime's save with external initializers can write a control-flow graph
             // it then refuses to load (a Loop whose If branches both define `constant_in`:

@@ -1268,6 +1268,26 @@ fn an_if_whose_condition_the_shapes_fix_is_built_as_its_branch() {
 }
 
 #[test]
+fn a_rewritten_graph_onnx_runtime_refuses_is_built_as_given() {
+    // static-if inlines a branch whose one-element vector feeds Range; ONNX Runtime refuses
+    // that graph (ONNX's Range wants a scalar) but runs the model: the build falls back to
+    // the model without rewrites and validates.
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("range.onnx");
+    write(&models::static_if_into_range(), &m).unwrap();
+    let (v, out) = build_json(&m, &d.path().join("cache"), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let val = &v["record"]["validation"];
+    assert_eq!(val["passed"], true, "{val}");
+    assert!(
+        val.get("rewrites")
+            .is_none_or(|r| r.as_array().unwrap().is_empty()),
+        "{val}"
+    );
+    assert!(artifact_ops(&v).contains(&"If".into()));
+}
+
+#[test]
 fn a_spelled_out_hard_swish_is_built_as_a_hard_sigmoid_gate() {
     // Add → Clip → Mul → Div at opset 13 becomes HardSigmoid + Mul, validated against the
     // model as given; --no-rewrite keeps the four ops.
