@@ -240,6 +240,42 @@ fn reopen(rt: &Runtime, entry: &Path, opts: &BuildOptions) -> Result<Session, or
         .commit_from_file(entry)
 }
 
+/// The saved graph trimmed by [`compact`](super::compact) (no `value_info`, doc strings or
+/// long names), written in place; kept as ONNX Runtime wrote it when ORT will not open the
+/// trimmed one (which validation would otherwise refuse).
+fn compact_saved(rt: &Runtime, entry: &Path, opts: &BuildOptions) -> Result<(), BuildError> {
+    use prost::Message;
+    let io = |source| BuildError::Io {
+        path: entry.to_path_buf(),
+        source,
+    };
+    let saved = std::fs::read(entry).map_err(io)?;
+    let Ok(mut proto) = crate::onnx::proto::ModelProto::decode(&saved[..]) else {
+        return Ok(()); // validation reports what ORT says of it
+    };
+    let renamed = super::compact::compact(&mut proto);
+    let trimmed = proto.encode_to_vec();
+    drop(proto);
+    let tmp = entry.with_extension("onnx.compact");
+    std::fs::write(&tmp, &trimmed).map_err(io)?;
+    std::fs::rename(&tmp, entry).map_err(io)?;
+    match reopen(rt, entry, opts) {
+        Ok(_) => {
+            tracing::debug!(
+                bytes = saved.len(),
+                trimmed = trimmed.len(),
+                renamed,
+                "trimmed the saved graph"
+            );
+            Ok(())
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "ONNX Runtime refuses the trimmed graph; keeping the graph as it saved it");
+            std::fs::write(entry, &saved).map_err(io)
+        }
+    }
+}
+
 /// Removes what a first save left in `out` (the staging directory holds nothing else).
 fn clear(out: &Path) -> Result<(), BuildError> {
     for name in [ENTRY, DATA] {
@@ -329,6 +365,7 @@ impl BackendImpl for OrtCpu {
                 optimize(rt, &source, opts, out, Save::Inline)?;
             }
         }
+        compact_saved(rt, &out.join(ENTRY), opts)?;
         Ok(StagedArtifact {
             rewrites,
             ..optimized_artifact(out)

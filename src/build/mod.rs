@@ -7,6 +7,7 @@
 //! the store, or a typed [`BuildError`]. ONNX Runtime comes from [`runtime`]; GPU providers
 //! are registered with `error_on_failure`, never ort's silent CPU fallback.
 
+pub(crate) mod compact;
 pub mod cpu;
 pub(crate) mod golden;
 pub(crate) mod gpu;
