@@ -65,9 +65,16 @@ pub enum BuildError {
     Key(#[from] crate::key::KeyError),
     #[error("the build was cancelled")]
     Cancelled,
-    /// The build worker crashed or was killed (the reason names why): the model's failure.
+    /// The build worker was killed (a deadline, a limit) or its answer was lost (the reason
+    /// names why): the model's failure.
     #[error("{0}")]
     Worker(String),
+    /// The build worker died on its own (a signal such as SIGSEGV, or a non-zero exit): the
+    /// model's failure, unless the graph was rewritten, in which case the pipeline builds it
+    /// again without rewrites first (ONNX Runtime can crash on a graph it was never meant to
+    /// see).
+    #[error("{0}")]
+    Crashed(String),
     /// No build worker could be started or reaped: the machine's problem, not the model's.
     #[error("{0}")]
     WorkerUnavailable(String),

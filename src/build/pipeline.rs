@@ -390,7 +390,23 @@ impl Builder {
         let mut spent_ms = 0;
         let (staging, built) = loop {
             let staging = self.store.staging_dir()?;
-            let built = self.stage(rt, &attempt, staging.path(), progress, &watch)?;
+            let built = match self.stage(rt, &attempt, staging.path(), progress, &watch) {
+                // ONNX Runtime can crash on a rewritten graph where it runs the model (1.31
+                // segfaults running ppocrv5_rec's conv-affine artifact with its prepacked
+                // weights saved): the worker's death costs the rewrites, not the artifact.
+                Err(BuildError::Crashed(why))
+                    if attempt.options.rewrite && attempt.backend == Backend::OrtCpu =>
+                {
+                    tracing::warn!(%why, "the build worker died on the rewritten graph; building it again without rewrites");
+                    progress("the build worker died with graph rewrites: building without them");
+                    rejected.push(format!("rewrites: {why}"));
+                    attempt.options.rewrite = false;
+                    drop(staging);
+                    watch.check()?;
+                    continue;
+                }
+                other => other?,
+            };
             spent_ms += built.build_ms;
             // A rewritten graph over tolerance (against the model and against its exact
             // reference, see `cpu`) is built again without rewrites first.

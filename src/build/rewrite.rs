@@ -308,15 +308,18 @@ fn hardswish(proto: &ModelProto, applied: &mut Vec<String>) -> Option<ModelProto
 /// else reads, whose output only a `Mul` by a one-element float32 constant reads, itself
 /// optionally read only by an `Add` of one: `a·Conv(x; W, B) + b` is `Conv(x; a·W, a·B + b)`
 /// exactly (up to float rounding), so the Mul and Add go and the Conv takes over the last
-/// one's output. PaddlePaddle exports its learnable affine blocks (PP-LCNetV3's scalar scale
+/// one's output. Before the Mul there may be an `Add` of one float32 constant per channel
+/// (`[1, M, 1, …]`: a bias paddle2onnx writes apart from a Conv), which goes into `B` first
+/// (`a·(B + c) + b`), and `Identity` nodes anywhere in the chain (paddle2onnx writes one
+/// after nearly every op), which go too. PaddlePaddle exports its learnable affine blocks (PP-LCNetV3's scalar scale
 /// and shift after each Conv) this way; ONNX Runtime 1.31 fuses neither op into the Conv, and
 /// each splits the NCHWc layout around it (ppocr_rec: 28 of them, 359 → 247 nodes in the
 /// artifact, a consumer's session 14.1 → 12.4 ms and first run 7.7 → 6.5 ms). Weights
 /// stored outside the graph file, shared with another node or overridable as graph inputs,
 /// non-finite scales or shifts, and Convs inside control-flow bodies are left alone.
-fn conv_affine(proto: &ModelProto, applied: &mut Vec<String>) -> Option<ModelProto> {
+fn conv_affine<'a>(proto: &'a ModelProto, applied: &mut Vec<String>) -> Option<ModelProto> {
     use std::collections::HashMap;
-    let g = proto.graph.as_ref()?;
+    let g: &'a GraphProto = proto.graph.as_ref()?;
     if !g.node.iter().any(|n| n.op_type == "Conv") {
         return None;
     }
@@ -369,8 +372,47 @@ fn conv_affine(proto: &ModelProto, applied: &mut Vec<String>) -> Option<ModelPro
         }
     };
     let once = |name: &str| uses.get(name) == Some(&1);
-    // (conv, the nodes to drop, the node whose output the Conv takes over, a, b)
-    let mut found: Vec<(usize, Vec<usize>, usize, f32, f32)> = Vec::new();
+    // `name` followed through the Identity nodes that alone read it (paddle2onnx writes one
+    // after nearly every op): the last name, the Identities passed pushed to `passed`.
+    let through = |mut name: &'a str, passed: &mut Vec<usize>| -> &'a str {
+        while once(name) {
+            let Some(&j) = reader.get(name) else { break };
+            let n = &g.node[j];
+            if !std(n) || n.op_type != "Identity" || n.output.len() != 1 || n.input.len() != 1 {
+                break;
+            }
+            passed.push(j);
+            name = &n.output[0];
+        }
+        name
+    };
+    // The `Add` that alone reads `name` (a Conv's output of `rank` dimensions and `m`
+    // channels) when its other input is a float32 constant of one value per channel
+    // (`[1, m, 1, …]` or `[m, 1, …]`): the node and the values.
+    let channel_bias = |name: &str, rank: usize, m: i64| -> Option<(usize, Vec<f32>)> {
+        if !once(name) {
+            return None;
+        }
+        let j = *reader.get(name)?;
+        let n = &g.node[j];
+        if !std(n) || n.op_type != "Add" || n.output.len() != 1 {
+            return None;
+        }
+        let c = match n.input.as_slice() {
+            [x, c] | [c, x] if x == name && c != name => c,
+            _ => return None,
+        };
+        let t = tensor(c)?;
+        let d = t.dims.as_slice();
+        let per_channel = match d.len() {
+            r if r == rank => d[1] == m && d.iter().enumerate().all(|(k, &v)| k == 1 || v == 1),
+            r if r + 1 == rank => d[0] == m && d[1..].iter().all(|&v| v == 1),
+            _ => false,
+        };
+        let v = inline_floats(t).filter(|v| v.iter().all(|x| x.is_finite()))?;
+        (per_channel && v.len() == usize::try_from(m).ok()?).then_some((j, v))
+    };
+    let mut found: Vec<Affine> = Vec::new();
     for (i, n) in g.node.iter().enumerate() {
         if !std(n) || n.op_type != "Conv" || n.output.len() != 1 {
             continue;
@@ -380,9 +422,9 @@ fn conv_affine(proto: &ModelProto, applied: &mut Vec<String>) -> Option<ModelPro
             [_, w, b] if !b.is_empty() => (w.as_str(), Some(b.as_str())),
             _ => continue,
         };
-        let Some(m) = tensor(w)
+        let Some((m, rank)) = tensor(w)
             .filter(|t| t.dims.len() >= 3 && inline_floats(t).is_some())
-            .map(|t| t.dims[0])
+            .map(|t| (t.dims[0], t.dims.len()))
         else {
             continue;
         };
@@ -396,14 +438,38 @@ fn conv_affine(proto: &ModelProto, applied: &mut Vec<String>) -> Option<ModelPro
                 continue;
             }
         }
-        let Some((mul, a)) = scaled_by(&n.output[0], "Mul") else {
+        let mut drop = Vec::new();
+        let mut at = through(&n.output[0], &mut drop);
+        let mut bias = None;
+        if let Some((add, c)) = channel_bias(at, rank, m) {
+            drop.push(add);
+            bias = Some(c);
+            at = through(&g.node[add].output[0], &mut drop);
+        }
+        let Some((mul, a)) = scaled_by(at, "Mul") else {
             continue;
         };
-        let (drop, last, shift) = match scaled_by(&g.node[mul].output[0], "Add") {
-            Some((add, b)) => (vec![mul, add], add, b),
-            None => (vec![mul], mul, 0.0),
+        drop.push(mul);
+        let mut last = mul;
+        let mut passed = Vec::new();
+        let after = through(&g.node[mul].output[0], &mut passed);
+        let shift = match scaled_by(after, "Add") {
+            Some((add, b)) => {
+                drop.extend(passed);
+                drop.push(add);
+                last = add;
+                b
+            }
+            None => 0.0,
         };
-        found.push((i, drop, last, a, shift));
+        found.push(Affine {
+            conv: i,
+            drop,
+            last,
+            bias,
+            a,
+            shift,
+        });
     }
     if found.is_empty() {
         return None;
@@ -412,16 +478,18 @@ fn conv_affine(proto: &ModelProto, applied: &mut Vec<String>) -> Option<ModelPro
     let graph = model.graph.as_mut()?;
     let mut names = Names::of(graph);
     let mut dropped = HashSet::new();
-    for (conv, drop, last, a, shift) in &found {
-        let out = graph.node[*last].output[0].clone();
-        let w = graph.node[*conv].input[1].clone();
-        let b = graph.node[*conv].input.get(2).cloned();
-        let m = scale(graph, &init, &konst, &w, |v| v * a)?;
+    for f in &found {
+        let (a, shift) = (f.a, f.shift);
+        let out = graph.node[f.last].output[0].clone();
+        let w = graph.node[f.conv].input[1].clone();
+        let b = graph.node[f.conv].input.get(2).cloned();
+        let c = |k: usize| f.bias.as_ref().map_or(0.0, |c| c[k]);
+        let m = scale(graph, &init, &konst, &w, |_, v| v * a)?;
         match b {
             Some(b) => {
-                scale(graph, &init, &konst, &b, |v| v * a + shift)?;
+                scale(graph, &init, &konst, &b, |k, v| (v + c(k)) * a + shift)?;
             }
-            None if *shift != 0.0 => {
+            None if shift != 0.0 || f.bias.is_some() => {
                 let name = format!("{}_bias", names.prefix(&out));
                 let mut t = TensorProto {
                     name: name.clone(),
@@ -431,15 +499,15 @@ fn conv_affine(proto: &ModelProto, applied: &mut Vec<String>) -> Option<ModelPro
                 };
                 set_floats(
                     &mut t,
-                    std::iter::repeat_n(*shift, usize::try_from(m).ok()?),
+                    (0..usize::try_from(m).ok()?).map(|k| c(k) * a + shift),
                 );
                 graph.initializer.push(t);
-                graph.node[*conv].input.push(name);
+                graph.node[f.conv].input.push(name);
             }
             None => {}
         }
-        graph.node[*conv].output[0] = out;
-        dropped.extend(drop.iter().copied());
+        graph.node[f.conv].output[0] = out;
+        dropped.extend(f.drop.iter().copied());
     }
     let old = std::mem::take(&mut graph.node);
     graph.node = old
@@ -455,7 +523,20 @@ fn conv_affine(proto: &ModelProto, applied: &mut Vec<String>) -> Option<ModelPro
     Some(model)
 }
 
-/// Applies `f` to every value of the float32 constant `name` of `graph` (an initializer by
+/// One Conv [`conv_affine`] folds a scale and shift into.
+struct Affine {
+    conv: usize,
+    /// The nodes that go: Identities, the per-channel bias Add, the Mul, the Add.
+    drop: Vec<usize>,
+    /// The node whose output the Conv takes over.
+    last: usize,
+    /// A per-channel bias added before the scale (an `Add` of `[1, M, 1, …]`).
+    bias: Option<Vec<f32>>,
+    a: f32,
+    shift: f32,
+}
+
+/// Applies `f` (index, value) to every value of the float32 constant `name` of `graph` (an initializer by
 /// its index in `init`, or a Constant node's by its index in `konst`); returns its first
 /// dimension.
 fn scale(
@@ -463,7 +544,7 @@ fn scale(
     init: &std::collections::HashMap<&str, usize>,
     konst: &std::collections::HashMap<&str, usize>,
     name: &str,
-    f: impl Fn(f32) -> f32,
+    f: impl Fn(usize, f32) -> f32,
 ) -> Option<i64> {
     let t = match (init.get(name), konst.get(name)) {
         (Some(&k), _) => graph.initializer.get_mut(k)?,
@@ -476,7 +557,7 @@ fn scale(
         _ => return None,
     };
     let v = inline_floats(t)?;
-    set_floats(t, v.into_iter().map(f));
+    set_floats(t, v.into_iter().enumerate().map(|(k, v)| f(k, v)));
     t.dims.first().copied()
 }
 
@@ -1066,6 +1147,48 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `models::conv_affine(false, true, false)` as paddle2onnx writes PP-LCNetV3's blocks:
+    /// the Conv's bias as a separate `Add` of `bias` (dims `bias_dims`), and an Identity
+    /// after the bias Add and after the Mul.
+    fn paddle_affine(bias_dims: &[i64]) -> ModelProto {
+        use crate::fixtures::tensor_f32;
+        let mut m = models::conv_affine(false, true, false);
+        let g = m.graph.as_mut().unwrap();
+        let n: usize = bias_dims.iter().product::<i64>() as usize;
+        let vals: Vec<f32> = (0..n).map(|k| k as f32 * 0.5 - 1.0).collect();
+        g.initializer.push(tensor_f32("cb", bias_dims, &vals));
+        let at = g.node.iter().position(|n| n.op_type == "Mul").unwrap();
+        g.node[at].input = vec!["a".into(), "id1".into()];
+        let add = g.node.iter().position(|n| n.op_type == "Add").unwrap();
+        g.node[add].input[0] = "id2".into();
+        let mk = |op: &str, i: &[&str], o: &str| node(op, i, o, vec![]);
+        g.node.insert(at + 1, mk("Identity", &["scaled"], "id2"));
+        g.node.insert(at, mk("Identity", &["biased"], "id1"));
+        g.node.insert(at, mk("Add", &["c", "cb"], "biased"));
+        m
+    }
+
+    #[test]
+    fn a_bias_add_and_identities_between_a_conv_and_its_affine_are_folded_too() {
+        for dims in [[1, 8, 1, 1].as_slice(), &[8, 1, 1]] {
+            let m = paddle_affine(dims);
+            let r = apply(&m).expect("rewritten");
+            let live: Vec<&str> = ops(&r.model);
+            assert_eq!(live, ["Conv", "Relu"], "{dims:?}");
+            let g = r.model.graph.as_ref().unwrap();
+            let conv = &g.node[0];
+            assert_eq!(conv.output, ["shifted"]);
+            let b = values_of(&r.model, &conv.input[2]);
+            let want: Vec<f32> = (0..8)
+                .map(|k| (k as f32 * 0.5 - 1.0) * 0.75 - 0.25)
+                .collect();
+            assert_eq!(b, want, "{dims:?}");
+        }
+        // A bias that is not one value per channel stays, and so does the affine after it.
+        let r = apply(&paddle_affine(&[1, 8, 6, 1]));
+        assert!(r.is_none(), "{:?}", r.map(|r| r.applied));
     }
 
     #[test]

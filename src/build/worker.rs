@@ -243,7 +243,7 @@ pub fn run(
         None => {}
     }
     if !status.success() {
-        return Err(BuildError::Worker(crash_reason(status, limits, &err_tail)));
+        return Err(BuildError::Crashed(crash_reason(status, limits, &err_tail)));
     }
     match reply {
         Some(Ok(Reply::Built(b))) => Ok(*b),

@@ -88,7 +88,8 @@ fn build_err(e: BuildError) -> EngineError {
         | BuildError::Model { .. }
         | BuildError::Validation(_)
         | BuildError::Trt(_)
-        | BuildError::Worker(_) => EngineError::Invalid(e.into()),
+        | BuildError::Worker(_)
+        | BuildError::Crashed(_) => EngineError::Invalid(e.into()),
     }
 }
 
