@@ -70,9 +70,9 @@ pub enum BuildError {
     #[error("{0}")]
     Worker(String),
     /// The build worker died on its own (a signal such as SIGSEGV, or a non-zero exit): the
-    /// model's failure, unless the graph was rewritten, in which case the pipeline builds it
-    /// again without rewrites first (ONNX Runtime can crash on a graph it was never meant to
-    /// see).
+    /// model's failure, after the pipeline has built an `ort-cpu` artifact again without
+    /// saved prepacked weights and without rewrites (ONNX Runtime can crash on a saved
+    /// artifact where it runs the model).
     #[error("{0}")]
     Crashed(String),
     /// No build worker could be started or reaped: the machine's problem, not the model's.
