@@ -243,7 +243,15 @@ pub fn run(
         None => {}
     }
     if !status.success() {
-        return Err(BuildError::Crashed(crash_reason(status, limits, &err_tail)));
+        let why = crash_reason(status, limits, &err_tail);
+        // A fault is the code's (ONNX Runtime's on this graph); a kill or an abort is a limit
+        // doing its job, which a second try would only hit again.
+        return Err(match status.signal() {
+            Some(libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE) => {
+                BuildError::Crashed(why)
+            }
+            _ => BuildError::Worker(why),
+        });
     }
     match reply {
         Some(Ok(Reply::Built(b))) => Ok(*b),
