@@ -65,14 +65,14 @@ pub enum BuildError {
     Key(#[from] crate::key::KeyError),
     #[error("the build was cancelled")]
     Cancelled,
-    /// The build worker was killed (a deadline, a limit) or its answer was lost (the reason
-    /// names why): the model's failure.
+    /// The build worker was killed (a deadline, a limit, the OOM killer), aborted, exited
+    /// with an error or lost its answer (the reason names which): the model's failure.
     #[error("{0}")]
     Worker(String),
-    /// The build worker died on its own (a signal such as SIGSEGV, or a non-zero exit): the
-    /// model's failure, after the pipeline has built an `ort-cpu` artifact again without
-    /// saved prepacked weights and without rewrites (ONNX Runtime can crash on a saved
-    /// artifact where it runs the model).
+    /// The build worker died of a fault (SIGSEGV, SIGBUS, SIGILL, SIGFPE): the model's
+    /// failure, after the pipeline has built an `ort-cpu` artifact again without saved
+    /// prepacked weights and without rewrites (ONNX Runtime can crash on a saved artifact
+    /// where it runs the model).
     #[error("{0}")]
     Crashed(String),
     /// No build worker could be started or reaped: the machine's problem, not the model's.
