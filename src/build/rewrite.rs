@@ -12,6 +12,9 @@
 //! **`static-if`**: see [`static_if`] (an `If` whose condition the model's shapes fix
 //! becomes the branch it takes).
 //!
+//! **`affine-conv`**: see [`affine_conv`] (a scalar scale and shift before a Conv, folded
+//! into its weights and bias).
+//!
 //! **`hardswish`**: see [`hardswish`] (a hard-swish spelled out as four elementwise ops
 //! becomes `Mul(x, HardSigmoid(x))`).
 //!
@@ -34,6 +37,7 @@
 //! windows or steps computed at run time or stored outside the graph, and STFTs inside
 //! control-flow bodies are left alone.
 
+mod affine_conv;
 mod static_if;
 
 use std::collections::HashSet;
@@ -47,7 +51,13 @@ use crate::onnx::proto::{
 use crate::onnx::ElemType;
 
 /// The rewrites this build applies, by name (what the key records).
-pub const REWRITES: &[&str] = &["static-if", "stft-as-conv", "hardswish", "conv-affine"];
+pub const REWRITES: &[&str] = &[
+    "static-if",
+    "stft-as-conv",
+    "hardswish",
+    "conv-affine",
+    "affine-conv",
+];
 
 /// Largest frame (window) length rewritten: the Conv's weights are `2·(n/2+1)·n` floats
 /// (16 MiB at 2,048); longer frames are rare and their direct DFT is left to ONNX Runtime.
@@ -79,15 +89,16 @@ struct Stft {
 }
 
 /// The model with every rewrite applied where it can be (`static-if` first, so the others
-/// see the branches it inlines; then `stft-as-conv`, `hardswish` and `conv-affine`); `None`
-/// when none applies.
+/// see the branches it inlines; then `stft-as-conv`, `hardswish`, `conv-affine` and
+/// `affine-conv`); `None` when none applies.
 pub fn apply(proto: &ModelProto) -> Option<Rewritten> {
     let mut applied = Vec::new();
     let inlined = static_if::static_if(proto, &mut applied);
     let base = inlined.as_ref().unwrap_or(proto);
     let model = stft_as_conv(base, &mut applied);
     let model = hardswish(model.as_ref().unwrap_or(base), &mut applied).or(model);
-    let model = conv_affine(model.as_ref().unwrap_or(base), &mut applied)
+    let model = conv_affine(model.as_ref().unwrap_or(base), &mut applied).or(model);
+    let model = affine_conv::affine_conv(model.as_ref().unwrap_or(base), &mut applied)
         .or(model)
         .or(inlined)?;
     tracing::info!(?applied, "rewrote the graph before optimizing it");
