@@ -67,10 +67,15 @@ pub(super) fn static_if(proto: &ModelProto, applied: &mut Vec<String>) -> Option
         let mut next = current.clone();
         let mut changed = false;
         for (k, d) in found.iter().enumerate() {
+            let outer = next
+                .graph
+                .as_ref()
+                .map(|g| outer_names(g, &d.path))
+                .unwrap_or_default();
             let Some(g) = next.graph.as_mut().and_then(|g| graph_at(g, &d.path)) else {
                 continue;
             };
-            if let Some(line) = inline(g, d.node, d.then) {
+            if let Some(line) = inline(g, d.node, d.then, &outer) {
                 applied.push(line);
                 changed = true;
             }
@@ -160,16 +165,67 @@ fn graph_at<'g>(g: &'g mut GraphProto, path: &[(usize, String)]) -> Option<&'g m
     Some(g)
 }
 
+/// Every name the graphs enclosing the one at `path` define (inputs, initializers, node
+/// outputs): what a body there may read besides its own graph's names.
+fn outer_names(g: &GraphProto, path: &[(usize, String)]) -> HashSet<String> {
+    let mut out = HashSet::new();
+    let mut g = g;
+    for (id, attr) in path {
+        out.extend(g.input.iter().map(|i| i.name.clone()));
+        out.extend(g.initializer.iter().map(|t| t.name.clone()));
+        out.extend(g.node.iter().flat_map(|n| n.output.iter().cloned()));
+        let Some(b) = g
+            .node
+            .get(*id)
+            .and_then(|n| n.attribute.iter().find(|a| &a.name == attr))
+            .and_then(|a| a.g.as_deref())
+        else {
+            break;
+        };
+        g = b;
+    }
+    out
+}
+
 /// Replaces `g.node[id]` (an `If`) by its `then` or `else` branch; the line for `applied`,
 /// or `None` (nothing changed) when the branch has inputs, a different number of outputs,
-/// sparse initializers, or a name `g` already has.
-fn inline(g: &mut GraphProto, id: usize, then: bool) -> Option<String> {
+/// sparse initializers, a name `g` already has, or reads or returns a name defined nowhere
+/// it can see (`outer`: the enclosing graphs' names): inlined, an invalid body would make
+/// the enclosing graph invalid too.
+fn inline(g: &mut GraphProto, id: usize, then: bool, outer: &HashSet<String>) -> Option<String> {
     let attr = if then { "then_branch" } else { "else_branch" };
     let n = g.node.get(id)?;
     let branch = n.attribute.iter().find(|a| a.name == attr)?.g.as_deref()?;
     if !branch.input.is_empty()
         || branch.output.len() != n.output.len()
         || !branch.sparse_initializer.is_empty()
+    {
+        return None;
+    }
+    // What the branch's nodes may read, in order: the enclosing graphs' names, `g`'s names
+    // defined before the If, the branch's initializers and earlier outputs.
+    let mut visible: HashSet<&str> = outer.iter().map(String::as_str).collect();
+    visible.extend(g.input.iter().map(|i| i.name.as_str()));
+    visible.extend(g.initializer.iter().map(|t| t.name.as_str()));
+    visible.extend(
+        g.node[..id]
+            .iter()
+            .flat_map(|m| m.output.iter().map(String::as_str)),
+    );
+    visible.extend(branch.initializer.iter().map(|t| t.name.as_str()));
+    for m in &branch.node {
+        if m.input
+            .iter()
+            .any(|i| !i.is_empty() && !visible.contains(i.as_str()))
+        {
+            return None;
+        }
+        visible.extend(m.output.iter().map(String::as_str));
+    }
+    if branch
+        .output
+        .iter()
+        .any(|o| !visible.contains(o.name.as_str()))
     {
         return None;
     }
