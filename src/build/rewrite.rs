@@ -335,30 +335,9 @@ fn conv_affine<'a>(proto: &'a ModelProto, applied: &mut Vec<String>) -> Option<M
         return None;
     }
     let std = |n: &NodeProto| matches!(n.domain.as_str(), "" | "ai.onnx");
-    let inputs: HashSet<&str> = g.input.iter().map(|i| i.name.as_str()).collect();
-    // Constants a caller cannot override: initializers (by index) and Constant nodes.
-    let mut init: HashMap<&str, usize> = HashMap::new();
-    for (k, t) in g.initializer.iter().enumerate() {
-        if !inputs.contains(t.name.as_str()) {
-            init.insert(t.name.as_str(), k);
-        }
-    }
-    let mut konst: HashMap<&str, usize> = HashMap::new();
-    for (i, n) in g.node.iter().enumerate() {
-        if std(n) && n.op_type == "Constant" && crate::onnx::attr::tensor(n, "value").is_some() {
-            if let Some(o) = n.output.first() {
-                konst.insert(o.as_str(), i);
-            }
-        }
-    }
-    let tensor = |name: &str| -> Option<&TensorProto> {
-        match (init.get(name), konst.get(name)) {
-            (Some(&k), _) => g.initializer.get(k),
-            (None, Some(&i)) => crate::onnx::attr::tensor(&g.node[i], "value"),
-            _ => None,
-        }
-    };
-    let scalar = |name: &str| tensor(name).and_then(scalar_f32).filter(|v| v.is_finite());
+    let consts = Constants::of(g);
+    let tensor = |name: &str| consts.tensor(g, name);
+    let scalar = |name: &str| consts.scalar(g, name);
     let uses = read_counts(g);
     let mut reader: HashMap<&str, usize> = HashMap::new();
     for (i, n) in g.node.iter().enumerate() {
@@ -495,10 +474,10 @@ fn conv_affine<'a>(proto: &'a ModelProto, applied: &mut Vec<String>) -> Option<M
         let w = graph.node[f.conv].input[1].clone();
         let b = graph.node[f.conv].input.get(2).cloned();
         let c = |k: usize| f.bias.as_ref().map_or(0.0, |c| c[k]);
-        let m = scale(graph, &init, &konst, &w, |_, v| v * a)?;
+        let m = scale(graph, &consts, &w, |_, v| v * a)?;
         match b {
             Some(b) => {
-                scale(graph, &init, &konst, &b, |k, v| (v + c(k)) * a + shift)?;
+                scale(graph, &consts, &b, |k, v| (v + c(k)) * a + shift)?;
             }
             None if shift != 0.0 || f.bias.is_some() => {
                 let name = format!("{}_bias", names.prefix(&out));
@@ -520,13 +499,7 @@ fn conv_affine<'a>(proto: &'a ModelProto, applied: &mut Vec<String>) -> Option<M
         graph.node[f.conv].output[0] = out;
         dropped.extend(f.drop.iter().copied());
     }
-    let old = std::mem::take(&mut graph.node);
-    graph.node = old
-        .into_iter()
-        .enumerate()
-        .filter(|(i, _)| !dropped.contains(i))
-        .map(|(_, n)| n)
-        .collect();
+    remove_nodes(graph, &dropped);
     applied.push(format!(
         "conv-affine: {} scalar Mul/Add after a Conv folded into its weights and bias",
         found.len()
@@ -547,17 +520,74 @@ struct Affine {
     shift: f32,
 }
 
-/// Applies `f` (index, value) to every value of the float32 constant `name` of `graph` (an initializer by
-/// its index in `init`, or a Constant node's by its index in `konst`); returns its first
-/// dimension.
+/// The constants of one graph a caller cannot override, by name: initializers that are not
+/// graph inputs (by index) and Constant nodes' values (by node index).
+struct Constants<'a> {
+    init: std::collections::HashMap<&'a str, usize>,
+    konst: std::collections::HashMap<&'a str, usize>,
+}
+
+impl<'a> Constants<'a> {
+    fn of(g: &'a GraphProto) -> Self {
+        let inputs: HashSet<&str> = g.input.iter().map(|i| i.name.as_str()).collect();
+        let init = g
+            .initializer
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| !inputs.contains(t.name.as_str()))
+            .map(|(k, t)| (t.name.as_str(), k))
+            .collect();
+        let konst = g
+            .node
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| {
+                matches!(n.domain.as_str(), "" | "ai.onnx")
+                    && n.op_type == "Constant"
+                    && crate::onnx::attr::tensor(n, "value").is_some()
+            })
+            .filter_map(|(i, n)| n.output.first().map(|o| (o.as_str(), i)))
+            .collect();
+        Self { init, konst }
+    }
+
+    /// The constant `name` in `g` (the graph indexed, or a clone of it).
+    fn tensor<'g>(&self, g: &'g GraphProto, name: &str) -> Option<&'g TensorProto> {
+        match (self.init.get(name), self.konst.get(name)) {
+            (Some(&k), _) => g.initializer.get(k),
+            (None, Some(&i)) => crate::onnx::attr::tensor(g.node.get(i)?, "value"),
+            _ => None,
+        }
+    }
+
+    /// A finite one-element float32 constant's value.
+    fn scalar(&self, g: &GraphProto, name: &str) -> Option<f32> {
+        self.tensor(g, name)
+            .and_then(scalar_f32)
+            .filter(|v| v.is_finite())
+    }
+}
+
+/// Removes the nodes at the indices in `dropped`, keeping the others' order.
+fn remove_nodes(graph: &mut GraphProto, dropped: &HashSet<usize>) {
+    let old = std::mem::take(&mut graph.node);
+    graph.node = old
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| !dropped.contains(i))
+        .map(|(_, n)| n)
+        .collect();
+}
+
+/// Applies `f` (index, value) to every value of the float32 constant `name` of `graph` (found
+/// through `consts`, an index of the graph it was cloned from); returns its first dimension.
 fn scale(
     graph: &mut GraphProto,
-    init: &std::collections::HashMap<&str, usize>,
-    konst: &std::collections::HashMap<&str, usize>,
+    consts: &Constants<'_>,
     name: &str,
     f: impl Fn(usize, f32) -> f32,
 ) -> Option<i64> {
-    let t = match (init.get(name), konst.get(name)) {
+    let t = match (consts.init.get(name), consts.konst.get(name)) {
         (Some(&k), _) => graph.initializer.get_mut(k)?,
         (None, Some(&i)) => graph.node[i]
             .attribute

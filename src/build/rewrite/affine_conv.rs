@@ -38,37 +38,15 @@ pub(super) fn affine_conv<'a>(
         return None;
     }
     let std = |n: &NodeProto| matches!(n.domain.as_str(), "" | "ai.onnx");
-    let inputs: HashSet<&str> = g.input.iter().map(|i| i.name.as_str()).collect();
-    let mut init: HashMap<&str, usize> = HashMap::new();
-    for (k, t) in g.initializer.iter().enumerate() {
-        if !inputs.contains(t.name.as_str()) {
-            init.insert(t.name.as_str(), k);
-        }
-    }
-    let mut konst: HashMap<&str, usize> = HashMap::new();
+    let consts = super::Constants::of(g);
     let mut producer: HashMap<&str, usize> = HashMap::new();
     for (i, n) in g.node.iter().enumerate() {
-        if std(n) && n.op_type == "Constant" && crate::onnx::attr::tensor(n, "value").is_some() {
-            if let Some(o) = n.output.first() {
-                konst.insert(o.as_str(), i);
-            }
-        }
         for o in n.output.iter().filter(|o| !o.is_empty()) {
             producer.insert(o.as_str(), i);
         }
     }
-    let tensor = |name: &str| -> Option<&TensorProto> {
-        match (init.get(name), konst.get(name)) {
-            (Some(&k), _) => g.initializer.get(k),
-            (None, Some(&i)) => crate::onnx::attr::tensor(&g.node[i], "value"),
-            _ => None,
-        }
-    };
-    let scalar = |name: &str| {
-        tensor(name)
-            .and_then(super::scalar_f32)
-            .filter(|v| v.is_finite())
-    };
+    let tensor = |name: &str| consts.tensor(g, name);
+    let scalar = |name: &str| consts.scalar(g, name);
     let uses = super::read_counts(g);
     let once = |name: &str| uses.get(name) == Some(&1);
     // The node producing `name` when `name` feeds nothing else and the node is `op` with one
@@ -170,20 +148,16 @@ pub(super) fn affine_conv<'a>(
         let bias = graph.node[f.conv].input.get(2).cloned();
         // Each output channel's weight sum, before the scale.
         let sums: Vec<f32> = {
-            let t = match (init.get(w.as_str()), konst.get(w.as_str())) {
-                (Some(&k), _) => graph.initializer.get(k),
-                (None, Some(&i)) => crate::onnx::attr::tensor(&graph.node[i], "value"),
-                _ => None,
-            }?;
+            let t = consts.tensor(graph, &w)?;
             let v = super::inline_floats(t)?;
             let per = v.len() / usize::try_from(t.dims[0]).ok()?.max(1);
             v.chunks(per.max(1)).map(|c| c.iter().sum()).collect()
         };
         let (a, b) = (f.a, f.b);
-        let m = super::scale(graph, &init, &konst, &w, |_, v| v * a)?;
+        let m = super::scale(graph, &consts, &w, |_, v| v * a)?;
         match bias {
             Some(bias) if b != 0.0 => {
-                super::scale(graph, &init, &konst, &bias, |k, v| v + b * sums[k])?;
+                super::scale(graph, &consts, &bias, |k, v| v + b * sums[k])?;
             }
             None if b != 0.0 => {
                 let name = format!("{}_bias", names.prefix(&graph.node[f.conv].output[0]));
@@ -202,13 +176,7 @@ pub(super) fn affine_conv<'a>(
         graph.node[f.conv].input[0] = f.input.clone();
         dropped.extend(f.drop.iter().copied());
     }
-    let old = std::mem::take(&mut graph.node);
-    graph.node = old
-        .into_iter()
-        .enumerate()
-        .filter(|(i, _)| !dropped.contains(i))
-        .map(|(_, n)| n)
-        .collect();
+    super::remove_nodes(graph, &dropped);
     applied.push(format!(
         "affine-conv: {} scalar Mul/Add before a Conv folded into its weights and bias",
         found.len()
