@@ -22,7 +22,7 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 
 use super::{validate, BackendImpl, BuildError, BuildOptions, Runtime, StagedArtifact};
-use crate::cache::ThreadProbe;
+use crate::cache::{ScaledProbe, ThreadProbe};
 use crate::onnx::facts::Dim;
 use crate::onnx::Model;
 use crate::plan::ModelInputs;
@@ -388,10 +388,11 @@ impl BackendImpl for OrtCpu {
     ) -> Result<crate::cache::ValidationReport, BuildError> {
         let entry = artifact.dir.join(&artifact.entry);
         let mut session = self.open(rt, &entry, opts)?;
-        // Timings say what suits the inputs they were taken on: only inputs a consumer
-        // will feed count (golden ones, a profile's opt shapes, or the only shapes a
-        // static-shape artifact takes), never the smallest sizes the default search finds
-        // for a free dimension (a batch of 1 says nothing about a batch of 1,000).
+        // Timings say what suits the inputs they were taken on: inputs a consumer will feed
+        // (golden ones, a profile's opt shapes, or the only shapes a static-shape artifact
+        // takes) stand for themselves; the smallest sizes the default search finds for a
+        // free dimension do not (a batch of 1 says little about a batch of 1,000), so one
+        // thread must then also suit inputs scaled up ([`validate::scaled_inputs`]).
         let representative =
             cfg.golden.is_some() || opts.profile.is_some() || static_inputs(&session);
         let mut first = Duration::MAX;
@@ -422,8 +423,20 @@ impl BackendImpl for OrtCpu {
         // Only with ORT's default thread count (a build limited to N threads would compare
         // N with one) and for a run short enough to time cheaply.
         let cap = Duration::from_millis(cfg.thread_probe_max_run_ms);
-        if report.passed && representative && opts.threads == 0 && first <= cap {
-            report.threads = match probe_threads(rt, &entry, &mut session, &inputs) {
+        if report.passed && opts.threads == 0 && first <= cap {
+            let scaled = if representative {
+                None
+            } else {
+                Some(
+                    validate::scaled_inputs(&session, model, &report.shapes, cfg).unwrap_or_else(
+                        |e| {
+                            tracing::warn!(error = %e, "no scaled-up inputs for the thread probe; consumers keep ONNX Runtime's default threads");
+                            None
+                        },
+                    ),
+                )
+            };
+            report.threads = match probe_threads(rt, &entry, &mut session, &inputs, scaled, cap) {
                 Ok(p) => Some(p),
                 Err(e) => {
                     tracing::warn!(error = %e, "thread probe failed; consumers keep ONNX Runtime's default threads");
@@ -527,40 +540,105 @@ fn time_run(
     Ok(t.elapsed().as_secs_f64() * 1e6)
 }
 
+/// The median, to the nanosecond (the record shows `2.804`, not `2.8040000000000003`).
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    (v[v.len() / 2] * 1e3).round() / 1e3
+}
+
+/// Medians of [`validate::THREAD_PROBE_RUNS`] runs of `pooled` and of `single` on
+/// `inputs`, alternating (so a drift in the machine's load falls on both).
+fn time_both(
+    pooled: &mut Session,
+    single: &mut Session,
+    inputs: &validate::Inputs,
+    entry: &Path,
+) -> Result<(f64, f64), BuildError> {
+    let (mut on_pool, mut on_one) = (Vec::new(), Vec::new());
+    for _ in 0..validate::THREAD_PROBE_RUNS {
+        on_pool.push(time_run(pooled, inputs, entry)?);
+        on_one.push(time_run(single, inputs, entry)?);
+    }
+    Ok((median(on_pool), median(on_one)))
 }
 
 /// Times `pooled` (a session with ONNX Runtime's default intra-op pool, run once already)
 /// against a new one-thread session of `entry` on `inputs`: one warm-up run of the new
-/// session, then [`validate::THREAD_PROBE_RUNS`] runs each, alternating (so a drift in the
-/// machine's load falls on both), and says whether one thread suits the artifact
-/// ([`ThreadProbe::single_suits`]).
+/// session, then [`validate::THREAD_PROBE_RUNS`] runs each, alternating, and says whether
+/// one thread suits the artifact ([`ThreadProbe::single_suits`]). With `scaled` (validation
+/// inputs from the default search; `Some(None)`: no scaled inputs fit), one thread must
+/// also suit those ([`ScaledProbe::single_suits`]); a scaled run the model refuses, or a
+/// first one over `cap`, is recorded and advises the pool.
 fn probe_threads(
     rt: &Runtime,
     entry: &Path,
     pooled: &mut Session,
     inputs: &validate::Inputs,
+    scaled: Option<Option<(i64, validate::Shapes, validate::Inputs)>>,
+    cap: Duration,
 ) -> Result<ThreadProbe, BuildError> {
     let runs = validate::THREAD_PROBE_RUNS;
     let mut single = open_artifact(rt, entry, 1)?;
     time_run(&mut single, inputs, entry)?;
-    let (mut on_pool, mut on_one) = (Vec::new(), Vec::new());
-    for _ in 0..runs {
-        on_pool.push(time_run(pooled, inputs, entry)?);
-        on_one.push(time_run(&mut single, inputs, entry)?);
-    }
-    let (default_us, single_us) = (median(on_pool), median(on_one));
+    let (default_us, single_us) = time_both(pooled, &mut single, inputs, entry)?;
+    let mut fits = ThreadProbe::single_suits(default_us, single_us);
+    let scaled = match scaled {
+        None => None,
+        Some(None) => {
+            fits = false;
+            Some(ScaledProbe {
+                factor: 1,
+                shapes: Default::default(),
+                default_us: None,
+                single_us: None,
+                note: Some("no scaled-up inputs fit the probe's byte budget".into()),
+            })
+        }
+        // Only worth timing when one thread suits the validation inputs.
+        Some(Some((factor, shapes, big))) if fits => {
+            let mut p = ScaledProbe {
+                factor,
+                shapes,
+                default_us: None,
+                single_us: None,
+                note: None,
+            };
+            match time_run(pooled, &big, entry) {
+                Ok(first) if first > cap.as_secs_f64() * 1e6 => {
+                    p.note = Some(format!(
+                        "a run took {:.1} ms, over the probe's budget (limits.thread_probe_max_run_ms)",
+                        first / 1e3
+                    ));
+                }
+                Ok(_) => {
+                    time_run(&mut single, &big, entry)?;
+                    let (d, s) = time_both(pooled, &mut single, &big, entry)?;
+                    (p.default_us, p.single_us) = (Some(d), Some(s));
+                }
+                Err(e) => p.note = Some(format!("the artifact refused them: {e}")),
+            }
+            fits = p.single_suits();
+            Some(p)
+        }
+        Some(Some((factor, shapes, _))) => Some(ScaledProbe {
+            factor,
+            shapes,
+            default_us: None,
+            single_us: None,
+            note: Some("not timed: one thread is slower at the validation inputs".into()),
+        }),
+    };
     let probe = ThreadProbe {
         default_us,
         single_us,
         runs,
-        single: ThreadProbe::single_suits(default_us, single_us),
+        single: fits,
+        scaled,
     };
     tracing::info!(
         default_us = format!("{default_us:.1}"),
         single_us = format!("{single_us:.1}"),
+        scaled = ?probe.scaled,
         single = probe.single,
         "timed the artifact's runs on ONNX Runtime's default pool and on one thread"
     );

@@ -64,6 +64,13 @@ pub const DEFAULT_THREAD_PROBE_MAX_RUN_MS: u64 = 10;
 /// Runs the thread probe times each way.
 pub const THREAD_PROBE_RUNS: u32 = 9;
 
+/// The thread probe's scale for free dimensions when the validation inputs came from the
+/// default search: a batch of 256 where the search found 1 ([`scaled_inputs`]).
+pub const THREAD_PROBE_SCALE: i64 = 256;
+
+/// Largest total size of the thread probe's scaled inputs (the scale halves to fit).
+pub const THREAD_PROBE_SCALED_MAX_BYTES: u64 = 16 << 20;
+
 fn default_thread_probe_max_run_ms() -> u64 {
     DEFAULT_THREAD_PROBE_MAX_RUN_MS
 }
@@ -208,6 +215,57 @@ fn random_inputs(
         values.push((name, v));
     }
     Ok(values)
+}
+
+/// Seeded random inputs like the validation's, with every free dimension of the session's
+/// inputs (`-1` in its signature) [`THREAD_PROBE_SCALE`] times its size in `shapes`: the
+/// thread probe's second timing, for validation inputs the default search found at the
+/// smallest sizes the model accepts. Multiplying every free size by one factor keeps the
+/// relations the search satisfied (a stride's multiples, `past + sequence = total`). The
+/// factor halves until the inputs fit in [`THREAD_PROBE_SCALED_MAX_BYTES`] and
+/// `cfg.max_input_bytes`. `None` when no input has a free dimension or no factor of 2 or
+/// more fits.
+pub(crate) fn scaled_inputs(
+    session: &Session,
+    model: &Path,
+    shapes: &Shapes,
+    cfg: &ValidationConfig,
+) -> Result<Option<(i64, Shapes, Inputs)>, BuildError> {
+    let free: Vec<(String, &ValueType, Vec<i64>, Vec<usize>)> = session
+        .inputs()
+        .iter()
+        .filter_map(|input| {
+            let dims = shapes.get(input.name())?.clone();
+            let (_, sig, _) = tensor_of(input.dtype())?;
+            let axes = (0..dims.len())
+                .filter(|&i| sig.get(i).is_some_and(|&d| d < 0))
+                .collect();
+            Some((input.name().to_string(), input.dtype(), dims, axes))
+        })
+        .collect();
+    if free.iter().all(|(_, _, _, axes)| axes.is_empty()) {
+        return Ok(None);
+    }
+    let cap = THREAD_PROBE_SCALED_MAX_BYTES.min(cfg.max_input_bytes);
+    let mut factor = THREAD_PROBE_SCALE;
+    while factor >= 2 {
+        let mut scaled = shapes.clone();
+        let mut total = Some(0u64);
+        for (name, vt, dims, axes) in &free {
+            let mut d = dims.clone();
+            for &a in axes {
+                d[a] = d[a].saturating_mul(factor);
+            }
+            total = total.and_then(|t| t.checked_add(input_bytes(vt, &d)?));
+            scaled.insert(name.clone(), d);
+        }
+        if total.is_some_and(|t| t <= cap) {
+            let inputs = random_inputs(session, model, &scaled, cfg)?;
+            return Ok(Some((factor, scaled, inputs)));
+        }
+        factor /= 2;
+    }
+    Ok(None)
 }
 
 /// Finds inputs the reference accepts and its outputs on them: the golden file when one is

@@ -85,9 +85,45 @@ pub struct ThreadProbe {
     pub single_us: f64,
     /// Runs timed each way.
     pub runs: u32,
-    /// One thread suits the artifact ([`ThreadProbe::single_suits`]): consumers are told
+    /// One thread suits the artifact ([`ThreadProbe::single_suits`], and at the scaled
+    /// inputs too when [`ThreadProbe::scaled`] was needed): consumers are told
     /// `intra_op_num_threads = 1`.
     pub single: bool,
+    /// Validation inputs from the default search (a free dimension at the smallest size the
+    /// model accepts): the same timing at inputs whose free dimensions are `factor` times
+    /// those sizes, which one thread must also suit. Absent for golden inputs, a profile's
+    /// opt shapes and static-shape models (their inputs are what consumers feed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scaled: Option<ScaledProbe>,
+}
+
+/// The thread probe at scaled-up inputs ([`ThreadProbe::scaled`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScaledProbe {
+    /// Each free dimension is this many times its validation size.
+    pub factor: i64,
+    /// The inputs' shapes.
+    pub shapes: BTreeMap<String, Vec<i64>>,
+    /// Medians in microseconds, pooled and on one thread (absent when not timed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub single_us: Option<f64>,
+    /// Why it was not timed, or stopped: the model refused the inputs, or one run took
+    /// longer than the probe's budget. One thread is then not advised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl ScaledProbe {
+    /// One thread is no slower at these inputs (within 5 % and 2 µs): no bound on the run,
+    /// since a longer run here is what the scaling is for.
+    pub fn single_suits(&self) -> bool {
+        match (self.default_us, self.single_us) {
+            (Some(d), Some(s)) => d.is_finite() && s.is_finite() && s <= d * 1.05 + 2.0,
+            _ => false,
+        }
+    }
 }
 
 impl ThreadProbe {

@@ -787,16 +787,21 @@ fn thread_probe(v: &Value) -> Option<(f64, f64, bool)> {
     assert!(d > 0.0 && s > 0.0, "{t}");
     assert_eq!(t["runs"], 9, "{t}");
     let single = t["single"].as_bool().unwrap();
+    let scaled = &t["scaled"];
+    let scaled_suits = scaled.is_null()
+        || serde_json::from_value::<trtcache::cache::ScaledProbe>(scaled.clone())
+            .unwrap()
+            .single_suits();
     assert_eq!(
         single,
-        trtcache::cache::ThreadProbe::single_suits(d, s),
+        trtcache::cache::ThreadProbe::single_suits(d, s) && scaled_suits,
         "{t}"
     );
     Some((d, s, single))
 }
 
 #[test]
-fn the_thread_probe_times_only_inputs_a_consumer_feeds() {
+fn the_thread_probe_times_fed_inputs_and_scales_searched_ones() {
     // A static-shape model: the validation inputs are the only ones it takes, so its runs
     // are timed on the default pool and on one thread.
     let d = tempfile::tempdir().unwrap();
@@ -808,13 +813,37 @@ fn the_thread_probe_times_only_inputs_a_consumer_feeds() {
     let (v, out) = build_json(&fixed, &d.path().join("c1"), &lifted);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(thread_probe(&v).is_some(), "{v}");
-    // A free dimension searched by the defaults (a batch of 1 says nothing of the batch a
-    // consumer feeds): not timed.
+    assert!(
+        v["record"]["validation"]["threads"]["scaled"].is_null(),
+        "{v}"
+    );
+    // A free dimension searched by the defaults (a batch of 1 says little of the batch a
+    // consumer feeds): timed there and again with every free size scaled up, the factor
+    // halved until the inputs fit 16 MiB; one thread only when it suits both.
     let free = d.path().join("enc.onnx");
     write(&models::tiny_encoder(false), &free).unwrap();
     let (v, out) = build_json(&free, &d.path().join("c2"), &lifted);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(thread_probe(&v), None, "{v}");
+    let (d0, s0, _) = thread_probe(&v).expect("timed");
+    let val = &v["record"]["validation"];
+    let scaled = &val["threads"]["scaled"];
+    let factor = scaled["factor"].as_i64().unwrap();
+    let [b, t, h] = [0, 1, 2].map(|i| val["shapes"]["x"][i].as_i64().unwrap());
+    assert!((2..=256).contains(&factor), "{scaled}");
+    assert_eq!(
+        scaled["shapes"]["x"],
+        serde_json::json!([b * factor, t * factor, h]),
+        "{scaled}"
+    );
+    assert!(b * t * factor * factor * h * 4 <= 16 << 20, "{scaled}");
+    if trtcache::cache::ThreadProbe::single_suits(d0, s0) {
+        assert!(scaled["default_us"].as_f64().unwrap() > 0.0, "{scaled}");
+    } else {
+        assert!(
+            scaled["note"].as_str().unwrap().contains("not timed"),
+            "{scaled}"
+        );
+    }
     // The same model on golden inputs, or at a profile's opt shapes: timed on those.
     let g = d.path().join("golden.npz");
     run_python(
@@ -850,6 +879,43 @@ fn the_thread_probe_times_only_inputs_a_consumer_feeds() {
     );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(thread_probe(&v), None, "{v}");
+}
+
+#[test]
+fn the_thread_probe_never_advises_one_thread_for_inputs_the_model_refuses_scaled() {
+    // `[n, 4]` reshaped to a fixed `[1, 4]`: the default search finds n = 1; at n = 256 the
+    // artifact refuses the inputs, and one thread is not advised whatever the timings.
+    use trtcache::fixtures::{model, tensor_i64, GraphBuilder, D};
+    use trtcache::onnx::ElemType::Float32;
+    let mut g = GraphBuilder::new("one_row");
+    g.input("x", Float32, &[D::Named("n"), D::Fixed(4)])
+        .output("y", Float32, Some(&[D::Fixed(1), D::Fixed(4)]))
+        .init(tensor_i64("shape", &[2], &[1, 4]));
+    g.node("Reshape", &["x", "shape"], &["y"]);
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("one_row.onnx");
+    write(&model(g.build(), &[("", 17)]), &m).unwrap();
+    let (v, out) = build_json(
+        &m,
+        &d.path().join("c"),
+        &["--thread-probe-max-run-ms", "60000"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (d0, s0, single) = thread_probe(&v).expect("timed");
+    assert!(!single, "{v}");
+    let scaled = &v["record"]["validation"]["threads"]["scaled"];
+    assert_eq!(
+        scaled["shapes"]["x"],
+        serde_json::json!([256, 4]),
+        "{scaled}"
+    );
+    assert!(scaled["default_us"].is_null(), "{scaled}");
+    let note = scaled["note"].as_str().unwrap();
+    if trtcache::cache::ThreadProbe::single_suits(d0, s0) {
+        assert!(note.contains("refused"), "{scaled}");
+    } else {
+        assert!(note.contains("not timed"), "{scaled}");
+    }
 }
 
 #[test]
