@@ -79,9 +79,10 @@ pub struct ValidationReport {
 /// `limits.thread_probe_max_run_ms` and a build with ORT's default thread count.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ThreadProbe {
-    /// Median run, in microseconds, with ONNX Runtime's default pool.
+    /// Fastest run, in microseconds, with ONNX Runtime's default pool (medians before
+    /// stop 32: a busy machine biased them towards one thread).
     pub default_us: f64,
-    /// Median run, in microseconds, on one thread.
+    /// Fastest run, in microseconds, on one thread.
     pub single_us: f64,
     /// Runs timed each way.
     pub runs: u32,
@@ -104,7 +105,7 @@ pub struct ScaledProbe {
     pub factor: i64,
     /// The inputs' shapes.
     pub shapes: BTreeMap<String, Vec<i64>>,
-    /// Medians in microseconds, pooled and on one thread (absent when not timed).
+    /// Fastest runs in microseconds, pooled and on one thread (absent when not timed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_us: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -774,7 +774,7 @@ fn golden_npz_inputs_drive_validation() {
 }
 
 /// The record's thread probe (`validation.threads`), checked for what any timing gives:
-/// positive medians of the stated runs, and `single` as the rule says for them.
+/// positive fastest runs of the stated runs, and `single` as the rule says for them.
 fn thread_probe(v: &Value) -> Option<(f64, f64, bool)> {
     let t = &v["record"]["validation"]["threads"];
     if t.is_null() {
