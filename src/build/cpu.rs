@@ -595,7 +595,7 @@ fn probe_threads(
                 shapes: Default::default(),
                 default_us: None,
                 single_us: None,
-                note: Some("no scaled-up inputs fit the probe's byte budget".into()),
+                note: Some("no batch dimension to scale up within the probe's byte budget".into()),
             })
         }
         // Only worth timing when one thread suits the validation inputs.

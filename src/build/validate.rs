@@ -26,7 +26,9 @@ use std::path::{Path, PathBuf};
 use ort::session::Session;
 use ort::value::{DynValue, TensorElementType, ValueType};
 
-use super::search::{candidates, leaves, shape_under, tensor_of, Axis, SEARCH_SIZES};
+use super::search::{
+    batch_leaves, candidates, leaves, shape_under, tensor_of, unnamed, Axis, SEARCH_SIZES,
+};
 use super::values::{self, Out};
 use super::{BuildError, Runtime};
 use crate::plan::{Precision, ShapeProfile};
@@ -64,7 +66,7 @@ pub const DEFAULT_THREAD_PROBE_MAX_RUN_MS: u64 = 10;
 /// Runs the thread probe times each way.
 pub const THREAD_PROBE_RUNS: u32 = 9;
 
-/// The thread probe's scale for free dimensions when the validation inputs came from the
+/// The thread probe's scale for batch dimensions when the validation inputs came from the
 /// default search: a batch of 256 where the search found 1 ([`scaled_inputs`]).
 pub const THREAD_PROBE_SCALE: i64 = 256;
 
@@ -217,13 +219,14 @@ fn random_inputs(
     Ok(values)
 }
 
-/// Seeded random inputs like the validation's, with every free dimension of the session's
-/// inputs (`-1` in its signature) [`THREAD_PROBE_SCALE`] times its size in `shapes`: the
-/// thread probe's second timing, for validation inputs the default search found at the
-/// smallest sizes the model accepts. Multiplying every free size by one factor keeps the
-/// relations the search satisfied (a stride's multiples, `past + sequence = total`). The
-/// factor halves until the inputs fit in [`THREAD_PROBE_SCALED_MAX_BYTES`] and
-/// `cfg.max_input_bytes`. `None` when no input has a free dimension or no factor of 2 or
+/// Seeded random inputs like the validation's, with every batch dimension of the session's
+/// inputs ([`batch_leaves`]: named `batch…`, or the first axis of inputs of rank 2 or more)
+/// [`THREAD_PROBE_SCALE`] times its size in `shapes`: the thread probe's second timing, for
+/// validation inputs the default search found at the smallest sizes the model accepts. Only
+/// batch dimensions: a batch scales a model's work and memory linearly, where a sequence or
+/// an image side changes what it computes (and attention's memory grows with its square).
+/// The factor halves until the inputs fit in [`THREAD_PROBE_SCALED_MAX_BYTES`] and
+/// `cfg.max_input_bytes`. `None` when no input has a batch dimension or no factor of 2 or
 /// more fits.
 pub(crate) fn scaled_inputs(
     session: &Session,
@@ -231,16 +234,43 @@ pub(crate) fn scaled_inputs(
     shapes: &Shapes,
     cfg: &ValidationConfig,
 ) -> Result<Option<(i64, Shapes, Inputs)>, BuildError> {
-    let free: Vec<(String, &ValueType, Vec<i64>, Vec<usize>)> = session
-        .inputs()
-        .iter()
-        .filter_map(|input| {
-            let dims = shapes.get(input.name())?.clone();
-            let (_, sig, _) = tensor_of(input.dtype())?;
-            let axes = (0..dims.len())
-                .filter(|&i| sig.get(i).is_some_and(|&d| d < 0))
+    let mut all = Vec::new();
+    let mut sigs = Vec::new();
+    for input in session.inputs() {
+        let (Some(dims), Some((_, sig, symbols))) =
+            (shapes.get(input.name()), tensor_of(input.dtype()))
+        else {
+            continue;
+        };
+        let axes: Vec<Axis> = (0..dims.len())
+            .filter(|&i| sig.get(i).is_some_and(|&d| d < 0))
+            .map(|i| Axis {
+                input: input.name().to_string(),
+                axis: i,
+                rank: sig.len(),
+                symbol: symbols.get(i).cloned().unwrap_or_default(),
+            })
+            .collect();
+        all.extend(axes.iter().cloned());
+        sigs.push((input.name().to_string(), input.dtype(), dims.clone(), axes));
+    }
+    let batch = batch_leaves(&all);
+    let free: Vec<(String, &ValueType, Vec<i64>, Vec<usize>)> = sigs
+        .into_iter()
+        .map(|(name, vt, dims, axes)| {
+            let on: Vec<usize> = axes
+                .iter()
+                .filter(|a| {
+                    let leaf = if a.symbol.is_empty() {
+                        unnamed(a)
+                    } else {
+                        a.symbol.clone()
+                    };
+                    batch.contains(&leaf)
+                })
+                .map(|a| a.axis)
                 .collect();
-            Some((input.name().to_string(), input.dtype(), dims, axes))
+            (name, vt, dims, on)
         })
         .collect();
     if free.iter().all(|(_, _, _, axes)| axes.is_empty()) {

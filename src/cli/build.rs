@@ -172,8 +172,7 @@ pub struct BuildArgs {
     /// ort-cpu: after validation, time the artifact's runs on ONNX Runtime's default thread
     /// pool and on one thread when its first validation run took at most this many
     /// milliseconds; consumers are told to use one thread when it runs no slower there
-    /// and, for inputs the default search sized, also with every free dimension 256 times
-    /// larger (the record's `validation.threads`, the acquire's `session_hints`). 0: never.
+    /// and, for inputs the default search sized, also with the batch 256 times larger (the record's `validation.threads`, the acquire's `session_hints`). 0: never.
     /// Only with --threads 0 (the daemon's `limits.thread_probe_max_run_ms`)
     #[arg(long, value_name = "MS", default_value_t = crate::build::validate::DEFAULT_THREAD_PROBE_MAX_RUN_MS)]
     pub thread_probe_max_run_ms: u64,
