@@ -3,9 +3,12 @@
 //! channel's weights, exactly (up to float rounding) when the Conv pads nothing (a padded
 //! border would read `b` where the original read zeros); a scale alone folds into any Conv.
 //! PaddlePaddle's learnable affine blocks after an activation (PP-LCNetV3: `HardSwish →
-//! Mul(a) → Add(b) → Conv`, 12–13 per PP-OCRv5 model into a pointwise Conv) and PP-OCRv6's
-//! scalar `Mul` before a Conv (10–13 per model) are written this way; ONNX Runtime 1.31
-//! fuses neither. The chain may pass through `Identity` nodes (paddle2onnx writes one after
+//! Mul(a) → Add(b) → Conv`, 12–13 per PP-OCRv5 model into a pointwise Conv) are written this
+//! way; ONNX Runtime 1.31 fuses none. A scalar that ends an activation ONNX Runtime fuses is
+//! left alone: the `· 0.5` of an erf or tanh GELU (PP-OCRv6 writes its 13 GELUs so, each
+//! before a Conv) — folding it broke ORT's GELU fusion and left four elementwise ops and a
+//! layout round trip in its place (ppocrv6_det_tiny: 212 → 277 nodes, session and first run
+//! 11 % longer). The chain may pass through `Identity` nodes (paddle2onnx writes one after
 //! nearly every op). Weights stored outside the graph file, shared with another node or
 //! overridable, non-finite constants, `auto_pad` other than `NOTSET`/`VALID` with a shift,
 //! and Convs in control-flow bodies are left alone.
@@ -120,6 +123,9 @@ pub(super) fn affine_conv<'a>(
         let Some((mul, y, a)) = scaled(at, "Mul") else {
             continue;
         };
+        if ends_gelu(g, &producer, y) {
+            continue;
+        }
         drop.push(mul);
         if shift != 0.0 && !unpadded(n) {
             continue;
@@ -182,6 +188,29 @@ pub(super) fn affine_conv<'a>(
         found.len()
     ));
     Some(model)
+}
+
+/// Whether `name` comes out of an erf or tanh GELU short of its last scalar factor
+/// (`x · (1 + erf(x/√2))`, `x · (1 + tanh(…))`): an `Erf` or `Tanh` within four elementwise
+/// steps up. ONNX Runtime fuses the whole GELU (its `· 0.5` included) into one kernel.
+fn ends_gelu(g: &GraphProto, producer: &HashMap<&str, usize>, name: &str) -> bool {
+    let mut at = vec![name];
+    for _ in 0..4 {
+        let mut next = Vec::new();
+        for x in at {
+            let Some(&j) = producer.get(x) else { continue };
+            let n = &g.node[j];
+            match n.op_type.as_str() {
+                "Erf" | "Tanh" => return true,
+                "Mul" | "Add" | "Div" | "Sub" | "Pow" | "Identity" => {
+                    next.extend(n.input.iter().map(String::as_str))
+                }
+                _ => {}
+            }
+        }
+        at = next;
+    }
+    false
 }
 
 /// Whether a Conv pads nothing (no `pads` or all zero, `auto_pad` absent, NOTSET or VALID).
@@ -255,6 +284,29 @@ mod tests {
             applied,
             ["affine-conv: 1 scalar Mul/Add before a Conv folded into its weights and bias"]
         );
+    }
+
+    #[test]
+    fn the_half_that_ends_a_gelu_is_left_for_onnx_runtime_to_fuse() {
+        // x → Div(√2) → Erf → Add(1) → Mul(x) → Mul(0.5) → Conv: ORT fuses the five into Gelu.
+        let mut g = GraphBuilder::new("gelu_conv");
+        g.input(
+            "x",
+            Float32,
+            &[D::Fixed(1), D::Fixed(4), D::Fixed(6), D::Fixed(6)],
+        )
+        .output("y", Float32, None)
+        .init(tensor_f32("w", &[8, 4, 1, 1], &random_f32(3, 32, 0.3)))
+        .init(tensor_f32("sqrt2", &[], &[std::f32::consts::SQRT_2]))
+        .init(tensor_f32("one", &[], &[1.0]))
+        .init(tensor_f32("half", &[], &[0.5]));
+        g.node("Div", &["x", "sqrt2"], &["d"]);
+        g.node("Erf", &["d"], &["e"]);
+        g.node("Add", &["e", "one"], &["p"]);
+        g.node("Mul", &["x", "p"], &["m"]);
+        g.node("Mul", &["m", "half"], &["gelu"]);
+        g.node("Conv", &["gelu", "w"], &["y"]);
+        assert!(affine_conv(&model(g.build(), &[("", 13)]), &mut Vec::new()).is_none());
     }
 
     #[test]
