@@ -432,6 +432,11 @@ hint = (art.metadata.get("session_hints") or {}).get("intra_op_num_threads")
 assert art._ort_defaults({})["sess_options"].intra_op_num_threads == (hint or 0), art.metadata
 assert Artifact({"session_hints": {"intra_op_num_threads": 1}}, [])._ort_defaults({"providers": []})["sess_options"].intra_op_num_threads == 1
 assert Artifact({}, [])._ort_defaults({"providers": []})["sess_options"].intra_op_num_threads == 0
+# The defaults as a public copy, to change one setting and pass back.
+so = art.session_options()
+assert so.intra_op_num_threads == (hint or 0) and so is not art.session_options()
+so.add_session_config_entry("session.disable_prepacking", "1")
+assert art.session(sess_options=so).run(None, {"x": np.ones((1, 6, 64), np.float32)})[0].shape == (1, 6, 64)
 import onnxruntime
 own = onnxruntime.SessionOptions()
 assert Artifact({"session_hints": {"intra_op_num_threads": 1}}, [])._ort_defaults({"providers": [], "sess_options": own})["sess_options"] is own

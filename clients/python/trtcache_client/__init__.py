@@ -361,6 +361,14 @@ class Artifact:
             out["sess_options"] = so
         return out
 
+    def session_options(self) -> "onnxruntime.SessionOptions":
+        """A new copy of the ``onnxruntime.SessionOptions`` that ``session()`` uses unless
+        given ``sess_options``, for a caller that changes one setting:
+        ``so = art.session_options(); so.add_session_config_entry("session.disable_prepacking",
+        "1"); art.session(sess_options=so)`` (docs/clients.md)."""
+        options: "onnxruntime.SessionOptions" = self._ort_defaults({"providers": []})["sess_options"]
+        return options
+
     def session_from_files(self, **ort_kwargs: Any) -> "onnxruntime.InferenceSession":
         """Like ``session()``, through the per-file descriptors only (ignores the directory)."""
         return self._session_from_files(self._ort_defaults(ort_kwargs))
