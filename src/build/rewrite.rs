@@ -18,6 +18,9 @@
 //! **`hardswish`**: see [`hardswish`] (a hard-swish spelled out as four elementwise ops
 //! becomes `Mul(x, HardSigmoid(x))`).
 //!
+//! **`gelu`**: see [`gelu`] (an erf GELU spelled out in five elementwise ops becomes
+//! `com.microsoft.Gelu`, whatever the grouping of its products).
+//!
 //! **`conv-affine`**: see [`conv_affine`] (a scalar scale and shift after a Conv, folded into
 //! its weights and bias).
 //!
@@ -38,6 +41,7 @@
 //! control-flow bodies are left alone.
 
 mod affine_conv;
+mod gelu;
 mod static_if;
 
 use std::collections::HashSet;
@@ -55,6 +59,7 @@ pub const REWRITES: &[&str] = &[
     "static-if",
     "stft-as-conv",
     "hardswish",
+    "gelu",
     "conv-affine",
     "affine-conv",
 ];
@@ -89,7 +94,7 @@ struct Stft {
 }
 
 /// The model with every rewrite applied where it can be (`static-if` first, so the others
-/// see the branches it inlines; then `stft-as-conv`, `hardswish`, `conv-affine` and
+/// see the branches it inlines; then `stft-as-conv`, `hardswish`, `gelu`, `conv-affine` and
 /// `affine-conv`); `None` when none applies.
 pub fn apply(proto: &ModelProto) -> Option<Rewritten> {
     let mut applied = Vec::new();
@@ -97,6 +102,7 @@ pub fn apply(proto: &ModelProto) -> Option<Rewritten> {
     let base = inlined.as_ref().unwrap_or(proto);
     let model = stft_as_conv(base, &mut applied);
     let model = hardswish(model.as_ref().unwrap_or(base), &mut applied).or(model);
+    let model = gelu::gelu(model.as_ref().unwrap_or(base), &mut applied).or(model);
     let model = conv_affine(model.as_ref().unwrap_or(base), &mut applied).or(model);
     let model = affine_conv::affine_conv(model.as_ref().unwrap_or(base), &mut applied)
         .or(model)

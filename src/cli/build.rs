@@ -55,7 +55,8 @@ pub struct BuildOptionArgs {
     /// optimizing (today: an If whose condition the model's shapes fix becomes the branch it
     /// takes; an STFT of a constant window of up to 2,048 samples, 1,024 when a
     /// power of two, becomes a Conv, 1.4-18x faster; a hard-swish spelled out in four
-    /// elementwise ops becomes HardSigmoid + Mul; a scalar Mul/Add after or before a Conv is
+    /// elementwise ops becomes HardSigmoid + Mul; an erf GELU spelled out in five becomes
+    /// com.microsoft.Gelu; a scalar Mul/Add after or before a Conv is
     /// folded into its weights; docs/cache.md "Graph rewrites"). A
     /// rewritten artifact that misses the tolerance is built again without them anyway.
     #[arg(long)]

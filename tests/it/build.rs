@@ -1195,7 +1195,7 @@ fn an_stft_is_built_as_a_conv_and_validated_against_an_exact_reference() {
     );
     assert_eq!(
         v["record"]["parts"]["options"]["rewrites"],
-        "static-if,stft-as-conv,hardswish,conv-affine,affine-conv",
+        "static-if,stft-as-conv,hardswish,gelu,conv-affine,affine-conv",
         "{v}"
     );
     let ops = artifact_ops(&v);
@@ -1355,6 +1355,28 @@ fn a_rewritten_graph_onnx_runtime_refuses_is_built_as_given() {
 }
 
 #[test]
+fn an_erf_gelu_onnx_runtime_does_not_fuse_is_built_as_one_gelu() {
+    // x·(½·(1 + erf(x/√2))): ORT fuses other groupings, not this one; the rewrite makes it
+    // com.microsoft.Gelu, validated against the model as given; --no-rewrite keeps Erf.
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("gelu.onnx");
+    write(&models::erf_gelu_grouped(), &m).unwrap();
+    let (v, out) = build_json(&m, &d.path().join("cache"), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let val = &v["record"]["validation"];
+    assert_eq!(val["passed"], true, "{val}");
+    assert_eq!(
+        val["rewrites"][0], "gelu: 1 x·½·(1 + erf(x/√2)) as com.microsoft.Gelu",
+        "{val}"
+    );
+    let ops = artifact_ops(&v);
+    assert!(!ops.contains(&"Erf".into()), "{ops:?}");
+    let diff = artifact_diff(&m, &v, "3x16");
+    assert!(diff < 1e-5, "max abs {diff}");
+    assert!(ops_without_rewrites(&m, &d.path().join("cache2")).contains(&"Erf".into()));
+}
+
+#[test]
 fn a_spelled_out_hard_swish_is_built_as_a_hard_sigmoid_gate() {
     // Add → Clip → Mul → Div at opset 13 becomes HardSigmoid + Mul, validated against the
     // model as given; --no-rewrite keeps the four ops.
@@ -1372,7 +1394,7 @@ fn a_spelled_out_hard_swish_is_built_as_a_hard_sigmoid_gate() {
     );
     assert_eq!(
         v["record"]["parts"]["options"]["rewrites"],
-        "static-if,stft-as-conv,hardswish,conv-affine,affine-conv"
+        "static-if,stft-as-conv,hardswish,gelu,conv-affine,affine-conv"
     );
     let ops = artifact_ops(&v);
     assert!(
