@@ -688,7 +688,10 @@ fn an_artifact_over_tolerance_is_built_again_one_level_lower() {
     // The `gelu` rewrite's artifact first (the same fused Gelu the higher levels make), then
     // the model as given at all and extended.
     assert_eq!(rejected.len(), 3, "{rejected:?}");
-    assert!(rejected[0].starts_with("rewrites: y max abs"), "{rejected:?}");
+    assert!(
+        rejected[0].starts_with("rewrites: y max abs"),
+        "{rejected:?}"
+    );
     assert!(rejected[1].starts_with("all: y max abs"), "{rejected:?}");
     assert!(
         rejected[2].starts_with("extended: y max abs"),
