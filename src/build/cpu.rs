@@ -392,7 +392,7 @@ impl BackendImpl for OrtCpu {
         // (golden ones, a profile's opt shapes, or the only shapes a static-shape artifact
         // takes) stand for themselves; the smallest sizes the default search finds for a
         // free dimension do not (a batch of 1 says little about a batch of 1,000), so one
-        // thread must then also suit inputs scaled up ([`validate::scaled_inputs`]).
+        // thread must then also suit inputs scaled up ([`validate::scaled_shapes`]).
         let representative =
             cfg.golden.is_some() || opts.profile.is_some() || static_inputs(&session);
         let mut first = Duration::MAX;
@@ -424,19 +424,13 @@ impl BackendImpl for OrtCpu {
         // N with one) and for a run short enough to time cheaply.
         let cap = Duration::from_millis(cfg.thread_probe_max_run_ms);
         if report.passed && opts.threads == 0 && first <= cap {
-            let scaled = if representative {
-                None
+            let scale = if representative {
+                Scale::Fed
             } else {
-                Some(
-                    validate::scaled_inputs(&session, model, &report.shapes, cfg).unwrap_or_else(
-                        |e| {
-                            tracing::warn!(error = %e, "no scaled-up inputs for the thread probe; consumers keep ONNX Runtime's default threads");
-                            None
-                        },
-                    ),
-                )
+                Scale::Batch(validate::scaled_shapes(&session, &report.shapes, cfg))
             };
-            report.threads = match probe_threads(rt, &entry, &mut session, &inputs, scaled, cap) {
+            let probe = probe_threads(rt, &entry, &mut session, &inputs, scale, cfg, cap);
+            report.threads = match probe {
                 Ok(p) => Some(p),
                 Err(e) => {
                     tracing::warn!(error = %e, "thread probe failed; consumers keep ONNX Runtime's default threads");
@@ -566,19 +560,31 @@ fn time_both(
     Ok((fastest(on_pool), fastest(on_one)))
 }
 
+/// What the thread probe times besides the validation inputs.
+enum Scale {
+    /// Nothing: the validation inputs are what consumers feed (golden inputs, a profile's
+    /// opt shapes, a static-shape model's only shapes).
+    Fed,
+    /// Inputs the default search sized: also the batch-scaled shapes
+    /// ([`validate::scaled_shapes`]; `None`: none fit), which one thread must suit too.
+    Batch(Option<(i64, validate::Shapes)>),
+}
+
 /// Times `pooled` (a session with ONNX Runtime's default intra-op pool, run once already)
 /// against a new one-thread session of `entry` on `inputs`: one warm-up run of the new
 /// session, then [`validate::THREAD_PROBE_RUNS`] runs each, alternating, and says whether
-/// one thread suits the artifact ([`ThreadProbe::single_suits`]). With `scaled` (validation
-/// inputs from the default search; `Some(None)`: no scaled inputs fit), one thread must
-/// also suit those ([`ScaledProbe::single_suits`]); a scaled run the model refuses, or a
-/// first one over `cap`, is recorded and advises the pool.
+/// one thread suits the artifact ([`ThreadProbe::single_suits`]). With [`Scale::Batch`],
+/// one thread must also suit the scaled inputs ([`ScaledProbe::single_suits`]), whose
+/// values are made only when one thread suits the validation inputs; scaled inputs that
+/// cannot be made, that the model refuses, or whose first run is over `cap` are recorded and
+/// advise the pool.
 fn probe_threads(
     rt: &Runtime,
     entry: &Path,
     pooled: &mut Session,
     inputs: &validate::Inputs,
-    scaled: Option<Option<(i64, validate::Shapes, validate::Inputs)>>,
+    scale: Scale,
+    cfg: &validate::ValidationConfig,
     cap: Duration,
 ) -> Result<ThreadProbe, BuildError> {
     let runs = validate::THREAD_PROBE_RUNS;
@@ -586,51 +592,40 @@ fn probe_threads(
     time_run(&mut single, inputs, entry)?;
     let (default_us, single_us) = time_both(pooled, &mut single, inputs, entry)?;
     let mut fits = ThreadProbe::single_suits(default_us, single_us);
-    let scaled = match scaled {
-        None => None,
-        Some(None) => {
-            fits = false;
-            Some(ScaledProbe {
+    let scaled = match scale {
+        Scale::Fed => None,
+        Scale::Batch(shaped) => {
+            let mut p = ScaledProbe {
                 factor: 1,
                 shapes: Default::default(),
                 default_us: None,
                 single_us: None,
-                note: Some("no batch dimension to scale up within the probe's byte budget".into()),
-            })
-        }
-        // Only worth timing when one thread suits the validation inputs.
-        Some(Some((factor, shapes, big))) if fits => {
-            let mut p = ScaledProbe {
-                factor,
-                shapes,
-                default_us: None,
-                single_us: None,
                 note: None,
             };
-            match time_run(pooled, &big, entry) {
-                Ok(first) if first > cap.as_secs_f64() * 1e6 => {
-                    p.note = Some(format!(
-                        "a run took {:.1} ms, over the probe's budget (limits.thread_probe_max_run_ms)",
-                        first / 1e3
-                    ));
+            match shaped {
+                None => {
+                    p.note = Some(
+                        "no batch dimension to scale up within the probe's byte budget".into(),
+                    );
                 }
-                Ok(_) => {
-                    time_run(&mut single, &big, entry)?;
-                    let (d, s) = time_both(pooled, &mut single, &big, entry)?;
-                    (p.default_us, p.single_us) = (Some(d), Some(s));
+                Some((factor, shapes)) => {
+                    (p.factor, p.shapes) = (factor, shapes);
+                    if fits {
+                        time_scaled(&mut p, pooled, &mut single, entry, cfg, cap)?;
+                    } else if default_us > ThreadProbe::MAX_RUN_US {
+                        p.note = Some(format!(
+                            "not timed: the pooled run at the validation inputs is over {} µs",
+                            ThreadProbe::MAX_RUN_US
+                        ));
+                    } else {
+                        p.note =
+                            Some("not timed: one thread is slower at the validation inputs".into());
+                    }
                 }
-                Err(e) => p.note = Some(format!("the artifact refused them: {e}")),
             }
-            fits = p.single_suits();
+            fits = fits && p.single_suits();
             Some(p)
         }
-        Some(Some((factor, shapes, _))) => Some(ScaledProbe {
-            factor,
-            shapes,
-            default_us: None,
-            single_us: None,
-            note: Some("not timed: one thread is slower at the validation inputs".into()),
-        }),
     };
     let probe = ThreadProbe {
         default_us,
@@ -647,6 +642,40 @@ fn probe_threads(
         "timed the artifact's runs on ONNX Runtime's default pool and on one thread"
     );
     Ok(probe)
+}
+
+/// Times `pooled` and `single` on random inputs of `p.shapes` into `p`, or says in
+/// `p.note` why not.
+fn time_scaled(
+    p: &mut ScaledProbe,
+    pooled: &mut Session,
+    single: &mut Session,
+    entry: &Path,
+    cfg: &validate::ValidationConfig,
+    cap: Duration,
+) -> Result<(), BuildError> {
+    let big = match validate::random_inputs(pooled, entry, &p.shapes, cfg) {
+        Ok(big) => big,
+        Err(e) => {
+            p.note = Some(format!("the scaled inputs could not be made: {e}"));
+            return Ok(());
+        }
+    };
+    match time_run(pooled, &big, entry) {
+        Ok(first) if first > cap.as_secs_f64() * 1e6 => {
+            p.note = Some(format!(
+                "a run took {:.1} ms, over the probe's budget (limits.thread_probe_max_run_ms)",
+                first / 1e3
+            ));
+        }
+        Ok(_) => {
+            time_run(single, &big, entry)?;
+            let (d, s) = time_both(pooled, single, &big, entry)?;
+            (p.default_us, p.single_us) = (Some(d), Some(s));
+        }
+        Err(e) => p.note = Some(format!("the artifact refused them: {e}")),
+    }
+    Ok(())
 }
 
 /// A session on the original model the way a user would create one without trtcache.

@@ -213,12 +213,7 @@ fn hardswish(proto: &ModelProto, applied: &mut Vec<String>) -> Option<ModelProto
         return None;
     }
     let uses = read_counts(g);
-    let mut producer: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
-    for (i, n) in g.node.iter().enumerate() {
-        for o in n.output.iter().filter(|o| !o.is_empty()) {
-            producer.insert(o.as_str(), i);
-        }
-    }
+    let producer = producers(g);
     // The node producing `name` when it is `op` and `name` feeds nothing else.
     let only = |name: &str, op: &str| {
         let i = *producer.get(name)?;
@@ -335,7 +330,6 @@ fn hardswish(proto: &ModelProto, applied: &mut Vec<String>) -> Option<ModelProto
 /// stored outside the graph file, shared with another node or overridable as graph inputs,
 /// non-finite scales or shifts, and Convs inside control-flow bodies are left alone.
 fn conv_affine<'a>(proto: &'a ModelProto, applied: &mut Vec<String>) -> Option<ModelProto> {
-    use std::collections::HashMap;
     let g: &'a GraphProto = proto.graph.as_ref()?;
     if !g.node.iter().any(|n| n.op_type == "Conv") {
         return None;
@@ -345,12 +339,7 @@ fn conv_affine<'a>(proto: &'a ModelProto, applied: &mut Vec<String>) -> Option<M
     let tensor = |name: &str| consts.tensor(g, name);
     let scalar = |name: &str| consts.scalar(g, name);
     let uses = read_counts(g);
-    let mut reader: HashMap<&str, usize> = HashMap::new();
-    for (i, n) in g.node.iter().enumerate() {
-        for r in n.input.iter().filter(|r| !r.is_empty()) {
-            reader.insert(r.as_str(), i);
-        }
-    }
+    let reader = readers(g);
     // The node that alone reads `name`, when it is `op` with one output and reads `name` and
     // a finite one-element float32 constant: (the node, the constant's value).
     let scaled_by = |name: &str, op: &str| -> Option<(usize, f32)> {
@@ -830,6 +819,29 @@ fn read_counts(g: &crate::onnx::proto::GraphProto) -> std::collections::HashMap<
         *uses.entry(o.name.as_str()).or_default() += 2;
     }
     uses
+}
+
+/// Each top-level node's index by the names it produces.
+fn producers(g: &GraphProto) -> std::collections::HashMap<&str, usize> {
+    let mut by = std::collections::HashMap::new();
+    for (i, n) in g.node.iter().enumerate() {
+        for o in n.output.iter().filter(|o| !o.is_empty()) {
+            by.insert(o.as_str(), i);
+        }
+    }
+    by
+}
+
+/// A top-level node's index by each name it reads (the last such node: callers ask only
+/// about names [`read_counts`] finds read once).
+fn readers(g: &GraphProto) -> std::collections::HashMap<&str, usize> {
+    let mut by = std::collections::HashMap::new();
+    for (i, n) in g.node.iter().enumerate() {
+        for r in n.input.iter().filter(|r| !r.is_empty()) {
+            by.insert(r.as_str(), i);
+        }
+    }
+    by
 }
 
 /// Names already used in a graph, to make new ones that are not.

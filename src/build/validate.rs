@@ -181,7 +181,7 @@ fn golden_value(a: &super::golden::GoldenArray, vt: &ValueType) -> Result<DynVal
 }
 
 /// Seeded random inputs for the session's inputs with `shapes`.
-fn random_inputs(
+pub(crate) fn random_inputs(
     session: &Session,
     model: &Path,
     shapes: &Shapes,
@@ -219,83 +219,71 @@ fn random_inputs(
     Ok(values)
 }
 
-/// Seeded random inputs like the validation's, with every batch dimension of the session's
-/// inputs ([`batch_leaves`]: named `batch…`, or the first axis of inputs of rank 2 or more)
-/// [`THREAD_PROBE_SCALE`] times its size in `shapes`: the thread probe's second timing, for
-/// validation inputs the default search found at the smallest sizes the model accepts. Only
-/// batch dimensions: a batch scales a model's work and memory linearly, where a sequence or
-/// an image side changes what it computes (and attention's memory grows with its square).
-/// The factor halves until the inputs fit in [`THREAD_PROBE_SCALED_MAX_BYTES`] and
+/// The validation's `shapes` with every batch dimension of the session's inputs
+/// ([`batch_leaves`]: named `batch…`, or the first axis of inputs of rank 2 or more)
+/// [`THREAD_PROBE_SCALE`] times its size: the thread probe's second timing, for validation
+/// inputs the default search found at the smallest sizes the model accepts. Only batch
+/// dimensions: a batch scales a model's work and memory linearly, where a sequence or an
+/// image side changes what it computes (and attention's memory grows with its square). The
+/// factor halves until the inputs fit in [`THREAD_PROBE_SCALED_MAX_BYTES`] and
 /// `cfg.max_input_bytes`. `None` when no input has a batch dimension or no factor of 2 or
-/// more fits.
-pub(crate) fn scaled_inputs(
+/// more fits. The values are made only when they are timed ([`random_inputs`]).
+pub(crate) fn scaled_shapes(
     session: &Session,
-    model: &Path,
     shapes: &Shapes,
     cfg: &ValidationConfig,
-) -> Result<Option<(i64, Shapes, Inputs)>, BuildError> {
-    let mut all = Vec::new();
-    let mut sigs = Vec::new();
+) -> Option<(i64, Shapes)> {
+    let mut axes = Vec::new();
+    let mut tensors = Vec::new();
     for input in session.inputs() {
         let (Some(dims), Some((_, sig, symbols))) =
             (shapes.get(input.name()), tensor_of(input.dtype()))
         else {
             continue;
         };
-        let axes: Vec<Axis> = (0..dims.len())
-            .filter(|&i| sig.get(i).is_some_and(|&d| d < 0))
-            .map(|i| Axis {
+        for i in (0..dims.len()).filter(|&i| sig.get(i).is_some_and(|&d| d < 0)) {
+            axes.push(Axis {
                 input: input.name().to_string(),
                 axis: i,
                 rank: sig.len(),
                 symbol: symbols.get(i).cloned().unwrap_or_default(),
-            })
-            .collect();
-        all.extend(axes.iter().cloned());
-        sigs.push((input.name().to_string(), input.dtype(), dims.clone(), axes));
+            });
+        }
+        tensors.push((input.name(), input.dtype()));
     }
-    let batch = batch_leaves(&all);
-    let free: Vec<(String, &ValueType, Vec<i64>, Vec<usize>)> = sigs
-        .into_iter()
-        .map(|(name, vt, dims, axes)| {
-            let on: Vec<usize> = axes
-                .iter()
-                .filter(|a| {
-                    let leaf = if a.symbol.is_empty() {
-                        unnamed(a)
-                    } else {
-                        a.symbol.clone()
-                    };
-                    batch.contains(&leaf)
-                })
-                .map(|a| a.axis)
-                .collect();
-            (name, vt, dims, on)
+    let batch = batch_leaves(&axes);
+    let on: Vec<&Axis> = axes
+        .iter()
+        .filter(|a| {
+            let leaf = if a.symbol.is_empty() {
+                unnamed(a)
+            } else {
+                a.symbol.clone()
+            };
+            batch.contains(&leaf)
         })
         .collect();
-    if free.iter().all(|(_, _, _, axes)| axes.is_empty()) {
-        return Ok(None);
+    if on.is_empty() {
+        return None;
     }
     let cap = THREAD_PROBE_SCALED_MAX_BYTES.min(cfg.max_input_bytes);
     let mut factor = THREAD_PROBE_SCALE;
     while factor >= 2 {
         let mut scaled = shapes.clone();
-        let mut total = Some(0u64);
-        for (name, vt, dims, axes) in &free {
-            let mut d = dims.clone();
-            for &a in axes {
-                d[a] = d[a].saturating_mul(factor);
+        for a in &on {
+            if let Some(d) = scaled.get_mut(&a.input) {
+                d[a.axis] = d[a.axis].saturating_mul(factor);
             }
-            total = total.and_then(|t| t.checked_add(input_bytes(vt, &d)?));
-            scaled.insert(name.clone(), d);
         }
+        let total = tensors.iter().try_fold(0u64, |t, (name, vt)| {
+            t.checked_add(input_bytes(vt, scaled.get(*name)?)?)
+        });
         if total.is_some_and(|t| t <= cap) {
-            let inputs = random_inputs(session, model, &scaled, cfg)?;
-            return Ok(Some((factor, scaled, inputs)));
+            return Some((factor, scaled));
         }
         factor /= 2;
     }
-    Ok(None)
+    None
 }
 
 /// Finds inputs the reference accepts and its outputs on them: the golden file when one is

@@ -42,12 +42,7 @@ pub(super) fn affine_conv<'a>(
     }
     let std = |n: &NodeProto| matches!(n.domain.as_str(), "" | "ai.onnx");
     let consts = super::Constants::of(g);
-    let mut producer: HashMap<&str, usize> = HashMap::new();
-    for (i, n) in g.node.iter().enumerate() {
-        for o in n.output.iter().filter(|o| !o.is_empty()) {
-            producer.insert(o.as_str(), i);
-        }
-    }
+    let producer = super::producers(g);
     let tensor = |name: &str| consts.tensor(g, name);
     let scalar = |name: &str| consts.scalar(g, name);
     let uses = super::read_counts(g);

@@ -11,7 +11,7 @@
 //! Enters: a decoded [`ModelProto`]. Leaves: the model with every such GELU replaced and one
 //! line in `applied`; `None` when there is none.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use crate::onnx::proto::{GraphProto, ModelProto, NodeProto, OperatorSetIdProto};
 
@@ -40,16 +40,7 @@ pub(super) fn gelu(proto: &ModelProto, applied: &mut Vec<String>) -> Option<Mode
     let scalar = |name: &str| consts.scalar(g, name);
     let uses = super::read_counts(g);
     let once = |name: &str| uses.get(name) == Some(&1);
-    let mut producer: HashMap<&str, usize> = HashMap::new();
-    let mut reader: HashMap<&str, usize> = HashMap::new();
-    for (i, n) in g.node.iter().enumerate() {
-        for o in n.output.iter().filter(|o| !o.is_empty()) {
-            producer.insert(o.as_str(), i);
-        }
-        for r in n.input.iter().filter(|r| !r.is_empty()) {
-            reader.insert(r.as_str(), i);
-        }
-    }
+    let (producer, reader) = (super::producers(g), super::readers(g));
     // The one node reading `name` (read once, by a top-level node) when it is a two-input
     // `op`: (node, its other input).
     let next = |name: &str, op: &str| -> Option<(usize, &str)> {
