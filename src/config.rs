@@ -176,6 +176,11 @@ pub struct Limits {
     /// milliseconds; when one thread is no slower, consumers are told to use it (the
     /// acquire's `session_hints`). 0: never.
     pub thread_probe_max_run_ms: u64,
+    /// `ort-cpu`: after the thread probe, the artifact's sessions and runs are timed with and
+    /// without its weights prepacked when its first validation run took at most this many
+    /// milliseconds; when prepacking makes the session slower and the runs no faster,
+    /// consumers are told to skip it (the acquire's `session_hints`). 0: never.
+    pub prepack_probe_max_run_ms: u64,
     /// Connections subscribed with `watch` at once (each also holds one of
     /// `max_connections`, and is never reclaimed: it is not waiting for a request); more get
     /// `busy`.
@@ -306,6 +311,8 @@ impl Default for Limits {
             validation_max_bytes: 2 << 30,
             // build::validate::DEFAULT_THREAD_PROBE_MAX_RUN_MS (config is below build).
             thread_probe_max_run_ms: 10,
+            // build::validate::DEFAULT_PREPACK_PROBE_MAX_RUN_MS.
+            prepack_probe_max_run_ms: 50,
             max_watchers: 256,
             watch_queue: 256,
             metrics_max_connections: 8,

@@ -22,7 +22,7 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 
 use super::{validate, BackendImpl, BuildError, BuildOptions, Runtime, StagedArtifact};
-use crate::cache::{ScaledProbe, ThreadProbe};
+use crate::cache::{PrepackProbe, ScaledProbe, ThreadProbe};
 use crate::onnx::facts::Dim;
 use crate::onnx::Model;
 use crate::plan::ModelInputs;
@@ -438,6 +438,19 @@ impl BackendImpl for OrtCpu {
                 }
             };
         }
+        let cap = Duration::from_millis(cfg.prepack_probe_max_run_ms);
+        if report.passed && opts.threads == 0 && first <= cap {
+            // With the thread count consumers are told.
+            let threads = usize::from(report.threads.as_ref().is_some_and(|t| t.single));
+            drop(session);
+            report.prepack = match probe_prepack(rt, &entry, &inputs, threads) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    tracing::warn!(error = %e, "prepack probe failed; consumers keep ONNX Runtime's prepacking");
+                    None
+                }
+            };
+        }
         Ok(report)
     }
 }
@@ -508,12 +521,28 @@ fn static_inputs(session: &Session) -> bool {
 /// Opens an artifact's graph the way the clients do: optimizations off (it is optimized),
 /// weights packed on the intra-op threads; `threads` intra-op threads (0: ORT's default).
 fn open_artifact(rt: &Runtime, entry: &Path, threads: usize) -> Result<Session, BuildError> {
-    base_builder(rt, entry, threads)?
+    open_artifact_with(rt, entry, threads, true)
+}
+
+/// [`open_artifact`], with its constant weights prepacked or not
+/// (`session.disable_prepacking`).
+fn open_artifact_with(
+    rt: &Runtime,
+    entry: &Path,
+    threads: usize,
+    prepack: bool,
+) -> Result<Session, BuildError> {
+    let mut b = base_builder(rt, entry, threads)?
         .with_optimization_level(GraphOptimizationLevel::Disable)
         .map_err(|e| BuildError::ort("open artifact", entry, e))?
         .with_config_entry("session.prepack.enable_parallel", "1")
-        .map_err(|e| BuildError::ort("open artifact", entry, e))?
-        .commit_from_file(entry)
+        .map_err(|e| BuildError::ort("open artifact", entry, e))?;
+    if !prepack {
+        b = b
+            .with_config_entry("session.disable_prepacking", "1")
+            .map_err(|e| BuildError::ort("open artifact", entry, e))?;
+    }
+    b.commit_from_file(entry)
         .map_err(|e| BuildError::ort("open artifact", entry, e))
 }
 
@@ -544,20 +573,74 @@ fn fastest(v: Vec<f64>) -> f64 {
     (best * 1e3).round() / 1e3
 }
 
-/// The fastest of [`validate::THREAD_PROBE_RUNS`] runs of `pooled` and of `single` on
-/// `inputs`, alternating (so a drift in the machine's load falls on both).
+/// The fastest of [`validate::THREAD_PROBE_RUNS`] runs of `a` and of `b` on `inputs`,
+/// alternating (so a drift in the machine's load falls on both).
 fn time_both(
-    pooled: &mut Session,
-    single: &mut Session,
+    a: &mut Session,
+    b: &mut Session,
     inputs: &validate::Inputs,
     entry: &Path,
 ) -> Result<(f64, f64), BuildError> {
-    let (mut on_pool, mut on_one) = (Vec::new(), Vec::new());
+    let (mut on_a, mut on_b) = (Vec::new(), Vec::new());
     for _ in 0..validate::THREAD_PROBE_RUNS {
-        on_pool.push(time_run(pooled, inputs, entry)?);
-        on_one.push(time_run(single, inputs, entry)?);
+        on_a.push(time_run(a, inputs, entry)?);
+        on_b.push(time_run(b, inputs, entry)?);
     }
-    Ok((fastest(on_pool), fastest(on_one)))
+    Ok((fastest(on_a), fastest(on_b)))
+}
+
+/// Times [`PrepackProbe::SESSIONS`] session creations of `entry` with its weights prepacked
+/// and without, alternating, then (after a warm-up run each) [`validate::THREAD_PROBE_RUNS`]
+/// runs of the last of each on `inputs`, alternating; says whether consumers should skip
+/// prepacking ([`PrepackProbe::unpacked_suits`]). At most two of these sessions are open at
+/// once.
+fn probe_prepack(
+    rt: &Runtime,
+    entry: &Path,
+    inputs: &validate::Inputs,
+    threads: usize,
+) -> Result<PrepackProbe, BuildError> {
+    let (mut packed_us, mut unpacked_us) = (Vec::new(), Vec::new());
+    let open = |prepack: bool, times: &mut Vec<f64>| {
+        let t = Instant::now();
+        let s = open_artifact_with(rt, entry, threads, prepack)?;
+        times.push(t.elapsed().as_secs_f64() * 1e6);
+        Ok::<_, BuildError>(s)
+    };
+    let mut packed = open(true, &mut packed_us)?;
+    let mut unpacked = open(false, &mut unpacked_us)?;
+    for _ in 1..PrepackProbe::SESSIONS {
+        drop(packed);
+        packed = open(true, &mut packed_us)?;
+        drop(unpacked);
+        unpacked = open(false, &mut unpacked_us)?;
+    }
+    time_run(&mut packed, inputs, entry)?;
+    time_run(&mut unpacked, inputs, entry)?;
+    let (run_us, unpacked_run_us) = time_both(&mut packed, &mut unpacked, inputs, entry)?;
+    let (session_us, unpacked_session_us) = (fastest(packed_us), fastest(unpacked_us));
+    let probe = PrepackProbe {
+        session_us,
+        unpacked_session_us,
+        run_us,
+        unpacked_run_us,
+        runs: validate::THREAD_PROBE_RUNS,
+        disable: PrepackProbe::unpacked_suits(
+            session_us,
+            unpacked_session_us,
+            run_us,
+            unpacked_run_us,
+        ),
+    };
+    tracing::info!(
+        session_us = format!("{session_us:.1}"),
+        unpacked_session_us = format!("{unpacked_session_us:.1}"),
+        run_us = format!("{run_us:.1}"),
+        unpacked_run_us = format!("{unpacked_run_us:.1}"),
+        disable = probe.disable,
+        "timed the artifact's sessions and runs with its weights prepacked and without"
+    );
+    Ok(probe)
 }
 
 /// What the thread probe times besides the validation inputs.

@@ -57,6 +57,11 @@ pub struct ValidationConfig {
     /// took at most this many milliseconds (`limits.thread_probe_max_run_ms`); 0: never.
     #[serde(default = "default_thread_probe_max_run_ms")]
     pub thread_probe_max_run_ms: u64,
+    /// `ort-cpu`: after the thread probe, time the artifact's sessions and runs with and
+    /// without prepacked weights (`cache::PrepackProbe`) when its first validation run took
+    /// at most this many milliseconds (`limits.prepack_probe_max_run_ms`); 0: never.
+    #[serde(default = "default_prepack_probe_max_run_ms")]
+    pub prepack_probe_max_run_ms: u64,
 }
 
 /// Default [`ValidationConfig::thread_probe_max_run_ms`]: 10 ms, so the probe adds at most
@@ -77,6 +82,14 @@ fn default_thread_probe_max_run_ms() -> u64 {
     DEFAULT_THREAD_PROBE_MAX_RUN_MS
 }
 
+/// Default [`ValidationConfig::prepack_probe_max_run_ms`]: 50 ms, so the probe adds at most
+/// about 2 × [`THREAD_PROBE_RUNS`] × 50 ms and six sessions to a build.
+pub const DEFAULT_PREPACK_PROBE_MAX_RUN_MS: u64 = 50;
+
+fn default_prepack_probe_max_run_ms() -> u64 {
+    DEFAULT_PREPACK_PROBE_MAX_RUN_MS
+}
+
 /// Default [`ValidationConfig::max_input_bytes`]: 2 GiB.
 pub const DEFAULT_MAX_INPUT_BYTES: u64 = 2 << 30;
 
@@ -95,6 +108,7 @@ impl Default for ValidationConfig {
             golden: None,
             max_input_bytes: DEFAULT_MAX_INPUT_BYTES,
             thread_probe_max_run_ms: DEFAULT_THREAD_PROBE_MAX_RUN_MS,
+            prepack_probe_max_run_ms: DEFAULT_PREPACK_PROBE_MAX_RUN_MS,
         }
     }
 }
@@ -641,6 +655,7 @@ pub(crate) fn validate_keeping_inputs(
         opt_level: None,
         rejected: Vec::new(),
         threads: None,
+        prepack: None,
         rewrites: Vec::new(),
         reference: None,
     };
@@ -660,6 +675,14 @@ mod tests {
         assert_eq!(
             ValidationConfig::default().thread_probe_max_run_ms,
             DEFAULT_THREAD_PROBE_MAX_RUN_MS
+        );
+        assert_eq!(
+            crate::config::Limits::default().prepack_probe_max_run_ms,
+            DEFAULT_PREPACK_PROBE_MAX_RUN_MS
+        );
+        assert_eq!(
+            ValidationConfig::default().prepack_probe_max_run_ms,
+            DEFAULT_PREPACK_PROBE_MAX_RUN_MS
         );
     }
 
@@ -716,6 +739,7 @@ mod tests {
             opt_level: None,
             rejected: Vec::new(),
             threads: None,
+            prepack: None,
             rewrites: Vec::new(),
             reference: None,
         };

@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 
 pub use disk::{OpenReport, SledStore, StoreOptions};
 pub use record::{
-    OutputError, Record, ScaledProbe, StagedArtifact, Status, StoredArtifact, StoredFile,
-    ThreadProbe, ValidationReport, RECORD_FORMAT,
+    OutputError, PrepackProbe, Record, ScaledProbe, StagedArtifact, Status, StoredArtifact,
+    StoredFile, ThreadProbe, ValidationReport, RECORD_FORMAT,
 };
 
 use crate::key::CacheKey;

@@ -63,6 +63,11 @@ pub struct ValidationReport {
     /// [`ThreadProbe`]). Consumers are told the thread count that suits it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<ThreadProbe>,
+    /// `ort-cpu`: sessions and runs of the artifact timed with its weights prepacked (ONNX
+    /// Runtime's default) and without (absent: not measured, see [`PrepackProbe`]).
+    /// Consumers are told to skip prepacking when it buys their runs nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prepack: Option<PrepackProbe>,
     /// `ort-cpu`: the graph rewrites the artifact has (`build::rewrite`), one line each.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rewrites: Vec<String>,
@@ -141,6 +146,58 @@ impl ThreadProbe {
 
     /// The longest pooled run one thread is considered for, in microseconds.
     pub const MAX_RUN_US: f64 = 100.0;
+}
+
+/// How an `ort-cpu` artifact's sessions and runs compare with its constant weights
+/// prepacked while the session is created (ONNX Runtime's default: MatMul, Gemm, LSTM, ...
+/// pack their weights for MLAS once) and without (`session.disable_prepacking`: the kernels
+/// pack a weight's panels as each run needs them). Timed in the build worker after
+/// validation and the thread probe, with the thread count consumers are told, on the
+/// validation inputs (the smallest a free dimension takes: packing at run time costs a run
+/// the same whatever its batch, so a larger batch only shrinks its share). Measured only for
+/// a model whose first validation run took at most `limits.prepack_probe_max_run_ms` and a
+/// build with ORT's default thread count.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PrepackProbe {
+    /// Fastest session creation, in microseconds, with prepacking (of
+    /// [`PrepackProbe::SESSIONS`], in this warm process: ONNX Runtime's once-per-process
+    /// costs are paid already, so this is the model's own).
+    pub session_us: f64,
+    /// Fastest session creation, in microseconds, without prepacking.
+    pub unpacked_session_us: f64,
+    /// Fastest run, in microseconds, with prepacking.
+    pub run_us: f64,
+    /// Fastest run, in microseconds, without prepacking.
+    pub unpacked_run_us: f64,
+    /// Runs timed each way.
+    pub runs: u32,
+    /// Prepacking buys the runs nothing and costs the session
+    /// ([`PrepackProbe::unpacked_suits`]): consumers are told
+    /// `session.disable_prepacking = 1`.
+    pub disable: bool,
+}
+
+impl PrepackProbe {
+    /// Sessions created each way.
+    pub const SESSIONS: u32 = 3;
+
+    /// Consumers skip prepacking when the session without it is created at least 5 % and
+    /// 50 µs faster and its runs are no slower: within 1 % and 0.2 µs (timer noise on a
+    /// microsecond run). The run bound is tight on purpose: a session is created once, a
+    /// serving consumer runs it millions of times.
+    pub fn unpacked_suits(
+        session_us: f64,
+        unpacked_session_us: f64,
+        run_us: f64,
+        unpacked_run_us: f64,
+    ) -> bool {
+        [session_us, unpacked_session_us, run_us, unpacked_run_us]
+            .iter()
+            .all(|v| v.is_finite())
+            && unpacked_session_us <= session_us * 0.95
+            && session_us - unpacked_session_us >= 50.0
+            && unpacked_run_us <= run_us * 1.01 + 0.2
+    }
 }
 
 impl ValidationReport {

@@ -177,6 +177,14 @@ pub struct BuildArgs {
     /// Only with --threads 0 (the daemon's `limits.thread_probe_max_run_ms`)
     #[arg(long, value_name = "MS", default_value_t = crate::build::validate::DEFAULT_THREAD_PROBE_MAX_RUN_MS)]
     pub thread_probe_max_run_ms: u64,
+    /// ort-cpu: after the thread probe, time the artifact's sessions and runs with its
+    /// weights prepacked and without when its first validation run took at most this many
+    /// milliseconds; consumers are told to skip prepacking (`session.disable_prepacking`)
+    /// when that makes the session faster and the runs no slower (the record's
+    /// `validation.prepack`, the acquire's `session_hints`). 0: never. Only with
+    /// --threads 0 (the daemon's `limits.prepack_probe_max_run_ms`)
+    #[arg(long, value_name = "MS", default_value_t = crate::build::validate::DEFAULT_PREPACK_PROBE_MAX_RUN_MS)]
+    pub prepack_probe_max_run_ms: u64,
     /// Rebuild even when the cache has an entry (also retries a failed one).
     #[arg(long)]
     pub force: bool,
@@ -291,6 +299,7 @@ pub(super) fn request(a: &BuildArgs) -> anyhow::Result<(BuildJob, Option<u64>)> 
     req.validation = ValidationConfig {
         max_input_bytes: req.validation.max_input_bytes,
         thread_probe_max_run_ms: a.thread_probe_max_run_ms,
+        prepack_probe_max_run_ms: a.prepack_probe_max_run_ms,
         seed: a.seed.unwrap_or(req.validation.seed),
         int_range,
         tolerance: Some(Tolerance {

@@ -46,6 +46,8 @@ pub struct CachedEngine {
     validation_max_bytes: u64,
     /// `limits.thread_probe_max_run_ms` for every build.
     thread_probe_max_run_ms: u64,
+    /// `limits.prepack_probe_max_run_ms` for every build.
+    prepack_probe_max_run_ms: u64,
     /// The fleet tier (config `[remote]`): consulted before a build, fed after one.
     remote: Option<crate::remote::RemoteTier>,
 }
@@ -205,6 +207,7 @@ impl CachedEngine {
             trt: trt.clone(),
             validation_max_bytes: limits.validation_max_bytes,
             thread_probe_max_run_ms: limits.thread_probe_max_run_ms,
+            prepack_probe_max_run_ms: limits.prepack_probe_max_run_ms,
             remote: None,
         })
     }
@@ -276,6 +279,7 @@ impl CachedEngine {
         );
         req.validation.max_input_bytes = self.validation_max_bytes;
         req.validation.thread_probe_max_run_ms = self.thread_probe_max_run_ms;
+        req.validation.prepack_probe_max_run_ms = self.prepack_probe_max_run_ms;
         Ok((req, plan))
     }
 
@@ -357,13 +361,15 @@ impl CachedEngine {
     }
 }
 
-/// What the record's thread probe tells consumers (`ort-cpu` artifacts built since it
-/// existed; none for the others).
+/// What the record's thread and prepack probes tell consumers (`ort-cpu` artifacts built
+/// since they existed; none for the others).
 fn session_hints(record: &Record) -> Option<SessionHints> {
-    let probe = record.validation.as_ref()?.threads.as_ref()?;
-    probe.single.then_some(SessionHints {
-        intra_op_num_threads: Some(1),
-    })
+    let v = record.validation.as_ref()?;
+    let hints = SessionHints {
+        intra_op_num_threads: v.threads.as_ref().filter(|p| p.single).map(|_| 1),
+        disable_prepacking: v.prepack.as_ref().filter(|p| p.disable).map(|_| true),
+    };
+    (hints != SessionHints::default()).then_some(hints)
 }
 
 /// File-system identity (device, inode, size, mtime, ctime) of each file; `None` for a file

@@ -924,6 +924,91 @@ fn the_thread_probe_never_advises_one_thread_for_inputs_the_model_refuses_scaled
     }
 }
 
+/// The record's prepack probe (`validation.prepack`), checked for what any timing gives:
+/// positive fastest sessions and runs, and `disable` as the rule says for them.
+fn prepack_probe(v: &Value) -> Option<bool> {
+    let p = &v["record"]["validation"]["prepack"];
+    if p.is_null() {
+        return None;
+    }
+    let t = |k: &str| p[k].as_f64().unwrap_or_else(|| panic!("{k}: {p}"));
+    let (s, us, r, ur) = (
+        t("session_us"),
+        t("unpacked_session_us"),
+        t("run_us"),
+        t("unpacked_run_us"),
+    );
+    assert!(s > 0.0 && us > 0.0 && r > 0.0 && ur > 0.0, "{p}");
+    assert_eq!(p["runs"], 9, "{p}");
+    let disable = p["disable"].as_bool().unwrap();
+    assert_eq!(
+        disable,
+        trtcache::cache::PrepackProbe::unpacked_suits(s, us, r, ur),
+        "{p}"
+    );
+    Some(disable)
+}
+
+#[test]
+fn the_prepack_probe_times_sessions_and_runs_both_ways_when_asked() {
+    // An encoder's MatMuls pack their weights: its sessions and runs are timed with and
+    // without (whatever the outcome, which is this machine's), with the thread count the
+    // thread probe chose.
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("enc.onnx");
+    write(&models::tiny_encoder(false), &m).unwrap();
+    let lifted = [
+        "--thread-probe-max-run-ms",
+        "60000",
+        "--prepack-probe-max-run-ms",
+        "60000",
+    ];
+    let (v, out) = build_json(&m, &d.path().join("c1"), &lifted);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(prepack_probe(&v).is_some(), "{v}");
+    // Off, or with a build thread count of its own: not timed.
+    let (v, out) = build_json(
+        &m,
+        &d.path().join("c2"),
+        &["--prepack-probe-max-run-ms", "0"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(prepack_probe(&v), None, "{v}");
+    let (v, out) = build_json(
+        &m,
+        &d.path().join("c3"),
+        &["--threads", "1", lifted[2], lifted[3]],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(prepack_probe(&v), None, "{v}");
+}
+
+#[test]
+fn prepacking_is_skipped_only_when_it_costs_the_session_and_buys_the_runs_nothing() {
+    use trtcache::cache::PrepackProbe;
+    // A session 1 ms faster without, runs the same: skip it.
+    assert!(PrepackProbe::unpacked_suits(3000.0, 2000.0, 50.0, 50.0));
+    // Runs within 1 % and 0.2 µs: timer noise.
+    assert!(PrepackProbe::unpacked_suits(3000.0, 2000.0, 10.0, 10.25));
+    assert!(PrepackProbe::unpacked_suits(3000.0, 2000.0, 1000.0, 1010.0));
+    // Runs slower: keep it, however much the session saves (ddddocr's CTC head: +17 %).
+    assert!(!PrepackProbe::unpacked_suits(
+        40000.0, 5000.0, 1000.0, 1020.0
+    ));
+    assert!(!PrepackProbe::unpacked_suits(3000.0, 2000.0, 10.0, 10.5));
+    // A session no faster (nothing to pack), or by under 5 % or 50 µs: keep the default.
+    assert!(!PrepackProbe::unpacked_suits(3000.0, 3000.0, 50.0, 40.0));
+    assert!(!PrepackProbe::unpacked_suits(3000.0, 2900.0, 50.0, 40.0));
+    assert!(!PrepackProbe::unpacked_suits(500.0, 460.0, 50.0, 40.0));
+    assert!(!PrepackProbe::unpacked_suits(f64::NAN, 1.0, 1.0, 1.0));
+    assert!(!PrepackProbe::unpacked_suits(
+        3000.0,
+        2000.0,
+        1.0,
+        f64::INFINITY
+    ));
+}
+
 #[test]
 fn one_thread_suits_an_artifact_no_slower_on_it() {
     use trtcache::cache::ThreadProbe;

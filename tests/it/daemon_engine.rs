@@ -373,13 +373,13 @@ fn a_model_served_with_a_fixed_profile_gets_an_artifact_specialized_to_it() {
         "[profiles.serve]\nopt = \"x:1x6x64\"\n",
     )
     .unwrap();
-    // The thread probe's cap on the first validation run is a budget, not a property of
-    // this test: lifted so a loaded machine cannot skip the probe. The config ends in its
-    // [limits] table.
+    // The thread and prepack probes' caps on the first validation run are budgets, not
+    // properties of this test: lifted so a loaded machine cannot skip the probes. The
+    // config ends in its [limits] table.
     let cfg = std::fs::read_to_string(d.config()).unwrap();
     std::fs::write(
         d.config(),
-        format!("{cfg}thread_probe_max_run_ms = 60000\n"),
+        format!("{cfg}thread_probe_max_run_ms = 60000\nprepack_probe_max_run_ms = 60000\n"),
     )
     .unwrap();
     d.start();
@@ -440,8 +440,19 @@ assert art.session(sess_options=so).run(None, {"x": np.ones((1, 6, 64), np.float
 import onnxruntime
 own = onnxruntime.SessionOptions()
 assert Artifact({"session_hints": {"intra_op_num_threads": 1}}, [])._ort_defaults({"providers": [], "sess_options": own})["sess_options"] is own
+# The build's prepack probe, as the metadata tells it: no prepacking, or ONNX Runtime's default.
+prepack = (art.metadata.get("session_hints") or {}).get("disable_prepacking") is True
+def unpacked(so):
+    try:
+        return so.get_session_config_entry("session.disable_prepacking") == "1"
+    except RuntimeError:  # not set
+        return False
+assert unpacked(art._ort_defaults({})["sess_options"]) == prepack, art.metadata
+assert unpacked(art.session_options()) == prepack
+assert unpacked(Artifact({"session_hints": {"disable_prepacking": True}}, [])._ort_defaults({"providers": []})["sess_options"])
+assert not unpacked(Artifact({"session_hints": {"intra_op_num_threads": 1}}, [])._ort_defaults({"providers": []})["sess_options"])
 y = art.session(providers=["CPUExecutionProvider"]).run(None, {"x": np.ones((1, 6, 64), np.float32)})[0]
-print(y.shape, hint)
+print(y.shape, hint, prepack)
 "#;
     let repo = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let out = support::run_python(script, &[&repo.join("clients/python"), &d.socket()]);
@@ -469,9 +480,47 @@ print(y.shape, hint)
         .as_ref()
         .and_then(|h| h.intra_op_num_threads);
     assert_eq!(hint, single.then_some(1), "{rec}");
+    // The same for prepacking: the record's probe (its timings checked for sense, not
+    // size) decides the hint, and only it.
+    let probe = &rec["validation"]["prepack"];
+    let disable = probe["disable"]
+        .as_bool()
+        .unwrap_or_else(|| panic!("no prepack probe: {rec}"));
+    let t = |k: &str| probe[k].as_f64().unwrap_or_else(|| panic!("{k}: {rec}"));
+    assert!(
+        [
+            "session_us",
+            "unpacked_session_us",
+            "run_us",
+            "unpacked_run_us"
+        ]
+        .iter()
+        .all(|k| t(k) > 0.0),
+        "{rec}"
+    );
+    assert_eq!(
+        disable,
+        trtcache::cache::PrepackProbe::unpacked_suits(
+            t("session_us"),
+            t("unpacked_session_us"),
+            t("run_us"),
+            t("unpacked_run_us")
+        ),
+        "{rec}"
+    );
+    let hinted = art
+        .metadata
+        .session_hints
+        .as_ref()
+        .and_then(|h| h.disable_prepacking);
+    assert_eq!(hinted, disable.then_some(true), "{rec}");
     assert_eq!(
         out.trim(),
-        format!("(1, 6, 64) {}", if single { "1" } else { "None" })
+        format!(
+            "(1, 6, 64) {} {}",
+            if single { "1" } else { "None" },
+            if disable { "True" } else { "False" }
+        )
     );
     drop(c);
     assert!(d.stop());

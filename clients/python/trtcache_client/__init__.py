@@ -331,19 +331,29 @@ class Artifact:
         threads = (self.metadata.get("session_hints") or {}).get("intra_op_num_threads")
         return threads if isinstance(threads, int) else None
 
+    def _prepack_hint(self) -> bool:
+        """``session_hints.disable_prepacking``: the build found the artifact's runs no
+        slower without prepacked weights, and its session faster."""
+        if self._ready is not None:
+            return self._ready.fields.get("prepack") == "0"
+        return (self.metadata.get("session_hints") or {}).get("disable_prepacking") is True
+
     def _ort_defaults(self, ort_kwargs: Dict[str, Any]) -> Dict[str, Any]:
         """The keyword arguments ``session()`` passes to ONNX Runtime (docs/clients.md):
         ``providers`` the backend's unless given; ``sess_options`` unless given: graph
         optimizations off for an ``ort-cpu`` artifact (it is optimized already), weights
         packed on the session's threads (``session.prepack.enable_parallel``), memory-reuse
         planning off where an input has a free dimension (ONNX Runtime's planner is
-        quadratic in tensors of symbolic shape), and the metadata's ``session_hints``."""
+        quadratic in tensors of symbolic shape), and the metadata's ``session_hints``
+        (one intra-op thread; no prepacking)."""
         import onnxruntime  # type: ignore[import-not-found, import-untyped, unused-ignore]
 
         out = dict(ort_kwargs)
         if "providers" not in out:
             wanted = self.providers()
-            if wanted[0] not in onnxruntime.get_available_providers():
+            # Every onnxruntime has the CPU provider: no need to ask (13 us a session).
+            own = wanted[0]
+            if own != "CPUExecutionProvider" and own not in onnxruntime.get_available_providers():
                 from ._files import provider_unavailable
 
                 raise provider_unavailable(self, wanted[0], onnxruntime)
@@ -353,6 +363,8 @@ class Artifact:
             if self.backend == "ort-cpu":
                 so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
             so.add_session_config_entry("session.prepack.enable_parallel", "1")
+            if self._prepack_hint():
+                so.add_session_config_entry("session.disable_prepacking", "1")
             if self.free_dims():
                 so.enable_mem_reuse = False
             threads = self._threads_hint()

@@ -682,6 +682,12 @@ pub struct SessionHints {
     /// each run). Absent: ONNX Runtime's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub intra_op_num_threads: Option<u32>,
+    /// `true` when the artifact's session was created faster without prepacking its weights
+    /// and its runs were no slower, at build time (`session.disable_prepacking = 1`: the
+    /// session skips packing, and the memory of, weights its runs gain nothing from).
+    /// [`crate::Artifact::session`] applies it. Absent: ONNX Runtime's default (prepack).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disable_prepacking: Option<bool>,
 }
 
 /// A build progress event.

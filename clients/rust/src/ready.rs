@@ -31,6 +31,7 @@
 //! backend <ort-cpu|…>
 //! free_dims       <0|1>
 //! threads <n>                      (only with session_hints.intra_op_num_threads)
+//! prepack 0                        (only with session_hints.disable_prepacking)
 //! dir     <absolute path of the artifact's folder>
 //! file    <dev> <ino> <size> <mtime_ns> <ctime_ns> <name>      (graph first)
 //! source  <size> <mtime_ns> <ctime_ns> <absolute path>        (a file of the model)
@@ -174,6 +175,9 @@ impl ReadyPointer {
             .and_then(|h| h.intra_op_num_threads)
         {
             let _ = writeln!(out, "threads\t{t}");
+        }
+        if m.session_hints.as_ref().and_then(|h| h.disable_prepacking) == Some(true) {
+            let _ = writeln!(out, "prepack\t0");
         }
         let _ = writeln!(out, "dir\t{dir}");
         for f in &self.files {
@@ -388,7 +392,7 @@ mod tests {
             "validation": {"passed": true, "method": "m"},
             "files": [{"role": "graph", "name": "model.onnx", "bytes": 3},
                       {"role": "external", "name": "model.onnx.data", "bytes": 5}],
-            "session_hints": {"intra_op_num_threads": 1}
+            "session_hints": {"intra_op_num_threads": 1, "disable_prepacking": true}
         }))
         .unwrap();
         ReadyPointer {
@@ -431,10 +435,20 @@ mod tests {
         let text = p.render().unwrap();
         assert!(text.starts_with("trtcache-ready 1\n"), "{text}");
         assert!(
-            text.contains("\nfree_dims\t1\n") && text.contains("\nthreads\t1\n"),
+            text.contains("\nfree_dims\t1\n")
+                && text.contains("\nthreads\t1\n")
+                && text.contains("\nprepack\t0\n"),
             "{text}"
         );
         assert_eq!(ReadyPointer::parse(&text).unwrap(), p);
+        // Without the hint, no line: a consumer reading fields keeps ONNX Runtime's default.
+        let mut q = pointer();
+        q.metadata.session_hints = None;
+        let text = q.render().unwrap();
+        assert!(
+            !text.contains("\nprepack\t") && !text.contains("\nthreads\t"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -100,6 +100,21 @@ fn plain_relative(name: &str) -> bool {
 }
 
 impl Artifact {
+    /// The settings [`Artifact::session`] adds to a caller's builder: parallel prepacking,
+    /// and no prepacking at all when the metadata's session hints say so.
+    fn session_settings(&self, builder: &mut SessionBuilder) {
+        parallel_prepack(builder);
+        let hinted = self.metadata.session_hints.as_ref();
+        if hinted.and_then(|h| h.disable_prepacking) == Some(true) {
+            if let Ok(b) = builder
+                .clone()
+                .with_config_entry("session.disable_prepacking", "1")
+            {
+                *builder = b;
+            }
+        }
+    }
+
     /// The graph's path through the directory descriptor, `/proc/self/fd/D/<graph name>`,
     /// when the daemon sent the directory and every file of the artifact opens there as the
     /// very file whose descriptor was sent (same device and inode); `None` otherwise (no
@@ -133,9 +148,11 @@ impl Artifact {
     /// optimisation level are the caller's choice): in place through the directory
     /// descriptor when [`Artifact::dir_graph_path`] allows, else through the per-file
     /// descriptors. Adds `session.prepack.enable_parallel=1` to `builder` (weights packed on
-    /// the session's intra-op threads). The thread count stays the caller's: the metadata's
-    /// [`crate::SessionHints`] says when the build found one intra-op thread no slower
-    /// (`builder.with_intra_threads(1)`).
+    /// the session's intra-op threads), and `session.disable_prepacking=1` when the
+    /// metadata's [`crate::SessionHints::disable_prepacking`] says the build found the
+    /// artifact's runs no slower without prepacked weights. The thread count stays the
+    /// caller's: [`crate::SessionHints::intra_op_num_threads`] says when the build found one
+    /// intra-op thread no slower (`builder.with_intra_threads(1)`).
     ///
     /// An artifact with a free input dimension pays ONNX Runtime's memory-reuse planning,
     /// which grows with the square of its symbolic-shape tensors and which ONNX Runtime's C
@@ -144,7 +161,7 @@ impl Artifact {
     /// fastest session from a profile that fixes it (a sidecar profile with `opt` alone, or
     /// min = max: docs/cache.md), whose artifact has static shapes.
     pub fn session(&self, builder: &mut SessionBuilder) -> Result<Session, SessionError> {
-        parallel_prepack(builder);
+        self.session_settings(builder);
         if let Some(graph) = self.dir_graph_path() {
             // A failure here (say the blob was garbage-collected in between) falls back to
             // the per-file descriptors, which stay valid whatever happens to the directory.
@@ -161,7 +178,7 @@ impl Artifact {
         &self,
         builder: &mut SessionBuilder,
     ) -> Result<Session, SessionError> {
-        parallel_prepack(builder);
+        self.session_settings(builder);
         let procs = self.proc_paths();
         if self.files.len() == 1 {
             // ONNX Runtime opens the descriptor through /proc (no copy into this process).
