@@ -443,7 +443,21 @@ impl BackendImpl for OrtCpu {
             // With the thread count consumers are told.
             let threads = usize::from(report.threads.as_ref().is_some_and(|t| t.single));
             drop(session);
-            report.prepack = match probe_prepack(rt, &entry, &inputs, threads) {
+            // The same validation as the artifact's (inputs, reference, tolerance), on the
+            // session consumers would open without prepacking.
+            let again = |unpacked: &mut Session| {
+                let (r, _) = validate::validate_keeping_inputs(
+                    rt,
+                    model,
+                    opts.profile.as_ref(),
+                    opts.precision,
+                    cfg,
+                    opts.threads,
+                    &mut |inputs| validate::run(unpacked, inputs, &entry),
+                )?;
+                Ok(r.passed)
+            };
+            report.prepack = match probe_prepack(rt, &entry, &inputs, threads, again) {
                 Ok(p) => Some(p),
                 Err(e) => {
                     tracing::warn!(error = %e, "prepack probe failed; consumers keep ONNX Runtime's prepacking");
@@ -590,15 +604,18 @@ fn time_both(
 }
 
 /// Times [`PrepackProbe::SESSIONS`] session creations of `entry` with its weights prepacked
-/// and without, alternating, then (after a warm-up run each) [`validate::THREAD_PROBE_RUNS`]
-/// runs of the last of each on `inputs`, alternating; says whether consumers should skip
-/// prepacking ([`PrepackProbe::unpacked_suits`]). At most two of these sessions are open at
-/// once.
+/// and without, alternating, then (after a warm-up run each) runs of the last of each on
+/// `inputs`, alternating: [`validate::THREAD_PROBE_RUNS`] pairs, and more up to
+/// [`PrepackProbe::MAX_RUNS`] while [`PrepackProbe::RUN_BUDGET`] lasts; when the timings favour skipping
+/// prepacking, validates the session without it (`validate_unpacked`: whether it passes)
+/// and says whether consumers should skip it ([`PrepackProbe::disable`]). At most two of
+/// these sessions are open at once.
 fn probe_prepack(
     rt: &Runtime,
     entry: &Path,
     inputs: &validate::Inputs,
     threads: usize,
+    validate_unpacked: impl FnOnce(&mut Session) -> Result<bool, BuildError>,
 ) -> Result<PrepackProbe, BuildError> {
     let (mut packed_us, mut unpacked_us) = (Vec::new(), Vec::new());
     let open = |prepack: bool, times: &mut Vec<f64>| {
@@ -617,26 +634,39 @@ fn probe_prepack(
     }
     time_run(&mut packed, inputs, entry)?;
     time_run(&mut unpacked, inputs, entry)?;
-    let (run_us, unpacked_run_us) = time_both(&mut packed, &mut unpacked, inputs, entry)?;
+    // Alternating pairs: at least THREAD_PROBE_RUNS, and more while they fit the budget
+    // (a microsecond run's fastest settles only after dozens).
+    let (mut on_packed, mut on_unpacked) = (Vec::new(), Vec::new());
+    let t = Instant::now();
+    while on_packed.len() < validate::THREAD_PROBE_RUNS as usize
+        || (on_packed.len() < PrepackProbe::MAX_RUNS as usize
+            && t.elapsed() < PrepackProbe::RUN_BUDGET)
+    {
+        on_packed.push(time_run(&mut packed, inputs, entry)?);
+        on_unpacked.push(time_run(&mut unpacked, inputs, entry)?);
+    }
+    let runs = on_packed.len() as u32;
+    let (run_us, unpacked_run_us) = (fastest(on_packed), fastest(on_unpacked));
     let (session_us, unpacked_session_us) = (fastest(packed_us), fastest(unpacked_us));
+    drop(packed);
+    let suits =
+        PrepackProbe::unpacked_suits(session_us, unpacked_session_us, run_us, unpacked_run_us);
+    let validated = suits && validate_unpacked(&mut unpacked)?;
     let probe = PrepackProbe {
         session_us,
         unpacked_session_us,
         run_us,
         unpacked_run_us,
-        runs: validate::THREAD_PROBE_RUNS,
-        disable: PrepackProbe::unpacked_suits(
-            session_us,
-            unpacked_session_us,
-            run_us,
-            unpacked_run_us,
-        ),
+        runs,
+        validated,
+        disable: suits && validated,
     };
     tracing::info!(
         session_us = format!("{session_us:.1}"),
         unpacked_session_us = format!("{unpacked_session_us:.1}"),
         run_us = format!("{run_us:.1}"),
         unpacked_run_us = format!("{unpacked_run_us:.1}"),
+        validated,
         disable = probe.disable,
         "timed the artifact's sessions and runs with its weights prepacked and without"
     );

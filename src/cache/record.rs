@@ -169,17 +169,31 @@ pub struct PrepackProbe {
     pub run_us: f64,
     /// Fastest run, in microseconds, without prepacking.
     pub unpacked_run_us: f64,
-    /// Runs timed each way.
+    /// Runs timed each way (9 to [`PrepackProbe::MAX_RUNS`]).
     pub runs: u32,
-    /// Prepacking buys the runs nothing and costs the session
-    /// ([`PrepackProbe::unpacked_suits`]): consumers are told
-    /// `session.disable_prepacking = 1`.
+    /// The session without prepacking passed the artifact's validation too (same inputs,
+    /// reference and tolerance): MLAS's kernels for unpacked weights need not sum in the
+    /// same order as for packed ones, and consumers must get validated outputs either way.
+    /// Checked only when the timings favour skipping prepacking.
+    #[serde(default)]
+    pub validated: bool,
+    /// Prepacking buys the runs nothing and costs the session, and the session without it
+    /// passed validation ([`PrepackProbe::unpacked_suits`], [`PrepackProbe::validated`]):
+    /// consumers are told `session.disable_prepacking = 1`.
     pub disable: bool,
 }
 
 impl PrepackProbe {
     /// Sessions created each way.
     pub const SESSIONS: u32 = 3;
+
+    /// Most runs timed each way: after the thread probe's 9, runs go on while
+    /// [`PrepackProbe::RUN_BUDGET`] lasts (a 15 µs run's fastest of 9 moved by 2-3 % between
+    /// builds; of 50, by under 1 %).
+    pub const MAX_RUNS: u32 = 50;
+
+    /// Time the runs may take beyond the first 9 pairs.
+    pub const RUN_BUDGET: std::time::Duration = std::time::Duration::from_millis(100);
 
     /// Consumers skip prepacking when the session without it is created at least 5 % and
     /// 50 µs faster and its runs are no slower: within 1 % and 0.2 µs (timer noise on a

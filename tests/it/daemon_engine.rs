@@ -451,6 +451,11 @@ assert unpacked(art._ort_defaults({})["sess_options"]) == prepack, art.metadata
 assert unpacked(art.session_options()) == prepack
 assert unpacked(Artifact({"session_hints": {"disable_prepacking": True}}, [])._ort_defaults({"providers": []})["sess_options"])
 assert not unpacked(Artifact({"session_hints": {"intra_op_num_threads": 1}}, [])._ort_defaults({"providers": []})["sess_options"])
+# From a ready pointer, whose `prepack 0` line says it without parsing the metadata.
+from trtcache_client import _Ready
+pointed = lambda fields: Artifact(None, [], None, _Ready(dict(fields, backend="ort-cpu"), ["model.onnx"], "{}", (0, 0)))
+assert unpacked(pointed({"prepack": "0"})._ort_defaults({"providers": []})["sess_options"])
+assert not unpacked(pointed({})._ort_defaults({"providers": []})["sess_options"])
 y = art.session(providers=["CPUExecutionProvider"]).run(None, {"x": np.ones((1, 6, 64), np.float32)})[0]
 print(y.shape, hint, prepack)
 "#;
@@ -500,12 +505,13 @@ print(y.shape, hint, prepack)
     );
     assert_eq!(
         disable,
-        trtcache::cache::PrepackProbe::unpacked_suits(
-            t("session_us"),
-            t("unpacked_session_us"),
-            t("run_us"),
-            t("unpacked_run_us")
-        ),
+        probe["validated"] == true
+            && trtcache::cache::PrepackProbe::unpacked_suits(
+                t("session_us"),
+                t("unpacked_session_us"),
+                t("run_us"),
+                t("unpacked_run_us")
+            ),
         "{rec}"
     );
     let hinted = art
