@@ -651,7 +651,11 @@ fn probe_prepack(
     drop(packed);
     let suits =
         PrepackProbe::unpacked_suits(session_us, unpacked_session_us, run_us, unpacked_run_us);
-    let validated = suits && validate_unpacked(&mut unpacked)?;
+    let validated = if suits {
+        Some(validate_unpacked(&mut unpacked)?)
+    } else {
+        None
+    };
     let probe = PrepackProbe {
         session_us,
         unpacked_session_us,
@@ -659,14 +663,14 @@ fn probe_prepack(
         unpacked_run_us,
         runs,
         validated,
-        disable: suits && validated,
+        disable: suits && validated == Some(true),
     };
     tracing::info!(
         session_us = format!("{session_us:.1}"),
         unpacked_session_us = format!("{unpacked_session_us:.1}"),
         run_us = format!("{run_us:.1}"),
         unpacked_run_us = format!("{unpacked_run_us:.1}"),
-        validated,
+        validated = ?validated,
         disable = probe.disable,
         "timed the artifact's sessions and runs with its weights prepacked and without"
     );

@@ -174,9 +174,9 @@ pub struct PrepackProbe {
     /// The session without prepacking passed the artifact's validation too (same inputs,
     /// reference and tolerance): MLAS's kernels for unpacked weights need not sum in the
     /// same order as for packed ones, and consumers must get validated outputs either way.
-    /// Checked only when the timings favour skipping prepacking.
-    #[serde(default)]
-    pub validated: bool,
+    /// Checked only when the timings favour skipping prepacking (absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validated: Option<bool>,
     /// Prepacking buys the runs nothing and costs the session, and the session without it
     /// passed validation ([`PrepackProbe::unpacked_suits`], [`PrepackProbe::validated`]):
     /// consumers are told `session.disable_prepacking = 1`.
