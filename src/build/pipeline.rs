@@ -395,14 +395,22 @@ impl Builder {
                 // segfaults running ppocrv5_rec's conv-affine artifact with its prepacked
                 // weights saved, and runs it without them): the worker's death costs the
                 // saved prepacked weights first (memory shared between consumers, no speed),
-                // then the rewrites, never the artifact. The key stays the one asked for.
+                // then the thread and prepack probes (sessions the consumers' defaults would
+                // open some other way: an optimization, never worth the artifact), then the
+                // rewrites, never the artifact. The key stays the one asked for.
                 Err(BuildError::Crashed(why))
                     if attempt.backend == Backend::OrtCpu
-                        && (attempt.options.prepack || attempt.options.rewrite) =>
+                        && (attempt.options.prepack
+                            || probes(&attempt.validation)
+                            || attempt.options.rewrite) =>
                 {
                     let what = if attempt.options.prepack {
                         attempt.options.prepack = false;
                         "prepack"
+                    } else if probes(&attempt.validation) {
+                        attempt.validation.thread_probe_max_run_ms = 0;
+                        attempt.validation.prepack_probe_max_run_ms = 0;
+                        "probes"
                     } else {
                         attempt.options.rewrite = false;
                         "rewrites"
@@ -611,6 +619,11 @@ pub(crate) fn disk_full(staging: &Path, model: &Path, e: BuildError) -> BuildErr
             )),
         },
     }
+}
+
+/// Whether a build times the thread or the prepack probe (`ort-cpu`).
+fn probes(v: &ValidationConfig) -> bool {
+    v.thread_probe_max_run_ms > 0 || v.prepack_probe_max_run_ms > 0
 }
 
 fn provider_plan(model: &Path, backend: Backend) -> Option<(BTreeMap<String, usize>, Vec<String>)> {
