@@ -248,14 +248,14 @@ def main():
         lo, hi, gm, under = summary("ratio")
         loi, _, gmi, underi = summary("ratio_after_import")
         print(f"\n{len(rows)} models, {a.runs} runs each, core {a.core}: ratio own/via "
-              f"min {lo:.2f}x, max {hi:.2f}x, geometric mean {gm:.2f}x; client imported before: min "
-              f"{loi:.2f}x, geometric mean {gmi:.2f}x; under 0.95x: {under} ({underi} imported); "
+              f"min {lo:.2f}x, max {hi:.2f}x, geometric mean {gm:.3f}x; client imported before: min "
+              f"{loi:.2f}x, geometric mean {gmi:.3f}x; under 0.95x: {under} ({underi} imported); "
               f"from the ready index: {sum(bool(r['index']) for r in rows)}")
         if a.compare_socket:
             los, _, gs, unders = summary("ratio_socket")
             losi, _, gsi, undersi = summary("ratio_socket_after_import")
             print(f"every acquire on the socket (ready_index=False), same run: min {los:.2f}x, geometric "
-                  f"mean {gs:.2f}x; client imported before: min {losi:.2f}x, geometric mean {gsi:.2f}x; "
+                  f"mean {gs:.3f}x; client imported before: min {losi:.2f}x, geometric mean {gsi:.3f}x; "
                   f"under 0.95x: {unders} ({undersi} imported)")
         if a.json:
             with open(a.json, "w") as f:
