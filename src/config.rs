@@ -178,8 +178,9 @@ pub struct Limits {
     pub thread_probe_max_run_ms: u64,
     /// `ort-cpu`: after the thread probe, the artifact's sessions and runs are timed with and
     /// without its weights prepacked when its first validation run took at most this many
-    /// milliseconds; when prepacking makes the session slower and the runs no faster,
-    /// consumers are told to skip it (the acquire's `session_hints`). 0: never.
+    /// milliseconds; when prepacking makes the session slower and the runs no faster, and the
+    /// session without it passes validation too, consumers are told to skip it (the
+    /// acquire's `session_hints`). 0: never.
     pub prepack_probe_max_run_ms: u64,
     /// Connections subscribed with `watch` at once (each also holds one of
     /// `max_connections`, and is never reclaimed: it is not waiting for a request); more get

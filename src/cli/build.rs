@@ -180,8 +180,9 @@ pub struct BuildArgs {
     /// ort-cpu: after the thread probe, time the artifact's sessions and runs with its
     /// weights prepacked and without when its first validation run took at most this many
     /// milliseconds; consumers are told to skip prepacking (`session.disable_prepacking`)
-    /// when that makes the session faster and the runs no slower (the record's
-    /// `validation.prepack`, the acquire's `session_hints`). 0: never. Only with
+    /// when that makes the session faster and the runs no slower, and the session without it
+    /// passes validation too (the record's `validation.prepack`, the acquire's
+    /// `session_hints`). 0: never. Only with
     /// --threads 0 (the daemon's `limits.prepack_probe_max_run_ms`)
     #[arg(long, value_name = "MS", default_value_t = crate::build::validate::DEFAULT_PREPACK_PROBE_MAX_RUN_MS)]
     pub prepack_probe_max_run_ms: u64,
