@@ -396,7 +396,7 @@ impl BackendImpl for OrtCpu {
         let representative =
             cfg.golden.is_some() || opts.profile.is_some() || static_inputs(&session);
         let mut first = Duration::MAX;
-        let (mut report, inputs) = validate::validate_keeping_inputs(
+        let (mut report, inputs, want) = validate::validate_keeping_inputs(
             rt,
             model,
             opts.profile.as_ref(),
@@ -443,19 +443,13 @@ impl BackendImpl for OrtCpu {
             // With the thread count consumers are told.
             let threads = usize::from(report.threads.as_ref().is_some_and(|t| t.single));
             drop(session);
-            // The same validation as the artifact's (inputs, reference, tolerance), on the
-            // session consumers would open without prepacking.
+            // The same validation as the artifact's (inputs, the model's outputs on them,
+            // tolerance), on the session consumers would open without prepacking.
+            let tol = report.tolerance;
             let again = |unpacked: &mut Session| {
-                let (r, _) = validate::validate_keeping_inputs(
-                    rt,
-                    model,
-                    opts.profile.as_ref(),
-                    opts.precision,
-                    cfg,
-                    opts.threads,
-                    &mut |inputs| validate::run(unpacked, inputs, &entry),
-                )?;
-                Ok(r.passed)
+                let got = validate::run(unpacked, &inputs, &entry)?;
+                let outputs = validate::compare_outputs(model, &want, &got, tol);
+                Ok(outputs.iter().all(|o| o.passed))
             };
             report.prepack = match probe_prepack(rt, &entry, &inputs, threads, again) {
                 Ok(p) => Some(p),
@@ -504,7 +498,7 @@ fn exact_report(
         .map_err(io)?;
     std::io::Write::write_all(&mut file, &exact.encode_to_vec()).map_err(io)?;
     let entry = artifact.dir.join(&artifact.entry);
-    let (mut report, _) = validate::validate_keeping_inputs(
+    let (mut report, _, _) = validate::validate_keeping_inputs(
         rt,
         file.path(),
         opts.profile.as_ref(),

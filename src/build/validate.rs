@@ -591,11 +591,14 @@ pub(crate) fn validate_with(
     threads: usize,
     candidate: &mut dyn FnMut(&Inputs) -> Result<Outs, BuildError>,
 ) -> Result<ValidationReport, BuildError> {
-    validate_keeping_inputs(rt, model, profile, precision, cfg, threads, candidate).map(|(r, _)| r)
+    validate_keeping_inputs(rt, model, profile, precision, cfg, threads, candidate)
+        .map(|(r, _, _)| r)
 }
 
 /// [`validate_with`], also returning the inputs it validated on, once the reference session
-/// is closed (its threads gone, so timing the candidate on them competes with nothing).
+/// is closed (its threads gone, so timing the candidate on them competes with nothing), and
+/// the reference's outputs on them (another run of the artifact is checked against those
+/// with [`compare_outputs`], without the reference again).
 pub(crate) fn validate_keeping_inputs(
     rt: &Runtime,
     model: &Path,
@@ -604,7 +607,7 @@ pub(crate) fn validate_keeping_inputs(
     cfg: &ValidationConfig,
     threads: usize,
     candidate: &mut dyn FnMut(&Inputs) -> Result<Outs, BuildError>,
-) -> Result<(ValidationReport, Inputs), BuildError> {
+) -> Result<(ValidationReport, Inputs, Outs), BuildError> {
     let mut reference = super::cpu::open_raw(
         rt,
         model,
@@ -618,8 +621,34 @@ pub(crate) fn validate_keeping_inputs(
     let tol = cfg
         .tolerance
         .unwrap_or_else(|| Tolerance::default_for(precision));
+    let outputs = compare_outputs(model, &want, &got, tol);
+    let report = ValidationReport {
+        passed: outputs.iter().all(|o| o.passed),
+        tolerance: tol,
+        seed: cfg.seed,
+        golden: cfg.golden.as_ref().map(|p| p.display().to_string()),
+        shapes,
+        outputs,
+        opt_level: None,
+        rejected: Vec::new(),
+        threads: None,
+        prepack: None,
+        rewrites: Vec::new(),
+        reference: None,
+    };
+    Ok((report, inputs, want))
+}
+
+/// Each of the reference's outputs (`want`) against the candidate's (`got`, by name; a
+/// missing one fails), within `tol`.
+pub(crate) fn compare_outputs(
+    model: &Path,
+    want: &Outs,
+    got: &Outs,
+    tol: Tolerance,
+) -> Vec<OutputError> {
     let mut outputs = Vec::new();
-    for (name, reference) in &want {
+    for (name, reference) in want {
         let e = match got.iter().find(|(n, _)| n == name) {
             Some((_, g)) => values::compare_out(name, reference, g, tol),
             None => OutputError {
@@ -645,21 +674,7 @@ pub(crate) fn validate_keeping_inputs(
         }
         outputs.push(e);
     }
-    let report = ValidationReport {
-        passed: outputs.iter().all(|o| o.passed),
-        tolerance: tol,
-        seed: cfg.seed,
-        golden: cfg.golden.as_ref().map(|p| p.display().to_string()),
-        shapes,
-        outputs,
-        opt_level: None,
-        rejected: Vec::new(),
-        threads: None,
-        prepack: None,
-        rewrites: Vec::new(),
-        reference: None,
-    };
-    Ok((report, inputs))
+    outputs
 }
 
 #[cfg(test)]

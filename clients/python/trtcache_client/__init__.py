@@ -356,7 +356,7 @@ class Artifact:
             if own != "CPUExecutionProvider" and own not in onnxruntime.get_available_providers():
                 from ._files import provider_unavailable
 
-                raise provider_unavailable(self, wanted[0], onnxruntime)
+                raise provider_unavailable(self, own, onnxruntime)
             out["providers"] = wanted
         if "sess_options" not in out:
             so = onnxruntime.SessionOptions()
