@@ -11,7 +11,9 @@ whose mask length is `past_sequence + sequence` (GPT-2 with past key values), an
 batch axes that two inputs share. Element types (class 2): float16 in and out, int16 and
 uint64, a LabelEncoder to strings, ZipMap's seq(map(int64, float)), a sequence output.
 strings in (unicode and object arrays). IR < 4 (class 3): initializers listed as graph inputs, one of them a Reshape's shape.
-A dynamically quantized layer (class 4: ops without a rule, a contrib op).
+A dynamically quantized layer (class 4: ops without a rule, a contrib op). madmom-like free
+axes that only the weights size (an LSTM's input size), and a time axis at position 0 that
+a Conv kernel needs 5 of.
 `impossible` needs a size no default tries; the test checks its error instead.
 """
 import os
@@ -215,6 +217,37 @@ def models():
     )
     dq.opset_import.append(h.make_opsetid("com.microsoft", 1))
     out["dynamic_quantized"] = (dq, {"x": f32(3, 4), "img": f32(1, 1, 6, 6)})
+    # madmom-like (class 1, the weights fix a free axis): `[time, features]` with both axes
+    # unnamed-free; features reach an LSTM whose weights take 37 of them (Unsqueeze to
+    # [time, 1, features]), so no size the search tries fits; and a Conv over time whose
+    # kernel needs 5 frames where axis 0, taken for a batch, stays 1.
+    hs = 3
+    out["weights_fix_the_features"] = (
+        model(
+            [
+                h.make_node("Unsqueeze", ["x", "ax1"], ["xu"]),
+                h.make_node("LSTM", ["xu", "W", "R"], ["seq"], hidden_size=hs),
+                h.make_node("Squeeze", ["seq", "ax1"], ["y"]),
+            ],
+            [vi("x", T.FLOAT, [None, None])],
+            [vi("y", T.FLOAT, [None, 1, hs])],
+            [nh.from_array(np.array([1], np.int64), "ax1"),
+             nh.from_array(f32(1, 4 * hs, 37), "W"), nh.from_array(f32(1, 4 * hs, hs), "R")],
+        ),
+        {"x": f32(20, 37)},
+    )
+    out["time_is_axis_0"] = (
+        model(
+            [
+                h.make_node("Unsqueeze", ["x", "ax01"], ["xu"]),
+                h.make_node("Conv", ["xu", "K"], ["y"]),
+            ],
+            [vi("x", T.FLOAT, [None, None])],
+            [vi("y", T.FLOAT, [1, 2, None, None])],
+            [nh.from_array(np.array([0, 1], np.int64), "ax01"), nh.from_array(f32(2, 1, 5, 3), "K")],
+        ),
+        {"x": f32(20, 8)},
+    )
     return out
 
 

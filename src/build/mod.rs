@@ -9,9 +9,11 @@
 
 pub(crate) mod compact;
 pub mod cpu;
+pub(crate) mod explain;
 pub(crate) mod golden;
 pub(crate) mod gpu;
 pub(crate) mod pickle;
+pub(crate) mod pins;
 pub(crate) mod pipeline;
 pub mod rewrite;
 pub mod runtime;
@@ -102,11 +104,13 @@ impl BuildError {
 }
 
 impl BuildError {
+    /// ONNX Runtime's error at `stage`, with what to do about it in front when it is one of
+    /// the ways ORT says it cannot run the model at all ([`explain`]).
     pub(crate) fn ort(stage: &'static str, path: &Path, e: impl std::fmt::Display) -> Self {
         BuildError::Ort {
             stage,
             path: path.to_path_buf(),
-            message: e.to_string(),
+            message: explain::ort_message(&e.to_string()),
         }
     }
 }

@@ -247,6 +247,17 @@ pub(super) fn candidates(axes: &[Axis], bound: &BTreeMap<String, i64>) -> Vec<Ca
             });
         }
     }
+    // Every axis the same size, batches included: an axis 0 that is not a batch (madmom's
+    // `[time, features]`, where convolutions need more frames than their kernel).
+    for s in SEARCH_SIZES {
+        push(format!("every axis {s}, batches too"), &|l, _| {
+            if past_like(l) {
+                0
+            } else {
+                s
+            }
+        });
+    }
     out.truncate(MAX_CANDIDATES);
     out
 }
@@ -324,7 +335,22 @@ mod tests {
         let b = batch_leaves(&axes);
         assert_eq!(b.into_iter().collect::<Vec<_>>(), ["s18", "s43"]);
         let c = candidates(&axes, &BTreeMap::new());
-        assert!(c.iter().all(|c| c.leaf["s18"] == 1 && c.leaf["s43"] == 1));
+        // Batches stay 1 until the last candidates, which grow every axis alike.
+        let (kept, every): (Vec<&Candidate>, Vec<&Candidate>) =
+            c.iter().partition(|c| !c.label.starts_with("every axis "));
+        assert!(kept
+            .iter()
+            .all(|c| c.leaf["s18"] == 1 && c.leaf["s43"] == 1));
+        assert!(every
+            .iter()
+            .any(|c| c.leaf["s18"] == 8 && c.leaf["s70"] == 8));
+        let first = c
+            .iter()
+            .position(|c| c.label.starts_with("every axis "))
+            .expect("every-axis candidates");
+        assert!(c[first..]
+            .iter()
+            .all(|c| c.label.starts_with("every axis ")));
         // The mask one longer than ids + past: total = past + sequence.
         assert!(c
             .iter()

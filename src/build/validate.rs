@@ -27,7 +27,8 @@ use ort::session::Session;
 use ort::value::{DynValue, TensorElementType, ValueType};
 
 use super::search::{
-    batch_leaves, candidates, leaves, shape_under, tensor_of, unnamed, Axis, SEARCH_SIZES,
+    batch_leaves, candidates, leaves, shape_under, tensor_of, unnamed, Axis, Candidate,
+    MAX_CANDIDATES, SEARCH_SIZES,
 };
 use super::values::{self, Out};
 use super::{BuildError, Runtime};
@@ -361,7 +362,7 @@ fn reference_inputs(
             }
         }
     }
-    let cands = candidates(&axes, &bound);
+    let cands = with_graph_pins(model, &axes, &bound);
     let mut tried: Vec<(String, String)> = Vec::new();
     for c in &cands {
         let mut shapes = BTreeMap::new();
@@ -402,6 +403,70 @@ fn reference_inputs(
         .map(|(n, shape, _, _)| (n.clone(), shape.clone()))
         .collect();
     Err(no_inputs(model, &axes, &dynamic, &tried))
+}
+
+/// The default candidates, first with the sizes the graph's weights fix for free axes
+/// ([`super::pins`]: an LSTM's input size, a MatMul's inner dimension) bound in every one,
+/// then the plain search (in case a pin is wrong), at most [`MAX_CANDIDATES`] in all.
+fn with_graph_pins(model: &Path, axes: &[Axis], bound: &BTreeMap<String, i64>) -> Vec<Candidate> {
+    let plain = candidates(axes, bound);
+    if axes.is_empty() {
+        return plain;
+    }
+    let pins = super::pins::graph_pins(model);
+    let mut leaf_pins: BTreeMap<String, Option<i64>> = BTreeMap::new();
+    for a in axes {
+        let Some(&size) = pins.get(&(a.input.clone(), a.axis)) else {
+            continue;
+        };
+        let leaf = if a.symbol.is_empty() {
+            unnamed(a)
+        } else if leaves(&a.symbol) == [a.symbol.clone()] {
+            a.symbol.clone()
+        } else {
+            continue;
+        };
+        if bound.contains_key(&leaf) {
+            continue;
+        }
+        leaf_pins
+            .entry(leaf)
+            .and_modify(|v| {
+                if *v != Some(size) {
+                    *v = None;
+                }
+            })
+            .or_insert(Some(size));
+    }
+    let pinned: BTreeMap<String, i64> = leaf_pins
+        .into_iter()
+        .filter_map(|(l, v)| Some((l, v?)))
+        .collect();
+    if pinned.is_empty() {
+        return plain;
+    }
+    let what = pinned
+        .iter()
+        .map(|(l, v)| format!("{l} = {v}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    tracing::debug!(pins = %what, "sizes the graph's weights fix for free input axes");
+    let mut with = bound.clone();
+    with.extend(pinned);
+    let mut out: Vec<Candidate> = candidates(axes, &with)
+        .into_iter()
+        .map(|mut c| {
+            c.label = format!("{} (the weights fix {what})", c.label);
+            c
+        })
+        .collect();
+    for c in plain {
+        if !out.iter().any(|o| o.leaf == c.leaf) {
+            out.push(c);
+        }
+    }
+    out.truncate(MAX_CANDIDATES);
+    out
 }
 
 /// The error when no default candidate works: the inputs and axes, what was tried, ORT's

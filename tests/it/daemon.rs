@@ -585,6 +585,26 @@ fn warm_fails_when_a_model_fails_and_succeeds_when_all_are_ready() {
     };
     assert_eq!(state(&v, "good").as_deref(), Some("ready"));
     assert_eq!(state(&v, "bad").as_deref(), Some("failed"));
+    // ONNX Runtime cannot run a custom-domain op: the reason says so and what to do, then
+    // ORT's own words; it names the repository's file.
+    let reason = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["model"] == "bad")
+        .and_then(|r| r["reason"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    for want in [
+        "bad.onnx",
+        "`com.example::Scale` is a custom-domain operator",
+        "re-export the model with standard ONNX operators",
+        "(ONNX Runtime: ",
+        "is not a registered function/op",
+    ] {
+        assert!(reason.contains(want), "missing `{want}` in: {reason}");
+    }
+    assert!(!reason.contains("/tmp/build-"), "{reason}");
     let out = warm(&["good"]);
     assert_eq!(
         out.status.code(),
