@@ -8,8 +8,8 @@ feed and compared with ONNX Runtime's outputs (expected.pkl).
                                      [--timeout 1800] [--json OUT.json]
 
 A model that does not get served must fail with a precise reason (`warm`'s, printed); one
-ORT itself cannot run is `ort-cannot`. Exit 0 when every model ORT runs is served and
-matches.
+ORT itself cannot run is `ort-cannot`, and trtcache must refuse it with a reason (printed).
+Exit 0 when every model ORT runs is served and matches and every other one is refused.
 """
 import argparse
 import json
@@ -44,14 +44,7 @@ def main():
     sock = os.path.join(tmp, "s.sock")
     os.makedirs(models)
     for n in names:
-        src = os.path.join(a.corpus, n)
-        if os.path.exists(os.path.join(src, "model.onnx.data")):
-            # External data resolves next to the graph: serve the folder form NAME/model.onnx.
-            os.makedirs(os.path.join(models, n))
-            shutil.copy(os.path.join(src, "model.onnx"), os.path.join(models, n, "model.onnx"))
-            shutil.copy(os.path.join(src, "model.onnx.data"), os.path.join(models, n, "model.onnx.data"))
-        else:
-            shutil.copy(os.path.join(src, "model.onnx"), os.path.join(models, n + ".onnx"))
+        corpus_run.copy_model(os.path.join(a.corpus, n), models, n)
     common = ["--models", models, "--cache-dir", cache, "--socket", sock]
     serve = corpus_run.start_serve(a.trtcache, common, sock, os.path.join(tmp, "serve.log"))
     results = []
@@ -81,7 +74,8 @@ def main():
                 ref = corpus_run.session(os.path.join(d, "model.onnx"))
                 ref.run(None, corpus_run.feed_for(ref, feed))
             except Exception as e:
-                r.update(cls="ort-cannot", why=corpus_run.first_line(str(e)))
+                # ORT itself cannot run it: trtcache must refuse it, with its own reason.
+                r.update(cls="ort-cannot", why=corpus_run.first_line(str(e)), refused=reasons.get(n))
                 results.append(r)
                 continue
             try:
@@ -115,13 +109,17 @@ def main():
     for r in results:
         if r["cls"] != "pass":
             print(f"{r['test']}: {r['cls']}: {r.get('why')}")
+            if r["cls"] == "ort-cannot":
+                print(f"  trtcache: {r.get('refused') or 'NOT REFUSED (served, or no reason given)'}")
         elif r.get("exact"):
             print(f"{r['test']}: {r['exact']}")
     ran = [r for r in results if r["cls"] != "ort-cannot"]
     ok = [r for r in ran if r["cls"] == "pass"]
+    cannot = [r for r in results if r["cls"] == "ort-cannot"]
+    refused = [r for r in cannot if r.get("refused")]
     print(f"\nwarm: exit {w.returncode} in {warm_s:.1f}s")
     print(f"served through the daemon with the defaults and matching ONNX Runtime (a rewritten STFT: the float64 STFT): {len(ok)}/{len(ran)}"
-          f" ({100 * len(ok) / max(1, len(ran)):.1f}%); ort-cannot: {len(results) - len(ran)}; "
+          f" ({100 * len(ok) / max(1, len(ran)):.1f}%); ort-cannot: {len(cannot)} (refused with a reason: {len(refused)}); "
           f"acquired from the ready index: {sum(bool(r.get('index')) for r in results)}")
     exact = sum(1 for r in results if r.get("exact"))
     if exact:
@@ -130,7 +128,7 @@ def main():
     if a.json:
         json.dump(results, open(a.json, "w"), indent=1)
     shutil.rmtree(tmp, ignore_errors=True)
-    sys.exit(0 if len(ok) == len(ran) else 1)
+    sys.exit(0 if len(ok) == len(ran) and len(refused) == len(cannot) else 1)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import json
 import os
 import pickle
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -164,6 +165,26 @@ def stft_exact(model, artifact, feed, out_names, got, expected, atol, rtol):
         return None
     return (f"rewritten STFT: matches the float64 STFT; ONNX Runtime's own float32 STFT is off it by "
             f"{compare_all(expected, exact, atol, rtol) or 'nothing over the tolerance'}")
+
+
+CORPUS_FILES = {"model.onnx", "feed.pkl", "expected.pkl", "golden.npz"}
+
+
+def external_files(test_dir):
+    """The files next to a corpus model that are not the corpus's own: its external data."""
+    return sorted(f for f in os.listdir(test_dir) if f not in CORPUS_FILES and not f.endswith(".txt"))
+
+
+def copy_model(test_dir, models, name):
+    """Puts a corpus model in a daemon's model folder: NAME.onnx, or NAME/model.onnx with
+    its external data files beside it (data resolves next to the graph)."""
+    extra = external_files(test_dir)
+    if not extra:
+        shutil.copy(os.path.join(test_dir, "model.onnx"), os.path.join(models, name + ".onnx"))
+        return
+    os.makedirs(os.path.join(models, name))
+    for f in ["model.onnx", *extra]:
+        shutil.copy(os.path.join(test_dir, f), os.path.join(models, name, f))
 
 
 def first_line(s, n=400):
