@@ -80,7 +80,7 @@ def main():
     names = sorted(
         d for d in os.listdir(a.corpus)
         if os.path.isfile(os.path.join(a.corpus, d, "model.onnx"))
-        and not os.path.exists(os.path.join(a.corpus, d, "model.onnx.data"))  # one-file models
+        and not corpus_run.external_files(os.path.join(a.corpus, d))  # one-file models
         and (not only or only.search(d))
     )
     r = random.Random(a.seed)
