@@ -332,11 +332,10 @@ fn step<'a>(
         "LSTM" | "GRU" | "RNN" => {
             let x = x?;
             let wt = w(1)?;
+            // X is [seq, batch, input] (or [batch, seq, input] with `layout` 1): the input
+            // size is last either way, W is [directions, gates·hidden, input].
             if x.len() == 3 && wt.dims.len() == 3 {
                 found.pin(&x[2], wt.dims[2]);
-                if attr::int(n, "layout").unwrap_or(0) != 0 {
-                    // batch-first: X is [batch, seq, input]; the input size is still last.
-                }
             }
             None
         }
