@@ -14,6 +14,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use super::search::{leaves, unnamed, Axis};
 use crate::analysis::facts::tensor_ints;
 use crate::onnx::facts::{shape_of, Dim};
 use crate::onnx::proto::{GraphProto, NodeProto, TensorProto};
@@ -86,18 +87,23 @@ pub(super) fn pins(g: &GraphProto) -> BTreeMap<InputAxis, i64> {
     found.into_pins()
 }
 
-/// Sizes found per axis; an axis found with two sizes is dropped.
-#[derive(Default)]
-struct Found(BTreeMap<InputAxis, Option<i64>>);
+/// Sizes found per key (an input axis, or a search leaf); a key found with two different
+/// sizes is dropped.
+struct Found<K>(BTreeMap<K, Option<i64>>);
 
-impl Found {
-    fn pin(&mut self, origin: &Option<InputAxis>, size: i64) {
-        let Some(o) = origin else { return };
+impl<K: Ord> Default for Found<K> {
+    fn default() -> Self {
+        Found(BTreeMap::new())
+    }
+}
+
+impl<K: Ord> Found<K> {
+    fn agree(&mut self, key: K, size: i64) {
         if size <= 0 {
             return;
         }
         self.0
-            .entry(o.clone())
+            .entry(key)
             .and_modify(|v| {
                 if *v != Some(size) {
                     *v = None;
@@ -106,12 +112,51 @@ impl Found {
             .or_insert(Some(size));
     }
 
-    fn into_pins(self) -> BTreeMap<InputAxis, i64> {
+    fn into_pins(self) -> BTreeMap<K, i64> {
         self.0
             .into_iter()
             .filter_map(|(k, v)| Some((k, v?)))
             .collect()
     }
+}
+
+impl Found<InputAxis> {
+    fn pin(&mut self, origin: &Option<InputAxis>, size: i64) {
+        if let Some(o) = origin {
+            self.agree(o.clone(), size);
+        }
+    }
+}
+
+/// [`graph_pins`] as the search's leaves ([`super::search::candidates`]): an unnamed axis's
+/// own leaf or a plain symbol (shared by every axis that names it, which must then agree);
+/// axes named by an expression and leaves `bound` already sizes are left out.
+pub(super) fn leaf_pins(
+    model: &std::path::Path,
+    axes: &[Axis],
+    bound: &BTreeMap<String, i64>,
+) -> BTreeMap<String, i64> {
+    if axes.is_empty() {
+        return BTreeMap::new();
+    }
+    let pins = graph_pins(model);
+    let mut found = Found::default();
+    for a in axes {
+        let Some(&size) = pins.get(&(a.input.clone(), a.axis)) else {
+            continue;
+        };
+        let leaf = if a.symbol.is_empty() {
+            unnamed(a)
+        } else if leaves(&a.symbol) == [a.symbol.clone()] {
+            a.symbol.clone()
+        } else {
+            continue;
+        };
+        if !bound.contains_key(&leaf) {
+            found.agree(leaf, size);
+        }
+    }
+    found.into_pins()
 }
 
 /// Normalizes a possibly negative axis against `rank`.
@@ -200,7 +245,7 @@ fn step<'a>(
     n: &NodeProto,
     ins: &[Option<&Origins>],
     w: &dyn Fn(usize) -> Option<&'a TensorProto>,
-    found: &mut Found,
+    found: &mut Found<InputAxis>,
 ) -> Option<Origins> {
     let standard = n.domain.is_empty() || n.domain == "ai.onnx";
     if !standard {

@@ -410,38 +410,7 @@ fn reference_inputs(
 /// then the plain search (in case a pin is wrong), at most [`MAX_CANDIDATES`] in all.
 fn with_graph_pins(model: &Path, axes: &[Axis], bound: &BTreeMap<String, i64>) -> Vec<Candidate> {
     let plain = candidates(axes, bound);
-    if axes.is_empty() {
-        return plain;
-    }
-    let pins = super::pins::graph_pins(model);
-    let mut leaf_pins: BTreeMap<String, Option<i64>> = BTreeMap::new();
-    for a in axes {
-        let Some(&size) = pins.get(&(a.input.clone(), a.axis)) else {
-            continue;
-        };
-        let leaf = if a.symbol.is_empty() {
-            unnamed(a)
-        } else if leaves(&a.symbol) == [a.symbol.clone()] {
-            a.symbol.clone()
-        } else {
-            continue;
-        };
-        if bound.contains_key(&leaf) {
-            continue;
-        }
-        leaf_pins
-            .entry(leaf)
-            .and_modify(|v| {
-                if *v != Some(size) {
-                    *v = None;
-                }
-            })
-            .or_insert(Some(size));
-    }
-    let pinned: BTreeMap<String, i64> = leaf_pins
-        .into_iter()
-        .filter_map(|(l, v)| Some((l, v?)))
-        .collect();
+    let pinned = super::pins::leaf_pins(model, axes, bound);
     if pinned.is_empty() {
         return plain;
     }

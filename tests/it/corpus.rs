@@ -18,23 +18,29 @@ fn script(name: &str) -> PathBuf {
     repo().join("scripts/corpus").join(name)
 }
 
-/// Runs `scripts/corpus/run.py` on `corpus`; returns (success, stdout).
-fn run_corpus(corpus: &Path, extra: &[&str]) -> (bool, String) {
+/// Runs the corpus runner `name` (`run.py`, `daemon.py`) on `corpus` with this build's
+/// binary; returns (success, stdout and stderr).
+fn run_runner(name: &str, corpus: &Path, extra: &[&str]) -> (bool, String) {
     let out = Command::new(python())
-        .arg(script("run.py"))
+        .arg(script(name))
         .arg(corpus)
         .arg("--trtcache")
         .arg(bin())
         .args(extra)
         .env("ORT_DYLIB_PATH", ort_dylib())
         .output()
-        .expect("running run.py");
+        .unwrap_or_else(|e| panic!("running {name}: {e}"));
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     (out.status.success(), text)
+}
+
+/// Runs `scripts/corpus/run.py` on `corpus`; returns (success, stdout and stderr).
+fn run_corpus(corpus: &Path, extra: &[&str]) -> (bool, String) {
+    run_runner("run.py", corpus, extra)
 }
 
 fn write_classes(dir: &Path) {
@@ -266,20 +272,8 @@ fn realworld_slice_is_served_with_the_defaults_and_matches_ort() {
         "realworld.py made {made} of 3: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = Command::new(python())
-        .arg(script("daemon.py"))
-        .arg(&corpus)
-        .arg("--trtcache")
-        .arg(bin())
-        .env("ORT_DYLIB_PATH", ort_dylib())
-        .output()
-        .expect("running daemon.py");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{text}");
+    let (ok, text) = run_runner("daemon.py", &corpus, &[]);
+    assert!(ok, "{text}");
     assert!(text.contains("matching ONNX Runtime"), "{text}");
     assert!(text.contains(": 3/3 (100.0%)"), "{text}");
 }
