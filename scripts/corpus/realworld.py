@@ -547,6 +547,220 @@ def fp16_model(dest, only, skipped):
     save(dest, name, p, {"x": x.numpy()})
 
 
+def torch_export(module, args, path, in_names, out_names, axes, dynamo, opset):
+    """`torch.onnx.export` with free axes: `axes` maps an input (and for the legacy exporter
+    an output) to {axis: name}; the dynamo exporter gets `Dim.AUTO` on the inputs' axes and
+    names them itself."""
+    import torch
+
+    if dynamo:
+        A = torch.export.Dim.AUTO
+        shapes = tuple({k: A for k in axes[n]} if n in axes else None for n in in_names)
+        torch.onnx.export(module, tuple(args), path, input_names=in_names, output_names=out_names,
+                          dynamic_shapes=shapes, dynamo=True, opset_version=opset, external_data=False)
+    else:
+        torch.onnx.export(module, tuple(args), path, input_names=in_names, output_names=out_names,
+                          dynamic_axes=axes, dynamo=False, opset_version=opset)
+
+
+def _flat(o, out):
+    """The tensors in a module's output (a transformers ModelOutput, a detector's list of
+    dicts, nested tuples), in order."""
+    import torch
+
+    if torch.is_tensor(o):
+        out.append(o)
+    elif isinstance(o, dict):
+        for v in o.values():
+            _flat(v, out)
+    elif isinstance(o, (list, tuple)):
+        for v in o:
+            _flat(v, out)
+    elif hasattr(o, "to_tuple"):
+        _flat(o.to_tuple(), out)
+    return out
+
+
+def tensors_of(m, arity, call=None, keys=None):
+    """`m` wrapped to take `arity` positional tensors (torch.export traces no varargs) and
+    return a flat tuple of its output tensors; `call(m, *xs)` or keyword arguments `keys`."""
+    import torch
+
+    def run(mod, xs):
+        if call:
+            return tuple(_flat(call(mod, *xs), []))
+        return tuple(_flat(mod(**dict(zip(keys, xs))) if keys else mod(*xs), []))
+
+    class W1(torch.nn.Module):
+        def forward(self, a):
+            return run(self.m, (a,))
+
+    class W2(torch.nn.Module):
+        def forward(self, a, b):
+            return run(self.m, (a, b))
+
+    class W3(torch.nn.Module):
+        def forward(self, a, b, c):
+            return run(self.m, (a, b, c))
+
+    w = {1: W1, 2: W2, 3: W3}[arity]()
+    w.m = m
+    return w.eval()
+
+
+# torchvision architectures, random init (no weights downloaded): name, builder, its keyword
+# arguments, the input's shape, exporter, opset, which input axes are free.
+TORCHVISION = [
+    ("tv_resnet18", "resnet18", {}, (1, 3, 64, 64), False, 17, {0: "batch", 2: "height", 3: "width"}),
+    ("tv_mobilenet_v3_small", "mobilenet_v3_small", {}, (1, 3, 64, 64), True, 18, {0: "batch", 2: "h", 3: "w"}),
+    ("tv_efficientnet_b0", "efficientnet_b0", {}, (1, 3, 64, 64), False, 17, {0: "batch"}),
+    ("tv_squeezenet1_1", "squeezenet1_1", {}, (1, 3, 67, 67), False, 13, {0: "batch", 2: "height", 3: "width"}),
+    ("tv_shufflenet_v2", "shufflenet_v2_x0_5", {}, (1, 3, 64, 64), True, 18, {0: "batch"}),
+    ("tv_regnet_y_400mf", "regnet_y_400mf", {}, (1, 3, 64, 64), False, 17, {0: "batch"}),
+    ("tv_mnasnet0_5", "mnasnet0_5", {}, (1, 3, 64, 64), True, 18, {0: "batch", 2: "h", 3: "w"}),
+    ("tv_googlenet", "googlenet", {"aux_logits": False, "init_weights": True}, (1, 3, 64, 64), False, 17, {0: "batch"}),
+    ("tv_densenet121", "densenet121", {}, (1, 3, 64, 64), False, 17, {0: "batch", 2: "height", 3: "width"}),
+    ("tv_lraspp", "lraspp_mobilenet_v3_large", {"weights_backbone": None, "num_classes": 5}, (1, 3, 64, 64), False, 17,
+     {0: "batch", 2: "height", 3: "width"}),
+    ("tv_deeplabv3_mbv3", "deeplabv3_mobilenet_v3_large", {"weights_backbone": None, "num_classes": 5}, (1, 3, 64, 64), True, 18,
+     {0: "batch"}),
+    ("tv_ssdlite320", "ssdlite320_mobilenet_v3_large", {"weights_backbone": None, "num_classes": 5, "score_thresh": 0.0,
+                                                        "detections_per_img": 20}, (1, 3, 320, 320), False, 17, {}),
+    ("tv_fasterrcnn_mbv3_320", "fasterrcnn_mobilenet_v3_large_320_fpn", {"weights_backbone": None, "num_classes": 5,
+                                                                          "box_score_thresh": 0.0, "box_detections_per_img": 20},
+     (1, 3, 160, 160), False, 17, {2: "height", 3: "width"}),
+    ("tv_raft_small", "raft_small", {}, (1, 3, 128, 128), False, 17, {}),
+]
+
+
+def torchvision_models(dest, only, skipped):
+    try:
+        import torch
+        import torchvision
+    except ImportError as e:
+        skipped.append(f"torchvision models: {e}")
+        return
+    for name, arch, kw, shape, dynamo, opset, free in TORCHVISION:
+        if only and not only.search(name):
+            continue
+        torch.manual_seed(0)
+        x = torch.rand(*shape)
+        p = os.path.join(tempfile.mkdtemp(), name + ".onnx")
+        try:
+            m = torchvision.models.get_model(arch, weights=None, **kw).eval()
+            if arch.startswith(("ssd", "fasterrcnn")):
+                # Detectors take a list of images and return a list of dicts per image.
+                w = tensors_of(m, 1, call=lambda mod, img: mod([img[0]]))
+                # Each detector's dict, in its order.
+                args, outs = [x], ["boxes", "scores", "labels"] if arch.startswith("ssd") else ["boxes", "labels", "scores"]
+            elif arch.startswith("raft"):
+                # Two frames; 3 refinement iterations (the default 12 only unrolls further).
+                w = tensors_of(m, 2, call=lambda mod, a, b: mod(a, b, num_flow_updates=3)[-1])
+                args, outs = [x, torch.rand(*shape)], ["flow"]
+            else:
+                w = tensors_of(m, 1)
+                args, outs = [x], ["out"]
+            in_names = ["image"] if len(args) == 1 else ["image1", "image2"]
+            axes = {"image": free} if free else {}
+            with torch.no_grad():
+                torch_export(w, args, p, in_names, outs, axes, dynamo, opset)
+        except Exception as e:
+            skipped.append(f"{name}: export failed: {str(e).splitlines()[0][:200]}")
+            continue
+        save(dest, name, p, {n: a.numpy() for n, a in zip(in_names, args)})
+
+
+def transformers_models(dest, only, skipped):
+    """Tiny random-init transformers architectures, exported without a cache: encoders,
+    encoder-decoders, speech and vision models, a decoder-only LLM; both exporters."""
+    try:
+        import torch
+        import transformers as tf
+    except ImportError as e:
+        skipped.append(f"transformers models: {e}")
+        return
+    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    g = rng()
+
+    def ids(b, n, vocab=100):
+        return torch.from_numpy(g.integers(1, vocab, (b, n)).astype(np.int64))
+
+    ones = lambda b, n: torch.ones(b, n, dtype=torch.int64)  # noqa: E731
+    seq = {0: "batch", 1: "sequence"}
+    specs = [
+        ("hf_bert", lambda: tf.BertModel(tf.BertConfig(vocab_size=100, max_position_embeddings=64, **small)),
+         {"input_ids": ids(1, 8), "attention_mask": ones(1, 8), "token_type_ids": torch.zeros(1, 8, dtype=torch.int64)},
+         {"input_ids": seq, "attention_mask": seq, "token_type_ids": seq}, False, 17),
+        ("hf_distilbert", lambda: tf.DistilBertModel(tf.DistilBertConfig(vocab_size=100, dim=32, n_layers=2, n_heads=2,
+                                                                         hidden_dim=64, max_position_embeddings=64)),
+         {"input_ids": ids(1, 8), "attention_mask": ones(1, 8)}, {"input_ids": seq, "attention_mask": seq}, True, 18),
+        ("hf_deberta_v2", lambda: tf.DebertaV2Model(tf.DebertaV2Config(vocab_size=100, max_position_embeddings=64,
+                                                                        relative_attention=True, position_buckets=16,
+                                                                        pos_att_type=["p2c", "c2p"], **small)),
+         {"input_ids": ids(1, 8), "attention_mask": ones(1, 8)}, {"input_ids": seq, "attention_mask": seq}, False, 17),
+        ("hf_t5", lambda: tf.T5ForConditionalGeneration(tf.T5Config(vocab_size=100, d_model=32, d_kv=16, d_ff=64, num_layers=2,
+                                                                     num_decoder_layers=2, num_heads=2, use_cache=False)),
+         {"input_ids": ids(1, 8), "attention_mask": ones(1, 8), "decoder_input_ids": ids(1, 3)},
+         {"input_ids": seq, "attention_mask": seq, "decoder_input_ids": {0: "batch", 1: "target"}}, False, 17),
+        ("hf_bart", lambda: tf.BartForConditionalGeneration(tf.BartConfig(vocab_size=100, d_model=32, encoder_layers=2,
+                                                                           decoder_layers=2, encoder_attention_heads=2,
+                                                                           decoder_attention_heads=2, encoder_ffn_dim=64,
+                                                                           decoder_ffn_dim=64, max_position_embeddings=64,
+                                                                           use_cache=False)),
+         {"input_ids": ids(1, 8), "attention_mask": ones(1, 8), "decoder_input_ids": ids(1, 3)},
+         {"input_ids": seq, "attention_mask": seq, "decoder_input_ids": {0: "batch", 1: "target"}}, True, 18),
+        ("hf_whisper", lambda: tf.WhisperForConditionalGeneration(tf.WhisperConfig(
+            vocab_size=100, num_mel_bins=80, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+            decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_source_positions=50,
+            max_target_positions=32, use_cache=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+            decoder_start_token_id=1)),
+         {"input_features": torch.rand(1, 80, 100), "decoder_input_ids": ids(1, 3)},
+         {"input_features": {0: "batch"}, "decoder_input_ids": {0: "batch", 1: "target"}}, True, 18),
+        ("hf_wav2vec2", lambda: tf.Wav2Vec2Model(tf.Wav2Vec2Config(
+            conv_dim=(32, 32, 32), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3), num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=2, **small)),
+         {"input_values": torch.rand(1, 1600)}, {"input_values": {0: "batch", 1: "samples"}}, False, 17),
+        ("hf_vit", lambda: tf.ViTModel(tf.ViTConfig(image_size=32, patch_size=8, **small)),
+         {"pixel_values": torch.rand(1, 3, 32, 32)}, {"pixel_values": {0: "batch"}}, True, 18),
+        ("hf_swin", lambda: tf.SwinModel(tf.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
+                                                         num_heads=[1, 2], window_size=4)),
+         {"pixel_values": torch.rand(1, 3, 32, 32)}, {"pixel_values": {0: "batch", 2: "height", 3: "width"}}, False, 17),
+        ("hf_segformer", lambda: tf.SegformerForSemanticSegmentation(tf.SegformerConfig(
+            num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32], num_attention_heads=[1, 2],
+            decoder_hidden_size=32, num_labels=4, patch_sizes=[7, 3], strides=[4, 2], mlp_ratios=[2, 2])),
+         {"pixel_values": torch.rand(1, 3, 64, 64)}, {"pixel_values": {0: "batch", 2: "height", 3: "width"}}, False, 17),
+        ("hf_clip", lambda: tf.CLIPModel(tf.CLIPConfig(
+            text_config=dict(vocab_size=100, max_position_embeddings=16, **small),
+            vision_config=dict(image_size=32, patch_size=8, **small), projection_dim=16)),
+         {"input_ids": ids(2, 8), "pixel_values": torch.rand(1, 3, 32, 32), "attention_mask": ones(2, 8)},
+         {"input_ids": {0: "texts", 1: "sequence"}, "attention_mask": {0: "texts", 1: "sequence"},
+          "pixel_values": {0: "images"}}, False, 17),
+        ("hf_llama", lambda: tf.LlamaForCausalLM(tf.LlamaConfig(vocab_size=100, num_key_value_heads=1,
+                                                                 max_position_embeddings=64, use_cache=False, **small)),
+         {"input_ids": ids(1, 8), "attention_mask": ones(1, 8)}, {"input_ids": seq, "attention_mask": seq}, True, 18),
+        ("hf_llama_legacy", lambda: tf.LlamaForCausalLM(tf.LlamaConfig(vocab_size=100, num_key_value_heads=1,
+                                                                        max_position_embeddings=64, use_cache=False, **small)),
+         {"input_ids": ids(1, 8), "attention_mask": ones(1, 8)}, {"input_ids": seq, "attention_mask": seq}, False, 17),
+    ]
+    for name, make, inputs, axes, dynamo, opset in specs:
+        if only and not only.search(name):
+            continue
+        torch.manual_seed(0)
+        p = os.path.join(tempfile.mkdtemp(), name + ".onnx")
+        try:
+            m = make().eval()
+            m.config.return_dict = True
+            keys = list(inputs)
+            w = tensors_of(m, len(keys), keys=keys)
+            with torch.no_grad():
+                n_out = len(w(*inputs.values()))
+                torch_export(w, list(inputs.values()), p, keys, [f"out_{i}" for i in range(n_out)], axes, dynamo, opset)
+        except Exception as e:
+            skipped.append(f"{name}: export failed: {str(e).splitlines()[0][:200]}")
+            continue
+        save(dest, name, p, {k: v.numpy() for k, v in inputs.items()})
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dest")
@@ -562,7 +776,8 @@ def main():
         wheels(dest, only, skipped, a.wheels)
 
     steps = [shipped]
-    steps += [] if a.skip_exporters else [sklearn_models, lightgbm_models, fp16_model, gpt2_models, yolo_models]
+    steps += [] if a.skip_exporters else [sklearn_models, lightgbm_models, fp16_model, gpt2_models, yolo_models,
+                                          torchvision_models, transformers_models]
     for step in steps:
         try:
             step(a.dest, only, skipped)

@@ -581,26 +581,33 @@ fn fastest(v: Vec<f64>) -> f64 {
     (best * 1e3).round() / 1e3
 }
 
-/// The fastest of [`validate::THREAD_PROBE_RUNS`] runs of `a` and of `b` on `inputs`,
-/// alternating (so a drift in the machine's load falls on both).
-fn time_both(
+/// Alternating runs of `a` and `b` on `inputs` (so a drift in the machine's load falls on
+/// both): at least [`validate::THREAD_PROBE_RUNS`] pairs, then more while
+/// [`validate::PROBE_RUN_BUDGET`] lasts, up to [`validate::PROBE_MAX_RUNS`] (a microsecond
+/// run's fastest of 9 moves by several per cent between builds, enough to flip a decision
+/// taken at a 5 % margin; of 50, by under 1 %). Returns each way's fastest and the pairs run.
+fn time_pairs(
     a: &mut Session,
     b: &mut Session,
     inputs: &validate::Inputs,
     entry: &Path,
-) -> Result<(f64, f64), BuildError> {
+) -> Result<(f64, f64, u32), BuildError> {
     let (mut on_a, mut on_b) = (Vec::new(), Vec::new());
-    for _ in 0..validate::THREAD_PROBE_RUNS {
+    let t = Instant::now();
+    while on_a.len() < validate::THREAD_PROBE_RUNS as usize
+        || (on_a.len() < validate::PROBE_MAX_RUNS as usize
+            && t.elapsed() < validate::PROBE_RUN_BUDGET)
+    {
         on_a.push(time_run(a, inputs, entry)?);
         on_b.push(time_run(b, inputs, entry)?);
     }
-    Ok((fastest(on_a), fastest(on_b)))
+    let runs = on_a.len() as u32;
+    Ok((fastest(on_a), fastest(on_b), runs))
 }
 
 /// Times [`PrepackProbe::SESSIONS`] session creations of `entry` with its weights prepacked
 /// and without, alternating, then (after a warm-up run each) runs of the last of each on
-/// `inputs`, alternating: [`validate::THREAD_PROBE_RUNS`] pairs, and more up to
-/// [`PrepackProbe::MAX_RUNS`] while [`PrepackProbe::RUN_BUDGET`] lasts; when the timings favour skipping
+/// `inputs`, alternating ([`time_pairs`]); when the timings favour skipping
 /// prepacking, validates the session without it (`validate_unpacked`: whether it passes)
 /// and says whether consumers should skip it ([`PrepackProbe::disable`]). At most two of
 /// these sessions are open at once.
@@ -628,19 +635,7 @@ fn probe_prepack(
     }
     time_run(&mut packed, inputs, entry)?;
     time_run(&mut unpacked, inputs, entry)?;
-    // Alternating pairs: at least THREAD_PROBE_RUNS, and more while they fit the budget
-    // (a microsecond run's fastest settles only after dozens).
-    let (mut on_packed, mut on_unpacked) = (Vec::new(), Vec::new());
-    let t = Instant::now();
-    while on_packed.len() < validate::THREAD_PROBE_RUNS as usize
-        || (on_packed.len() < PrepackProbe::MAX_RUNS as usize
-            && t.elapsed() < PrepackProbe::RUN_BUDGET)
-    {
-        on_packed.push(time_run(&mut packed, inputs, entry)?);
-        on_unpacked.push(time_run(&mut unpacked, inputs, entry)?);
-    }
-    let runs = on_packed.len() as u32;
-    let (run_us, unpacked_run_us) = (fastest(on_packed), fastest(on_unpacked));
+    let (run_us, unpacked_run_us, runs) = time_pairs(&mut packed, &mut unpacked, inputs, entry)?;
     let (session_us, unpacked_session_us) = (fastest(packed_us), fastest(unpacked_us));
     drop(packed);
     let suits =
@@ -683,7 +678,7 @@ enum Scale {
 
 /// Times `pooled` (a session with ONNX Runtime's default intra-op pool, run once already)
 /// against a new one-thread session of `entry` on `inputs`: one warm-up run of the new
-/// session, then [`validate::THREAD_PROBE_RUNS`] runs each, alternating, and says whether
+/// session, then alternating runs ([`time_pairs`]), and says whether
 /// one thread suits the artifact ([`ThreadProbe::single_suits`]). With [`Scale::Batch`],
 /// one thread must also suit the scaled inputs ([`ScaledProbe::single_suits`]), whose
 /// values are made only when one thread suits the validation inputs; scaled inputs that
@@ -698,10 +693,9 @@ fn probe_threads(
     cfg: &validate::ValidationConfig,
     cap: Duration,
 ) -> Result<ThreadProbe, BuildError> {
-    let runs = validate::THREAD_PROBE_RUNS;
     let mut single = open_artifact(rt, entry, 1)?;
     time_run(&mut single, inputs, entry)?;
-    let (default_us, single_us) = time_both(pooled, &mut single, inputs, entry)?;
+    let (default_us, single_us, runs) = time_pairs(pooled, &mut single, inputs, entry)?;
     let mut fits = ThreadProbe::single_suits(default_us, single_us);
     let scaled = match scale {
         Scale::Fed => None,
@@ -711,6 +705,7 @@ fn probe_threads(
                 shapes: Default::default(),
                 default_us: None,
                 single_us: None,
+                runs: None,
                 note: None,
             };
             match shaped {
@@ -781,8 +776,8 @@ fn time_scaled(
         }
         Ok(_) => {
             time_run(single, &big, entry)?;
-            let (d, s) = time_both(pooled, single, &big, entry)?;
-            (p.default_us, p.single_us) = (Some(d), Some(s));
+            let (d, s, runs) = time_pairs(pooled, single, &big, entry)?;
+            (p.default_us, p.single_us, p.runs) = (Some(d), Some(s), Some(runs));
         }
         Err(e) => p.note = Some(format!("the artifact refused them: {e}")),
     }

@@ -89,7 +89,8 @@ pub struct ThreadProbe {
     pub default_us: f64,
     /// Fastest run, in microseconds, on one thread.
     pub single_us: f64,
-    /// Runs timed each way.
+    /// Runs timed each way (9 to 50 while 100 ms last: `build::validate::PROBE_MAX_RUNS`;
+    /// always 9 before stop 35).
     pub runs: u32,
     /// One thread suits the artifact ([`ThreadProbe::single_suits`], and at the scaled
     /// inputs too when [`ThreadProbe::scaled`] was needed): consumers are told
@@ -115,6 +116,9 @@ pub struct ScaledProbe {
     pub default_us: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub single_us: Option<f64>,
+    /// Runs timed each way (absent when not timed, and in records before stop 35: 9).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs: Option<u32>,
     /// Why it was not timed, or stopped: the model refused the inputs, or one run took
     /// longer than the probe's budget. One thread is then not advised.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -169,7 +173,7 @@ pub struct PrepackProbe {
     pub run_us: f64,
     /// Fastest run, in microseconds, without prepacking.
     pub unpacked_run_us: f64,
-    /// Runs timed each way (9 to [`PrepackProbe::MAX_RUNS`]).
+    /// Runs timed each way (9 to 50: `build::validate::PROBE_MAX_RUNS`).
     pub runs: u32,
     /// The session without prepacking passed the artifact's validation too (same inputs,
     /// reference and tolerance): MLAS's kernels for unpacked weights need not sum in the
@@ -186,14 +190,6 @@ pub struct PrepackProbe {
 impl PrepackProbe {
     /// Sessions created each way.
     pub const SESSIONS: u32 = 3;
-
-    /// Most runs timed each way: after the thread probe's 9, runs go on while
-    /// [`PrepackProbe::RUN_BUDGET`] lasts (a 15 µs run's fastest of 9 moved by 2-3 % between
-    /// builds; of 50, by under 1 %).
-    pub const MAX_RUNS: u32 = 50;
-
-    /// Time the runs may take beyond the first 9 pairs.
-    pub const RUN_BUDGET: std::time::Duration = std::time::Duration::from_millis(100);
 
     /// Consumers skip prepacking when the session without it is created at least 5 % and
     /// 50 µs faster and its runs are no slower: within 1 % and 0.2 µs (timer noise on a
