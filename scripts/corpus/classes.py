@@ -14,7 +14,9 @@ strings in (unicode and object arrays). IR < 4 (class 3): initializers listed as
 A dynamically quantized layer (class 4: ops without a rule, a contrib op). madmom-like free
 axes that only the weights size (an LSTM's input size), and a time axis at position 0 that
 a Conv kernel needs 5 of.
-`impossible` needs a size no default tries; the test checks its error instead.
+One-hot encoders that refuse categories they do not list (string and integer inputs).
+`impossible` needs a size no default tries, `missing_locale` a locale no machine has; the
+tests check their errors instead.
 """
 import os
 import pickle
@@ -248,7 +250,32 @@ def models():
         ),
         {"x": f32(20, 8)},
     )
+    # scikit-learn's OneHotEncoder(handle_unknown="error") through skl2onnx (class 1, values
+    # the graph names): ONNX-ML's OneHotEncoder with zeros=0 refuses any category it does not
+    # list ("Unknown Category"), for strings and for integers alike.
+    out["one_hot_known_categories"] = (
+        model(
+            [
+                h.make_node("OneHotEncoder", ["colour"], ["c"], domain="ai.onnx.ml",
+                            cats_strings=["blue", "green", "red"], zeros=0),
+                h.make_node("OneHotEncoder", ["code"], ["k"], domain="ai.onnx.ml", cats_int64s=[3, 5, 7], zeros=0),
+            ],
+            [vi("colour", T.STRING, ["n", 1]), vi("code", T.INT64, ["n"])],
+            [vi("c", T.FLOAT, ["n", 1, 3]), vi("k", T.FLOAT, ["n", 3])],
+            ml=True,
+        ),
+        {"colour": np.array([["red"], ["blue"]], dtype=object), "code": np.array([7, 3], np.int64)},
+    )
     return out
+
+
+def missing_locale():
+    """A StringNormalizer whose locale no machine has: ONNX Runtime cannot create it."""
+    return model(
+        [h.make_node("StringNormalizer", ["text"], ["y"], case_change_action="LOWER", locale="xx_XX.UTF-8")],
+        [vi("text", T.STRING, ["n"])],
+        [vi("y", T.STRING, ["n"])],
+    )
 
 
 def impossible():
@@ -277,6 +304,7 @@ def main():
         np.savez_compressed(os.path.join(d, "golden.npz"), **feed)
     os.makedirs(os.path.join(dest, "_impossible"), exist_ok=True)
     onnx.save(impossible(), os.path.join(dest, "_impossible", "impossible.onnx"))
+    onnx.save(missing_locale(), os.path.join(dest, "_impossible", "missing_locale.onnx"))
     print(f"wrote {len(models())} models to {dest}")
 
 

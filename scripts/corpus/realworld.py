@@ -436,6 +436,131 @@ def lightgbm_models(dest, only, skipped):
         save(dest, name, p, {"input": X[:4]})
 
 
+def tabular_models(dest, only, skipped):
+    """More tabular exporters: skl2onnx estimators with their own ONNX-ML operators (SVM,
+    k-NN, isolation forest, histogram boosting, k-means), mixed string and float columns
+    (OneHotEncoder, with and without unknown categories allowed), a TF-IDF text pipeline (a
+    string tensor tokenized in the graph); xgboost through onnxmltools; catboost's own
+    exporter."""
+    g = rng()
+    X = g.random((120, 4)).astype(np.float32)
+    y = (X[:, 0] + X[:, 1] > 1).astype(np.int64)
+    tmp = tempfile.mkdtemp()
+
+    def write(name, onx, feed):
+        p = os.path.join(tmp, name + ".onnx")
+        open(p, "wb").write(onx.SerializeToString())
+        save(dest, name, p, feed)
+
+    def want(name):
+        return not only or only.search(name)
+
+    try:
+        from skl2onnx import to_onnx
+        from skl2onnx.common.data_types import FloatTensorType, StringTensorType
+        from sklearn.cluster import KMeans
+        from sklearn.compose import ColumnTransformer
+        from sklearn.ensemble import HistGradientBoostingClassifier, IsolationForest
+        from sklearn.feature_extraction.text import TfidfVectorizer
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.neighbors import KNeighborsClassifier
+        from sklearn.neural_network import MLPClassifier
+        from sklearn.pipeline import make_pipeline
+        from sklearn.preprocessing import OneHotEncoder, StandardScaler
+        from sklearn.svm import SVC
+    except ImportError as e:
+        skipped.append(f"skl2onnx tabular models: {e}")
+    else:
+        ml = {"": 17, "ai.onnx.ml": 3}
+        for name, est, opts in [
+            ("skl_hgb_classifier", HistGradientBoostingClassifier(max_iter=10, max_depth=3, random_state=0), {}),
+            ("skl_svc_proba", SVC(probability=True, random_state=0), {}),
+            ("skl_knn", KNeighborsClassifier(n_neighbors=3), {"zipmap": False}),
+            ("skl_mlp", MLPClassifier(hidden_layer_sizes=(16,), max_iter=50, random_state=0), {}),
+            ("skl_isolation_forest", IsolationForest(n_estimators=5, random_state=0), None),
+            ("skl_kmeans", KMeans(n_clusters=3, n_init=1, random_state=0), None),
+        ]:
+            if not want(name):
+                continue
+            try:
+                est = est.fit(X, y) if opts is not None else est.fit(X)
+                options = {id(est): opts} if opts else None
+                write(name, to_onnx(est, X[:1], options=options, target_opset=ml), {"X": X[:5]})
+            except Exception as e:
+                skipped.append(f"{name}: conversion failed: {str(e).splitlines()[0][:200]}")
+        colours = np.array(["red", "green", "blue"])[(X[:, 2] * 3).astype(int)].reshape(-1, 1)
+        for name, unknown in [("skl_onehot_mixed", "ignore"), ("skl_onehot_mixed_strict", "error")]:
+            if not want(name):
+                continue
+            try:
+                ct = ColumnTransformer([("num", StandardScaler(), [0, 1]), ("cat", OneHotEncoder(handle_unknown=unknown), [2])])
+                import pandas as pd
+
+                frame = pd.DataFrame({"a": X[:, 0], "b": X[:, 1], "colour": colours[:, 0]})
+                ct = ColumnTransformer([("num", StandardScaler(), ["a", "b"]),
+                                        ("cat", OneHotEncoder(handle_unknown=unknown), ["colour"])])
+                est = make_pipeline(ct, LogisticRegression()).fit(frame, y)
+                onx = to_onnx(est, initial_types=[("a", FloatTensorType([None, 1])), ("b", FloatTensorType([None, 1])),
+                                                  ("colour", StringTensorType([None, 1]))],
+                              options={id(est.steps[-1][1]): {"zipmap": False}}, target_opset=ml)
+                write(name, onx, {"a": X[:5, :1], "b": X[:5, 1:2], "colour": colours[:5].astype(object)})
+            except Exception as e:
+                skipped.append(f"{name}: conversion failed: {str(e).splitlines()[0][:200]}")
+        if want("skl_tfidf_logreg"):
+            words = np.array(["the cat sat", "a dog ran", "cats and dogs", "the eel swam", "a red dog", "blue cat"])
+            text = words[(X[:, 3] * len(words)).astype(int)]
+            try:
+                est = make_pipeline(TfidfVectorizer(), LogisticRegression()).fit(text, y)
+                onx = to_onnx(est, initial_types=[("text", StringTensorType([None, 1]))],
+                              options={id(est.steps[-1][1]): {"zipmap": False}}, target_opset=ml)
+                write("skl_tfidf_logreg", onx, {"text": text[:5].reshape(-1, 1).astype(object)})
+            except Exception as e:
+                skipped.append(f"skl_tfidf_logreg: conversion failed: {str(e).splitlines()[0][:200]}")
+    try:
+        import onnxmltools
+        import xgboost
+        from onnxmltools.convert.common.data_types import FloatTensorType as MlFloat
+    except ImportError as e:
+        skipped.append(f"xgboost models: {e}")
+    else:
+        for name, est, target in [
+            ("xgb_classifier", xgboost.XGBClassifier(n_estimators=8, max_depth=3), np.minimum((X[:, 0] * 3).astype(int), 2)),
+            ("xgb_regressor", xgboost.XGBRegressor(n_estimators=8, max_depth=3), X[:, 1] * 2),
+        ]:
+            if not want(name):
+                continue
+            try:
+                est.fit(X, target)
+                onx = onnxmltools.convert_xgboost(est, initial_types=[("input", MlFloat([None, 4]))], target_opset=15)
+                write(name, onx, {"input": X[:4]})
+            except Exception as e:
+                skipped.append(f"{name}: conversion failed: {str(e).splitlines()[0][:200]}")
+    try:
+        import catboost
+    except ImportError as e:
+        skipped.append(f"catboost models: {e}")
+    else:
+        for name, est, target in [
+            ("catboost_classifier", catboost.CatBoostClassifier(iterations=10, depth=3, verbose=False, random_seed=0), y),
+            ("catboost_multiclass", catboost.CatBoostClassifier(iterations=10, depth=3, verbose=False, random_seed=0,
+                                                                 loss_function="MultiClass"),
+             np.minimum((X[:, 0] * 3).astype(int), 2)),
+            ("catboost_regressor", catboost.CatBoostRegressor(iterations=10, depth=3, verbose=False, random_seed=0), X[:, 1] * 2),
+        ]:
+            if not want(name):
+                continue
+            p = os.path.join(tmp, name + ".onnx")
+            try:
+                est.fit(X, target)
+                est.save_model(p, format="onnx")
+            except Exception as e:
+                skipped.append(f"{name}: export failed: {str(e).splitlines()[0][:200]}")
+                continue
+            import onnx
+
+            save(dest, name, p, {onnx.load(p).graph.input[0].name: X[:4]})
+
+
 def yolo_models(dest, only, skipped):
     try:
         import torch
@@ -776,8 +901,8 @@ def main():
         wheels(dest, only, skipped, a.wheels)
 
     steps = [shipped]
-    steps += [] if a.skip_exporters else [sklearn_models, lightgbm_models, fp16_model, gpt2_models, yolo_models,
-                                          torchvision_models, transformers_models]
+    steps += [] if a.skip_exporters else [sklearn_models, lightgbm_models, tabular_models, fp16_model, gpt2_models,
+                                          yolo_models, torchvision_models, transformers_models]
     for step in steps:
         try:
             step(a.dest, only, skipped)

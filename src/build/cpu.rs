@@ -427,7 +427,10 @@ impl BackendImpl for OrtCpu {
             let scale = if representative {
                 Scale::Fed
             } else {
-                Scale::Batch(validate::scaled_shapes(&session, &report.shapes, cfg))
+                Scale::Batch(
+                    validate::scaled_shapes(&session, &report.shapes, cfg),
+                    super::vocab::known_values(model),
+                )
             };
             let probe = probe_threads(rt, &entry, &mut session, &inputs, scale, cfg, cap);
             report.threads = match probe {
@@ -672,8 +675,12 @@ enum Scale {
     /// opt shapes, a static-shape model's only shapes).
     Fed,
     /// Inputs the default search sized: also the batch-scaled shapes
-    /// ([`validate::scaled_shapes`]; `None`: none fit), which one thread must suit too.
-    Batch(Option<(i64, validate::Shapes)>),
+    /// ([`validate::scaled_shapes`]; `None`: none fit), which one thread must suit too, and
+    /// the values the graph names for its inputs ([`super::vocab`]) to fill them with.
+    Batch(
+        Option<(i64, validate::Shapes)>,
+        BTreeMap<String, super::vocab::Known>,
+    ),
 }
 
 /// Times `pooled` (a session with ONNX Runtime's default intra-op pool, run once already)
@@ -699,7 +706,7 @@ fn probe_threads(
     let mut fits = ThreadProbe::single_suits(default_us, single_us);
     let scaled = match scale {
         Scale::Fed => None,
-        Scale::Batch(shaped) => {
+        Scale::Batch(shaped, known) => {
             let mut p = ScaledProbe {
                 factor: 1,
                 shapes: Default::default(),
@@ -717,7 +724,7 @@ fn probe_threads(
                 Some((factor, shapes)) => {
                     (p.factor, p.shapes) = (factor, shapes);
                     if fits {
-                        time_scaled(&mut p, pooled, &mut single, entry, cfg, cap)?;
+                        time_scaled(&mut p, pooled, &mut single, entry, &known, cfg, cap)?;
                     } else if default_us > ThreadProbe::MAX_RUN_US {
                         p.note = Some(format!(
                             "not timed: the pooled run at the validation inputs is over {} µs",
@@ -757,10 +764,11 @@ fn time_scaled(
     pooled: &mut Session,
     single: &mut Session,
     entry: &Path,
+    known: &BTreeMap<String, super::vocab::Known>,
     cfg: &validate::ValidationConfig,
     cap: Duration,
 ) -> Result<(), BuildError> {
-    let big = match validate::random_inputs(pooled, entry, &p.shapes, cfg) {
+    let big = match validate::random_inputs(pooled, entry, &p.shapes, cfg, known) {
         Ok(big) => big,
         Err(e) => {
             p.note = Some(format!("the scaled inputs could not be made: {e}"));

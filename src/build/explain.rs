@@ -14,20 +14,45 @@ pub(crate) fn ort_message(raw: &str) -> String {
     }
 }
 
-/// Drops the `/onnxruntime_src/…/file.cc:123 ns::Class::method(args…) ` prefix ORT puts in
-/// front of the sentence, and trailing blank lines.
+/// Drops the `/onnxruntime_src/…/file.cc:123 [ret] ns::Class::method(args…) ` prefix ORT
+/// puts in front of the sentence, and trailing blank lines. The signature is the token after
+/// the location (after a one-word return type, `void`), spaces inside its brackets included
+/// (`Locale::Locale(const std::string&)::<lambda()>`), when it has a `::`; otherwise only
+/// the location goes.
 fn tidy(raw: &str) -> String {
     let mut s = raw.trim_end().to_string();
     while let Some(at) = s.find("/onnxruntime_src/") {
         let rest = &s[at..];
-        // `path:line signature(args) ` : the sentence starts after the signature's `) `.
-        let Some(colon) = rest.find(' ') else { break };
-        let after_path = &rest[colon + 1..];
-        let end = match after_path.find(") ") {
-            Some(close) if after_path[..close].contains('(') => colon + 1 + close + 2,
-            _ => colon + 1,
+        let Some(space) = rest.find(' ') else { break };
+        let after_path = &rest[space + 1..];
+        let mut words = after_path.splitn(3, ' ');
+        let (first, second) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+        let sig = if first.contains("::") {
+            Some(0)
+        } else if second.contains("::")
+            && !first.is_empty()
+            && first.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            Some(first.len() + 1)
+        } else {
+            None
         };
-        s.replace_range(at..at + end, "");
+        let mut cut = space + 1;
+        if let Some(from) = sig {
+            let mut depth = 0i32;
+            for (i, c) in after_path[from..].char_indices() {
+                match c {
+                    '(' | '<' | '[' => depth += 1,
+                    ')' | '>' | ']' => depth -= 1,
+                    ' ' if depth <= 0 => {
+                        cut = space + 1 + from + i + 1;
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        s.replace_range(at..at + cut, "");
     }
     s
 }
@@ -115,6 +140,15 @@ fn hint(m: &str) -> Option<String> {
         return Some(format!(
             "the model imports opset {v}, newer than this ONNX Runtime supports{current}: \
              re-export it at a released opset, or use a newer ONNX Runtime (`ort_library`)"
+        ));
+    }
+    // `StringNormalizer::Locale::Locale(…) Failed to construct locale with name:en_US.UTF-8:…`
+    if let Some(name) = between(m, "Failed to construct locale with name:", ":") {
+        return Some(format!(
+            "the model's StringNormalizer needs the locale `{name}`, which this machine does \
+             not have: install it (Debian/Ubuntu: the `locales` package, then `locale-gen \
+             {name}`), then `trtcache rm` the failed entry (a failure is remembered until the \
+             model changes) to build it again; or re-export it with a `locale` the machine has"
         ));
     }
     // `Could not find an implementation for Conv(11) node with name 'c'`
@@ -238,6 +272,28 @@ mod tests {
         let m = ort_message("Could not find an implementation for Conv(11) node with name 'c'");
         assert!(
             m.starts_with("ONNX Runtime's CPU provider has no kernel for `Conv(11)`"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn missing_locale() {
+        let raw = "Exception during initialization: /onnxruntime_src/onnxruntime/core/providers/cpu/text/string_normalizer.cc:235 onnxruntime::StringNormalizer::Locale::Locale(const std::string&)::<lambda()> Failed to construct locale with name:en_US.UTF-8:locale::facet::_S_create_c_locale name not valid:Please, install necessary language-pack-XX and configure locales";
+        let m = ort_message(raw);
+        assert!(
+            m.starts_with("the model's StringNormalizer needs the locale `en_US.UTF-8`"),
+            "{m}"
+        );
+        assert!(m.contains("locale-gen en_US.UTF-8"), "{m}");
+        // The C++ location and the lambda's signature, spaces and all, are gone.
+        assert!(
+            m.contains(
+                "(ONNX Runtime: Exception during initialization: Failed to construct locale"
+            ),
+            "{m}"
+        );
+        assert!(
+            !m.contains("onnxruntime_src") && !m.contains("lambda"),
             "{m}"
         );
     }

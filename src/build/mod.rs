@@ -21,6 +21,7 @@ pub(crate) mod search;
 pub mod trt;
 pub(crate) mod validate;
 pub(crate) mod values;
+pub(crate) mod vocab;
 pub mod worker;
 
 use std::collections::BTreeMap;

@@ -31,6 +31,7 @@ use super::search::{
     MAX_CANDIDATES, SEARCH_SIZES,
 };
 use super::values::{self, Out};
+use super::vocab;
 use super::{BuildError, Runtime};
 use crate::plan::{Precision, ShapeProfile};
 use crate::rng::SplitMix64;
@@ -209,6 +210,7 @@ pub(crate) fn random_inputs(
     model: &Path,
     shapes: &Shapes,
     cfg: &ValidationConfig,
+    known: &BTreeMap<String, vocab::Known>,
 ) -> Result<Inputs, BuildError> {
     // The byte budget first, with checked arithmetic: a fixed float32[100000, 100000] input
     // (40 GB) or a shape whose element count overflows is refused before any allocation.
@@ -235,7 +237,16 @@ pub(crate) fn random_inputs(
     for input in session.inputs() {
         let name = input.name().to_string();
         let dims = shapes.get(&name).cloned().unwrap_or_default();
-        let v = values::random_value(input.dtype(), &dims, &mut rng, cfg.int_range)
+        // The values the graph names for the input (a one-hot column's categories) when
+        // it names any that suit its type, else random ones.
+        let from_graph = match (input.dtype(), known.get(&name)) {
+            (ValueType::Tensor { ty, .. }, Some(k)) => {
+                values::known_tensor(*ty, &dims, &mut rng, k)
+            }
+            _ => None,
+        };
+        let v = from_graph
+            .unwrap_or_else(|| values::random_value(input.dtype(), &dims, &mut rng, cfg.int_range))
             .map_err(|w| bad(model, format!("input `{name}`: {w}")))?;
         values.push((name, v));
     }
@@ -371,6 +382,7 @@ fn reference_inputs(
         }
     }
     let cands = with_graph_pins(model, &axes, &bound);
+    let known = vocab::known_values(model);
     let mut tried: Vec<(String, String)> = Vec::new();
     for c in &cands {
         let mut shapes = BTreeMap::new();
@@ -390,7 +402,7 @@ fn reference_inputs(
         if !ok {
             continue;
         }
-        let inputs = random_inputs(reference, model, &shapes, cfg)?;
+        let inputs = random_inputs(reference, model, &shapes, cfg, &known)?;
         match run(reference, &inputs, model) {
             Ok(want) => {
                 if !tried.is_empty() {

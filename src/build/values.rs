@@ -206,6 +206,62 @@ pub fn random_tensor(
     tensor_from_bytes(ty, shape, &b)
 }
 
+/// A seeded random tensor whose elements are drawn from `known` (the values the graph names
+/// for the input: [`super::vocab`]); `None` when `known` does not suit `ty` (strings for a
+/// string tensor; integers for an integer tensor, those that fit its type).
+pub fn known_tensor(
+    ty: T,
+    shape: &[i64],
+    rng: &mut SplitMix64,
+    known: &super::vocab::Known,
+) -> Option<Result<DynValue, String>> {
+    use super::vocab::Known;
+    let n: usize = shape.iter().map(|&d| d.max(0) as usize).product();
+    match (ty, known) {
+        (T::String, Known::Str(v)) if !v.is_empty() => {
+            let data = (0..n)
+                .map(|_| v[rng.int(0, v.len() as i64) as usize].clone())
+                .collect();
+            Some(string_tensor(shape, data))
+        }
+        (_, Known::Int(v)) => {
+            let (lo, hi) = match ty {
+                T::Int8 => (i8::MIN as i64, i8::MAX as i64),
+                T::Int16 => (i16::MIN as i64, i16::MAX as i64),
+                T::Int32 => (i32::MIN as i64, i32::MAX as i64),
+                T::Int64 => (i64::MIN, i64::MAX),
+                T::Uint8 => (0, u8::MAX as i64),
+                T::Uint16 => (0, u16::MAX as i64),
+                T::Uint32 => (0, u32::MAX as i64),
+                T::Uint64 => (0, i64::MAX),
+                _ => return None,
+            };
+            let fit: Vec<i64> = v
+                .iter()
+                .copied()
+                .filter(|x| (lo..=hi).contains(x))
+                .collect();
+            if fit.is_empty() {
+                return None;
+            }
+            let width = match ty {
+                T::Int8 | T::Uint8 => 1,
+                T::Int16 | T::Uint16 => 2,
+                T::Int32 | T::Uint32 => 4,
+                _ => 8,
+            };
+            let mut b = Vec::with_capacity(n * width);
+            for _ in 0..n {
+                let x = fit[rng.int(0, fit.len() as i64) as usize];
+                // Little-endian two's complement: the low `width` bytes are the value.
+                b.extend_from_slice(&x.to_le_bytes()[..width]);
+            }
+            Some(tensor_from_bytes(ty, shape, &b))
+        }
+        _ => None,
+    }
+}
+
 /// A random value for a model input of type `vt` whose tensor shapes are `shape` (for a
 /// sequence: the shape of each of its two items; an optional input gets its contained
 /// value).

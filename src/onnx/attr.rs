@@ -70,6 +70,16 @@ pub fn string(n: &NodeProto, name: &str) -> Option<String> {
     typed(n, name, AttributeType::String).map(|a| String::from_utf8_lossy(&a.s).into_owned())
 }
 
+/// A STRINGS attribute, each lossily decoded as UTF-8.
+pub fn strings(n: &NodeProto, name: &str) -> Option<Vec<String>> {
+    typed(n, name, AttributeType::Strings).map(|a| {
+        a.strings
+            .iter()
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect()
+    })
+}
+
 /// A TENSOR attribute.
 pub fn tensor<'a>(n: &'a NodeProto, name: &str) -> Option<&'a TensorProto> {
     typed(n, name, AttributeType::Tensor).and_then(|a| a.t.as_ref())
