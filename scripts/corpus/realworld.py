@@ -488,6 +488,59 @@ def tabular_models(dest, only, skipped):
                 write(name, to_onnx(est, X[:1], options=options, target_opset=ml), {"X": X[:5]})
             except Exception as e:
                 skipped.append(f"{name}: conversion failed: {str(e).splitlines()[0][:200]}")
+        from sklearn.ensemble import StackingClassifier, VotingClassifier
+        from sklearn.feature_extraction import DictVectorizer
+        from sklearn.gaussian_process import GaussianProcessRegressor
+        from sklearn.linear_model import Ridge
+        from sklearn.naive_bayes import GaussianNB
+        from sklearn.preprocessing import KBinsDiscretizer, OrdinalEncoder, PolynomialFeatures
+        from sklearn.svm import LinearSVC
+        from sklearn.tree import DecisionTreeClassifier
+
+        for name, est, opts in [
+            ("skl_gaussian_nb", GaussianNB(), {}),
+            ("skl_linear_svc", LinearSVC(random_state=0), {}),
+            ("skl_voting_soft", VotingClassifier([("lr", LogisticRegression()), ("dt", DecisionTreeClassifier(max_depth=3))],
+                                                 voting="soft", flatten_transform=False), {}),
+            ("skl_stacking", StackingClassifier([("lr", LogisticRegression()), ("dt", DecisionTreeClassifier(max_depth=3))]),
+             {"zipmap": False}),
+            ("skl_poly_ridge", make_pipeline(PolynomialFeatures(2), Ridge()), None),
+            ("skl_kbins_logreg", make_pipeline(KBinsDiscretizer(n_bins=3, encode="onehot-dense"), LogisticRegression()),
+             {"zipmap": False}),
+            ("skl_gp_regressor", GaussianProcessRegressor(random_state=0), None),
+        ]:
+            if not want(name):
+                continue
+            try:
+                est = est.fit(X, y if opts is not None else X[:, 0] * 2)
+                last = est.steps[-1][1] if hasattr(est, "steps") else est
+                options = {id(last): opts} if opts else None
+                write(name, to_onnx(est, X[:1], options=options, target_opset=ml), {"X": X[:5]})
+            except Exception as e:
+                skipped.append(f"{name}: conversion failed: {str(e).splitlines()[0][:200]}")
+        if want("skl_dict_vectorizer"):
+            # A map input: feature name -> value (what DictVectorizer takes per sample).
+            try:
+                from skl2onnx.common.data_types import DictionaryType, FloatTensorType as F
+
+                rows = [{"height": float(a), "weight": float(b), "age": float(c)} for a, b, c in X[:, :3]]
+                est = make_pipeline(DictVectorizer(sparse=False), LogisticRegression()).fit(rows, y)
+                onx = to_onnx(est, initial_types=[("features", DictionaryType(StringTensorType([]), F([])))],
+                              options={id(est.steps[-1][1]): {"zipmap": False}}, target_opset=ml)
+                p = os.path.join(tmp, "skl_dict_vectorizer.onnx")
+                open(p, "wb").write(onx.SerializeToString())
+                save(dest, "skl_dict_vectorizer", p, {"features": rows[0]})
+            except Exception as e:
+                skipped.append(f"skl_dict_vectorizer: conversion failed: {str(e).splitlines()[0][:200]}")
+        if want("skl_ordinal_encoder"):
+            sizes = np.array(["S", "M", "L", "XL"])[(X[:, 3] * 4).astype(int)].reshape(-1, 1)
+            try:
+                est = make_pipeline(OrdinalEncoder(), LogisticRegression()).fit(sizes, y)
+                onx = to_onnx(est, initial_types=[("size", StringTensorType([None, 1]))],
+                              options={id(est.steps[-1][1]): {"zipmap": False}}, target_opset=ml)
+                write("skl_ordinal_encoder", onx, {"size": sizes[:5].astype(object)})
+            except Exception as e:
+                skipped.append(f"skl_ordinal_encoder: conversion failed: {str(e).splitlines()[0][:200]}")
         colours = np.array(["red", "green", "blue"])[(X[:, 2] * 3).astype(int)].reshape(-1, 1)
         for name, unknown in [("skl_onehot_mixed", "ignore"), ("skl_onehot_mixed_strict", "error")]:
             if not want(name):

@@ -11,7 +11,7 @@
 use ort::memory::Allocator;
 use ort::value::{
     DynTensor, DynTensorValueType, DynValue, DynValueTypeMarker, Sequence, Tensor,
-    TensorElementType as T, ValueType,
+    TensorElementType as T, TensorValueType, ValueType,
 };
 
 use super::validate::{compare, OutputError, Tolerance, UNBOUNDED};
@@ -291,7 +291,76 @@ pub fn random_value(
                 "inputs of type seq({other}) are not supported by validation; give golden inputs"
             )),
         },
-        ValueType::Map { .. } => Err("map inputs are not supported by validation".into()),
+        ValueType::Map { key, value } => random_map(*key, *value, None, rng, int_range),
+    }
+}
+
+/// A seeded random map for a `map(key, value)` input: the keys `known` names (the graph's:
+/// a DictVectorizer's vocabulary, [`super::vocab`]) when they suit `key`, else two
+/// (`"0"`, `"1"` or 0, 1); values as [`random_tensor`] makes them.
+pub fn random_map(
+    key: T,
+    value: T,
+    known: Option<&super::vocab::Known>,
+    rng: &mut SplitMix64,
+    int_range: (i64, i64),
+) -> Result<DynValue, String> {
+    use super::vocab::Known;
+    use ort::value::Map;
+    let e = |e: ort::Error| e.to_string();
+    let n = match known {
+        Some(Known::Str(v)) if key == T::String => v.len(),
+        Some(Known::Int(v)) if key == T::Int64 => v.len(),
+        _ => 2,
+    };
+    let vals = random_tensor(value, &[n as i64], rng, int_range)?;
+    macro_rules! keyed {
+        ($keys:expr) => {
+            match value {
+                T::Float32 => {
+                    Map::new_kv($keys, vals.downcast::<TensorValueType<f32>>().map_err(e)?)
+                        .map(|m| m.into_dyn())
+                }
+                T::Float64 => {
+                    Map::new_kv($keys, vals.downcast::<TensorValueType<f64>>().map_err(e)?)
+                        .map(|m| m.into_dyn())
+                }
+                T::Int64 => Map::new_kv($keys, vals.downcast::<TensorValueType<i64>>().map_err(e)?)
+                    .map(|m| m.into_dyn()),
+                T::String => Map::new_kv(
+                    $keys,
+                    vals.downcast::<TensorValueType<String>>().map_err(e)?,
+                )
+                .map(|m| m.into_dyn()),
+                other => {
+                    return Err(format!(
+                        "map inputs with {} values are not supported by validation",
+                        ty_name(other)
+                    ))
+                }
+            }
+            .map_err(e)
+        };
+    }
+    match key {
+        T::String => {
+            let keys: Vec<String> = match known {
+                Some(Known::Str(v)) => v.clone(),
+                _ => vec!["0".into(), "1".into()],
+            };
+            keyed!(Tensor::from_string_array((vec![n], keys.as_slice())).map_err(e)?)
+        }
+        T::Int64 => {
+            let keys: Vec<i64> = match known {
+                Some(Known::Int(v)) => v.clone(),
+                _ => vec![0, 1],
+            };
+            keyed!(Tensor::from_array((vec![n], keys)).map_err(e)?)
+        }
+        other => Err(format!(
+            "map inputs with {} keys are not supported by validation",
+            ty_name(other)
+        )),
     }
 }
 

@@ -3,7 +3,8 @@
 //! can only hold one of its categories (with `zeros = 0`, scikit-learn's
 //! `handle_unknown="error"`, ONNX Runtime refuses any other: "Unknown Category"), and one
 //! that reaches `LabelEncoder` or `CategoryMapper` means something only as one of their keys.
-//! Random strings (the decimals of `int_range`) fit neither.
+//! Random strings (the decimals of `int_range`) fit neither. A map input (scikit-learn's
+//! DictVectorizer: feature name → value) gets the keys of the `DictVectorizer` it reaches.
 //!
 //! Enters: the model's graph. Leaves: input name → the values to draw from. An input is
 //! followed through the ops that pass its values on unchanged (Identity, the reshaping ops,
@@ -120,6 +121,8 @@ fn keys(n: &NodeProto) -> Option<Known> {
     let (strs, ints) = match n.op_type.as_str() {
         "OneHotEncoder" | "CategoryMapper" => ("cats_strings", "cats_int64s"),
         "LabelEncoder" => ("keys_strings", "keys_int64s"),
+        // A map input's keys.
+        "DictVectorizer" => ("string_vocabulary", "int64_vocabulary"),
         _ => return None,
     };
     let k = match (attr::strings(n, strs), attr::ints(n, ints)) {
