@@ -14,8 +14,8 @@ strings in (unicode and object arrays). IR < 4 (class 3): initializers listed as
 A dynamically quantized layer (class 4: ops without a rule, a contrib op). madmom-like free
 axes that only the weights size (an LSTM's input size), and a time axis at position 0 that
 a Conv kernel needs 5 of.
-One-hot encoders that refuse categories they do not list (string and integer inputs), and a
-DictVectorizer's map input.
+One-hot encoders that refuse categories they do not list (string and integer inputs), a
+DictVectorizer's map input, and a sequence length an exporter kept in a Reshape.
 `impossible` needs a size no default tries, `missing_locale` a locale no machine has; the
 tests check their errors instead.
 """
@@ -280,6 +280,22 @@ def models():
         ),
         {"features": {"age": 0.25, "height": 0.5, "weight": 0.75}},
     )
+    # torch's legacy export of nn.MultiheadAttention (class 1, a size the graph records): the
+    # traced sequence length (10) kept in a Reshape's shape although the axis is declared
+    # dynamic; no size the search tries fits, 10 does.
+    out["traced_sequence_length"] = (
+        model(
+            [
+                h.make_node("Concat", ["seq", "heads_dim"], ["shape"], axis=0),
+                h.make_node("Reshape", ["x", "shape"], ["r"]),
+                h.make_node("Transpose", ["r"], ["y"], perm=[1, 0, 2]),
+            ],
+            [vi("x", T.FLOAT, ["batch", "sequence", 16])],
+            [vi("y", T.FLOAT, [2, 10, 8])],
+            [nh.from_array(np.array([10], np.int64), "seq"), nh.from_array(np.array([2, 8], np.int64), "heads_dim")],
+        ),
+        {"x": f32(1, 10, 16)},
+    )
     return out
 
 
@@ -293,12 +309,13 @@ def missing_locale():
 
 
 def impossible():
-    """A model whose only size is 7: no default candidate tries it."""
+    """A model whose only size is 7: no default candidate tries it (the shape is computed,
+    so 7 is not among the sizes the graph records)."""
     return model(
-        [h.make_node("Reshape", ["x", "shape"], ["y"])],
+        [h.make_node("Add", ["a", "b"], ["shape"]), h.make_node("Reshape", ["x", "shape"], ["y"])],
         [vi("x", T.FLOAT, ["n"])],
         [vi("y", T.FLOAT, [7, 1])],
-        [nh.from_array(np.array([7, 1], np.int64), "shape")],
+        [nh.from_array(np.array([3, 0], np.int64), "a"), nh.from_array(np.array([4, 1], np.int64), "b")],
     )
 
 

@@ -8,7 +8,8 @@ Run it with a Python that has the exporters (numpy, onnx, onnxruntime, and for t
 graphs skl2onnx, onnxmltools, lightgbm, scikit-learn, torch, transformers, ultralytics):
 
     python3 -m venv /tmp/exp && /tmp/exp/bin/python -m pip install numpy 'onnx==1.22.*' \\
-        onnxruntime skl2onnx onnxmltools lightgbm scikit-learn onnxscript torch transformers ultralytics
+        onnxruntime skl2onnx onnxmltools lightgbm scikit-learn onnxscript torch torchvision transformers \\
+        ultralytics xgboost-cpu catboost pandas
     /tmp/exp/bin/python scripts/corpus/realworld.py /tmp/realworld
 
 Sources (no model hub downloads):
@@ -32,7 +33,17 @@ Sources (no model hub downloads):
     (ZipMap output; string labels), onnxmltools LightGBM (string labels, regressor),
     ultralytics YOLOv8n from its yaml (dynamic=True, with and without nms=True),
     torch.onnx.export of a tiny transformers GPT-2 with past key values (legacy and dynamo
-    exporters), a torch model with float16 inputs and outputs.
+    exporters), a torch model with float16 inputs and outputs; and a fifth set (stop 35):
+    torchvision classifiers, segmenters, detectors (SSDlite, Faster R-CNN: NonZero, TopK,
+    RoiAlign) and RAFT; transformers BERT, DistilBERT, DeBERTa-v2, T5, BART, Whisper, wav2vec2,
+    ViT, Swin, SegFormer, CLIP and Llama (both exporters); torch modules leaning on exporter
+    features (LSTM/GRU over a free sequence, TransformerEncoder, MultiheadAttention, a scripted
+    Loop, torch.cond, nonzero/unique/masked_select, torchvision's nms and roi_align, scatter,
+    grid_sample and padding modes, einsum/cumsum, an STFT); more skl2onnx estimators (SVM,
+    k-NN, MLP, naive Bayes, linear SVC, soft voting, stacking, polynomial ridge, KBins,
+    Gaussian process, isolation forest, k-means, ColumnTransformer with string columns,
+    OrdinalEncoder, DictVectorizer's map input, a TF-IDF pipeline), xgboost through
+    onnxmltools and catboost's own exporter (pip install xgboost-cpu catboost pandas).
 A source whose package is missing is skipped with a message; DEST/SKIPPED.txt lists them.
 
 Each model becomes DEST/<name>/ with model.onnx, feed.pkl (input name -> array),
@@ -848,6 +859,146 @@ def torchvision_models(dest, only, skipped):
         save(dest, name, p, {n: a.numpy() for n, a in zip(in_names, args)})
 
 
+def torch_op_models(dest, only, skipped):
+    """Small torch modules that each lean on an exporter feature real models use: recurrent
+    layers over a free sequence, torch's TransformerEncoder, control flow (a scripted loop,
+    torch.cond), data-dependent outputs (nonzero, unique, torchvision's nms and roi_align),
+    scatter writes, grid sampling, padding modes, einsum, cumsum, an STFT, deformable
+    convolution; legacy and dynamo exporters."""
+    try:
+        import torch
+        import torch.nn.functional as F
+        import torchvision
+    except ImportError as e:
+        skipped.append(f"torch op models: {e}")
+        return
+    torch.manual_seed(0)
+    nn = torch.nn
+
+    class Rnn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = nn.LSTM(8, 16, num_layers=2, batch_first=True, bidirectional=True)
+            self.gru = nn.GRU(32, 8, batch_first=True)
+
+        def forward(self, x):
+            y, _ = self.lstm(x)
+            z, h = self.gru(y)
+            return z, h
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+            self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+        def forward(self, x, pad):
+            return self.enc(x, src_key_padding_mask=pad)
+
+    class Mha(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.att = nn.MultiheadAttention(16, 4, batch_first=True)
+
+        def forward(self, q, kv):
+            return self.att(q, kv, kv, need_weights=True)
+
+    class Loop(nn.Module):
+        def forward(self, x, n):
+            for _ in range(int(n)):
+                x = torch.tanh(x) * 1.5
+            return x
+
+    class Cond(nn.Module):
+        def forward(self, x):
+            return torch.cond(x.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (x,))
+
+    class DataDependent(nn.Module):
+        def forward(self, x):
+            nz = torch.nonzero(x > 0.5)
+            u = torch.unique(torch.round(x * 4), sorted=True)
+            return nz, u, torch.masked_select(x, x > 0.8)
+
+    class Detect(nn.Module):
+        def forward(self, boxes, scores, feat, rois):
+            keep = torchvision.ops.nms(boxes, scores, 0.5)
+            pooled = torchvision.ops.roi_align(feat, rois, output_size=(3, 3), spatial_scale=0.5, sampling_ratio=2)
+            return keep, pooled
+
+    class Scatter(nn.Module):
+        def forward(self, x, idx, v):
+            y = x.clone()
+            y[idx] = v
+            return y.scatter_add(1, torch.zeros_like(x, dtype=torch.int64), x)
+
+    class Sample(nn.Module):
+        def forward(self, img, grid):
+            a = F.grid_sample(img, grid, mode="bilinear", padding_mode="border", align_corners=False)
+            b = F.pad(img, (2, 2, 1, 1), mode="reflect")
+            c = F.pad(img, (1, 1, 1, 1), mode="replicate")
+            d = F.interpolate(img, scale_factor=2.0, mode="bilinear", align_corners=False)
+            return a, b, c, d
+
+    class Maths(nn.Module):
+        def forward(self, a, b):
+            e = torch.einsum("bij,bjk->bik", a, b)
+            return e.cumsum(-1), torch.argmax(e, dim=-1), torch.where(e > 0, e, torch.zeros_like(e)).logsumexp(-1)
+
+    class Spectrogram(nn.Module):
+        def forward(self, wave):
+            s = torch.stft(wave, n_fft=64, hop_length=16, window=torch.hann_window(64), return_complex=False)
+            return (s ** 2).sum(-1)
+
+    class Deform(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.offset = nn.Conv2d(3, 18, 3, padding=1)
+            self.conv = torchvision.ops.DeformConv2d(3, 4, 3, padding=1)
+
+        def forward(self, x):
+            return self.conv(x, self.offset(x))
+
+    r = lambda *s: torch.rand(*s)  # noqa: E731
+    b01 = {0: "batch", 1: "sequence"}
+    specs = [
+        # name, module, inputs, axes (legacy; dynamo gets Dim.AUTO on the same axes), dynamo, opset
+        ("op_lstm_gru", Rnn(), {"x": r(1, 12, 8)}, {"x": b01}, False, 17),
+        ("op_lstm_gru_dynamo", Rnn(), {"x": r(1, 12, 8)}, {"x": b01}, True, 18),
+        ("op_transformer_encoder", Encoder(), {"x": r(2, 10, 16), "pad": torch.tensor([[False] * 10, [False] * 7 + [True] * 3])},
+         {"x": b01, "pad": b01}, False, 17),
+        ("op_multihead_attention", Mha(), {"q": r(1, 5, 16), "kv": r(1, 9, 16)},
+         {"q": {0: "batch", 1: "queries"}, "kv": {0: "batch", 1: "keys"}}, True, 18),
+        ("op_scripted_loop", torch.jit.script(Loop()), {"x": r(2, 3), "n": torch.tensor(3)}, {"x": {0: "batch"}}, False, 17),
+        ("op_cond", Cond(), {"x": r(2, 3) - 0.5}, {}, True, 18),
+        ("op_data_dependent", DataDependent(), {"x": r(6, 5)}, {"x": {0: "rows"}}, False, 17),
+        ("op_nms_roi_align", Detect(), {"boxes": torch.tensor([[0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30.]]),
+                                         "scores": torch.tensor([0.9, 0.8, 0.7]), "feat": r(1, 4, 16, 16),
+                                         "rois": torch.tensor([[0, 0, 0, 8, 8], [0, 4, 4, 20, 20.]])},
+         {"boxes": {0: "n"}, "scores": {0: "n"}, "rois": {0: "r"}}, False, 17),
+        ("op_scatter", Scatter(), {"x": r(4, 6), "idx": torch.tensor([0, 2]), "v": r(2, 6)}, {"x": {0: "rows"}}, False, 17),
+        ("op_grid_sample_pad", Sample(), {"img": r(1, 2, 8, 10), "grid": r(1, 6, 7, 2) * 2 - 1},
+         {"img": {0: "batch", 2: "h", 3: "w"}, "grid": {0: "batch", 1: "gh", 2: "gw"}}, False, 17),
+        ("op_einsum_cumsum", Maths(), {"a": r(2, 3, 4), "b": r(2, 4, 5)}, {"a": {0: "batch"}, "b": {0: "batch"}}, True, 18),
+        ("op_stft", Spectrogram(), {"wave": r(1, 800)}, {"wave": {0: "batch", 1: "samples"}}, True, 18),
+        ("op_deform_conv", Deform(), {"x": r(1, 3, 10, 10)}, {"x": {0: "batch"}}, False, 19),
+    ]
+    for name, module, inputs, axes, dynamo, opset in specs:
+        if only and not only.search(name):
+            continue
+        p = os.path.join(tempfile.mkdtemp(), name + ".onnx")
+        keys = list(inputs)
+        try:
+            m = module.eval() if hasattr(module, "eval") else module
+            with torch.no_grad():
+                outs = m(*inputs.values())
+            n_out = len(outs) if isinstance(outs, (tuple, list)) else 1
+            torch_export(m, list(inputs.values()), p, keys, [f"out_{i}" for i in range(n_out)], axes, dynamo, opset)
+        except Exception as e:
+            skipped.append(f"{name}: export failed: {str(e).splitlines()[0][:200]}")
+            continue
+        save(dest, name, p, {k: v.numpy() for k, v in inputs.items()})
+
+
 def transformers_models(dest, only, skipped):
     """Tiny random-init transformers architectures, exported without a cache: encoders,
     encoder-decoders, speech and vision models, a decoder-only LLM; both exporters."""
@@ -955,7 +1106,7 @@ def main():
 
     steps = [shipped]
     steps += [] if a.skip_exporters else [sklearn_models, lightgbm_models, tabular_models, fp16_model, gpt2_models,
-                                          yolo_models, torchvision_models, transformers_models]
+                                          yolo_models, torchvision_models, transformers_models, torch_op_models]
     for step in steps:
         try:
             step(a.dest, only, skipped)

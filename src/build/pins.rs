@@ -159,6 +159,88 @@ pub(super) fn leaf_pins(
     found.into_pins()
 }
 
+/// Sizes the graph records in the shapes it builds: the integers of the small constants that
+/// reach a Reshape's, Expand's, Tile's, ConstantOfShape's or Resize's shape input (through
+/// Concat, Unsqueeze, Squeeze, Cast, Identity). An exporter that traced the model at some
+/// size and kept it in a shape (torch's legacy exporter and `nn.MultiheadAttention`: a
+/// Reshape to `[10, batch·heads, 8]` for a sequence declared dynamic) runs at that size only.
+/// Values from 2 to 4,096 that the search does not try anyway, most often seen first, at
+/// most [`MAX_RECORDED`]. Empty when the model does not load.
+pub(super) fn recorded_sizes(model: &std::path::Path) -> Vec<i64> {
+    match Model::load(model) {
+        Ok(m) => recorded(m.graph()),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Most recorded sizes the search tries.
+pub(super) const MAX_RECORDED: usize = 6;
+
+/// [`recorded_sizes`] of a graph.
+pub(super) fn recorded(g: &GraphProto) -> Vec<i64> {
+    let consts: HashMap<&str, &TensorProto> = g
+        .initializer
+        .iter()
+        .map(|t| (t.name.as_str(), t))
+        .chain(g.node.iter().filter_map(|n| {
+            (n.op_type == "Constant" && n.domain.is_empty())
+                .then(|| Some((n.output.first()?.as_str(), attr::tensor(n, "value")?)))
+                .flatten()
+        }))
+        .collect();
+    let producer: HashMap<&str, &NodeProto> = g
+        .node
+        .iter()
+        .flat_map(|n| n.output.iter().map(move |o| (o.as_str(), n)))
+        .collect();
+    let mut counts: BTreeMap<i64, usize> = BTreeMap::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut stack: Vec<(&str, usize)> = g
+        .node
+        .iter()
+        .filter(|n| n.domain.is_empty())
+        .filter_map(|n| {
+            let at = match n.op_type.as_str() {
+                "Reshape" | "Expand" | "Tile" => 1,
+                "ConstantOfShape" => 0,
+                "Resize" => 3,
+                _ => return None,
+            };
+            n.input.get(at).map(|i| (i.as_str(), 0))
+        })
+        .collect();
+    while let Some((name, depth)) = stack.pop() {
+        if name.is_empty() || !seen.insert(name) {
+            continue;
+        }
+        if let Some(t) = consts.get(name) {
+            if t.dims.len() <= 1 {
+                for v in tensor_ints(t).unwrap_or_default() {
+                    if (2..=4096).contains(&v) && !super::search::SEARCH_SIZES.contains(&v) {
+                        *counts.entry(v).or_default() += 1;
+                    }
+                }
+            }
+            continue;
+        }
+        let Some(n) = producer.get(name) else {
+            continue;
+        };
+        if depth < 4
+            && n.domain.is_empty()
+            && matches!(
+                n.op_type.as_str(),
+                "Concat" | "Unsqueeze" | "Squeeze" | "Cast" | "Identity"
+            )
+        {
+            stack.extend(n.input.iter().map(|i| (i.as_str(), depth + 1)));
+        }
+    }
+    let mut by: Vec<(i64, usize)> = counts.into_iter().collect();
+    by.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    by.into_iter().take(MAX_RECORDED).map(|(v, _)| v).collect()
+}
+
 /// Normalizes a possibly negative axis against `rank`.
 fn norm(a: i64, rank: usize) -> Option<usize> {
     let r = rank as i64;
@@ -432,6 +514,26 @@ mod tests {
     fn weight(b: &mut GraphBuilder, name: &str, dims: &[i64]) {
         let n = dims.iter().product::<i64>() as usize;
         b.init(tensor_f32(name, dims, &vec![0.5; n]));
+    }
+
+    #[test]
+    fn sizes_recorded_in_built_shapes() {
+        // torch's legacy export of nn.MultiheadAttention: Reshape(q, Concat([10], [-1], [8]))
+        // with the traced sequence length 10 kept; 16 is searched anyway, 7 is no shape.
+        let mut b = GraphBuilder::new("mha");
+        free(&mut b, "q", 3);
+        b.init(tensor_i64("seq", &[1], &[10]));
+        b.init(tensor_i64("rest", &[2], &[-1, 8]));
+        b.init(tensor_i64("other", &[1], &[7]));
+        b.init(tensor_i64("emb", &[3], &[1, 10, 16]));
+        b.node("Concat", &["seq", "rest"], &["shape"])
+            .attribute
+            .push(a::int("axis", 0));
+        b.node("Reshape", &["q", "shape"], &["r"]);
+        b.node("Expand", &["r", "emb"], &["e"]);
+        b.node("Add", &["e", "other"], &["y"]);
+        b.output("y", ElemType::Float32, None);
+        assert_eq!(recorded(&b.build()), vec![10]);
     }
 
     #[test]

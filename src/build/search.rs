@@ -176,8 +176,14 @@ pub(super) struct Candidate {
 
 /// The candidates of the default validation-input search, in order: every leaf 1 (the
 /// profile's opt shapes bind the leaves of the inputs they name); cache lengths 0; then the
-/// bounded sizes for every non-batch leaf, with cache lengths 0 and as they are.
-pub(super) fn candidates(axes: &[Axis], bound: &BTreeMap<String, i64>) -> Vec<Candidate> {
+/// bounded sizes for every non-batch leaf, with cache lengths 0 and as they are; then the
+/// sizes the graph records (`recorded`) for every non-batch leaf; one leaf at a time; every
+/// axis at once.
+pub(super) fn candidates(
+    axes: &[Axis],
+    bound: &BTreeMap<String, i64>,
+    recorded: &[i64],
+) -> Vec<Candidate> {
     let batch = batch_leaves(axes);
     let batch_like = |l: &str, _: &Axis| batch.contains(l);
     let mut leaf_axes: BTreeMap<String, &Axis> = BTreeMap::new();
@@ -228,6 +234,22 @@ pub(super) fn candidates(axes: &[Axis], bound: &BTreeMap<String, i64>) -> Vec<Ca
                 s
             }
         });
+    }
+    // Sizes the graph records in the shapes it builds (`pins::recorded_sizes`: an exporter
+    // that kept a traced sequence length in a Reshape), for every non-batch dimension.
+    for &s in recorded {
+        push(
+            format!("batch 1, the rest {s} (a size the graph's shapes record)"),
+            &|l, a| {
+                if batch_like(l, a) {
+                    1
+                } else if past_like(l) {
+                    0
+                } else {
+                    s
+                }
+            },
+        );
     }
     // One non-batch dimension at a time (axes that must agree, such as a batch named
     // differently or not at all in two inputs, stay at 1 together).
@@ -334,7 +356,7 @@ mod tests {
         ];
         let b = batch_leaves(&axes);
         assert_eq!(b.into_iter().collect::<Vec<_>>(), ["s18", "s43"]);
-        let c = candidates(&axes, &BTreeMap::new());
+        let c = candidates(&axes, &BTreeMap::new(), &[]);
         // Batches stay 1 until the last candidates, which grow every axis alike.
         let (kept, every): (Vec<&Candidate>, Vec<&Candidate>) =
             c.iter().partition(|c| !c.label.starts_with("every axis "));
@@ -366,7 +388,7 @@ mod tests {
             axis("mask", 1, "past + seq"),
             axis("x", 1, ""),
         ];
-        let c = candidates(&axes, &BTreeMap::new());
+        let c = candidates(&axes, &BTreeMap::new(), &[]);
         assert_eq!(c[0].leaf.values().copied().collect::<Vec<_>>(), [1; 6]);
         assert_eq!(c[1].leaf["past"], 0);
         assert_eq!(c[1].leaf["seq"], 1);
@@ -390,7 +412,7 @@ mod tests {
         }
         // A profile-bound symbol keeps its size in every candidate.
         let bound: BTreeMap<String, i64> = [("height".into(), 480)].into();
-        assert!(candidates(&axes, &bound)
+        assert!(candidates(&axes, &bound, &[])
             .iter()
             .all(|c| c.leaf["height"] == 480));
         // Shared names give one size to every input that uses them.

@@ -429,7 +429,12 @@ fn reference_inputs(
 /// ([`super::pins`]: an LSTM's input size, a MatMul's inner dimension) bound in every one,
 /// then the plain search (in case a pin is wrong), at most [`MAX_CANDIDATES`] in all.
 fn with_graph_pins(model: &Path, axes: &[Axis], bound: &BTreeMap<String, i64>) -> Vec<Candidate> {
-    let plain = candidates(axes, bound);
+    let recorded = if axes.is_empty() {
+        Vec::new()
+    } else {
+        super::pins::recorded_sizes(model)
+    };
+    let plain = candidates(axes, bound, &recorded);
     let pinned = super::pins::leaf_pins(model, axes, bound);
     if pinned.is_empty() {
         return plain;
@@ -442,7 +447,7 @@ fn with_graph_pins(model: &Path, axes: &[Axis], bound: &BTreeMap<String, i64>) -
     tracing::debug!(pins = %what, "sizes the graph's weights fix for free input axes");
     let mut with = bound.clone();
     with.extend(pinned);
-    let mut out: Vec<Candidate> = candidates(axes, &with)
+    let mut out: Vec<Candidate> = candidates(axes, &with, &recorded)
         .into_iter()
         .map(|mut c| {
             c.label = format!("{} (the weights fix {what})", c.label);

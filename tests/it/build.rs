@@ -791,7 +791,9 @@ fn thread_probe(v: &Value) -> Option<(f64, f64, bool)> {
         t["single_us"].as_f64().unwrap(),
     );
     assert!(d > 0.0 && s > 0.0, "{t}");
-    assert_eq!(t["runs"], 9, "{t}");
+    // At least the 9 pairs, at most 50 (more while the probe's 100 ms budget lasts).
+    let runs = t["runs"].as_u64().unwrap();
+    assert!((9..=50).contains(&runs), "{t}");
     let single = t["single"].as_bool().unwrap();
     let scaled = &t["scaled"];
     let scaled_suits = scaled.is_null()

@@ -13,13 +13,16 @@ use trtcache_client::protocol::VariantState;
 use crate::daemon::Daemon;
 use crate::support;
 
-/// `x` of any length, reshaped to `[7, 1]`: only length 7 runs, and no default validation
-/// input tries it (scripts/corpus/classes.py `impossible`).
+/// `x` of any length, reshaped to `[7, 1]` (computed, `[3, 0] + [4, 1]`, so not a size the
+/// graph records): only length 7 runs, and no default validation input tries it
+/// (scripts/corpus/classes.py `impossible`).
 fn only_seven() -> trtcache::onnx::proto::ModelProto {
     let mut g = GraphBuilder::new("only_seven");
     g.input("x", Float32, &["n".into()])
         .output("y", Float32, None)
-        .init(tensor_i64("shape", &[2], &[7, 1]));
+        .init(tensor_i64("a", &[2], &[3, 0]))
+        .init(tensor_i64("b", &[2], &[4, 1]));
+    g.node("Add", &["a", "b"], &["shape"]);
     g.node("Reshape", &["x", "shape"], &["y"]);
     model(g.build(), &[("", 17)])
 }
