@@ -81,6 +81,9 @@ def main():
         d for d in os.listdir(a.corpus)
         if os.path.isfile(os.path.join(a.corpus, d, "model.onnx"))
         and not corpus_run.external_files(os.path.join(a.corpus, d))  # one-file models
+        # ONNX Runtime runs it (expected.pkl not empty): an original ORT cannot run is refused,
+        # as daemon.py checks, and its damaged copies would say nothing more.
+        and pickle.load(open(os.path.join(a.corpus, d, "expected.pkl"), "rb"))
         and (not only or only.search(d))
     )
     r = random.Random(a.seed)
