@@ -43,7 +43,10 @@ Sources (no model hub downloads):
     k-NN, MLP, naive Bayes, linear SVC, soft voting, stacking, polynomial ridge, KBins,
     Gaussian process, isolation forest, k-means, ColumnTransformer with string columns,
     OrdinalEncoder, DictVectorizer's map input, a TF-IDF pipeline), xgboost through
-    onnxmltools and catboost's own exporter (pip install xgboost-cpu catboost pandas).
+    onnxmltools and catboost's own exporter (pip install xgboost-cpu catboost pandas); Keras 3
+    models through tf2onnx (an LSTM text classifier, Conv1D + bidirectional GRU, a residual
+    block with free image sides, two inputs, MultiHeadAttention, MobileNetV2; pip install
+    tensorflow-cpu tf2onnx).
 A source whose package is missing is skipped with a message; DEST/SKIPPED.txt lists them.
 
 Each model becomes DEST/<name>/ with model.onnx, feed.pkl (input name -> array),
@@ -999,6 +1002,78 @@ def torch_op_models(dest, only, skipped):
         save(dest, name, p, {k: v.numpy() for k, v in inputs.items()})
 
 
+def keras_models(dest, only, skipped):
+    """Keras 3 models converted by tf2onnx (NHWC images, unnamed free axes, Keras' own LSTM
+    and GRU lowering, MultiHeadAttention), random init."""
+    try:
+        import tensorflow as tf
+        import tf2onnx
+    except ImportError as e:
+        skipped.append(f"keras models: {e}")
+        return
+    tf.keras.utils.set_random_seed(0)
+    L = tf.keras.layers
+    g = rng()
+
+    def lstm_text():
+        i = tf.keras.Input((None,), dtype="int32", name="tokens")
+        x = L.LSTM(8)(L.Embedding(100, 16)(i))
+        return tf.keras.Model(i, L.Dense(3, activation="softmax")(x))
+
+    def conv1d_bigru():
+        i = tf.keras.Input((None, 13), name="mfcc")
+        x = L.MaxPool1D(2)(L.Conv1D(16, 5, padding="same", activation="relu")(i))
+        return tf.keras.Model(i, L.Dense(4)(L.Bidirectional(L.GRU(8))(x)))
+
+    def resnet_block():
+        i = tf.keras.Input((None, None, 3), name="image")
+        x = L.Conv2D(8, 3, strides=2, padding="same")(i)
+        y = L.BatchNormalization()(L.Conv2D(8, 3, padding="same", activation="relu")(x))
+        x = L.Add()([x, L.Dropout(0.2)(y)])
+        return tf.keras.Model(i, L.Dense(5)(L.GlobalAveragePooling2D()(x)))
+
+    def multi_input():
+        a = tf.keras.Input((32, 32, 3), name="image")
+        b = tf.keras.Input((5,), name="tabular")
+        x = L.Flatten()(L.MaxPool2D()(L.Conv2D(4, 3, activation="relu")(a)))
+        return tf.keras.Model([a, b], L.Dense(2)(L.Concatenate()([x, L.Dense(8)(b)])))
+
+    def attention():
+        i = tf.keras.Input((None, 16), name="sequence")
+        x = L.MultiHeadAttention(num_heads=2, key_dim=8)(i, i)
+        return tf.keras.Model(i, L.LayerNormalization()(L.Add()([i, x])))
+
+    def mobilenet_v2():
+        return tf.keras.applications.MobileNetV2(weights=None, alpha=0.35, input_shape=(96, 96, 3), classes=10)
+
+    specs = [
+        ("keras_lstm_text", lstm_text, {"tokens": g.integers(1, 100, (1, 12)).astype(np.int32)}),
+        ("keras_conv1d_bigru", conv1d_bigru, {"mfcc": g.random((1, 40, 13)).astype(np.float32)}),
+        ("keras_resnet_block", resnet_block, {"image": g.random((1, 48, 64, 3)).astype(np.float32)}),
+        ("keras_multi_input", multi_input, {"image": g.random((1, 32, 32, 3)).astype(np.float32),
+                                            "tabular": g.random((1, 5)).astype(np.float32)}),
+        ("keras_attention", attention, {"sequence": g.random((1, 7, 16)).astype(np.float32)}),
+        ("keras_mobilenet_v2", mobilenet_v2, {"input_layer": g.random((1, 96, 96, 3)).astype(np.float32)}),
+    ]
+    for name, make, feed in specs:
+        if only and not only.search(name):
+            continue
+        p = os.path.join(tempfile.mkdtemp(), name + ".onnx")
+        try:
+            m = make()
+            spec = tuple(tf.TensorSpec((None,) + tuple(t.shape[1:]), t.dtype, name=k)
+                         for k, t in zip(feed, m.inputs))
+            tf2onnx.convert.from_keras(m, input_signature=spec, opset=17, output_path=p)
+            import onnx
+
+            names = [i.name for i in onnx.load(p).graph.input]
+            feed = dict(zip(names, feed.values()))
+        except Exception as e:
+            skipped.append(f"{name}: export failed: {str(e).splitlines()[0][:200]}")
+            continue
+        save(dest, name, p, feed)
+
+
 def transformers_models(dest, only, skipped):
     """Tiny random-init transformers architectures, exported without a cache: encoders,
     encoder-decoders, speech and vision models, a decoder-only LLM; both exporters."""
@@ -1106,7 +1181,7 @@ def main():
 
     steps = [shipped]
     steps += [] if a.skip_exporters else [sklearn_models, lightgbm_models, tabular_models, fp16_model, gpt2_models,
-                                          yolo_models, torchvision_models, transformers_models, torch_op_models]
+                                          yolo_models, torchvision_models, transformers_models, torch_op_models, keras_models]
     for step in steps:
         try:
             step(a.dest, only, skipped)
