@@ -38,10 +38,9 @@ pub(super) fn graph_pins(model: &std::path::Path) -> BTreeMap<InputAxis, i64> {
     }
 }
 
-/// [`graph_pins`] on a graph.
-pub(super) fn pins(g: &GraphProto) -> BTreeMap<InputAxis, i64> {
-    let weights: HashMap<&str, &TensorProto> = g
-        .initializer
+/// The graph's constant values by name: its initializers and its Constant nodes' `value`s.
+fn constants(g: &GraphProto) -> HashMap<&str, &TensorProto> {
+    g.initializer
         .iter()
         .map(|t| (t.name.as_str(), t))
         .chain(g.node.iter().filter_map(|n| {
@@ -49,7 +48,12 @@ pub(super) fn pins(g: &GraphProto) -> BTreeMap<InputAxis, i64> {
                 .then(|| Some((n.output.first()?.as_str(), attr::tensor(n, "value")?)))
                 .flatten()
         }))
-        .collect();
+        .collect()
+}
+
+/// [`graph_pins`] on a graph.
+pub(super) fn pins(g: &GraphProto) -> BTreeMap<InputAxis, i64> {
+    let weights = constants(g);
     let mut at: HashMap<&str, Origins> = HashMap::new();
     for vi in &g.input {
         if weights.contains_key(vi.name.as_str()) {
@@ -178,16 +182,7 @@ pub(super) const MAX_RECORDED: usize = 6;
 
 /// [`recorded_sizes`] of a graph.
 pub(super) fn recorded(g: &GraphProto) -> Vec<i64> {
-    let consts: HashMap<&str, &TensorProto> = g
-        .initializer
-        .iter()
-        .map(|t| (t.name.as_str(), t))
-        .chain(g.node.iter().filter_map(|n| {
-            (n.op_type == "Constant" && n.domain.is_empty())
-                .then(|| Some((n.output.first()?.as_str(), attr::tensor(n, "value")?)))
-                .flatten()
-        }))
-        .collect();
+    let consts = constants(g);
     let producer: HashMap<&str, &NodeProto> = g
         .node
         .iter()

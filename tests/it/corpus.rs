@@ -101,15 +101,8 @@ fn golden_feeds_of_every_dtype_from_compressed_npz() {
     assert!(text.contains("pass rate: 17/17"), "{text}");
 }
 
-/// A model ONNX Runtime cannot create on this machine (a StringNormalizer whose locale is not
-/// installed) fails with what to install and how to build it again, ORT's message after it,
-/// tidied of the C++ location and signature.
-#[test]
-fn a_missing_locale_is_an_actionable_error() {
-    let tmp = tempfile::tempdir().unwrap();
-    write_classes(tmp.path());
-    let model = tmp.path().join("_impossible/missing_locale.onnx");
-    let cache = tmp.path().join("cache");
+/// `trtcache build --backend ort-cpu` of `model` into `cache`, which must fail: its stderr.
+fn build_fails(model: &Path, cache: &Path) -> String {
     let out = trtcache([
         "build".as_ref(),
         "--backend".as_ref(),
@@ -119,7 +112,19 @@ fn a_missing_locale_is_an_actionable_error() {
         model.as_os_str(),
     ]);
     assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A model ONNX Runtime cannot create on this machine (a StringNormalizer whose locale is not
+/// installed) fails with what to install and how to build it again, ORT's message after it,
+/// tidied of the C++ location and signature.
+#[test]
+fn a_missing_locale_is_an_actionable_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    write_classes(tmp.path());
+    let model = tmp.path().join("_impossible/missing_locale.onnx");
+    let cache = tmp.path().join("cache");
+    let err = build_fails(&model, &cache);
     for want in [
         "StringNormalizer needs the locale `xx_XX.UTF-8`",
         "locale-gen xx_XX.UTF-8",
@@ -139,16 +144,7 @@ fn no_default_inputs_is_an_actionable_error() {
     write_classes(tmp.path());
     let model = tmp.path().join("_impossible/impossible.onnx");
     let cache = tmp.path().join("cache");
-    let out = trtcache([
-        "build".as_ref(),
-        "--backend".as_ref(),
-        "ort-cpu".as_ref(),
-        "--cache-dir".as_ref(),
-        cache.as_os_str(),
-        model.as_os_str(),
-    ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = build_fails(&model, &cache);
     for want in [
         "no default validation inputs",
         "`x` axis 0 `n`",
