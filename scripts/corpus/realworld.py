@@ -608,11 +608,11 @@ def tabular_models(dest, only, skipped):
         skipped.append(f"catboost models: {e}")
     else:
         for name, est, target in [
-            ("catboost_classifier", catboost.CatBoostClassifier(iterations=10, depth=3, verbose=False, random_seed=0), y),
-            ("catboost_multiclass", catboost.CatBoostClassifier(iterations=10, depth=3, verbose=False, random_seed=0,
+            ("catboost_classifier", catboost.CatBoostClassifier(iterations=10, depth=3, verbose=False, random_seed=0, allow_writing_files=False), y),
+            ("catboost_multiclass", catboost.CatBoostClassifier(iterations=10, depth=3, verbose=False, random_seed=0, allow_writing_files=False,
                                                                  loss_function="MultiClass"),
              np.minimum((X[:, 0] * 3).astype(int), 2)),
-            ("catboost_regressor", catboost.CatBoostRegressor(iterations=10, depth=3, verbose=False, random_seed=0), X[:, 1] * 2),
+            ("catboost_regressor", catboost.CatBoostRegressor(iterations=10, depth=3, verbose=False, random_seed=0, allow_writing_files=False), X[:, 1] * 2),
         ]:
             if not want(name):
                 continue

@@ -11,32 +11,22 @@
 //! MatMul and Gemm (the inner dimension), Conv and ConvTranspose (channels), LSTM, GRU and
 //! RNN (the input size), the normalizations (their channels) and elementwise ops with a
 //! weight (its dimensions over 1). An axis given two different sizes gets none.
+//! Also the sizes the graph records in the shapes it builds ([`recorded`]), which the search
+//! tries for free axes after its own.
 
 use std::collections::{BTreeMap, HashMap};
 
 use super::search::{leaves, unnamed, Axis};
 use crate::analysis::facts::tensor_ints;
+use crate::onnx::attr;
 use crate::onnx::facts::{shape_of, Dim};
 use crate::onnx::proto::{GraphProto, NodeProto, TensorProto};
-use crate::onnx::{attr, Model};
 
 /// An input axis, by input name and position.
 pub(super) type InputAxis = (String, usize);
 
 /// Where each axis of a value comes from: a dynamic input axis, or nothing known.
 type Origins = Vec<Option<InputAxis>>;
-
-/// The sizes the graph fixes for dynamic input axes (see the module docs). Empty when the
-/// model does not load or nothing is fixed.
-pub(super) fn graph_pins(model: &std::path::Path) -> BTreeMap<InputAxis, i64> {
-    match Model::load(model) {
-        Ok(m) => pins(m.graph()),
-        Err(e) => {
-            tracing::debug!(error = %e, "no graph pins: the model does not load");
-            BTreeMap::new()
-        }
-    }
-}
 
 /// The graph's constant values by name: its initializers and its Constant nodes' `value`s.
 fn constants(g: &GraphProto) -> HashMap<&str, &TensorProto> {
@@ -51,7 +41,8 @@ fn constants(g: &GraphProto) -> HashMap<&str, &TensorProto> {
         .collect()
 }
 
-/// [`graph_pins`] on a graph.
+/// The sizes the graph fixes for dynamic input axes (see the module docs); empty when
+/// nothing is fixed.
 pub(super) fn pins(g: &GraphProto) -> BTreeMap<InputAxis, i64> {
     let weights = constants(g);
     let mut at: HashMap<&str, Origins> = HashMap::new();
@@ -132,18 +123,14 @@ impl Found<InputAxis> {
     }
 }
 
-/// [`graph_pins`] as the search's leaves ([`super::search::candidates`]): an unnamed axis's
-/// own leaf or a plain symbol (shared by every axis that names it, which must then agree);
-/// axes named by an expression and leaves `bound` already sizes are left out.
+/// [`pins`] as the search's leaves ([`super::search::candidates`]): an unnamed axis's own
+/// leaf or a plain symbol (shared by every axis that names it, which must then agree); axes
+/// named by an expression and leaves `bound` already sizes are left out.
 pub(super) fn leaf_pins(
-    model: &std::path::Path,
+    pins: &BTreeMap<InputAxis, i64>,
     axes: &[Axis],
     bound: &BTreeMap<String, i64>,
 ) -> BTreeMap<String, i64> {
-    if axes.is_empty() {
-        return BTreeMap::new();
-    }
-    let pins = graph_pins(model);
     let mut found = Found::default();
     for a in axes {
         let Some(&size) = pins.get(&(a.input.clone(), a.axis)) else {
@@ -163,24 +150,16 @@ pub(super) fn leaf_pins(
     found.into_pins()
 }
 
+/// Most recorded sizes the search tries.
+pub(super) const MAX_RECORDED: usize = 6;
+
 /// Sizes the graph records in the shapes it builds: the integers of the small constants that
 /// reach a Reshape's, Expand's, Tile's, ConstantOfShape's or Resize's shape input (through
 /// Concat, Unsqueeze, Squeeze, Cast, Identity). An exporter that traced the model at some
 /// size and kept it in a shape (torch's legacy exporter and `nn.MultiheadAttention`: a
 /// Reshape to `[10, batch·heads, 8]` for a sequence declared dynamic) runs at that size only.
 /// Values from 2 to 4,096 that the search does not try anyway, most often seen first, at
-/// most [`MAX_RECORDED`]. Empty when the model does not load.
-pub(super) fn recorded_sizes(model: &std::path::Path) -> Vec<i64> {
-    match Model::load(model) {
-        Ok(m) => recorded(m.graph()),
-        Err(_) => Vec::new(),
-    }
-}
-
-/// Most recorded sizes the search tries.
-pub(super) const MAX_RECORDED: usize = 6;
-
-/// [`recorded_sizes`] of a graph.
+/// most [`MAX_RECORDED`].
 pub(super) fn recorded(g: &GraphProto) -> Vec<i64> {
     let consts = constants(g);
     let producer: HashMap<&str, &NodeProto> = g

@@ -235,7 +235,7 @@ pub(super) fn candidates(
             }
         });
     }
-    // Sizes the graph records in the shapes it builds (`pins::recorded_sizes`: an exporter
+    // Sizes the graph records in the shapes it builds (`pins::recorded`: an exporter
     // that kept a traced sequence length in a Reshape), for every non-batch dimension.
     for &s in recorded {
         push(

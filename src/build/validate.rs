@@ -381,8 +381,9 @@ fn reference_inputs(
             }
         }
     }
-    let cands = with_graph_pins(model, &axes, &bound);
-    let known = vocab::known_values(model);
+    let facts = GraphFacts::read(model);
+    let cands = with_graph_pins(&facts, &axes, &bound);
+    let known = facts.known;
     let mut tried: Vec<(String, String)> = Vec::new();
     for c in &cands {
         let mut shapes = BTreeMap::new();
@@ -425,17 +426,47 @@ fn reference_inputs(
     Err(no_inputs(model, &axes, &dynamic, &tried))
 }
 
+/// What the graph itself says about its inputs, from one load of the model: the sizes its
+/// weights fix and the sizes its shapes record ([`super::pins`]), and the values it names
+/// ([`super::vocab`]). Empty when the model does not load (the reference's own error says
+/// why).
+#[derive(Default)]
+struct GraphFacts {
+    pins: BTreeMap<(String, usize), i64>,
+    recorded: Vec<i64>,
+    known: BTreeMap<String, vocab::Known>,
+}
+
+impl GraphFacts {
+    fn read(model: &Path) -> Self {
+        match crate::onnx::Model::load(model) {
+            Ok(m) => {
+                let g = m.graph();
+                GraphFacts {
+                    pins: super::pins::pins(g),
+                    recorded: super::pins::recorded(g),
+                    known: vocab::known(g),
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "no graph facts for the default inputs: the model does not load");
+                GraphFacts::default()
+            }
+        }
+    }
+}
+
 /// The default candidates, first with the sizes the graph's weights fix for free axes
 /// ([`super::pins`]: an LSTM's input size, a MatMul's inner dimension) bound in every one,
 /// then the plain search (in case a pin is wrong), at most [`MAX_CANDIDATES`] in all.
-fn with_graph_pins(model: &Path, axes: &[Axis], bound: &BTreeMap<String, i64>) -> Vec<Candidate> {
-    let recorded = if axes.is_empty() {
-        Vec::new()
-    } else {
-        super::pins::recorded_sizes(model)
-    };
-    let plain = candidates(axes, bound, &recorded);
-    let pinned = super::pins::leaf_pins(model, axes, bound);
+fn with_graph_pins(
+    facts: &GraphFacts,
+    axes: &[Axis],
+    bound: &BTreeMap<String, i64>,
+) -> Vec<Candidate> {
+    let recorded = &facts.recorded;
+    let plain = candidates(axes, bound, recorded);
+    let pinned = super::pins::leaf_pins(&facts.pins, axes, bound);
     if pinned.is_empty() {
         return plain;
     }
@@ -447,7 +478,7 @@ fn with_graph_pins(model: &Path, axes: &[Axis], bound: &BTreeMap<String, i64>) -
     tracing::debug!(pins = %what, "sizes the graph's weights fix for free input axes");
     let mut with = bound.clone();
     with.extend(pinned);
-    let mut out: Vec<Candidate> = candidates(axes, &with, &recorded)
+    let mut out: Vec<Candidate> = candidates(axes, &with, recorded)
         .into_iter()
         .map(|mut c| {
             c.label = format!("{} (the weights fix {what})", c.label);
