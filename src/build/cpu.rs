@@ -521,10 +521,13 @@ fn exact_report(
     Ok(Some(report))
 }
 
-/// Whether every input of `session` is a tensor of fixed dimensions.
+/// Whether every input of `session` has one size only: a tensor of fixed dimensions, or a
+/// map (one sample, as DictVectorizer reads it: no batch to grow). A sequence's length is
+/// free, like a free dimension.
 fn static_inputs(session: &Session) -> bool {
     session.inputs().iter().all(|i| match i.dtype() {
         ort::value::ValueType::Tensor { shape, .. } => shape.iter().all(|&d| d > 0),
+        ort::value::ValueType::Map { .. } => true,
         _ => false,
     })
 }

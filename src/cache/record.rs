@@ -99,7 +99,7 @@ pub struct ThreadProbe {
     /// Validation inputs from the default search (a free dimension at the smallest size the
     /// model accepts): the same timing at inputs whose free dimensions are `factor` times
     /// those sizes, which one thread must also suit. Absent for golden inputs, a profile's
-    /// opt shapes and static-shape models (their inputs are what consumers feed).
+    /// opt shapes, static-shape models and map inputs (their inputs are what consumers feed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scaled: Option<ScaledProbe>,
 }

@@ -825,6 +825,26 @@ fn the_thread_probe_times_fed_inputs_and_scales_searched_ones() {
         v["record"]["validation"]["threads"]["scaled"].is_null(),
         "{v}"
     );
+    // A map input (scikit-learn's DictVectorizer): one sample whatever its keys, no batch to
+    // grow, so its validation inputs are what a consumer feeds too.
+    let dict = d.path().join("dict.onnx");
+    run_python(
+        "import sys, onnx\nfrom onnx import helper as h, TensorProto as T\n\
+         m = h.make_map_type_proto(T.STRING, h.make_tensor_type_proto(T.FLOAT, []))\n\
+         g = h.make_graph([h.make_node('DictVectorizer', ['f'], ['y'], domain='ai.onnx.ml', \
+         string_vocabulary=['age', 'height'])], 'dict', [h.make_value_info('f', m)], \
+         [h.make_tensor_value_info('y', T.FLOAT, [1, 2])])\n\
+         onnx.save(h.make_model(g, ir_version=8, opset_imports=[h.make_opsetid('', 13), \
+         h.make_opsetid('ai.onnx.ml', 3)]), sys.argv[1])",
+        &[&dict],
+    );
+    let (v, out) = build_json(&dict, &d.path().join("c7"), &lifted);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(thread_probe(&v).is_some(), "{v}");
+    assert!(
+        v["record"]["validation"]["threads"]["scaled"].is_null(),
+        "{v}"
+    );
     // A free dimension searched by the defaults (a batch of 1 says little of the batch a
     // consumer feeds): timed there and again with the batch scaled up (256 times, halved
     // until the inputs fit 16 MiB; the sequence stays), one thread only when it suits both.
