@@ -175,14 +175,22 @@ pub struct PrepackProbe {
     pub unpacked_run_us: f64,
     /// Runs timed each way (9 to 50: `build::validate::PROBE_MAX_RUNS`).
     pub runs: u32,
+    /// Fastest runs (with prepacking, without) of a second pair of fresh sessions, timed
+    /// only when the first pair's favour skipping prepacking, which then needs both pairs'
+    /// ([`PrepackProbe::unpacked_suits`] on each): one pair's fastest runs move by up to
+    /// ~10 % from the next pair's in the same process. Absent otherwise, and in records
+    /// before stop 36.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirm_run_us: Option<[f64; 2]>,
     /// The session without prepacking passed the artifact's validation too (same inputs,
     /// reference and tolerance): MLAS's kernels for unpacked weights need not sum in the
     /// same order as for packed ones, and consumers must get validated outputs either way.
-    /// Checked only when the timings favour skipping prepacking (absent otherwise).
+    /// Checked only when the timings (both pairs) favour skipping prepacking (absent
+    /// otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub validated: Option<bool>,
-    /// Prepacking buys the runs nothing and costs the session, and the session without it
-    /// passed validation ([`PrepackProbe::unpacked_suits`], [`PrepackProbe::validated`]):
+    /// Prepacking buys the runs nothing (both pairs of sessions) and costs the session, and
+    /// the session without it passed validation ([`PrepackProbe::unpacked_suits`], [`PrepackProbe::validated`]):
     /// consumers are told `session.disable_prepacking = 1`.
     pub disable: bool,
 }
