@@ -611,6 +611,18 @@ fn time_pairs(
     Ok((fastest(on_a), fastest(on_b), runs))
 }
 
+/// A warm-up run of `a` and of `b` on `inputs`, then [`time_pairs`].
+fn warm_pairs(
+    a: &mut Session,
+    b: &mut Session,
+    inputs: &validate::Inputs,
+    entry: &Path,
+) -> Result<(f64, f64, u32), BuildError> {
+    time_run(a, inputs, entry)?;
+    time_run(b, inputs, entry)?;
+    time_pairs(a, b, inputs, entry)
+}
+
 /// Times [`PrepackProbe::SESSIONS`] session creations of `entry` with its weights prepacked
 /// and without, alternating, then (after a warm-up run each) runs of the last of each on
 /// `inputs`, alternating ([`time_pairs`]); when the timings favour skipping
@@ -640,9 +652,7 @@ fn probe_prepack(
         drop(unpacked);
         unpacked = open(false, &mut unpacked_us)?;
     }
-    time_run(&mut packed, inputs, entry)?;
-    time_run(&mut unpacked, inputs, entry)?;
-    let (run_us, unpacked_run_us, runs) = time_pairs(&mut packed, &mut unpacked, inputs, entry)?;
+    let (run_us, unpacked_run_us, runs) = warm_pairs(&mut packed, &mut unpacked, inputs, entry)?;
     let (session_us, unpacked_session_us) = (fastest(packed_us), fastest(unpacked_us));
     drop(packed);
     let mut suits =
@@ -655,9 +665,7 @@ fn probe_prepack(
         drop(unpacked);
         let mut packed = open_artifact_with(rt, entry, threads, true)?;
         unpacked = open_artifact_with(rt, entry, threads, false)?;
-        time_run(&mut packed, inputs, entry)?;
-        time_run(&mut unpacked, inputs, entry)?;
-        let (again, unpacked_again, _) = time_pairs(&mut packed, &mut unpacked, inputs, entry)?;
+        let (again, unpacked_again, _) = warm_pairs(&mut packed, &mut unpacked, inputs, entry)?;
         drop(packed);
         confirm = Some([again, unpacked_again]);
         suits =
