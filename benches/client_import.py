@@ -3,7 +3,7 @@
 with pip (bytecode compiled) into a temp folder, imported in fresh processes pinned to one
 core after numpy and onnxruntime (what a consumer has loaded before), the trees alternating.
 
-    benches/client_import.py [--runs 21] [--core 0] TREE [TREE ...]
+    benches/client_import.py [--runs 21] [--core 0] [--no-gc] TREE [TREE ...]
 
 TREE: a folder holding the client's pyproject.toml (`clients/python`, or another checkout's,
 e.g. `git worktree add /tmp/old HEAD~1` then `/tmp/old/clients/python`). Prints per tree the
@@ -19,6 +19,9 @@ import tempfile
 CHILD = """
 import os, sys, time
 import numpy, onnxruntime
+if sys.argv[2] == "1":
+    import gc
+    gc.disable()
 sys.path.insert(0, sys.argv[1])
 t = time.perf_counter()
 import trtcache_client
@@ -32,6 +35,8 @@ def main():
     ap.add_argument("trees", nargs="+")
     ap.add_argument("--runs", type=int, default=21)
     ap.add_argument("--core", type=int, default=0)
+    ap.add_argument("--no-gc", action="store_true",
+                    help="Python's garbage collector off before the import (what a collection adds)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="trtcache-import-") as tmp:
         dirs = []
@@ -44,7 +49,7 @@ def main():
         for r in range(a.runs):
             order = range(len(dirs)) if r % 2 == 0 else reversed(range(len(dirs)))
             for i in order:
-                p = subprocess.run(["taskset", "-c", str(a.core), sys.executable, "-c", CHILD, dirs[i]],
+                p = subprocess.run(["taskset", "-c", str(a.core), sys.executable, "-c", CHILD, dirs[i], "1" if a.no_gc else "0"],
                                    capture_output=True, text=True, check=True)
                 got[i].append(float(p.stdout.strip().splitlines()[-1]))
         base = statistics.median(got[0])
