@@ -24,6 +24,9 @@
 //! **`conv-affine`**: see [`conv_affine`] (a scalar scale and shift after a Conv, folded into
 //! its weights and bias).
 //!
+//! **`conv-integer`**: see [`conv_integer`] (a dynamically quantized `ConvInteger` computed
+//! by a float Conv on the same integers).
+//!
 //! **`stft-as-conv`.** An `STFT` (opset 17) of a real float32 signal (`[batch, length]` or
 //! `[batch, length, 1]`) whose step is a constant and whose window (or frame length) is a
 //! constant of at most [`MAX_STFT_FRAME`] samples, and at most [`MAX_FFT_FRAME`] when that
@@ -41,6 +44,7 @@
 //! control-flow bodies are left alone.
 
 mod affine_conv;
+mod conv_integer;
 mod gelu;
 mod static_if;
 
@@ -62,6 +66,7 @@ pub const REWRITES: &[&str] = &[
     "gelu",
     "conv-affine",
     "affine-conv",
+    "conv-integer",
 ];
 
 /// Largest frame (window) length rewritten: the Conv's weights are `2·(n/2+1)·n` floats
@@ -94,8 +99,8 @@ struct Stft {
 }
 
 /// The model with every rewrite applied where it can be (`static-if` first, so the others
-/// see the branches it inlines; then `stft-as-conv`, `hardswish`, `gelu`, `conv-affine` and
-/// `affine-conv`); `None` when none applies.
+/// see the branches it inlines; then `stft-as-conv`, `hardswish`, `gelu`, `conv-affine`,
+/// `affine-conv` and `conv-integer`); `None` when none applies.
 pub fn apply(proto: &ModelProto) -> Option<Rewritten> {
     let mut applied = Vec::new();
     let inlined = static_if::static_if(proto, &mut applied);
@@ -104,7 +109,8 @@ pub fn apply(proto: &ModelProto) -> Option<Rewritten> {
     let model = hardswish(model.as_ref().unwrap_or(base), &mut applied).or(model);
     let model = gelu::gelu(model.as_ref().unwrap_or(base), &mut applied).or(model);
     let model = conv_affine(model.as_ref().unwrap_or(base), &mut applied).or(model);
-    let model = affine_conv::affine_conv(model.as_ref().unwrap_or(base), &mut applied)
+    let model = affine_conv::affine_conv(model.as_ref().unwrap_or(base), &mut applied).or(model);
+    let model = conv_integer::conv_integer(model.as_ref().unwrap_or(base), &mut applied)
         .or(model)
         .or(inlined)?;
     tracing::info!(?applied, "rewrote the graph before optimizing it");

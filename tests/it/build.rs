@@ -1316,7 +1316,7 @@ fn an_stft_is_built_as_a_conv_and_validated_against_an_exact_reference() {
     );
     assert_eq!(
         v["record"]["parts"]["options"]["rewrites"],
-        "static-if,stft-as-conv,hardswish,gelu,conv-affine,affine-conv",
+        "static-if,stft-as-conv,hardswish,gelu,conv-affine,affine-conv,conv-integer",
         "{v}"
     );
     let ops = artifact_ops(&v);
@@ -1515,7 +1515,7 @@ fn a_spelled_out_hard_swish_is_built_as_a_hard_sigmoid_gate() {
     );
     assert_eq!(
         v["record"]["parts"]["options"]["rewrites"],
-        "static-if,stft-as-conv,hardswish,gelu,conv-affine,affine-conv"
+        "static-if,stft-as-conv,hardswish,gelu,conv-affine,affine-conv,conv-integer"
     );
     let ops = artifact_ops(&v);
     assert!(
@@ -1525,4 +1525,30 @@ fn a_spelled_out_hard_swish_is_built_as_a_hard_sigmoid_gate() {
     let diff = artifact_diff(&m, &v, "1x8x6x6");
     assert!(diff < 1e-5, "max abs {diff}");
     assert!(ops_without_rewrites(&m, &d.path().join("cache2")).contains(&"Clip".into()));
+}
+
+#[test]
+fn a_dynamically_quantized_conv_is_built_as_a_float_conv() {
+    // DynamicQuantizeLinear → ConvInteger → Cast → Mul, as ONNX Runtime's quantize_dynamic
+    // writes a Conv (and with the int32 bias Add older versions wrote): the artifact computes
+    // the same integers in a float Conv, validated against the model as given, to float
+    // rounding; --no-rewrite keeps ConvInteger.
+    for bias_add in [false, true] {
+        let d = tempfile::tempdir().unwrap();
+        let m = d.path().join("qconv.onnx");
+        write(&models::conv_integer(bias_add, false), &m).unwrap();
+        let (v, out) = build_json(&m, &d.path().join("cache"), &[]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let val = &v["record"]["validation"];
+        assert_eq!(val["passed"], true, "{val}");
+        assert_eq!(
+            val["rewrites"][0], "conv-integer: 1 ConvInteger as a float Conv of the same integers",
+            "{val}"
+        );
+        let ops = artifact_ops(&v);
+        assert!(!ops.contains(&"ConvInteger".into()), "{ops:?}");
+        let diff = artifact_diff(&m, &v, "1x2x6x6");
+        assert!(diff < 1e-4, "bias_add {bias_add}: max abs {diff}");
+        assert!(ops_without_rewrites(&m, &d.path().join("cache2")).contains(&"ConvInteger".into()));
+    }
 }
