@@ -705,10 +705,10 @@ enum Scale {
     /// opt shapes, a static-shape model's only shapes).
     Fed,
     /// Inputs the default search sized: also the batch-scaled shapes
-    /// ([`validate::scaled_shapes`]; `None`: none fit), which one thread must suit too, and
+    /// ([`validate::scaled_shapes`]; `Err`: why there are none), which one thread must suit too, and
     /// the values the graph names for its inputs ([`super::vocab`]) to fill them with.
     Batch(
-        Option<(i64, validate::Shapes)>,
+        Result<(i64, validate::Shapes), String>,
         BTreeMap<String, super::vocab::Known>,
     ),
 }
@@ -746,12 +746,8 @@ fn probe_threads(
                 note: None,
             };
             match shaped {
-                None => {
-                    p.note = Some(
-                        "no batch dimension to scale up within the probe's byte budget".into(),
-                    );
-                }
-                Some((factor, shapes)) => {
+                Err(why) => p.note = Some(why),
+                Ok((factor, shapes)) => {
                     (p.factor, p.shapes) = (factor, shapes);
                     if fits {
                         time_scaled(&mut p, pooled, &mut single, entry, &known, cfg, cap)?;

@@ -260,13 +260,21 @@ pub(crate) fn random_inputs(
 /// dimensions: a batch scales a model's work and memory linearly, where a sequence or an
 /// image side changes what it computes (and attention's memory grows with its square). The
 /// factor halves until the inputs fit in [`THREAD_PROBE_SCALED_MAX_BYTES`] and
-/// `cfg.max_input_bytes`. `None` when no input has a batch dimension or no factor of 2 or
-/// more fits. The values are made only when they are timed ([`random_inputs`]).
+/// `cfg.max_input_bytes`. The values are made only when they are timed ([`random_inputs`]).
+///
+/// `Err` (why, for the record) when no input has a batch dimension, when no factor of 2 or
+/// more fits, or when a free dimension is not a batch (a sequence, an image side, an audio
+/// length): the search sized it at the smallest the model accepts (madmom_key_cnn's
+/// spectrogram at 1 × 1, where consumers feed 100 × 105), so neither timing says what a
+/// consumer's inputs cost, and one thread, no slower on a few elements, ran a real input
+/// twice as long on this project's two cores (and would run it up to a core count's times as
+/// long on a large host). Consumers then keep ONNX Runtime's pool; a profile or golden
+/// inputs make the probe time what they name instead.
 pub(crate) fn scaled_shapes(
     session: &Session,
     shapes: &Shapes,
     cfg: &ValidationConfig,
-) -> Option<(i64, Shapes)> {
+) -> Result<(i64, Shapes), String> {
     let mut axes = Vec::new();
     let mut tensors = Vec::new();
     for input in session.inputs() {
@@ -286,19 +294,30 @@ pub(crate) fn scaled_shapes(
         tensors.push((input.name(), input.dtype()));
     }
     let batch = batch_leaves(&axes);
-    let on: Vec<&Axis> = axes
-        .iter()
-        .filter(|a| {
-            let leaf = if a.symbol.is_empty() {
-                unnamed(a)
-            } else {
-                a.symbol.clone()
-            };
-            batch.contains(&leaf)
-        })
-        .collect();
+    let (on, off): (Vec<&Axis>, Vec<&Axis>) = axes.iter().partition(|a| {
+        let leaf = if a.symbol.is_empty() {
+            unnamed(a)
+        } else {
+            a.symbol.clone()
+        };
+        batch.contains(&leaf)
+    });
+    if let Some(a) = off.first() {
+        let size = shapes.get(&a.input).and_then(|d| d.get(a.axis)).copied();
+        let name = if a.symbol.is_empty() {
+            String::new()
+        } else {
+            format!(" (`{}`)", a.symbol)
+        };
+        return Err(format!(
+            "input `{}` axis {}{name} is free and not a batch: the size consumers feed is unknown (the search's {}), so one thread is not advised; a profile or golden inputs make the probe time what they name",
+            a.input,
+            a.axis,
+            size.map_or_else(|| "?".to_string(), |s| s.to_string())
+        ));
+    }
     if on.is_empty() {
-        return None;
+        return Err("no batch dimension to scale up".into());
     }
     let cap = THREAD_PROBE_SCALED_MAX_BYTES.min(cfg.max_input_bytes);
     let mut factor = THREAD_PROBE_SCALE;
@@ -313,11 +332,11 @@ pub(crate) fn scaled_shapes(
             t.checked_add(input_bytes(vt, scaled.get(*name)?)?)
         });
         if total.is_some_and(|t| t <= cap) {
-            return Some((factor, scaled));
+            return Ok((factor, scaled));
         }
         factor /= 2;
     }
-    None
+    Err("no batch dimension to scale up within the probe's byte budget".into())
 }
 
 /// Finds inputs the reference accepts and its outputs on them: the golden file when one is

@@ -97,8 +97,9 @@ pub struct ThreadProbe {
     /// `intra_op_num_threads = 1`.
     pub single: bool,
     /// Validation inputs from the default search (a free dimension at the smallest size the
-    /// model accepts): the same timing at inputs whose free dimensions are `factor` times
-    /// those sizes, which one thread must also suit. Absent for golden inputs, a profile's
+    /// model accepts): the same timing at inputs whose batch dimensions are `factor` times
+    /// those sizes, which one thread must also suit; not timed (a `note` says why, and the
+    /// pool is kept) when another dimension is free. Absent for golden inputs, a profile's
     /// opt shapes, static-shape models and map inputs (their inputs are what consumers feed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scaled: Option<ScaledProbe>,
@@ -119,8 +120,9 @@ pub struct ScaledProbe {
     /// Runs timed each way (absent when not timed, and in records before stop 35: 9).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runs: Option<u32>,
-    /// Why it was not timed, or stopped: the model refused the inputs, or one run took
-    /// longer than the probe's budget. One thread is then not advised.
+    /// Why it was not timed, or stopped: a free dimension that is not a batch, no batch to
+    /// scale, the model refused the inputs, or one run took longer than the probe's budget.
+    /// One thread is then not advised.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
 }

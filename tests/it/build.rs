@@ -845,25 +845,25 @@ fn the_thread_probe_times_fed_inputs_and_scales_searched_ones() {
         v["record"]["validation"]["threads"]["scaled"].is_null(),
         "{v}"
     );
-    // A free dimension searched by the defaults (a batch of 1 says little of the batch a
+    // A free batch searched by the defaults (a batch of 1 says little of the batch a
     // consumer feeds): timed there and again with the batch scaled up (256 times, halved
-    // until the inputs fit 16 MiB; the sequence stays), one thread only when it suits both.
-    let free = d.path().join("enc.onnx");
-    write(&models::tiny_encoder(false), &free).unwrap();
-    let (v, out) = build_json(&free, &d.path().join("c2"), &lifted);
+    // until the inputs fit 16 MiB), one thread only when it suits both.
+    let batch = d.path().join("batch.onnx");
+    write(&models::erf_gelu_grouped(), &batch).unwrap();
+    let (v, out) = build_json(&batch, &d.path().join("c2"), &lifted);
     assert!(out.status.success(), "{}", stderr(&out));
     let (d0, s0, _) = thread_probe(&v).expect("timed");
     let val = &v["record"]["validation"];
     let scaled = &val["threads"]["scaled"];
     let factor = scaled["factor"].as_i64().unwrap();
-    let [b, t, h] = [0, 1, 2].map(|i| val["shapes"]["x"][i].as_i64().unwrap());
+    let [b, h] = [0, 1].map(|i| val["shapes"]["x"][i].as_i64().unwrap());
     assert!((2..=256).contains(&factor), "{scaled}");
     assert_eq!(
         scaled["shapes"]["x"],
-        serde_json::json!([b * factor, t, h]),
+        serde_json::json!([b * factor, h]),
         "{scaled}"
     );
-    assert!(b * factor * t * h * 4 <= 16 << 20, "{scaled}");
+    assert!(b * factor * h * 4 <= 16 << 20, "{scaled}");
     if trtcache::cache::ThreadProbe::single_suits(d0, s0) {
         assert!(scaled["default_us"].as_f64().unwrap() > 0.0, "{scaled}");
     } else {
@@ -872,6 +872,24 @@ fn the_thread_probe_times_fed_inputs_and_scales_searched_ones() {
             "{scaled}"
         );
     }
+    // A free dimension that is not a batch (the encoder's sequence): the search's size says
+    // nothing of what consumers feed, so the pool is kept whatever the timings, and the
+    // record says which dimension.
+    let free = d.path().join("enc.onnx");
+    write(&models::tiny_encoder(false), &free).unwrap();
+    let (v, out) = build_json(&free, &d.path().join("c8"), &lifted);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (_, _, single) = thread_probe(&v).expect("timed");
+    assert!(!single, "{v}");
+    let scaled = &v["record"]["validation"]["threads"]["scaled"];
+    assert!(scaled["default_us"].is_null(), "{scaled}");
+    assert!(
+        scaled["note"]
+            .as_str()
+            .unwrap()
+            .contains("input `x` axis 1 (`seq`) is free and not a batch"),
+        "{scaled}"
+    );
     // The same model on golden inputs, or at a profile's opt shapes: timed on those.
     let g = d.path().join("golden.npz");
     run_python(
