@@ -24,8 +24,8 @@
 //! **`conv-affine`**: see [`conv_affine`] (a scalar scale and shift after a Conv, folded into
 //! its weights and bias).
 //!
-//! **`conv-integer`**: see [`conv_integer`] (a dynamically quantized `ConvInteger` computed
-//! by a float Conv on the same integers).
+//! **`conv-integer-uint8`**: see [`conv_integer`] (a `ConvInteger`'s int8 weights given as the
+//! same integers in uint8, which ONNX Runtime runs 3.5–8× faster).
 //!
 //! **`stft-as-conv`.** An `STFT` (opset 17) of a real float32 signal (`[batch, length]` or
 //! `[batch, length, 1]`) whose step is a constant and whose window (or frame length) is a
@@ -66,7 +66,7 @@ pub const REWRITES: &[&str] = &[
     "gelu",
     "conv-affine",
     "affine-conv",
-    "conv-integer",
+    "conv-integer-uint8",
 ];
 
 /// Largest frame (window) length rewritten: the Conv's weights are `2·(n/2+1)·n` floats
@@ -100,7 +100,7 @@ struct Stft {
 
 /// The model with every rewrite applied where it can be (`static-if` first, so the others
 /// see the branches it inlines; then `stft-as-conv`, `hardswish`, `gelu`, `conv-affine`,
-/// `affine-conv` and `conv-integer`); `None` when none applies.
+/// `affine-conv` and `conv-integer-uint8`); `None` when none applies.
 pub fn apply(proto: &ModelProto) -> Option<Rewritten> {
     let mut applied = Vec::new();
     let inlined = static_if::static_if(proto, &mut applied);

@@ -1334,7 +1334,7 @@ fn an_stft_is_built_as_a_conv_and_validated_against_an_exact_reference() {
     );
     assert_eq!(
         v["record"]["parts"]["options"]["rewrites"],
-        "static-if,stft-as-conv,hardswish,gelu,conv-affine,affine-conv,conv-integer",
+        "static-if,stft-as-conv,hardswish,gelu,conv-affine,affine-conv,conv-integer-uint8",
         "{v}"
     );
     let ops = artifact_ops(&v);
@@ -1533,7 +1533,7 @@ fn a_spelled_out_hard_swish_is_built_as_a_hard_sigmoid_gate() {
     );
     assert_eq!(
         v["record"]["parts"]["options"]["rewrites"],
-        "static-if,stft-as-conv,hardswish,gelu,conv-affine,affine-conv,conv-integer"
+        "static-if,stft-as-conv,hardswish,gelu,conv-affine,affine-conv,conv-integer-uint8"
     );
     let ops = artifact_ops(&v);
     assert!(
@@ -1546,11 +1546,18 @@ fn a_spelled_out_hard_swish_is_built_as_a_hard_sigmoid_gate() {
 }
 
 #[test]
-fn a_dynamically_quantized_conv_is_built_as_a_float_conv() {
-    // DynamicQuantizeLinear → ConvInteger → Cast → Mul, as ONNX Runtime's quantize_dynamic
-    // writes a Conv (and with the int32 bias Add older versions wrote): the artifact computes
-    // the same integers in a float Conv, validated against the model as given, to float
-    // rounding; --no-rewrite keeps ConvInteger.
+fn a_dynamically_quantized_convs_int8_weights_are_built_as_uint8() {
+    // DynamicQuantizeLinear → ConvInteger (int8 weights) → Cast → Mul, as ONNX Runtime's
+    // quantize_dynamic writes a Conv (and with the int32 bias Add older versions wrote): the
+    // artifact's ConvInteger takes the same integers as uint8 (w + 128, zero point + 128), so
+    // its outputs are exactly the model's; --no-rewrite keeps the int8 weights.
+    const WEIGHT_TYPES: &str = r#"
+import sys, onnx
+m = onnx.load(sys.argv[1])
+g = m.graph
+inits = {t.name: t.data_type for t in g.initializer}
+print(",".join(str(inits.get(n.input[1])) for n in g.node if n.op_type == "ConvInteger"))
+"#;
     for bias_add in [false, true] {
         let d = tempfile::tempdir().unwrap();
         let m = d.path().join("qconv.onnx");
@@ -1560,13 +1567,21 @@ fn a_dynamically_quantized_conv_is_built_as_a_float_conv() {
         let val = &v["record"]["validation"];
         assert_eq!(val["passed"], true, "{val}");
         assert_eq!(
-            val["rewrites"][0], "conv-integer: 1 ConvInteger as a float Conv of the same integers",
+            val["rewrites"][0],
+            "conv-integer-uint8: 1 ConvInteger with int8 weights given them as uint8 (+128, the same integers)",
             "{val}"
         );
-        let ops = artifact_ops(&v);
-        assert!(!ops.contains(&"ConvInteger".into()), "{ops:?}");
+        let entry = Path::new(v["artifact"]["entry"].as_str().unwrap()).to_path_buf();
+        // uint8 (2) in the artifact, int8 (3) without the rewrite.
+        assert_eq!(run_python(WEIGHT_TYPES, &[&entry]).trim(), "2", "{v}");
         let diff = artifact_diff(&m, &v, "1x2x6x6");
-        assert!(diff < 1e-4, "bias_add {bias_add}: max abs {diff}");
-        assert!(ops_without_rewrites(&m, &d.path().join("cache2")).contains(&"ConvInteger".into()));
+        assert_eq!(
+            diff, 0.0,
+            "bias_add {bias_add}: the same integers, the same outputs"
+        );
+        let (v, out) = build_json(&m, &d.path().join("cache2"), &["--no-rewrite"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let entry = Path::new(v["artifact"]["entry"].as_str().unwrap()).to_path_buf();
+        assert_eq!(run_python(WEIGHT_TYPES, &[&entry]).trim(), "3", "{v}");
     }
 }
