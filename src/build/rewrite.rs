@@ -25,7 +25,7 @@
 //! its weights and bias).
 //!
 //! **`conv-integer-uint8`**: see [`conv_integer`] (a `ConvInteger`'s int8 weights given as the
-//! same integers in uint8, which ONNX Runtime runs 3.5–8× faster).
+//! same integers in uint8, which ONNX Runtime runs about 4–5× faster).
 //!
 //! **`stft-as-conv`.** An `STFT` (opset 17) of a real float32 signal (`[batch, length]` or
 //! `[batch, length, 1]`) whose step is a constant and whose window (or frame length) is a

@@ -58,7 +58,7 @@ pub struct BuildOptionArgs {
     /// elementwise ops becomes HardSigmoid + Mul; an erf GELU spelled out in five becomes
     /// com.microsoft.Gelu; a scalar Mul/Add after or before a Conv is
     /// folded into its weights; a ConvInteger's int8 weights are given as the same integers
-    /// in uint8, which ONNX Runtime runs 3.5-8x faster; docs/cache.md "Graph rewrites"). A
+    /// in uint8, which ONNX Runtime runs about 4-5x faster; docs/cache.md "Graph rewrites"). A
     /// rewritten artifact that misses the tolerance is built again without them anyway.
     #[arg(long)]
     pub no_rewrite: bool,

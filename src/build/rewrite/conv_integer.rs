@@ -1,10 +1,10 @@
 //! **`conv-integer-uint8`**: a `ConvInteger` whose weights are int8 constants gets the same weights
 //! as uint8, `w + 128` with the zero point `w_zp + 128` (128 when it had none). Every product
 //! `(x − x_zp)·(w − w_zp)` is the same integer, so the int32 result is identical, bit for bit.
-//! ONNX Runtime 1.31 runs `ConvInteger` with int8 weights 3.5–8× slower than with uint8 ones,
-//! which run as fast as its float Conv (this project's machines, one conv each: `[192, 48, 3,
-//! 3]` on 16 × 40, 3.53 against 0.44 ms; `[64, 64, 3, 3]` on 56 × 56, 4.53 against 1.07 ms; a
-//! 1-D `[64, 64, 11]` on 2,048 samples, 3.76 against 0.75 ms). ONNX Runtime's own dynamic
+//! ONNX Runtime 1.31 runs `ConvInteger` with int8 weights about 4–5× slower than with uint8
+//! ones, which run as fast as its float Conv (`benches/conv_integer.py`, one conv each, pinned:
+//! `[192, 48, 3, 3]` on 16 × 40, 1.68 against 0.42 ms; `[64, 64, 3, 3]` on 56 × 56, 4.29
+//! against 1.07 ms; a 1-D `[64, 64, 11]` on 2,048 samples, 3.57 against 0.73 ms). ONNX Runtime's own dynamic
 //! quantization (`quantize_dynamic`, int8 weights by default) writes every Conv as
 //! `DynamicQuantizeLinear → ConvInteger`: hifigan_int8's 74 took 133 ms of a 146 ms run.
 //!
