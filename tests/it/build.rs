@@ -1276,6 +1276,17 @@ fn artifact_diff(model: &Path, v: &Value, shape: &str) -> f64 {
         .unwrap()
 }
 
+/// Builds `model` into `cache` with the defaults and checks the build validated and that its
+/// first rewrite is `rewrite` (the record's `validation.rewrites`); returns the JSON.
+fn build_rewritten(model: &Path, cache: &Path, rewrite: &str) -> Value {
+    let (v, out) = build_json(model, cache, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let val = &v["record"]["validation"];
+    assert_eq!(val["passed"], true, "{val}");
+    assert_eq!(val["rewrites"][0], rewrite, "{val}");
+    v
+}
+
 /// Op types of `model`'s artifact built with `--no-rewrite` into `cache`.
 fn ops_without_rewrites(model: &Path, cache: &Path) -> Vec<String> {
     let (v, out) = build_json(model, cache, &["--no-rewrite"]);
@@ -1419,14 +1430,10 @@ fn a_scalar_affine_after_a_conv_is_built_into_the_conv() {
     let d = tempfile::tempdir().unwrap();
     let m = d.path().join("affine.onnx");
     write(&models::conv_affine(true, true, true), &m).unwrap();
-    let (v, out) = build_json(&m, &d.path().join("cache"), &[]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let val = &v["record"]["validation"];
-    assert_eq!(val["passed"], true, "{val}");
-    assert_eq!(
-        val["rewrites"][0],
+    let v = build_rewritten(
+        &m,
+        &d.path().join("cache"),
         "conv-affine: 1 scalar Mul/Add after a Conv folded into its weights and bias",
-        "{val}"
     );
     let ops = artifact_ops(&v);
     assert!(
@@ -1500,13 +1507,10 @@ fn an_erf_gelu_onnx_runtime_does_not_fuse_is_built_as_one_gelu() {
     let d = tempfile::tempdir().unwrap();
     let m = d.path().join("gelu.onnx");
     write(&models::erf_gelu_grouped(), &m).unwrap();
-    let (v, out) = build_json(&m, &d.path().join("cache"), &[]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let val = &v["record"]["validation"];
-    assert_eq!(val["passed"], true, "{val}");
-    assert_eq!(
-        val["rewrites"][0], "gelu: 1 x·½·(1 + erf(x/√2)) as com.microsoft.Gelu",
-        "{val}"
+    let v = build_rewritten(
+        &m,
+        &d.path().join("cache"),
+        "gelu: 1 x·½·(1 + erf(x/√2)) as com.microsoft.Gelu",
     );
     let ops = artifact_ops(&v);
     assert!(!ops.contains(&"Erf".into()), "{ops:?}");
@@ -1522,15 +1526,12 @@ fn a_spelled_out_hard_swish_is_built_as_a_hard_sigmoid_gate() {
     let d = tempfile::tempdir().unwrap();
     let m = d.path().join("hs.onnx");
     write(&models::hard_swish(false), &m).unwrap();
-    let (v, out) = build_json(&m, &d.path().join("cache"), &[]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let val = &v["record"]["validation"];
-    assert_eq!(val["passed"], true, "{val}");
-    assert!(val.get("reference").is_none(), "{val}");
-    assert_eq!(
-        val["rewrites"][0], "hardswish: 1 x·clip(x+3, 0, 6)/6 as Mul(x, HardSigmoid(x))",
-        "{val}"
+    let v = build_rewritten(
+        &m,
+        &d.path().join("cache"),
+        "hardswish: 1 x·clip(x+3, 0, 6)/6 as Mul(x, HardSigmoid(x))",
     );
+    assert!(v["record"]["validation"].get("reference").is_none(), "{v}");
     assert_eq!(
         v["record"]["parts"]["options"]["rewrites"],
         "static-if,stft-as-conv,hardswish,gelu,conv-affine,affine-conv,conv-integer-uint8"
@@ -1562,14 +1563,10 @@ print(",".join(str(inits.get(n.input[1])) for n in g.node if n.op_type == "ConvI
         let d = tempfile::tempdir().unwrap();
         let m = d.path().join("qconv.onnx");
         write(&models::conv_integer(bias_add, false), &m).unwrap();
-        let (v, out) = build_json(&m, &d.path().join("cache"), &[]);
-        assert!(out.status.success(), "{}", stderr(&out));
-        let val = &v["record"]["validation"];
-        assert_eq!(val["passed"], true, "{val}");
-        assert_eq!(
-            val["rewrites"][0],
+        let v = build_rewritten(
+            &m,
+            &d.path().join("cache"),
             "conv-integer-uint8: 1 ConvInteger with int8 weights given them as uint8 (+128, the same integers)",
-            "{val}"
         );
         let entry = Path::new(v["artifact"]["entry"].as_str().unwrap()).to_path_buf();
         // uint8 (2) in the artifact, int8 (3) without the rewrite.
