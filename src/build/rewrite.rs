@@ -609,10 +609,7 @@ fn inline_floats(t: &TensorProto) -> Option<Vec<f32>> {
     if ElemType::from_code(t.data_type) != ElemType::Float32 || !t.external_data.is_empty() {
         return None;
     }
-    let n = t
-        .dims
-        .iter()
-        .try_fold(1usize, |acc, &d| acc.checked_mul(usize::try_from(d).ok()?))?;
+    let n = usize::try_from(crate::onnx::load::numel(&t.dims)?).ok()?;
     let v: Vec<f32> = if t.raw_data.is_empty() {
         t.float_data.clone()
     } else {

@@ -133,10 +133,7 @@ fn int8s(t: &TensorProto) -> Option<Vec<i8>> {
     if ElemType::from_code(t.data_type) != ElemType::Int8 || !t.external_data.is_empty() {
         return None;
     }
-    let n = t
-        .dims
-        .iter()
-        .try_fold(1usize, |acc, &d| acc.checked_mul(usize::try_from(d).ok()?))?;
+    let n = usize::try_from(crate::onnx::load::numel(&t.dims)?).ok()?;
     let v: Vec<i8> = if t.raw_data.is_empty() {
         t.int32_data
             .iter()
