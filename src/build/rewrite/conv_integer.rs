@@ -227,7 +227,7 @@ pub(super) fn grouped_float(proto: &ModelProto, applied: &mut Vec<String>) -> Op
         // 255 · max|w − w_zp| in magnitude.
         let window: i64 = wt.dims[1..].iter().product();
         let widest = wv.iter().map(|&v| (v - wzp).abs()).max().unwrap_or(0);
-        if window.saturating_mul(255).saturating_mul(i64::from(widest)) >= EXACT_F32 {
+        if window.saturating_mul(255).saturating_mul(widest) >= EXACT_F32 {
             continue;
         }
         let unread = [Some(w), input(3)]
