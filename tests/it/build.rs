@@ -1345,7 +1345,7 @@ fn an_stft_is_built_as_a_conv_and_validated_against_an_exact_reference() {
     );
     assert_eq!(
         v["record"]["parts"]["options"]["rewrites"],
-        "static-if,stft-as-conv,hardswish,gelu,conv-affine,affine-conv,conv-integer-grouped-float,conv-integer-uint8",
+        "static-if,stft-as-conv,hardswish,gelu,conv-affine,affine-conv,conv-integer-depthwise-float,conv-integer-uint8",
         "{v}"
     );
     let ops = artifact_ops(&v);
@@ -1534,7 +1534,7 @@ fn a_spelled_out_hard_swish_is_built_as_a_hard_sigmoid_gate() {
     assert!(v["record"]["validation"].get("reference").is_none(), "{v}");
     assert_eq!(
         v["record"]["parts"]["options"]["rewrites"],
-        "static-if,stft-as-conv,hardswish,gelu,conv-affine,affine-conv,conv-integer-grouped-float,conv-integer-uint8"
+        "static-if,stft-as-conv,hardswish,gelu,conv-affine,affine-conv,conv-integer-depthwise-float,conv-integer-uint8"
     );
     let ops = artifact_ops(&v);
     assert!(
@@ -1548,16 +1548,16 @@ fn a_spelled_out_hard_swish_is_built_as_a_hard_sigmoid_gate() {
 
 #[test]
 fn a_dynamically_quantized_grouped_conv_is_built_as_an_exact_float_conv() {
-    // A grouped ConvInteger (depthwise in MobileNet and EfficientNet after quantize_dynamic):
+    // A depthwise ConvInteger (MobileNet's and EfficientNet's after quantize_dynamic):
     // the artifact computes the same integers with a float Conv and casts them back, so its
     // outputs are exactly the model's; --no-rewrite keeps the ConvInteger.
     let d = tempfile::tempdir().unwrap();
     let m = d.path().join("qconv_grouped.onnx");
-    write(&models::conv_integer_grouped(), &m).unwrap();
+    write(&models::conv_integer_grouped(1), &m).unwrap();
     let v = build_rewritten(
         &m,
         &d.path().join("cache"),
-        "conv-integer-grouped-float: 1 grouped ConvInteger computed by a float Conv of the same integers (exact: every window's sum under 2^24)",
+        "conv-integer-depthwise-float: 1 depthwise ConvInteger computed by a float Conv of the same integers (exact: every window's sum under 2^24)",
     );
     assert_eq!(
         v["record"]["validation"]["rewrites"]
@@ -1570,7 +1570,7 @@ fn a_dynamically_quantized_grouped_conv_is_built_as_an_exact_float_conv() {
     let ops = artifact_ops(&v);
     assert!(!ops.contains(&"ConvInteger".into()), "{ops:?}");
     assert_eq!(
-        artifact_diff(&m, &v, "1x4x6x6"),
+        artifact_diff(&m, &v, "1x8x6x6"),
         0.0,
         "the same integers, the same outputs"
     );

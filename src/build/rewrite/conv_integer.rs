@@ -16,18 +16,20 @@
 //! Enters: a decoded [`ModelProto`]. Leaves: the model with every such `ConvInteger`'s weights
 //! given as uint8 and one line in `applied`; `None` when there is none.
 //!
-//! **`conv-integer-grouped-float`** ([`grouped_float`], applied first): a grouped or depthwise
-//! `ConvInteger` (`group` > 1) becomes `DequantizeLinear(x, 1, x_zp) → Conv → Cast(int32)`,
-//! the `Conv`'s weights the constant `w − w_zp` in float32. ONNX Runtime 1.31 runs a grouped
-//! `ConvInteger` as one small integer GEMM per group, whatever the weights' type; its float
-//! `Conv` has a depthwise kernel, 1.4–12× faster on the depthwise shapes of MobileNetV3 and
-//! EfficientNet (`benches/conv_integer.py --grouped`). Exact: every product of two values of
-//! at most 255 in magnitude is an integer, and the rewrite is taken only where no sum of a
-//! window's `(C / group)·k` products can reach 2²⁴ in magnitude (`(C / group)·k · 255 ·
-//! max|w − w_zp| < 2²⁴`), so float32 holds every partial sum exactly, in any order, and the
-//! cast gives back the int32 result bit for bit. A plain (`group` 1) `ConvInteger` keeps its
-//! integers (`conv-integer-uint8`): the float form is no faster there and takes four times
-//! the weights' bytes.
+//! **`conv-integer-depthwise-float`** ([`depthwise_float`], applied first): a depthwise
+//! `ConvInteger` (`group` > 1, one input channel per group) becomes
+//! `DequantizeLinear(x, 1, x_zp) → Conv → Cast(int32)`, the `Conv`'s weights the constant
+//! `w − w_zp` in float32. ONNX Runtime 1.31 runs a grouped `ConvInteger` as one small integer
+//! GEMM per group, whatever the weights' type; its float `Conv` has a depthwise kernel,
+//! 1.5–16× faster on the depthwise shapes of MobileNetV3 and EfficientNet, one thread or its
+//! pool (`benches/conv_integer.py --grouped`). Exact: every product of two values of at most
+//! 255 in magnitude is an integer, and the rewrite is taken only where no sum of a window's
+//! `k` products can reach 2²⁴ in magnitude (`k · 255 · max|w − w_zp| < 2²⁴`), so float32
+//! holds every partial sum exactly, in any order, and the cast gives back the int32 result
+//! bit for bit. A plain (`group` 1) `ConvInteger` keeps its integers (`conv-integer-uint8`):
+//! the float form is no faster there and takes four times the weights' bytes; nor is it
+//! reliably faster for groups of several channels (ResNeXt's 4: 0.67× on one thread, 2.3× on
+//! the pool), which are left to `conv-integer-uint8` too.
 //!
 //! Left alone besides what `conv-integer-uint8` leaves: an input zero point that is neither
 //! `DynamicQuantizeLinear`'s nor a one-element constant, and windows too long to be exact.
@@ -141,8 +143,8 @@ pub(super) fn conv_integer(proto: &ModelProto, applied: &mut Vec<String>) -> Opt
 /// Sums of products of 8-bit values below this magnitude are exact in float32 (24 bits).
 const EXACT_F32: i64 = 1 << 24;
 
-/// One grouped `ConvInteger` taken for the float form.
-struct Grouped {
+/// One depthwise `ConvInteger` taken for the float form.
+struct Depthwise {
     conv: usize,
     /// `w − w_zp` as float32, in the weight's shape.
     weights: Vec<f32>,
@@ -158,7 +160,7 @@ enum ZeroPoint {
     Value(ElemType, u8),
 }
 
-pub(super) fn grouped_float(proto: &ModelProto, applied: &mut Vec<String>) -> Option<ModelProto> {
+pub(super) fn depthwise_float(proto: &ModelProto, applied: &mut Vec<String>) -> Option<ModelProto> {
     let g: &GraphProto = proto.graph.as_ref()?;
     let std = |n: &NodeProto| matches!(n.domain.as_str(), "" | "ai.onnx");
     if !g.node.iter().any(|n| {
@@ -183,7 +185,11 @@ pub(super) fn grouped_float(proto: &ModelProto, applied: &mut Vec<String>) -> Op
         let (Some(_), Some(w)) = (input(0), input(1)) else {
             continue;
         };
-        let Some(wt) = consts.tensor(g, w).filter(|t| t.dims.len() >= 3) else {
+        // Depthwise: one input channel per group.
+        let Some(wt) = consts
+            .tensor(g, w)
+            .filter(|t| t.dims.len() >= 3 && t.dims[1] == 1)
+        else {
             continue;
         };
         let Some(wv) = bytes8(wt).filter(|v| !v.is_empty()) else {
@@ -223,7 +229,7 @@ pub(super) fn grouped_float(proto: &ModelProto, applied: &mut Vec<String>) -> Op
                 }
             }
         };
-        // Exact only while no window's sum can reach 2^24: (C / group)·k products, each at most
+        // Exact only while no window's sum can reach 2^24: its k products, each at most
         // 255 · max|w − w_zp| in magnitude.
         let window: i64 = wt.dims[1..].iter().product();
         let widest = wv.iter().map(|&v| (v - wzp).abs()).max().unwrap_or(0);
@@ -236,7 +242,7 @@ pub(super) fn grouped_float(proto: &ModelProto, applied: &mut Vec<String>) -> Op
             .filter(|c| once(c))
             .map(str::to_string)
             .collect();
-        found.push(Grouped {
+        found.push(Depthwise {
             conv: i,
             weights: wv.iter().map(|&v| (v - wzp) as f32).collect(),
             dims: wt.dims.clone(),
@@ -336,7 +342,7 @@ pub(super) fn grouped_float(proto: &ModelProto, applied: &mut Vec<String>) -> Op
         !(n.op_type == "Constant" && n.output.iter().any(|o| unread.contains(o.as_str())))
     });
     applied.push(format!(
-        "conv-integer-grouped-float: {count} grouped ConvInteger computed by a float Conv of the same integers (exact: every window's sum under 2^24)"
+        "conv-integer-depthwise-float: {count} depthwise ConvInteger computed by a float Conv of the same integers (exact: every window's sum under 2^24)"
     ));
     Some(model)
 }
@@ -457,13 +463,13 @@ mod tests {
             .collect()
     }
 
-    const GROUPED: &str = "conv-integer-grouped-float: 1 grouped ConvInteger computed by a float Conv of the same integers (exact: every window's sum under 2^24)";
+    const GROUPED: &str = "conv-integer-depthwise-float: 1 depthwise ConvInteger computed by a float Conv of the same integers (exact: every window's sum under 2^24)";
 
     #[test]
-    fn a_grouped_conv_integer_becomes_a_float_conv_of_the_same_integers() {
-        let m = models::conv_integer_grouped();
+    fn a_depthwise_conv_integer_becomes_a_float_conv_of_the_same_integers() {
+        let m = models::conv_integer_grouped(1);
         let mut applied = Vec::new();
-        let r = grouped_float(&m, &mut applied).expect("rewritten");
+        let r = depthwise_float(&m, &mut applied).expect("rewritten");
         assert_eq!(applied, [GROUPED]);
         assert_eq!(
             ops(&r),
@@ -484,7 +490,7 @@ mod tests {
         // The Conv keeps ConvInteger's attributes and takes w − w_zp.
         let conv = node(&r, "Conv");
         assert_eq!(conv.input[0], dq.output[0]);
-        assert_eq!(crate::onnx::attr::int(conv, "group"), Some(2));
+        assert_eq!(crate::onnx::attr::int(conv, "group"), Some(8));
         assert_eq!(
             crate::onnx::attr::ints(conv, "pads"),
             Some(vec![1, 1, 1, 1])
@@ -492,7 +498,7 @@ mod tests {
         let w = init(&r, &conv.input[1]);
         assert_eq!(
             (w.data_type, w.dims.as_slice()),
-            (ElemType::Float32.code(), &[4, 2, 3, 3][..])
+            (ElemType::Float32.code(), &[8, 1, 3, 3][..])
         );
         let (q, zp) = models::conv_integer_weights();
         let want: Vec<f32> = q
@@ -517,12 +523,14 @@ mod tests {
             .any(|t| t.name == "w_q" || t.name == "w_zp"));
         // Nothing left for the uint8 form; a plain ConvInteger is not this rewrite's.
         assert!(conv_integer(&r, &mut Vec::new()).is_none());
-        assert!(grouped_float(&models::conv_integer(false, false), &mut Vec::new()).is_none());
+        // A plain ConvInteger, and groups of two channels, are not this rewrite's.
+        assert!(depthwise_float(&models::conv_integer(false, false), &mut Vec::new()).is_none());
+        assert!(depthwise_float(&models::conv_integer_grouped(2), &mut Vec::new()).is_none());
     }
 
     #[test]
     fn a_constant_input_zero_point_is_given_as_a_scalar_and_others_are_left_alone() {
-        let mut m = models::conv_integer_grouped();
+        let mut m = models::conv_integer_grouped(1);
         let g = m.graph.as_mut().unwrap();
         g.initializer.push(TensorProto {
             name: "xz".into(),
@@ -532,7 +540,7 @@ mod tests {
             ..Default::default()
         });
         g.node[1].input[2] = "xz".into();
-        let r = grouped_float(&m, &mut Vec::new()).expect("rewritten");
+        let r = depthwise_float(&m, &mut Vec::new()).expect("rewritten");
         let z = init(&r, &node(&r, "DequantizeLinear").input[2]);
         assert_eq!(
             (z.data_type, z.dims.as_slice(), z.raw_data.as_ref()),
@@ -541,14 +549,14 @@ mod tests {
         // A zero point computed some other way: its shape is not known to be a scalar.
         let g = m.graph.as_mut().unwrap();
         g.node[1].input[2] = "xs".into();
-        assert!(grouped_float(&m, &mut Vec::new()).is_none());
+        assert!(depthwise_float(&m, &mut Vec::new()).is_none());
     }
 
     #[test]
     fn windows_whose_sums_could_reach_2_to_the_24_are_left_alone() {
         // 255 · max|w − w_zp| (132 here) · window: 480 stays under 2^24, 512 does not.
-        for (dims, taken) in [([1i64, 2, 15, 16], true), ([1, 2, 16, 16], false)] {
-            let mut m = models::conv_integer_grouped();
+        for (dims, taken) in [([1i64, 1, 20, 24], true), ([1, 1, 16, 32], false)] {
+            let mut m = models::conv_integer_grouped(1);
             let g = m.graph.as_mut().unwrap();
             let n: i64 = dims.iter().product();
             let w = &mut g.initializer[0];
@@ -558,7 +566,7 @@ mod tests {
                 .collect::<Vec<u8>>()
                 .into();
             assert_eq!(
-                grouped_float(&m, &mut Vec::new()).is_some(),
+                depthwise_float(&m, &mut Vec::new()).is_some(),
                 taken,
                 "weights {dims:?}"
             );
