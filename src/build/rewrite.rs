@@ -30,6 +30,9 @@
 //! **`conv-integer-uint8`**: see [`conv_integer`] (a `ConvInteger`'s int8 weights given as the
 //! same integers in uint8, which ONNX Runtime runs about 4–5× faster).
 //!
+//! **`dequantize-constants`** is in [`REWRITES`] (the key's set, and `--no-rewrite` turns it
+//! off) but runs on the graph ONNX Runtime saved: see [`super::dequantize`].
+//!
 //! **`stft-as-conv`.** An `STFT` (opset 17) of a real float32 signal (`[batch, length]` or
 //! `[batch, length, 1]`) whose step is a constant and whose window (or frame length) is a
 //! constant of at most [`MAX_STFT_FRAME`] samples, and at most [`MAX_FFT_FRAME`] when that

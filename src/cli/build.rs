@@ -59,8 +59,9 @@ pub struct BuildOptionArgs {
     /// com.microsoft.Gelu; a scalar Mul/Add after or before a Conv is
     /// folded into its weights; a depthwise ConvInteger becomes an exact float Conv of the
     /// same integers, 1.5-16x faster; another ConvInteger's int8 weights are given as the same
-    /// integers in uint8, which ONNX Runtime runs about 4-5x faster; docs/cache.md "Graph
-    /// rewrites"). A
+    /// integers in uint8, which ONNX Runtime runs about 4-5x faster; and, on the graph ONNX
+    /// Runtime saved, a DequantizeLinear of constants it left unfused becomes the float
+    /// weights it computes; docs/cache.md "Graph rewrites"). A
     /// rewritten artifact that misses the tolerance is built again without them anyway.
     #[arg(long)]
     pub no_rewrite: bool,
