@@ -1176,6 +1176,20 @@ DYNAMIC_QUANTIZED = ["tv_resnet18", "tv_mobilenet_v3_small", "tv_efficientnet_b0
                      "tv_shufflenet_v2", "yolov8n_dynamic", "hf_segformer", "ppocrv5_det"]
 
 
+def quantized_bases(dest, only, skipped, suffix):
+    """(base, name, the base's model path) for each DYNAMIC_QUANTIZED base whose quantized
+    name (base + suffix) --only selects; a base missing from DEST is skipped with a line."""
+    for base in DYNAMIC_QUANTIZED:
+        name = base + suffix
+        if only and not only.search(name):
+            continue
+        src = os.path.join(dest, base, "model.onnx")
+        if not os.path.exists(src):
+            skipped.append(f"{name}: its base model {base} is not in {dest}")
+            continue
+        yield base, name, src
+
+
 def quantized_models(dest, only, skipped):
     """The sixth set: DYNAMIC_QUANTIZED through ONNX Runtime's quantize_dynamic (int8 weights),
     on the base model's own feed. Its Convs become DynamicQuantizeLinear -> ConvInteger ->
@@ -1185,14 +1199,7 @@ def quantized_models(dest, only, skipped):
     except ImportError as e:
         skipped.append(f"quantized models: {e}")
         return
-    for base in DYNAMIC_QUANTIZED:
-        name = base + "_dq"
-        if only and not only.search(name):
-            continue
-        src = os.path.join(dest, base, "model.onnx")
-        if not os.path.exists(src):
-            skipped.append(f"{name}: its base model {base} is not in {dest}")
-            continue
+    for base, name, src in quantized_bases(dest, only, skipped, "_dq"):
         p = os.path.join(tempfile.mkdtemp(), name + ".onnx")
         try:
             quantize_dynamic(src, p, weight_type=QuantType.QInt8)
@@ -1225,14 +1232,7 @@ def static_quantized_models(dest, only, skipped):
         def get_next(self):
             return next(self.feeds, None)
 
-    for base in DYNAMIC_QUANTIZED:
-        name = base + "_qdq"
-        if only and not only.search(name):
-            continue
-        src = os.path.join(dest, base, "model.onnx")
-        if not os.path.exists(src):
-            skipped.append(f"{name}: its base model {base} is not in {dest}")
-            continue
+    for base, name, src in quantized_bases(dest, only, skipped, "_qdq"):
         with open(os.path.join(dest, base, "feed.pkl"), "rb") as f:
             feed = pickle.load(f)
         p = os.path.join(tempfile.mkdtemp(), name + ".onnx")

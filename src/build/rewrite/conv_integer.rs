@@ -128,12 +128,7 @@ pub(super) fn conv_integer(proto: &ModelProto, applied: &mut Vec<String>) -> Opt
         conv.input[3] = z;
         unread.extend(f.unread);
     }
-    graph
-        .initializer
-        .retain(|t| !unread.contains(t.name.as_str()));
-    graph.node.retain(|n| {
-        !(n.op_type == "Constant" && n.output.iter().any(|o| unread.contains(o.as_str())))
-    });
+    drop_constants(graph, &unread);
     applied.push(format!(
         "conv-integer-uint8: {count} ConvInteger with int8 weights given them as uint8 (+128, the same integers)"
     ));
@@ -335,12 +330,7 @@ pub(super) fn depthwise_float(proto: &ModelProto, applied: &mut Vec<String>) -> 
             None => graph.node.push(n),
         }
     }
-    graph
-        .initializer
-        .retain(|t| !unread.contains(t.name.as_str()));
-    graph.node.retain(|n| {
-        !(n.op_type == "Constant" && n.output.iter().any(|o| unread.contains(o.as_str())))
-    });
+    drop_constants(graph, &unread);
     applied.push(format!(
         "conv-integer-depthwise-float: {count} depthwise ConvInteger computed by a float Conv of the same integers (exact: every window's sum under 2^24)"
     ));
@@ -371,6 +361,16 @@ fn bytes8(t: &TensorProto) -> Option<Vec<i64>> {
     (v.len() == n).then_some(v)
 }
 
+/// Removes the constants named in `unread` (initializers and `Constant` nodes).
+fn drop_constants(graph: &mut GraphProto, unread: &HashSet<String>) {
+    graph
+        .initializer
+        .retain(|t| !unread.contains(t.name.as_str()));
+    graph.node.retain(|n| {
+        !(n.op_type == "Constant" && n.output.iter().any(|o| unread.contains(o.as_str())))
+    });
+}
+
 /// An int8 value as uint8 with the same distance to every other value: `v + 128`.
 fn shift(v: i8) -> u8 {
     (i16::from(v) + 128) as u8
@@ -379,19 +379,10 @@ fn shift(v: i8) -> u8 {
 /// The values of an inline int8 tensor (raw or `int32_data`), one per element of its shape;
 /// `None` for another type, external data, a value out of range or a size mismatch.
 fn int8s(t: &TensorProto) -> Option<Vec<i8>> {
-    if ElemType::from_code(t.data_type) != ElemType::Int8 || !t.external_data.is_empty() {
+    if ElemType::from_code(t.data_type) != ElemType::Int8 {
         return None;
     }
-    let n = usize::try_from(crate::onnx::load::numel(&t.dims)?).ok()?;
-    let v: Vec<i8> = if t.raw_data.is_empty() {
-        t.int32_data
-            .iter()
-            .map(|&v| i8::try_from(v).ok())
-            .collect::<Option<_>>()?
-    } else {
-        t.raw_data.iter().map(|&b| b as i8).collect()
-    };
-    (v.len() == n).then_some(v)
+    Some(bytes8(t)?.into_iter().map(|v| v as i8).collect())
 }
 
 #[cfg(test)]
