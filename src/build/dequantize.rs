@@ -237,46 +237,72 @@ fn dequantize(
     Some((x.dims.clone(), values))
 }
 
-/// The bytes of a constant: inline, or read from its external file in `dir` (only the plain
+/// The `size` bytes of an external constant, read from its file in `dir` (only the plain
 /// `location` / `offset` / `length` keys; ORT's prepacked entries are not this module's).
 fn bytes_of(t: &TensorProto, dir: &Path, size: usize) -> Option<Vec<u8>> {
-    match external_ref(t).ok()? {
-        None => Some(t.raw_data.to_vec()),
-        Some(r) => {
-            let known = ["location", "offset", "length", "checksum"];
-            if t.external_data
-                .iter()
-                .any(|e| !known.contains(&e.key.as_str()))
-                || r.location.contains("..")
-                || r.location.starts_with('/')
-                || r.length.is_some_and(|l| l != size as u64)
-            {
-                return None;
-            }
-            let f = std::fs::File::open(dir.join(&r.location)).ok()?;
-            let mut buf = vec![0u8; size];
-            f.read_exact_at(&mut buf, r.offset).ok()?;
-            Some(buf)
-        }
+    let r = external_ref(t).ok()??;
+    let known = ["location", "offset", "length", "checksum"];
+    if t.external_data
+        .iter()
+        .any(|e| !known.contains(&e.key.as_str()))
+        || r.location.contains("..")
+        || r.location.starts_with('/')
+        || r.length.is_some_and(|l| l != size as u64)
+    {
+        return None;
+    }
+    let f = std::fs::File::open(dir.join(&r.location)).ok()?;
+    let mut buf = vec![0u8; size];
+    f.read_exact_at(&mut buf, r.offset).ok()?;
+    Some(buf)
+}
+
+/// An integer constant's values (int8, uint8, int16, uint16, int32), one per element,
+/// inline or in its external file in `dir`.
+fn ints(t: &TensorProto, dir: &Path) -> Option<Vec<i64>> {
+    if t.data_location != DataLocation::External as i32 {
+        return inline_ints(t);
+    }
+    let ty = ElemType::from_code(t.data_type);
+    let n = usize::try_from(numel(&t.dims)?).ok()?;
+    decode_ints(ty, &bytes_of(t, dir, n.checked_mul(int_width(ty)?)?)?, n)
+}
+
+/// The values of an inline integer constant (int8, uint8, int16, uint16, int32; raw or
+/// `int32_data`), one per element of its shape; `None` for another type, external data, a
+/// value out of its type's range or a size mismatch.
+pub(crate) fn inline_ints(t: &TensorProto) -> Option<Vec<i64>> {
+    let ty = ElemType::from_code(t.data_type);
+    let width = int_width(ty)?;
+    if t.data_location == DataLocation::External as i32 || !t.external_data.is_empty() {
+        return None;
+    }
+    let n = usize::try_from(numel(&t.dims)?).ok()?;
+    if !t.raw_data.is_empty() {
+        return decode_ints(ty, &t.raw_data, n);
+    }
+    let bits = 8 * width as u32;
+    let (lo, hi) = match ty {
+        ElemType::Uint8 | ElemType::Uint16 => (0, (1i64 << bits) - 1),
+        _ => (-(1i64 << (bits - 1)), (1i64 << (bits - 1)) - 1),
+    };
+    let v: Vec<i64> = t.int32_data.iter().map(|&v| i64::from(v)).collect();
+    (v.len() == n && v.iter().all(|x| (lo..=hi).contains(x))).then_some(v)
+}
+
+/// Bytes per element of the integer types [`inline_ints`] reads.
+fn int_width(ty: ElemType) -> Option<usize> {
+    match ty {
+        ElemType::Int8 | ElemType::Uint8 => Some(1),
+        ElemType::Int16 | ElemType::Uint16 => Some(2),
+        ElemType::Int32 => Some(4),
+        _ => None,
     }
 }
 
-/// An integer constant's values (int8, uint8, int16, uint16, int32), one per element.
-fn ints(t: &TensorProto, dir: &Path) -> Option<Vec<i64>> {
-    let ty = ElemType::from_code(t.data_type);
-    let width = match ty {
-        ElemType::Int8 | ElemType::Uint8 => 1,
-        ElemType::Int16 | ElemType::Uint16 => 2,
-        ElemType::Int32 => 4,
-        _ => return None,
-    };
-    let n = usize::try_from(numel(&t.dims)?).ok()?;
-    if t.data_location != DataLocation::External as i32 && t.raw_data.is_empty() {
-        let v: Vec<i64> = t.int32_data.iter().map(|&v| i64::from(v)).collect();
-        return (v.len() == n).then_some(v);
-    }
-    let raw = bytes_of(t, dir, n.checked_mul(width)?)?;
-    if raw.len() != n * width {
+/// `n` little-endian values of `ty` from `raw`; `None` when it does not hold exactly `n`.
+fn decode_ints(ty: ElemType, raw: &[u8], n: usize) -> Option<Vec<i64>> {
+    if raw.len() != n.checked_mul(int_width(ty)?)? {
         return None;
     }
     Some(match ty {
@@ -297,12 +323,12 @@ fn ints(t: &TensorProto, dir: &Path) -> Option<Vec<i64>> {
     })
 }
 
-/// A float32 constant's values.
+/// A float32 constant's values, inline or in its external file in `dir`.
 fn floats(t: &TensorProto, dir: &Path) -> Option<Vec<f32>> {
-    let n = usize::try_from(numel(&t.dims)?).ok()?;
-    if t.data_location != DataLocation::External as i32 && t.raw_data.is_empty() {
-        return (t.float_data.len() == n).then(|| t.float_data.clone());
+    if t.data_location != DataLocation::External as i32 {
+        return super::rewrite::inline_floats(t);
     }
+    let n = usize::try_from(numel(&t.dims)?).ok()?;
     let raw = bytes_of(t, dir, n.checked_mul(4)?)?;
     (raw.len() == n * 4).then(|| {
         raw.chunks_exact(4)

@@ -617,7 +617,7 @@ fn scale(
 
 /// The values of a float32 constant stored in the graph (raw or `float_data`), one per
 /// element of its shape; `None` for another type, external data or a size mismatch.
-fn inline_floats(t: &TensorProto) -> Option<Vec<f32>> {
+pub(super) fn inline_floats(t: &TensorProto) -> Option<Vec<f32>> {
     if ElemType::from_code(t.data_type) != ElemType::Float32 || !t.external_data.is_empty() {
         return None;
     }

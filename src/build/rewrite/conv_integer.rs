@@ -340,25 +340,13 @@ pub(super) fn depthwise_float(proto: &ModelProto, applied: &mut Vec<String>) -> 
 /// The values of an inline int8 or uint8 tensor, one per element of its shape; `None` for
 /// another type, external data, a value out of range or a size mismatch.
 fn bytes8(t: &TensorProto) -> Option<Vec<i64>> {
-    let ty = ElemType::from_code(t.data_type);
-    if !matches!(ty, ElemType::Int8 | ElemType::Uint8) || !t.external_data.is_empty() {
+    if !matches!(
+        ElemType::from_code(t.data_type),
+        ElemType::Int8 | ElemType::Uint8
+    ) {
         return None;
     }
-    let n = usize::try_from(crate::onnx::load::numel(&t.dims)?).ok()?;
-    let signed = ty == ElemType::Int8;
-    let range = if signed { -128..=127 } else { 0..=255 };
-    let v: Vec<i64> = if t.raw_data.is_empty() {
-        t.int32_data
-            .iter()
-            .map(|&v| i64::from(v))
-            .map(|v| range.contains(&v).then_some(v))
-            .collect::<Option<_>>()?
-    } else if signed {
-        t.raw_data.iter().map(|&b| i64::from(b as i8)).collect()
-    } else {
-        t.raw_data.iter().map(|&b| i64::from(b)).collect()
-    };
-    (v.len() == n).then_some(v)
+    crate::build::dequantize::inline_ints(t)
 }
 
 /// Removes the constants named in `unread` (initializers and `Constant` nodes).
