@@ -351,26 +351,24 @@ pub fn under_systemd() -> bool {
         .any(|v| std::env::var_os(v).is_some())
 }
 
-/// Repository checkouts this process runs in or from: the nearest ancestor holding
-/// `Cargo.toml` of the working directory, then of the executable (each once). ONNX Runtime's
-/// search looks for the checkout's `.venv` there (`libs::onnxruntime`).
-pub fn checkouts() -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = Vec::new();
-    let starts = [std::env::current_dir().ok(), std::env::current_exe().ok()];
-    for s in starts.into_iter().flatten() {
-        if let Some(dir) = s.ancestors().find(|d| d.join("Cargo.toml").is_file()) {
-            if !out.iter().any(|o| o == dir) {
-                out.push(dir.to_path_buf());
-            }
-        }
-    }
-    out
+/// The checkout the running `trtcache` executable was built in: the nearest folder above the
+/// executable (`target/release/trtcache`, a test binary in `target/debug/deps`) holding
+/// `Cargo.toml`; `None` for an installed binary. Never derived from the working directory: a
+/// folder above wherever a command happens to run may belong to anyone (any shared folder
+/// under `/tmp`), and its `.venv` or `cache/` would then be theirs.
+pub fn exe_checkout() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let exe = std::fs::canonicalize(&exe).unwrap_or(exe);
+    exe.ancestors()
+        .skip(1)
+        .find(|d| d.join("Cargo.toml").is_file())
+        .map(Path::to_path_buf)
 }
 
-/// The checkout whose `cache/` folder is the default cache (the first of [`checkouts`] that
-/// has one).
+/// The executable's checkout when it has a `cache/` folder: its `cache/` is the default cache
+/// and its `examples/models` the default model folder.
 fn checkout() -> Option<PathBuf> {
-    checkouts().into_iter().find(|d| d.join("cache").is_dir())
+    exe_checkout().filter(|d| d.join("cache").is_dir())
 }
 
 /// Environment variable naming the cache directory.
@@ -378,9 +376,9 @@ pub const CACHE_DIR_ENV: &str = "TRTCACHE_CACHE_DIR";
 
 /// The cache directory when neither `--cache-dir` nor the config's `cache_dir` gives one: the
 /// one rule every command and the daemon follow. `TRTCACHE_CACHE_DIR`, then (under systemd)
-/// `/var/cache/trtcache`, then the checkout's `cache/` when run from a checkout (a folder with
-/// `Cargo.toml` and `cache/` above the working directory or the binary), then
-/// `$XDG_CACHE_HOME/trtcache`, then `~/.cache/trtcache`, then `/var/cache/trtcache`.
+/// `/var/cache/trtcache`, then the `cache/` folder of the checkout the executable was built in
+/// ([`exe_checkout`]; never one above the working directory), then `$XDG_CACHE_HOME/trtcache`,
+/// then `~/.cache/trtcache`, then `/var/cache/trtcache`.
 pub fn default_cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os(CACHE_DIR_ENV).filter(|d| !d.is_empty()) {
         return PathBuf::from(d);
@@ -400,9 +398,37 @@ pub fn default_cache_dir() -> PathBuf {
     PathBuf::from("/var/cache/trtcache")
 }
 
+/// Environment variable naming the socket (below `--socket` and the config file's `socket`).
+pub const SOCKET_ENV: &str = "TRTCACHE_SOCKET";
+
+/// Where one effective setting came from, most binding first: a flag, the config file, the
+/// environment, the built-in default. Every command resolves paths in this one order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    Flag(&'static str),
+    File(PathBuf),
+    Env(&'static str),
+    Default,
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Flag(flag) => write!(f, "the {flag} flag"),
+            Source::File(p) => write!(f, "the config file {}", p.display()),
+            Source::Env(v) => write!(f, "the environment ({v})"),
+            Source::Default => write!(f, "the default"),
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         let cache_dir = default_cache_dir();
+        let env_socket = std::env::var_os(SOCKET_ENV)
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from);
         let (models, socket) = if under_systemd() {
             (
                 PathBuf::from("/var/lib/trtcache/models"),
@@ -419,7 +445,7 @@ impl Default for Config {
         Config {
             models,
             cache_dir,
-            socket,
+            socket: env_socket.unwrap_or(socket),
             socket_mode: "0660".into(),
             socket_group: None,
             ort_library: None,
@@ -459,13 +485,62 @@ impl Config {
         Ok(c)
     }
 
-    /// The effective configuration: the named file (which must exist), else the system file
-    /// when present, else defaults; then the overrides.
-    pub fn load(o: &Overrides) -> Result<Self, ConfigError> {
-        let file = match &o.config {
+    /// The config file `load` reads: the named one, else the system file when present.
+    fn file_of(o: &Overrides) -> Option<PathBuf> {
+        match &o.config {
             Some(p) => Some(p.clone()),
             None => Some(PathBuf::from(SYSTEM_CONFIG)).filter(|p| p.is_file()),
+        }
+    }
+
+    /// Where `models`, `cache_dir`, `socket` and `ort_library` come from under `o`, in the
+    /// one order every command follows: flags, then the config file, then the environment
+    /// (`TRTCACHE_CACHE_DIR`, `TRTCACHE_SOCKET`, `ORT_DYLIB_PATH`), then the defaults.
+    /// `trtcache config` prints it.
+    pub fn sources(o: &Overrides) -> Vec<(&'static str, Source)> {
+        let file = Self::file_of(o);
+        let in_file: std::collections::BTreeSet<String> = file
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .and_then(|t| t.parse::<toml::Table>().ok())
+            .map(|t| t.keys().cloned().collect())
+            .unwrap_or_default();
+        let env = |v: &'static str| std::env::var_os(v).is_some_and(|x| !x.is_empty());
+        let pick = |key: &'static str, flag: Option<&'static str>, var: Option<&'static str>| {
+            let from_file =
+                in_file.contains(key) || (key == "ort_library" && in_file.contains("ort_dylib"));
+            let s = match (flag, &file) {
+                (Some(f), _) => Source::Flag(f),
+                (None, Some(p)) if from_file => Source::File(p.clone()),
+                _ if var.is_some_and(env) => Source::Env(var.unwrap_or_default()),
+                _ => Source::Default,
+            };
+            (key, s)
         };
+        let socket_flag = if o.socket.is_some() {
+            Some("--socket")
+        } else if o.cache_dir.is_some() && o.config.is_none() && !under_systemd() {
+            Some("--cache-dir")
+        } else {
+            None
+        };
+        vec![
+            pick("models", o.models.is_some().then_some("--models"), None),
+            pick(
+                "cache_dir",
+                o.cache_dir.is_some().then_some("--cache-dir"),
+                Some(CACHE_DIR_ENV),
+            ),
+            pick("socket", socket_flag, Some(SOCKET_ENV)),
+            pick("ort_library", None, Some("ORT_DYLIB_PATH")),
+        ]
+    }
+
+    /// The effective configuration: the named file (which must exist), else the system file
+    /// when present, else defaults (which read the environment: [`Config::sources`]); then
+    /// the overrides (flags).
+    pub fn load(o: &Overrides) -> Result<Self, ConfigError> {
+        let file = Self::file_of(o);
         let mut c = match file {
             Some(path) => {
                 let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {

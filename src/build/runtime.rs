@@ -6,10 +6,8 @@
 //! loaded through `ort::init_from`, never through ort's implicit `ORT_DYLIB_PATH` path, which
 //! panics when the library is missing.
 //!
-//! Search order: the configured path, `ORT_DYLIB_PATH` (either, when set, is authoritative:
-//! a wrong one is an error), then an `onnxruntime` Python package:
-//! the checkout's `.venv`, `$VIRTUAL_ENV`, then whatever `python3` imports
-//! (`onnxruntime/capi/libonnxruntime.so.*`).
+//! Search order and the trust check: [`crate::libs::onnxruntime`] (never the working
+//! directory; never a library another user could have written).
 //!
 //! Supported range: ONNX Runtime >= 1.20 (ort is compiled with `api-20`); tested with 1.31.1.
 
@@ -61,7 +59,9 @@ pub fn load(configured: Option<&Path>) -> Result<&'static Runtime, RuntimeError>
     if !version.starts_with("1.") || minor < MIN_MINOR {
         return Err(RuntimeError::TooOld { path, version });
     }
-    let builder = ort::init_from(&path).map_err(|e| RuntimeError::Load {
+    // The resolved, re-checked file: what was checked is what is loaded.
+    let real = crate::libs::onnxruntime::loadable(&path)?;
+    let builder = ort::init_from(&real).map_err(|e| RuntimeError::Load {
         path: path.clone(),
         why: e.to_string(),
     })?;

@@ -15,6 +15,22 @@ pub(crate) mod record;
 use std::path::{Path, PathBuf};
 
 pub use disk::{OpenReport, SledStore, StoreOptions};
+
+/// Makes `dir` a cache folder when it is missing (its parent must exist) or empty, or checks
+/// it is one: what a command that writes its own files there (`key`'s digest memo) needs.
+/// A folder that is not a cache is refused, untouched.
+pub fn claim_dir(dir: &Path) -> Result<(), StoreError> {
+    disk::SledStore::claim(dir, false)
+}
+
+/// Whether `dir` is a trtcache cache folder (tagged, or made by an older trtcache): the
+/// only folders trtcache writes its own files into ([`disk::marker`]).
+pub fn is_cache(dir: &std::path::Path) -> bool {
+    matches!(
+        disk::marker::standing(dir),
+        Ok(disk::marker::Standing::Tagged | disk::marker::Standing::Legacy)
+    )
+}
 pub use record::{
     OutputError, PrepackProbe, Record, ScaledProbe, StagedArtifact, Status, StoredArtifact,
     StoredFile, ThreadProbe, ValidationReport, RECORD_FORMAT,
@@ -51,6 +67,10 @@ pub enum StoreError {
     /// was changed: blobs and manifests are intact.
     #[error("cache index {}/db is damaged: {detail}\nfix: run `trtcache verify --repair --cache-dir {}` (moves the damaged index aside and rebuilds it from the stored artifacts; models are not touched)", dir.display(), dir.display())]
     IndexDamaged { dir: PathBuf, detail: String },
+    /// The folder exists and is not a trtcache cache (no `CACHEDIR.TAG` of ours): it is
+    /// never opened, cleaned or listed as one.
+    #[error("{} is not a trtcache cache: {}\nfix: point --cache-dir (or `cache_dir`) at a trtcache cache, or at a new or empty folder, which trtcache then tags with CACHEDIR.TAG", dir.display(), if holds.is_empty() { "it has no CACHEDIR.TAG written by trtcache (read-only commands never create one)".to_string() } else { format!("it holds other files ({}, …) and no CACHEDIR.TAG written by trtcache; nothing in it was changed", holds.join(", ")) })]
+    NotACache { dir: PathBuf, holds: Vec<String> },
 }
 
 impl StoreError {

@@ -205,7 +205,9 @@ pub struct BuildArgs {
     /// for measuring the worker's cost; a hostile model can then take this process down).
     #[arg(long)]
     pub in_process: bool,
-    /// libonnxruntime.so to load (else ORT_DYLIB_PATH, then an onnxruntime Python package).
+    /// libonnxruntime.so to load (else ORT_DYLIB_PATH, then the onnxruntime package of the
+    /// executable's checkout .venv, $VIRTUAL_ENV or `python3 -I`; never the working directory;
+    /// refused when anyone but root or this user could write it or a folder above it).
     #[arg(long, env = "TRTCACHE_ORT_LIBRARY")]
     pub ort_library: Option<PathBuf>,
     #[command(flatten)]

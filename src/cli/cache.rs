@@ -22,9 +22,12 @@ use crate::cache::{parse_size, Record, SledStore, Store, StoreError, StoreOption
 /// them resolve the same directory ([`crate::config::default_cache_dir`]).
 #[derive(Debug, Clone, Args)]
 pub struct CacheArgs {
-    /// Cache directory (default: TRTCACHE_CACHE_DIR, else the checkout's cache/ when run from
-    /// a checkout, else $XDG_CACHE_HOME/trtcache, else ~/.cache/trtcache).
-    #[arg(long, value_name = "DIR", env = "TRTCACHE_CACHE_DIR")]
+    /// Cache directory (default: the config file's cache_dir where the command reads one,
+    /// else TRTCACHE_CACHE_DIR, else /var/cache/trtcache under systemd, else the cache/ of the
+    /// checkout the executable was built in (never one above the working directory), else
+    /// $XDG_CACHE_HOME/trtcache, else ~/.cache/trtcache). It must be a trtcache cache
+    /// (CACHEDIR.TAG) or a new or empty folder.
+    #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
 }
 
@@ -80,6 +83,16 @@ pub fn open_store(a: &CacheArgs, max_bytes: Option<u64>) -> anyhow::Result<(Sled
     open_at(&dir, max_bytes)
 }
 
+/// Opens an existing cache for a command that only reads it (`export`): nothing in the
+/// folder is created, cleaned or rewritten, and a folder that is not a cache is refused.
+pub fn open_store_read_only(a: &CacheArgs) -> anyhow::Result<(SledStore, PathBuf)> {
+    let dir = a.dir();
+    require_cache(&dir)?;
+    let store = SledStore::open_read_only(&dir)
+        .with_context(|| format!("opening cache {}", dir.display()))?;
+    Ok((store, dir))
+}
+
 fn open_at(dir: &Path, max_bytes: Option<u64>) -> anyhow::Result<(SledStore, PathBuf)> {
     let store = SledStore::open(dir, StoreOptions { max_bytes })
         .with_context(|| format!("opening cache {}", dir.display()))?;
@@ -106,8 +119,8 @@ pub struct MaintainArgs {
     #[command(flatten)]
     pub cache: CacheArgs,
     /// The daemon's socket, used when a daemon holds the cache [default: the config's
-    /// socket, else CACHE_DIR/trtcache.sock].
-    #[arg(long, value_name = "PATH", env = "TRTCACHE_SOCKET")]
+    /// socket, else TRTCACHE_SOCKET, else CACHE_DIR/trtcache.sock].
+    #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
     /// TOML config file (its cache_dir and socket) [default: /etc/trtcache/config.toml when
     /// present].
@@ -153,12 +166,26 @@ pub enum Target {
     },
 }
 
+/// How a maintenance command uses the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// `ls`: nothing in the folder is created, cleaned or rewritten.
+    Read,
+    /// `rm`, `gc`, `verify`: the store's usual open, which cleans what a crash left (only
+    /// names the store creates, in a folder tagged as a cache).
+    Write,
+}
+
 /// Opens the cache directly when it is free; when a daemon holds it, connects to that
-/// daemon instead. The directory must exist.
-pub fn open_target(a: &MaintainArgs) -> anyhow::Result<Target> {
+/// daemon instead. The directory must exist, and be a cache.
+pub fn open_target(a: &MaintainArgs, access: Access) -> anyhow::Result<Target> {
     let (dir, sockets) = a.resolve()?;
     require_cache(&dir)?;
-    match SledStore::open(&dir, StoreOptions::default()) {
+    let opened = match access {
+        Access::Read => SledStore::open_read_only(&dir),
+        Access::Write => SledStore::open(&dir, StoreOptions::default()),
+    };
+    match opened {
         Ok(store) => {
             report_cleaning(&store, &dir);
             Ok(Target::Local(Box::new(store), dir))
@@ -288,7 +315,7 @@ fn via(cmd: &str, socket: &Path) {
 }
 
 pub fn ls(a: LsArgs) -> anyhow::Result<ExitCode> {
-    let (records, dir) = match open_target(&a.target)? {
+    let (records, dir) = match open_target(&a.target, Access::Read)? {
         Target::Local(store, dir) => {
             let records = store.list().context("listing the cache")?;
             let values = records
@@ -356,7 +383,7 @@ pub fn ls(a: LsArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub fn rm(a: RmArgs) -> anyhow::Result<ExitCode> {
-    let key = match open_target(&a.target)? {
+    let key = match open_target(&a.target, Access::Write)? {
         Target::Local(store, _) => {
             let key = crate::cache::resolve_key(&*store, &a.key)?;
             let removed = store
@@ -395,7 +422,7 @@ pub fn gc(a: GcArgs) -> anyhow::Result<ExitCode> {
         // The daemon's own limit, so `gc` without a size never evicts what the daemon keeps.
         None => a.target.config()?.limits.cache_size_bytes,
     };
-    let rep = match open_target(&a.target)? {
+    let rep = match open_target(&a.target, Access::Write)? {
         Target::Local(store, dir) => {
             let r = store
                 .gc(max, a.dry_run)
@@ -467,7 +494,7 @@ pub fn verify(a: VerifyArgs) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("repairing cache {}", dir.display()))?;
         (local_verify(&store, &dir)?, dir, Some(rep))
     } else {
-        match open_target(&a.target)? {
+        match open_target(&a.target, Access::Write)? {
             Target::Local(store, dir) => (local_verify(&store, &dir)?, dir, None),
             Target::Daemon {
                 mut client,

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 use clap::Args;
 
-use super::cache::{open_store, CacheArgs};
+use super::cache::{open_store_read_only, CacheArgs};
 use crate::cache::{Lookup, Status, Store};
 use crate::spec::Backend;
 use crate::trt::triton::{export_triton_repo, TritonEntry};
@@ -59,7 +59,7 @@ pub fn model_name(model_path: &str) -> String {
 }
 
 pub fn export(a: ExportArgs) -> anyhow::Result<ExitCode> {
-    let (store, dir) = open_store(&a.cache, None)?;
+    let (store, dir) = open_store_read_only(&a.cache)?;
     let records = store.list().context("listing the cache")?;
     let mut entries = Vec::new();
     // (name, compute capability) already exported: the most recently used engine wins.

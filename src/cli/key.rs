@@ -43,7 +43,8 @@ pub struct KeyArgs {
     pub ort_library: Option<PathBuf>,
     #[command(flatten)]
     pub cache: CacheArgs,
-    /// Hash every time: neither read nor write the digest memo.
+    /// Hash every time: neither read nor write the digest memo (kept in the cache directory,
+    /// and only when that folder is a trtcache cache).
     #[arg(long)]
     pub no_memo: bool,
     /// Hashing threads (default: all cores).
@@ -76,7 +77,23 @@ pub fn run(a: KeyArgs) -> anyhow::Result<ExitCode> {
     let inputs = ModelInputs::of(&model);
     let plan = resolve(&a.model, &inputs, &a.profile, a.build.precision)
         .with_context(|| format!("{}: shape profile", a.model.display()))?;
-    let memo = (!a.no_memo).then(|| a.cache.dir().join(DIGEST_MEMO));
+    // The memo lives in a cache: never written into a folder that is not one.
+    let mut memo_refused = None;
+    let memo = if a.no_memo {
+        None
+    } else {
+        let dir = a.cache.dir();
+        match super::cache::creatable_cache(&dir)
+            .map_err(anyhow::Error::new)
+            .and_then(|()| crate::cache::claim_dir(&dir).map_err(anyhow::Error::new))
+        {
+            Ok(()) => Some(dir.join(DIGEST_MEMO)),
+            Err(e) => {
+                memo_refused = Some(format!("{e:#}"));
+                None
+            }
+        }
+    };
     let threads = a.threads.unwrap_or_else(default_threads).max(1);
     let profile_name = plan.profile.as_ref().map(|p| p.name.clone());
     let backend = choose_backend(a.backend, &plan);
@@ -84,7 +101,7 @@ pub fn run(a: KeyArgs) -> anyhow::Result<ExitCode> {
     // The version of the library a build would load, found without loading it.
     let (_, onnxruntime) = crate::libs::onnxruntime::locate(a.ort_library.as_deref())
         .with_context(|| format!("backend {backend}"))?;
-    let (parts, report) = key_for(
+    let (parts, mut report) = key_for(
         &model,
         KeyInput {
             profile: plan.profile.as_ref(),
@@ -97,6 +114,9 @@ pub fn run(a: KeyArgs) -> anyhow::Result<ExitCode> {
         &DigestOptions { threads, memo },
     )
     .with_context(|| format!("{}: key", a.model.display()))?;
+    if report.memo_error.is_none() {
+        report.memo_error = memo_refused;
+    }
     let plain_sha256 = if a.sha256 {
         Some(
             plain_model_digest(&model, threads)

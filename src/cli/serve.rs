@@ -17,11 +17,14 @@ pub struct PathArgs {
     /// Model repository: NAME.onnx files, NAME/model.onnx folders or Triton NAME/VERSION/model.onnx.
     #[arg(long)]
     pub models: Option<PathBuf>,
-    /// Cache directory [default: the checkout's cache/, /var/cache/trtcache under systemd].
+    /// Cache directory [default: the config file's cache_dir, else TRTCACHE_CACHE_DIR, else
+    /// /var/cache/trtcache under systemd, else the cache/ of the checkout the executable was
+    /// built in, else ~/.cache/trtcache].
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
-    /// Unix socket [default: CACHE/trtcache.sock, /run/trtcache/trtcache.sock under systemd].
-    #[arg(long, env = "TRTCACHE_SOCKET")]
+    /// Unix socket [default: the config file's socket, else TRTCACHE_SOCKET, else
+    /// CACHE/trtcache.sock, /run/trtcache/trtcache.sock under systemd].
+    #[arg(long)]
     pub socket: Option<PathBuf>,
 }
 
@@ -35,7 +38,7 @@ impl PathArgs {
         Ok(cfg)
     }
 
-    fn overrides(&self) -> Overrides {
+    pub(crate) fn overrides(&self) -> Overrides {
         Overrides {
             config: self.config.clone(),
             models: self.models.clone(),
@@ -98,7 +101,9 @@ pub fn serve(
     }
 }
 
-/// Print the effective configuration (config file, then flags) as TOML, or JSON with --json.
+/// Print the effective configuration as TOML (with where the paths came from as comments), or
+/// JSON with --json. Precedence, the same for every command: flags, then the config file,
+/// then the environment (TRTCACHE_CACHE_DIR, TRTCACHE_SOCKET, ORT_DYLIB_PATH), then defaults.
 #[derive(Debug, Args)]
 pub struct ConfigArgs {
     #[command(flatten)]
@@ -116,6 +121,9 @@ pub fn config(a: ConfigArgs) -> anyhow::Result<ExitCode> {
             serde_json::to_string_pretty(&cfg).context("serialising the config")?
         );
     } else {
+        for (key, source) in Config::sources(&a.paths.overrides()) {
+            println!("# {key}: from {source}");
+        }
         print!(
             "{}",
             toml::to_string_pretty(&cfg).context("serialising the config")?

@@ -1,9 +1,10 @@
 //! The native libraries trtcache loads or keys by, found without initialising them: ONNX
 //! Runtime ([`onnxruntime`]), TensorRT (`libnvinfer.so.X.Y.Z` on one search list,
 //! [`library_dirs`]), and the CUDA driver's version (`device::gpu`). A leaf: imports only
-//! `config` for the checkout folders.
+//! `config` for the executable's checkout. Every library loaded passes [`trust`] first.
 
 pub(crate) mod onnxruntime;
+pub(crate) mod trust;
 
 use std::path::PathBuf;
 

@@ -2,16 +2,22 @@
 //! the build stage's loader alike, so a key always names the library a build would load) and
 //! its version, found WITHOUT initialising ort.
 //!
-//! Search order: the configured path (`ort_library`), `ORT_DYLIB_PATH` (either, when set, is
-//! authoritative: a wrong one is an error), then an `onnxruntime` Python package: the
-//! checkout's `.venv`, `$VIRTUAL_ENV`, then whatever `python3` imports
-//! (`onnxruntime/capi/libonnxruntime.so.*`).
+//! Search order ([`SEARCH_ORDER`], also in `--help` and docs/cache.md): the configured path
+//! (`ort_library`), `ORT_DYLIB_PATH` (either, when set, is authoritative: a wrong one is an
+//! error), then an `onnxruntime` Python package: the `.venv` of the checkout the `trtcache`
+//! executable itself was built in, `$VIRTUAL_ENV`, then whatever `python3 -I` (isolated: no
+//! working directory on its path) imports (`onnxruntime/capi/libonnxruntime.so.*`). Nothing is
+//! ever looked for in a place derived from the working directory, and every candidate must pass
+//! [`super::trust::trusted_file`] (owned by root or this user, writable by no one else, down
+//! every folder of its path) before it is loaded: an explicit one that fails is an error, a
+//! searched one is skipped with the reason listed.
 //!
 //! Supported range: ONNX Runtime >= 1.20 (ort is compiled with `api-20`); tested with 1.31.1.
 
 use std::path::{Path, PathBuf};
 
 use super::is_version;
+use super::trust::trusted_file;
 
 /// Oldest ONNX Runtime minor version (1.x) this build can drive; matches ort's `api-20`.
 pub const MIN_MINOR: u32 = 20;
@@ -19,7 +25,7 @@ pub const MIN_MINOR: u32 = 20;
 /// Why ONNX Runtime could not be loaded.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum RuntimeError {
-    #[error("ONNX Runtime not found; looked for libonnxruntime in:\n{}\nfix: `pip install onnxruntime` (>= 1.{MIN_MINOR}) in the project's .venv (scripts/setup-python.sh), or set ORT_DYLIB_PATH / the `ort_library` setting to libonnxruntime.so", .looked.iter().map(|l| format!("  - {l}")).collect::<Vec<_>>().join("\n"))]
+    #[error("ONNX Runtime not found; looked for libonnxruntime in:\n{}\n(the search: {SEARCH_ORDER})\nfix: `pip install onnxruntime` (>= 1.{MIN_MINOR}) in the project's .venv (scripts/setup-python.sh), or set ORT_DYLIB_PATH / the `ort_library` setting to libonnxruntime.so", .looked.iter().map(|l| format!("  - {l}")).collect::<Vec<_>>().join("\n"))]
     NotFound { looked: Vec<String> },
     #[error("{path}: cannot load ONNX Runtime: {why}\nfix: point ORT_DYLIB_PATH / `ort_library` at a working libonnxruntime.so (>= 1.{MIN_MINOR})")]
     Load { path: PathBuf, why: String },
@@ -27,7 +33,15 @@ pub enum RuntimeError {
     TooOld { path: PathBuf, version: String },
     #[error("ONNX Runtime environment: {0}")]
     Environment(String),
+    #[error("{0}\nfix: install ONNX Runtime where only root or this user can write (owner root or uid {uid}, no group/other write bit on the file or any folder above it), or fix the modes", uid = super::trust::effective_uid())]
+    Untrusted(#[from] super::trust::Untrusted),
 }
+
+/// Where ONNX Runtime is looked for, in order: one line each (`--help` and errors quote it).
+pub const SEARCH_ORDER: &str = "the `ort_library` setting, else ORT_DYLIB_PATH (either one, when set, is the only place tried), \
+else the .venv of the checkout the trtcache executable was built in, else $VIRTUAL_ENV, else the onnxruntime package \
+that `python3 -I` (or $TRTCACHE_PYTHON) imports; never a place derived from the working directory, and never a library \
+that a user other than root or the caller could have written (the file or any folder above it)";
 
 /// `1.31.1` from `libonnxruntime.so.1.31.1` (or `libonnxruntime.1.31.1.dylib`); a symlink
 /// such as `libonnxruntime.so` is followed to its versioned target.
@@ -50,17 +64,21 @@ pub fn locate(configured: Option<&Path>) -> Result<(PathBuf, String), RuntimeErr
     let path = find(configured)?;
     let version = match version_from_path(&path) {
         Some(v) => v,
-        None => probe_version(&path)?,
+        None => probe_version(&loadable(&path)?)?,
     };
     Ok((path, version))
 }
 
-/// Finds the library without loading it, in the documented order.
+/// Finds the library without loading it, in the documented order. The path returned is the
+/// one found (its name may carry the version, e.g. a `libonnxruntime.so.1.30.0` link) and has
+/// passed the trust check; the loader checks it again and loads the resolved file
+/// ([`loadable`]).
 pub fn find(configured: Option<&Path>) -> Result<PathBuf, RuntimeError> {
     // An explicit setting is authoritative: a wrong one is an error, not a reason to load
     // some other library silently.
     if let Some(p) = configured {
         if p.is_file() {
+            trusted_file(p)?;
             return Ok(p.to_path_buf());
         }
         return Err(RuntimeError::NotFound {
@@ -75,6 +93,7 @@ pub fn find(configured: Option<&Path>) -> Result<PathBuf, RuntimeError> {
         Some(v) if !v.is_empty() => {
             let p = PathBuf::from(v);
             if p.is_file() {
+                trusted_file(&p)?;
                 return Ok(p);
             }
             looked.push(format!("ORT_DYLIB_PATH = {} (no such file)", p.display()));
@@ -83,17 +102,21 @@ pub fn find(configured: Option<&Path>) -> Result<PathBuf, RuntimeError> {
         _ => looked.push("ORT_DYLIB_PATH (not set)".into()),
     }
     let mut venvs: Vec<PathBuf> = Vec::new();
-    for root in crate::config::checkouts() {
-        venvs.push(root.join(".venv"));
+    match crate::config::exe_checkout() {
+        Some(root) => venvs.push(root.join(".venv")),
+        None => looked.push("the executable's checkout (not run from one)".into()),
     }
-    if let Some(v) = std::env::var_os("VIRTUAL_ENV") {
+    if let Some(v) = std::env::var_os("VIRTUAL_ENV").filter(|v| !v.is_empty()) {
         venvs.push(PathBuf::from(v));
     } else {
         looked.push("$VIRTUAL_ENV (not set)".into());
     }
     for venv in venvs {
         match in_venv(&venv) {
-            Some(p) => return Ok(p),
+            Some(p) => match trusted_file(&p) {
+                Ok(_) => return Ok(p),
+                Err(e) => looked.push(format!("{} (refused: {e})", p.display())),
+            },
             None => looked.push(format!(
                 "{}/lib/python3*/site-packages/onnxruntime/capi/ (no libonnxruntime.so.*)",
                 venv.display()
@@ -101,16 +124,26 @@ pub fn find(configured: Option<&Path>) -> Result<PathBuf, RuntimeError> {
         }
     }
     let python = std::env::var_os("TRTCACHE_PYTHON")
+        .filter(|p| !p.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("python3"));
     match from_python(&python) {
-        Ok(p) => return Ok(p),
+        Ok(p) => match trusted_file(&p) {
+            Ok(_) => return Ok(p),
+            Err(e) => looked.push(format!("{} (refused: {e})", p.display())),
+        },
         Err(why) => looked.push(format!(
-            "`{} -c 'import onnxruntime'` ({why})",
+            "`{} -I -c 'import onnxruntime'` ({why})",
             python.display()
         )),
     }
     Err(RuntimeError::NotFound { looked })
+}
+
+/// The file to `dlopen` for a library [`find`] returned: resolved and checked again right
+/// before loading, so a link swapped since is not followed.
+pub fn loadable(found: &Path) -> Result<PathBuf, RuntimeError> {
+    Ok(trusted_file(found)?)
 }
 
 /// Entries of `dir` whose file name starts with `prefix`, sorted; `None` when `dir` cannot be
@@ -142,8 +175,12 @@ fn in_venv(venv: &Path) -> Option<PathBuf> {
 }
 
 fn from_python(python: &Path) -> Result<PathBuf, String> {
+    // -I (isolated): the working directory is not on the import path and PYTHON* variables
+    // are ignored, so a planted `onnxruntime/` next to where trtcache was started is not
+    // imported (and run) as this user.
     let out = std::process::Command::new(python)
         .args([
+            "-I",
             "-c",
             "import onnxruntime, os; print(os.path.dirname(onnxruntime.__file__))",
         ])

@@ -7,7 +7,9 @@
 //! `$TENSORRT_ROOT/lib` (a TensorRT tarball, or the `tensorrt` wheel's `tensorrt_libs`
 //! folder) or the loader's usual path, with `RTLD_GLOBAL`, so a shim linked against them
 //! resolves them even when they are not on `LD_LIBRARY_PATH`. What could not be found is
-//! collected into [`Missing`], which says how to install it.
+//! collected into [`Missing`], which says how to install it. Every file opened by path passes
+//! [`crate::libs::trust::trusted_file`] first (owned by root or this user, writable by no one
+//! else down its whole path); a bare name goes to the system loader's own path.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -114,7 +116,8 @@ fn open_trt_library(cfg: &LoaderConfig, name: &str) -> Result<(PathBuf, Library)
     for d in cfg.library_dirs() {
         let p = d.join(name);
         if p.exists() {
-            return open_global(p.as_os_str()).map(|l| (p, l));
+            let real = crate::libs::trust::trusted_file(&p).map_err(|e| e.to_string())?;
+            return open_global(real.as_os_str()).map(|l| (p, l));
         }
     }
     open_global(OsStr::new(name)).map(|l| (PathBuf::from(name), l))
@@ -158,12 +161,23 @@ pub(crate) fn open(cfg: &LoaderConfig) -> Result<Opened, TrtError> {
         Err(m) => (Vec::new(), m),
     };
     let candidates = cfg.shim_candidates();
-    let Some(path) = candidates.iter().find(|p| p.is_file()).cloned() else {
+    let Some(found) = candidates.iter().find(|p| p.is_file()).cloned() else {
         return Err(TrtError::Unavailable(Missing {
             libraries: missing_libs,
             shim_searched: candidates,
             shim_unloadable: None,
         }));
+    };
+    // The shim's constructor runs as this user: only from a file no one else could write.
+    let path = match crate::libs::trust::trusted_file(&found) {
+        Ok(p) => p,
+        Err(e) => {
+            return Err(TrtError::Unavailable(Missing {
+                libraries: missing_libs,
+                shim_searched: Vec::new(),
+                shim_unloadable: Some((found, e.to_string())),
+            }))
+        }
     };
     // SAFETY: as in `open_global`; the symbols are checked against the bindgen'd signatures
     // only by name, which is why the ABI version is compared right after.

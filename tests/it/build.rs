@@ -360,13 +360,29 @@ fn leftovers_of_a_killed_build_are_cleaned_at_next_open() {
     let lost_entry = PathBuf::from(lost["artifact"]["entry"].as_str().unwrap());
     std::fs::remove_dir_all(lost_entry.parent().unwrap()).unwrap();
 
+    // `ls` only reads: nothing is cleaned by a listing.
     let out = trtcache(["ls", "--cache-dir", cache.to_str().unwrap(), "--json"]);
     assert!(out.status.success(), "{}", stderr(&out));
+    assert!(cache.join("tmp/build-killed").exists() && orphan.exists());
+    // The next writing open (here `gc`) cleans what carries the store's names; a file it did
+    // not name (`stray.tmp`) is left alone.
+    let out = trtcache([
+        "gc",
+        "--max-size",
+        "100G",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("3 temp leftovers, 1 records without files, 1 orphan blobs"),
+        stderr(&out).contains("2 temp leftovers, 1 records without files, 1 orphan blobs"),
         "{}",
         stderr(&out)
     );
+    assert!(cache.join("tmp/stray.tmp").exists());
+    std::fs::remove_file(cache.join("tmp/stray.tmp")).unwrap();
+    let out = trtcache(["ls", "--cache-dir", cache.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
     let ls = json(&out);
     let keys: Vec<&str> = ls
         .as_array()
@@ -1108,6 +1124,15 @@ fn a_build_killed_midway_leaves_nothing_servable_and_is_cleaned_up() {
     child.kill().ok();
     child.wait().unwrap();
     assert!(seen, "the build never staged anything");
+    // `ls` only reads; the next writing open (here `gc`) cleans.
+    let out = trtcache([
+        "gc",
+        "--max-size",
+        "100G",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
     let out = trtcache(["ls", "--cache-dir", cache.to_str().unwrap(), "--json"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(

@@ -28,4 +28,5 @@ mod remote;
 mod support;
 mod trt;
 mod trt_backend;
+mod trust_host;
 mod watch;

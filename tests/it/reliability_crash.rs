@@ -889,6 +889,18 @@ fn a_dead_memo_writers_temp_file_is_removed_at_open_and_a_live_ones_kept() {
     use std::os::fd::AsRawFd;
     let d = Daemon::new();
     let cache = d.cache();
+    // A cache (tagged) that a writer of its memo was killed in.
+    let out = support::trtcache(
+        ["gc", "--max-size", "1G", "--cache-dir"]
+            .map(std::ffi::OsStr::new)
+            .into_iter()
+            .chain([cache.as_os_str()]),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let dead = cache.join(".digests.Ab12Cd.tmp");
     std::fs::write(&dead, b"{\"scheme\":\"tr").unwrap();
     let live = cache.join(".digests.Ef34Gh.tmp");

@@ -24,6 +24,20 @@ fn a_lock_that_is_a_symbolic_link_is_refused_and_its_target_untouched() {
     let d = tempfile::tempdir().unwrap();
     let cache = d.path().join("cache");
     std::fs::create_dir(&cache).unwrap();
+    // A cache (tagged by a first open), whose lock someone replaced with a link.
+    let out = trtcache([
+        "gc",
+        "--max-size",
+        "1M",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_file(cache.join("lock")).unwrap();
     let target = d.path().join("passwd");
     std::fs::write(&target, b"root:x:0:0:root:/root:/bin/sh\n").unwrap();
     std::os::unix::fs::symlink(&target, cache.join("lock")).unwrap();

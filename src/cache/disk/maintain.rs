@@ -5,24 +5,20 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use super::{hash_file, io, write_durably, OpenReport, SledStore, StoreOptions};
+use super::{hash_file, io, marker, write_durably, OpenReport, SledStore, StoreOptions};
 use crate::cache::lock::DirLock;
 use crate::cache::record::{Record, Status, StoredArtifact};
 use crate::cache::{now_secs, GcReport, RepairReport, Store, StoreError, VerifyReport};
 use crate::key::CacheKey;
 
-/// The keys of the manifests under `records/` (file name `<key>.json`), removing temp files
-/// a crash left; names that are not a key are skipped.
+/// The keys of the manifests under `records/` (file name `<key>.json`); names that are not a
+/// key are skipped.
 fn manifest_keys(dir: &Path) -> Result<Vec<(CacheKey, PathBuf)>, StoreError> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir).map_err(io(dir))? {
         let p = e.map_err(io(dir))?.path();
         let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
         let Some(name) = name else { continue };
-        if name.starts_with(".tmp-") {
-            let _ = std::fs::remove_file(&p);
-            continue;
-        }
         if let Some(k) = name
             .strip_suffix(".json")
             .and_then(|h| CacheKey::parse(h).ok())
@@ -51,23 +47,15 @@ fn group_searchable(dir: &std::path::Path) {
 }
 
 impl SledStore {
-    pub(super) fn reconcile(&self) -> Result<OpenReport, StoreError> {
-        let mut rep = OpenReport::default();
-        let tmp = self.root.join("tmp");
-        for e in std::fs::read_dir(&tmp).map_err(io(&tmp))? {
-            let p = e.map_err(io(&tmp))?.path();
-            let r = if p.is_dir() {
-                std::fs::remove_dir_all(&p)
-            } else {
-                std::fs::remove_file(&p)
-            };
-            r.map_err(io(&p))?;
-            rep.temp_removed += 1;
-        }
-        // A manifest whose key the index lacks: the index lost records (sled reads a
-        // truncated or corrupt log as a shorter one). Refuse before anything is deleted as
-        // an "orphan".
-        let manifests = manifest_keys(&self.root.join("records"))?;
+    /// A manifest whose key the index lacks: the index lost records (sled reads a truncated
+    /// or corrupt log as a shorter one). Refuse before anything is deleted as an "orphan".
+    pub(super) fn check_manifests(&self) -> Result<Vec<(CacheKey, PathBuf)>, StoreError> {
+        let dir = self.root.join("records");
+        let manifests = if dir.is_dir() {
+            manifest_keys(&dir)?
+        } else {
+            Vec::new()
+        };
         let lost: Vec<&CacheKey> = manifests
             .iter()
             .map(|(k, _)| k)
@@ -83,6 +71,31 @@ impl SledStore {
                 ),
             });
         }
+        Ok(manifests)
+    }
+
+    /// Cleans what a crash left: the store's own temp files in `tmp/`, records whose files
+    /// are gone, blob folders no record names. Only names the store creates are deleted
+    /// ([`marker`]); anything else found there is left alone and logged.
+    pub(super) fn reconcile(&self) -> Result<OpenReport, StoreError> {
+        let mut rep = OpenReport::default();
+        let tmp = self.root.join("tmp");
+        for e in std::fs::read_dir(&tmp).map_err(io(&tmp))? {
+            let e = e.map_err(io(&tmp))?;
+            let p = e.path();
+            if !marker::own_temp(&e.file_name().to_string_lossy()) {
+                tracing::warn!(path = %p.display(), "not a trtcache temp file: left alone");
+                continue;
+            }
+            marker::remove(&p).map_err(io(&p))?;
+            rep.temp_removed += 1;
+        }
+        // Manifests being written when a crash came.
+        let records = self.root.join("records");
+        for p in marker::matching(&records, marker::own_temp) {
+            let _ = std::fs::remove_file(&p);
+        }
+        let manifests = self.check_manifests()?;
         // Records without a manifest (stored before manifests existed, or a crash between
         // the index write and the manifest's): write it now, best effort.
         let have: BTreeSet<CacheKey> = manifests.iter().map(|(k, _)| *k).collect();
@@ -130,14 +143,11 @@ impl SledStore {
         for e in std::fs::read_dir(&blobs).map_err(io(&blobs))? {
             let e = e.map_err(io(&blobs))?;
             let name = e.file_name().to_string_lossy().into_owned();
-            if !named.contains(&name) {
+            if !marker::own_blob(&name) {
+                tracing::warn!(path = %e.path().display(), "not a trtcache blob: left alone");
+            } else if !named.contains(&name) {
                 let p = e.path();
-                let r = if p.is_dir() {
-                    std::fs::remove_dir_all(&p)
-                } else {
-                    std::fs::remove_file(&p)
-                };
-                r.map_err(io(&p))?;
+                marker::remove(&p).map_err(io(&p))?;
                 tracing::info!(blob = %name, "removed orphan blob");
                 rep.orphans_removed.push(name);
             } else {
@@ -263,7 +273,7 @@ impl SledStore {
         for e in std::fs::read_dir(&blobs).map_err(io(&blobs))? {
             let e = e.map_err(io(&blobs))?;
             let name = e.file_name().to_string_lossy().into_owned();
-            if !named.contains(&name) {
+            if marker::own_blob(&name) && !named.contains(&name) {
                 let dst = root
                     .join("quarantine")
                     .join(format!("{name}-{}", now_secs()));
@@ -404,8 +414,10 @@ impl SledStore {
             if !quarantined.is_empty() {
                 let q = self.root.join("quarantine");
                 for e in std::fs::read_dir(&q).map_err(io(&q))?.flatten() {
-                    let p = e.path();
-                    std::fs::remove_dir_all(&p).map_err(io(&p))?;
+                    if marker::own_quarantine(&e.file_name().to_string_lossy()) {
+                        let p = e.path();
+                        marker::remove(&p).map_err(io(&p))?;
+                    }
                 }
             }
         }

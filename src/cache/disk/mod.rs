@@ -30,6 +30,7 @@ use super::{now_secs, GcReport, Lookup, Served, Store, StoreError, VerifyReport}
 use crate::key::{hex, CacheKey};
 
 mod maintain;
+pub mod marker;
 mod usage;
 
 const RECORDS_TREE: &str = "trt_engine_cache";
@@ -141,15 +142,57 @@ fn plain_name(name: &str) -> bool {
 }
 
 impl SledStore {
-    /// Opens (creating) the store at `root`: takes the directory lock, opens sled, then
-    /// reconciles the index with the files on disk.
+    /// Opens (creating) the store at `root`: checks the folder is a cache or may become one
+    /// ([`marker`]), takes the directory lock, opens sled, then reconciles the index with the
+    /// files on disk (read-only: only checks it).
     pub fn open(root: &Path, opts: StoreOptions) -> Result<Self, StoreError> {
-        files::create_dir(root, files::DIR_MODE).map_err(io(root))?;
+        Self::open_with(root, opts, false)
+    }
+
+    /// Opens an existing cache for reading (`ls`, `verify` without `--repair`): the folder
+    /// must already be a cache; nothing is created, tagged, cleaned or rewritten (only the
+    /// lock's owner line and sled's own files are written).
+    pub fn open_read_only(root: &Path) -> Result<Self, StoreError> {
+        Self::open_with(root, StoreOptions::default(), true)
+    }
+
+    fn open_with(root: &Path, opts: StoreOptions, read_only: bool) -> Result<Self, StoreError> {
+        Self::claim(root, read_only)?;
         let lock = DirLock::acquire(root)?;
-        Self::create_dirs(root)?;
+        if !read_only {
+            Self::create_dirs(root)?;
+        }
         let mut store = Self::with_index(root, lock, opts)?;
-        store.report = store.reconcile()?;
+        store.report = if read_only {
+            store.check_manifests()?;
+            OpenReport::default()
+        } else {
+            store.reconcile()?
+        };
         Ok(store)
+    }
+
+    /// The folder is a cache (tagged, or an older trtcache's), or is missing or empty and then
+    /// becomes one (created and tagged) unless `read_only`. Anything else is refused before
+    /// anything in it is touched.
+    pub(crate) fn claim(root: &Path, read_only: bool) -> Result<(), StoreError> {
+        use marker::Standing;
+        match marker::standing(root)? {
+            Standing::Tagged => Ok(()),
+            Standing::Legacy if read_only => Ok(()),
+            Standing::Legacy => {
+                tracing::info!(dir = %root.display(), "tagging a cache made by an older trtcache ({})", marker::MARKER);
+                marker::tag(root)
+            }
+            Standing::Missing | Standing::Empty if read_only => {
+                Err(marker::not_a_cache(root, Vec::new()))
+            }
+            Standing::Missing | Standing::Empty => {
+                files::create_dir(root, files::DIR_MODE).map_err(io(root))?;
+                marker::tag(root)
+            }
+            Standing::Foreign(sample) => Err(marker::not_a_cache(root, sample)),
+        }
     }
 
     /// The store over the index `root/db` (opened, or created when absent) under `lock`,
