@@ -142,6 +142,73 @@ pub enum PlanError {
     },
     #[error("input `{input}` has no known rank in the model and no shape in the profile; give it with --opt-shapes {input}:...")]
     UnknownRank { input: String },
+    /// TensorRT builds an engine with dynamic inputs only over a profile that covers them
+    /// all: without one, ONNX Runtime's TensorRT provider defers the build to the first run
+    /// (and writes no EP-context model), and TensorRT's builder refuses the network.
+    #[error("the {backend} backend needs a shape profile for every dynamic input, and {} has none\nfix: give --min-shapes/--opt-shapes/--max-shapes (e.g. `--opt-shapes {}` with sizes for N), or [profiles] in the model's sidecar (docs/cache.md, \"Profiles and validation\")", .inputs.join(", "), .inputs.join(","))]
+    Unprofiled {
+        backend: crate::spec::Backend,
+        /// Each input as `name:dims` with `N` for a dynamic axis.
+        inputs: Vec<String>,
+    },
+    /// ONNX Runtime's TensorRT provider takes profiles as `name:dims,name:dims` strings and
+    /// splits them at `,` and the first `:`: a name holding either cannot be given to it.
+    #[error("the ort-tensorrt backend cannot take a shape profile for input `{input}`: ONNX Runtime's trt_profile_*_shapes options split at `,` and `:`, which the name contains\nfix: build it with the trt backend (names go to TensorRT as they are), or rename the input in the model")]
+    UnprofilableName { input: String },
+}
+
+/// Checks that `backend` can build `plan` for a model with `inputs`, before any library is
+/// loaded, so the refusal reads the same on a host without a GPU: the TensorRT backends need a
+/// profile over every dynamic input, and `ort-tensorrt` cannot carry names holding `,` or `:`.
+pub fn check_backend(
+    plan: &Plan,
+    inputs: &ModelInputs,
+    backend: crate::spec::Backend,
+) -> Result<(), PlanError> {
+    use crate::spec::Backend;
+    if !matches!(backend, Backend::OrtTensorRt | Backend::Trt) {
+        return Ok(());
+    }
+    let covered = |name: &str| {
+        plan.profile
+            .as_ref()
+            .is_some_and(|p| p.opt.contains_key(name))
+    };
+    let missing: Vec<String> = inputs
+        .0
+        .iter()
+        .filter(|i| i.is_dynamic() && !covered(&i.name))
+        .map(|i| {
+            let dims = match &i.shape {
+                Some(s) => s
+                    .iter()
+                    .map(|d| match d {
+                        crate::onnx::facts::Dim::Fixed(n) => n.to_string(),
+                        _ => "N".into(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join("x"),
+                None => "?".into(),
+            };
+            format!("{}:{dims}", i.name)
+        })
+        .collect();
+    if !missing.is_empty() {
+        return Err(PlanError::Unprofiled {
+            backend,
+            inputs: missing,
+        });
+    }
+    if backend == Backend::OrtTensorRt {
+        if let Some(p) = &plan.profile {
+            if let Some(name) = p.opt.keys().find(|n| n.contains([',', ':'])) {
+                return Err(PlanError::UnprofilableName {
+                    input: name.clone(),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Shape-profile flags shared by every command that keys or builds a model; flatten it into
@@ -299,6 +366,72 @@ mod tests {
             max_shapes: max.map(String::from),
             ..Default::default()
         }
+    }
+
+    fn plan_for(inputs: &ModelInputs, args: &ProfileArgs) -> Plan {
+        resolve(Path::new("/nonexistent/m.onnx"), inputs, args, None).unwrap()
+    }
+
+    fn sig(name: &str, dims: &[Option<i64>]) -> InputSig {
+        use crate::onnx::facts::Dim;
+        InputSig {
+            name: name.into(),
+            dtype: Some("float32".into()),
+            shape: Some(
+                dims.iter()
+                    .map(|d| d.map_or(Dim::Unknown, Dim::Fixed))
+                    .collect(),
+            ),
+        }
+    }
+
+    #[test]
+    fn tensorrt_backends_need_a_profile_over_every_dynamic_input() {
+        use crate::spec::Backend;
+        let inputs = ModelInputs(vec![
+            sig("ids", &[None, None]),
+            sig("mask", &[None, None]),
+            sig("scale", &[Some(1)]),
+        ]);
+        let bare = plan_for(&inputs, &ProfileArgs::default());
+        for b in [Backend::OrtTensorRt, Backend::Trt] {
+            let e = check_backend(&bare, &inputs, b).unwrap_err().to_string();
+            assert!(
+                e.contains("ids:NxN, mask:NxN") && e.contains(b.as_str()),
+                "{e}"
+            );
+            assert!(!e.contains("scale"), "{e}");
+            assert!(e.contains("--opt-shapes ids:NxN,mask:NxN"), "{e}");
+        }
+        for b in [Backend::OrtCpu, Backend::OrtCuda] {
+            check_backend(&bare, &inputs, b).unwrap();
+        }
+        // (A profile that covers some dynamic inputs and not others is refused by `resolve`.)
+        let full = plan_for(&inputs, &flags(None, Some("ids:1x8,mask:1x8"), None));
+        check_backend(&full, &inputs, Backend::OrtTensorRt).unwrap();
+        check_backend(&full, &inputs, Backend::Trt).unwrap();
+    }
+
+    #[test]
+    fn ort_tensorrt_refuses_names_its_profile_strings_cannot_carry() {
+        use crate::spec::Backend;
+        // A TensorFlow export's `input:0`: given through a sidecar (the flags' own syntax
+        // splits at `:` too).
+        let inputs = ModelInputs(vec![sig("input:0", &[None, Some(3)])]);
+        let mut p = plan_for(&ModelInputs::default(), &ProfileArgs::default());
+        let mut opt = std::collections::BTreeMap::new();
+        opt.insert("input:0".to_string(), vec![1, 3]);
+        p.profile = Some(ShapeProfile {
+            name: "s".into(),
+            min: opt.clone(),
+            max: opt.clone(),
+            opt,
+        });
+        let e = check_backend(&p, &inputs, Backend::OrtTensorRt)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`input:0`") && e.contains("trt backend"), "{e}");
+        check_backend(&p, &inputs, Backend::Trt).unwrap();
     }
 
     #[test]

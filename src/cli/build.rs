@@ -262,15 +262,14 @@ struct ArtifactReport {
 pub(super) fn request(a: &BuildArgs) -> anyhow::Result<(BuildJob, Option<u64>)> {
     // The plan first: a profile that contradicts the model fails here, before any build.
     let model = Model::load(&a.model).map_err(anyhow::Error::new)?;
-    let plan = resolve(
-        &a.model,
-        &ModelInputs::of(&model),
-        &a.profile,
-        a.build.precision,
-    )
-    .with_context(|| format!("{}: shape profile", a.model.display()))?;
+    let inputs = ModelInputs::of(&model);
+    let plan = resolve(&a.model, &inputs, &a.profile, a.build.precision)
+        .with_context(|| format!("{}: shape profile", a.model.display()))?;
     drop(model);
     let backend = choose_backend(a.backend, &plan);
+    // Before any library is loaded: the same refusal on a host without TensorRT.
+    crate::plan::check_backend(&plan, &inputs, backend)
+        .with_context(|| format!("{}: backend {backend}", a.model.display()))?;
     let int_range = match &a.int_range {
         None => (plan.golden.int_range[0], plan.golden.int_range[1]),
         Some(r) => {

@@ -251,16 +251,13 @@ impl CachedEngine {
         // Read, not mapped: a repository file truncated in place would fault a map.
         let m = Model::read(&model.path).map_err(|e| EngineError::Invalid(e.into()))?;
         let args = profile_args(model, sel.profile.as_deref());
-        let plan = resolve(
-            &model.path,
-            &ModelInputs::of(&m),
-            &args,
-            Some(sel.precision),
-        )
-        .map_err(|e| match e {
-            crate::plan::PlanError::NoSuchProfile { .. } => EngineError::NotFound(e.into()),
-            e => EngineError::Invalid(format!("{}: {e}", model.path.display()).into()),
-        })?;
+        let inputs = ModelInputs::of(&m);
+        let plan = resolve(&model.path, &inputs, &args, Some(sel.precision))
+            .and_then(|plan| crate::plan::check_backend(&plan, &inputs, sel.backend).map(|()| plan))
+            .map_err(|e| match e {
+                crate::plan::PlanError::NoSuchProfile { .. } => EngineError::NotFound(e.into()),
+                e => EngineError::Invalid(format!("{}: {e}", model.path.display()).into()),
+            })?;
         drop(m);
         let mut req = BuildJob::from_plan(
             &model.path,

@@ -402,7 +402,28 @@ fn leftovers_of_a_killed_build_are_cleaned_at_next_open() {
 fn gpu_backends_fail_with_the_precise_reason() {
     let d = tempfile::tempdir().unwrap();
     let m = d.path().join("m.onnx");
-    write(&models::tiny_encoder(false), &m).unwrap();
+    write(&models::tiny_encoder(true), &m).unwrap();
+    // Dynamic inputs without a profile: the TensorRT backends refuse from the plan, before
+    // any library is loaded, so the answer is the same here as on a GPU host.
+    let dynamic = d.path().join("dynamic.onnx");
+    write(&models::tiny_encoder(false), &dynamic).unwrap();
+    for backend in ["ort-tensorrt", "trt"] {
+        let out = trtcache([
+            "build",
+            dynamic.to_str().unwrap(),
+            "--backend",
+            backend,
+            "--cache-dir",
+            d.path().join("cache").to_str().unwrap(),
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{backend}");
+        let e = stderr(&out);
+        assert!(
+            e.contains(&format!("the {backend} backend needs a shape profile for every dynamic input, and x:NxNx64 has none"))
+                && e.contains("--opt-shapes x:NxNx64"),
+            "{e}"
+        );
+    }
     for (backend, provider) in [("ort-tensorrt", "TensorRT"), ("ort-cuda", "CUDA")] {
         let out = trtcache([
             "build",

@@ -60,16 +60,21 @@ fn the_readme_walk_through_runs_as_written() {
     let t = tmp.path();
     copy_dir(&repo().join("examples/models"), &t.join("examples/models"));
     std::fs::create_dir_all(t.join("cache")).unwrap();
-    // A checkout is a folder with Cargo.toml and cache/: the defaults then point here.
+    // A checkout is a folder with Cargo.toml and cache/: the defaults of a binary built in it
+    // then point here.
     std::fs::write(t.join("Cargo.toml"), "").unwrap();
     symlink(repo().join("clients"), t.join("clients")).unwrap();
     symlink(repo().join(".venv"), t.join(".venv")).unwrap();
+    // The defaults follow the checkout the executable was built in (never the working
+    // directory): the binary goes where a build in this checkout puts it.
+    let built = t.join("target/release/trtcache");
+    std::fs::create_dir_all(built.parent().unwrap()).unwrap();
+    if std::fs::hard_link(support::bin(), &built).is_err() {
+        std::fs::copy(support::bin(), &built).unwrap();
+    }
     let bin = t.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
-    script(
-        &bin.join("trtcache"),
-        &format!("exec {:?} \"$@\"\n", support::bin()),
-    );
+    script(&bin.join("trtcache"), &format!("exec {built:?} \"$@\"\n"));
     script(
         &bin.join("make"),
         "if [ \"$1\" = run ]; then exec trtcache serve; fi\n\

@@ -814,9 +814,11 @@ fn a_sigkill_mid_download_leaves_no_partial_entry() {
         }
     }
     assert!(caught, "never caught the pull mid-download");
-    // Nothing half-stored: no entry, and the next open removes the staging leftovers.
+    // Nothing half-stored: no entry, and the next writing open (`gc`; `ls` only reads)
+    // removes the staging leftovers.
     let ls = reader.run_json(&["ls", "--json"], 0);
     assert_eq!(ls.as_array().unwrap().len(), 0, "{ls}");
+    reader.run_json(&["gc", "--max-size", "10G", "--json"], 0);
     let leftovers = std::fs::read_dir(reader.cache().join("tmp"))
         .unwrap()
         .count();

@@ -112,6 +112,11 @@ pub fn tag(dir: &Path) -> Result<(), StoreError> {
     tmp.write_all(MARKER_TEXT.as_bytes())
         .and_then(|_| tmp.as_file().sync_all())
         .map_err(|e| StoreError::io(&path, e))?;
+    // Readable by anyone who can reach the folder (backup tools read it); nothing secret.
+    use std::os::unix::fs::PermissionsExt;
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(0o644))
+        .map_err(|e| StoreError::io(&path, e))?;
     tmp.persist(&path)
         .map_err(|e| StoreError::io(&path, e.error))?;
     Ok(())
