@@ -70,6 +70,7 @@ fn register(
 fn cuda_ep(opts: &BuildOptions) -> ExecutionProviderDispatch {
     ort::ep::CUDA::default()
         .with_device_id(opts.device_id)
+        .with_tf32(opts.cuda_tf32())
         .build()
         .error_on_failure()
 }

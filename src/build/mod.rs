@@ -286,13 +286,16 @@ impl BuildOptions {
     ];
 
     /// The `trt` backend's TensorRT build options: precision flags from the precision
-    /// (`fp16` turns TensorRT's FP16 flag on), workspace, builder level,
+    /// (`fp16` turns TensorRT's FP16 flag on; `fp32` clears TensorRT's default TF32 flag, so
+    /// fp32 layers compute in fp32 and meet the fp32 tolerance: TF32's 10-bit mantissa misses
+    /// it, 6.6e-4 against 1e-4 on tiny_encoder_static), workspace, builder level,
     /// hardware-compatibility level and the profile (one optimization profile when it names
     /// any input). The timing cache is filled in by the backend.
     pub fn engine_options(&self) -> crate::trt::BuildOptions {
         crate::trt::BuildOptions {
             precision: crate::trt::Precision {
                 fp16: self.precision == Precision::Fp16,
+                no_tf32: self.precision == Precision::Fp32,
                 ..Default::default()
             },
             workspace_bytes: self.trt_workspace_bytes,
@@ -306,6 +309,13 @@ impl BuildOptions {
                 .collect(),
             timing_cache: Vec::new(),
         }
+    }
+
+    /// Whether ONNX Runtime's CUDA provider may use TF32 (its `use_tf32`, on by default):
+    /// never for an fp32 build, whose artifact is validated at the fp32 tolerance. A consumer
+    /// serving an `ort-cuda` artifact passes the same (the metadata's `use_tf32`).
+    pub fn cuda_tf32(&self) -> bool {
+        self.precision != Precision::Fp32
     }
 
     /// The options that go into the key for `backend`, as canonical strings: the single
@@ -332,6 +342,7 @@ impl BuildOptions {
             Backend::OrtCuda => {
                 m.insert("opt_level".into(), self.opt_level.for_cuda().name().into());
                 m.insert("device_id".into(), self.device_id.to_string());
+                m.insert("use_tf32".into(), self.cuda_tf32().to_string());
             }
             Backend::OrtTensorRt => {
                 m.insert(
@@ -407,5 +418,28 @@ pub fn backend(backend: Backend) -> Box<dyn BackendImpl> {
         Backend::OrtCuda => Box::new(gpu::OrtCuda),
         Backend::OrtTensorRt => Box::new(gpu::OrtTensorRt),
         Backend::Trt => Box::new(trt::NativeTrt),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fp32_means_no_tf32_on_every_gpu_backend_that_has_the_switch() {
+        let fp32 = BuildOptions::default();
+        assert_eq!(fp32.precision, Precision::Fp32);
+        assert!(fp32.engine_options().precision.no_tf32);
+        assert!(!fp32.cuda_tf32());
+        assert_eq!(fp32.key_options(Backend::OrtCuda)["use_tf32"], "false");
+        let fp16 = BuildOptions {
+            precision: Precision::Fp16,
+            ..BuildOptions::default()
+        };
+        assert!(!fp16.engine_options().precision.no_tf32);
+        assert!(fp16.cuda_tf32());
+        assert_eq!(fp16.key_options(Backend::OrtCuda)["use_tf32"], "true");
+        // The TensorRT EP has no TF32 switch (ONNX Runtime 1.31): nothing to key.
+        assert!(!fp32.key_options(Backend::OrtTensorRt).contains_key("use_tf32"));
     }
 }

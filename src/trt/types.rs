@@ -244,24 +244,24 @@ impl Precision {
         f
     }
 
-    /// The flags as a canonical comma-separated list (`fp32` when none), for keys.
+    /// The flags as a canonical comma-separated list (`fp32` when none; `fp32,no-tf32` for
+    /// strict fp32), for keys.
     pub fn canonical(self) -> String {
-        let names: Vec<&str> = [
-            (self.fp16, "fp16"),
-            (self.bf16, "bf16"),
-            (self.int8, "int8"),
-            (self.fp8, "fp8"),
-            (self.no_tf32, "no-tf32"),
-        ]
-        .iter()
-        .filter(|(on, _)| *on)
-        .map(|(_, n)| *n)
-        .collect();
-        if names.is_empty() {
-            "fp32".into()
-        } else {
-            names.join(",")
-        }
+        let reduced = self.fp16 || self.bf16 || self.int8 || self.fp8;
+        let mut names: Vec<&str> = if reduced { Vec::new() } else { vec!["fp32"] };
+        names.extend(
+            [
+                (self.fp16, "fp16"),
+                (self.bf16, "bf16"),
+                (self.int8, "int8"),
+                (self.fp8, "fp8"),
+                (self.no_tf32, "no-tf32"),
+            ]
+            .iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, n)| *n),
+        );
+        names.join(",")
     }
 
     /// Reads `fp32`, `fp16`, `fp16,no-tf32`, …

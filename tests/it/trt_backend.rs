@@ -216,7 +216,8 @@ fn trt_builds_validate_key_and_share_a_timing_cache() {
     );
     assert_eq!(parts["sku"]["name"], "NVIDIA H200 (trtcache double)");
     assert_eq!(parts["sku"]["sm_count"], 132);
-    assert_eq!(parts["options"]["trt.precision"], "fp32");
+    // fp32 means fp32: TensorRT's default TF32 is cleared (it misses the fp32 tolerance).
+    assert_eq!(parts["options"]["trt.precision"], "fp32,no-tf32");
     assert_eq!(parts["options"]["trt.hardware_compatibility"], "none");
     assert_eq!(parts["options"]["trt.builder_optimization_level"], "3");
     let v = &r["record"]["validation"];
