@@ -16,7 +16,8 @@ use std::path::{Path, PathBuf};
 
 pub use disk::{OpenReport, SledStore, StoreOptions};
 pub use record::{
-    OutputError, PrepackProbe, Record, ScaledProbe, StagedArtifact, Status, StoredArtifact,
+    OutputError, PrepackProbe, Provenance, Record, ScaledProbe, StagedArtifact, Status,
+    StoredArtifact,
     StoredFile, ThreadProbe, ValidationReport, RECORD_FORMAT,
 };
 

@@ -218,26 +218,45 @@ impl CachedEngine {
         self
     }
 
-    /// The bucket's artifact for `planned` (fetched, or waited for while another host holds
-    /// the build lease), stored locally; `None` = build here. Never an error.
-    fn remote_artifact(&self, planned: &Planned, req: &BuildJob) -> Option<Handout> {
-        let tier = self.remote.as_ref()?;
-        let parts = self.snap_builder.key_parts(req).ok()?;
-        let rt = runtime::loaded()?;
-        let backend = crate::build::backend(req.backend);
+    /// [`Engine::prefetch`]: one step of the fleet tier for `planned`, on the repository's
+    /// file (no snapshot: the tier's key check compares the parts with the planned key).
+    fn remote_step(&self, planned: &Planned) -> Prefetch {
+        let Some(tier) = self.remote.as_ref() else {
+            return Prefetch::Build;
+        };
+        let Ok((req, _)) = self.request(&planned.model, &planned.selection) else {
+            return Prefetch::Build;
+        };
+        let Ok(parts) = self.builder.key_parts(&req) else {
+            return Prefetch::Build;
+        };
+        if parts.key() != planned.key {
+            return Prefetch::Build;
+        }
+        // In the bounded worker, like every build: the daemon opens no session itself.
+        let revalidate = tier.config().revalidate;
         let check = |a: &crate::cache::StagedArtifact, _: &crate::remote::Manifest| {
-            backend
-                .check_artifact(rt, a, &req.options)
+            self.snap_builder
+                .check_fetched(&req, a, revalidate)
                 .map_err(|e| e.to_string())
         };
         let model = planned.model.path.display().to_string();
-        (parts.key() == planned.key).then_some(())?;
-        tier.before_build(&parts, &model, &*self.store, &check)?;
-        match self.store.peek(&planned.key).ok()? {
-            Lookup::Hit { record, served } => self
-                .artifact(planned, &record, &served, Origin::Remote)
-                .ok(),
-            _ => None,
+        match tier.before_build(&parts, &model, &*self.store, &check) {
+            crate::remote::Before::Fetched(_) => match self.store.peek(&planned.key) {
+                Ok(Lookup::Hit { record, served }) => {
+                    match self.artifact(planned, &record, &served, Origin::Remote) {
+                        Ok(h) => Prefetch::Ready(h),
+                        Err(_) => Prefetch::Build,
+                    }
+                }
+                _ => Prefetch::Build,
+            },
+            crate::remote::Before::Wait { lease, left } => Prefetch::Wait {
+                poll: tier.lease_poll(),
+                left,
+                holder: lease.holder,
+            },
+            crate::remote::Before::Build => Prefetch::Build,
         }
     }
 
@@ -558,6 +577,20 @@ impl Engine for CachedEngine {
             }
         };
         match self.store.lookup(&planned.key).map_err(store_err)? {
+            // Trust is checked again on every load (the daemon loads each artifact once after
+            // a start, and a configuration reload restarts it): an entry fetched under a key
+            // that left remote.trusted_keys is a miss, fetched again or rebuilt (which
+            // replaces its record).
+            Lookup::Hit { record, .. }
+                if self
+                    .remote
+                    .as_ref()
+                    .and_then(|t| t.distrusts(&record.provenance))
+                    .inspect(|why| tracing::warn!(key = %planned.key, %why, "refusing a fetched entry this host no longer trusts"))
+                    .is_some() =>
+            {
+                Ok(None)
+            }
             Lookup::Hit { record, served } => {
                 match self.artifact(planned, &record, &served, Origin::Local) {
                     Ok(a) => match record.artifact.as_ref().map(|s| self.store.check_hashes(s)) {
@@ -607,6 +640,18 @@ impl Engine for CachedEngine {
 
     fn remote_stats(&self) -> Option<crate::remote::RemoteStats> {
         self.remote.as_ref().map(|t| t.stats())
+    }
+
+    fn remote_down(&self) -> Option<String> {
+        self.remote.as_ref().and_then(|t| t.down())
+    }
+
+    fn prefetch_concurrency(&self) -> usize {
+        self.remote.as_ref().map_or(0, |t| t.config().concurrency)
+    }
+
+    fn prefetch(&self, planned: &Planned) -> Prefetch {
+        self.remote_step(planned)
     }
 
     fn evict(&self, key: &CacheKey) -> Result<bool, EngineError> {
@@ -662,9 +707,6 @@ impl CachedEngine {
                     .into(),
                 ),
             })?;
-        if let Some(a) = self.remote_artifact(planned, &req) {
-            return Ok(a);
-        }
         let cancelled = || cancel.is_cancelled();
         let step = |s: &str| {
             if s.starts_with("validating") {
@@ -746,10 +788,12 @@ pub fn open(cfg: &crate::config::Config) -> Result<CachedEngine, EngineError> {
     )?
     .with_rewrite(cfg.rewrite);
     Ok(match &cfg.remote {
-        Some(r) => engine.with_remote(
-            crate::remote::RemoteTier::open(r)
-                .map_err(|e| EngineError::Runtime(format!("remote tier {}: {e}", r.url).into()))?,
-        ),
+        Some(r) => {
+            let tier = crate::remote::RemoteTier::open(r)
+                .map_err(|e| EngineError::Runtime(format!("remote tier {}: {e}", r.url).into()))?;
+            tier.probe_in_background();
+            engine.with_remote(tier)
+        }
         None => engine,
     })
 }
