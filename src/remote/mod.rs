@@ -512,7 +512,11 @@ impl Inner {
     {
         self.breaker.admit()?;
         let limit = self.cfg.lookup_timeout();
-        match self.rt().block_on(tokio::time::timeout(limit, fut)) {
+        // The timer is made inside the tier's runtime (the caller may have none).
+        match self
+            .rt()
+            .block_on(async { tokio::time::timeout(limit, fut).await })
+        {
             Ok(r) => {
                 self.judge(op, &r);
                 Ok(r)
