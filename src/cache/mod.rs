@@ -17,8 +17,7 @@ use std::path::{Path, PathBuf};
 pub use disk::{OpenReport, SledStore, StoreOptions};
 pub use record::{
     OutputError, PrepackProbe, Provenance, Record, ScaledProbe, StagedArtifact, Status,
-    StoredArtifact,
-    StoredFile, ThreadProbe, ValidationReport, RECORD_FORMAT,
+    StoredArtifact, StoredFile, ThreadProbe, ValidationReport, RECORD_FORMAT,
 };
 
 use crate::key::CacheKey;

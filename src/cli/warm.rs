@@ -448,7 +448,9 @@ pub fn status(a: StatusArgs) -> anyhow::Result<ExitCode> {
             };
             // The daemon builds locally while its fleet tier is down: say so.
             if let Some(why) = c.stats().ok().and_then(|s| s.remote_down) {
-                eprintln!("status: the remote tier is unreachable (building locally meanwhile): {why}");
+                eprintln!(
+                    "status: the remote tier is unreachable (building locally meanwhile): {why}"
+                );
             }
             models
         }

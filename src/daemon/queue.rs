@@ -236,9 +236,7 @@ impl Queue {
         let key = job.planned.key;
         {
             let mut g = self.lock();
-            if job.cancel.is_cancelled()
-                || !g.jobs.get(&key).is_some_and(|j| Arc::ptr_eq(j, job))
-            {
+            if job.cancel.is_cancelled() || !g.jobs.get(&key).is_some_and(|j| Arc::ptr_eq(j, job)) {
                 return;
             }
             g.jobs.remove(&key);
@@ -313,7 +311,8 @@ impl Queue {
         }
         self.wake.notify_one();
         let deadline = Instant::now() + grace;
-        while self.stats.running.load(Ordering::SeqCst) + self.stats.prefetching.load(Ordering::SeqCst)
+        while self.stats.running.load(Ordering::SeqCst)
+            + self.stats.prefetching.load(Ordering::SeqCst)
             > 0
         {
             let left = deadline.saturating_duration_since(Instant::now());

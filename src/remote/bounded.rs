@@ -95,8 +95,8 @@ impl Bounded {
             ));
         }
         let (parts, body) = res.into_parts();
-        let body = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)).map_err(
-            move |e| {
+        let body =
+            Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)).map_err(move |e| {
                 if e.is::<LengthLimitError>() {
                     return HttpError::new(
                         HttpErrorKind::Decode,
@@ -111,8 +111,7 @@ impl Bounded {
                     Ok(h) => *h,
                     Err(other) => HttpError::new_boxed(HttpErrorKind::Unknown, other),
                 }
-            },
-        );
+            });
         Ok(HttpResponse::from_parts(parts, HttpResponseBody::new(body)))
     }
 }

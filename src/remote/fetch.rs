@@ -13,8 +13,7 @@ use sha2::{Digest, Sha256};
 use super::manifest::{Envelope, Manifest, Rejection};
 use super::{Counters, Inner, RemoteError, RemoteTier};
 use crate::cache::{
-    now_secs, Lookup, Provenance, Record, StagedArtifact, Status, Store, StoredFile,
-    RECORD_FORMAT,
+    now_secs, Lookup, Provenance, Record, StagedArtifact, Status, Store, StoredFile, RECORD_FORMAT,
 };
 use crate::key::{hex, CacheKey, KeyParts};
 

@@ -55,7 +55,11 @@ pub enum RemoteError {
     /// A response (a manifest, a lease, a listing page, an error body) over
     /// `remote.max_response_bytes`: refused before anything of it was parsed.
     #[error("remote {op}: {object}: the response is larger than remote.max_response_bytes ({limit} bytes); refused unread")]
-    TooLarge { op: String, object: String, limit: u64 },
+    TooLarge {
+        op: String,
+        object: String,
+        limit: u64,
+    },
     /// The circuit breaker is open after repeated failures; no request was sent.
     #[error("remote endpoint skipped for {secs}s more after {failures} consecutive failures (circuit breaker open)")]
     CircuitOpen { secs: u64, failures: u32 },
@@ -190,7 +194,11 @@ impl Breaker {
     /// `Some(why)` while the endpoint is failing: the breaker is open, or the last operation
     /// failed.
     fn down(&self) -> Option<String> {
-        let last = self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()?;
+        let last = self
+            .last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()?;
         let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let left = s.1.map(|u| u.saturating_duration_since(Instant::now()));
         Some(match left {

@@ -35,10 +35,7 @@ impl RemoteTier {
 
     /// Removes every entry of `store` that [`RemoteTier::distrusts`]; the keys removed, with
     /// why.
-    pub fn drop_untrusted(
-        &self,
-        store: &dyn Store,
-    ) -> Result<Vec<(CacheKey, String)>, StoreError> {
+    pub fn drop_untrusted(&self, store: &dyn Store) -> Result<Vec<(CacheKey, String)>, StoreError> {
         let mut dropped = Vec::new();
         for r in store.list()? {
             if r.status != Status::Ready {

@@ -67,7 +67,12 @@ impl Moto {
     }
 
     /// One plain HTTP request (moto does not check signatures): status and body.
-    pub(crate) fn http(&self, method: &str, path: &str, body: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
+    pub(crate) fn http(
+        &self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+    ) -> std::io::Result<(u16, Vec<u8>)> {
         let mut s = TcpStream::connect(("127.0.0.1", self.port))?;
         s.set_read_timeout(Some(Duration::from_secs(30)))?;
         write!(

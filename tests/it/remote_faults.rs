@@ -13,8 +13,8 @@ use trtcache_client::protocol::{Origin, VariantState};
 
 use crate::daemon::Daemon;
 use crate::remote::{
-    blob_keys, fleet, local_entries, manifest_key, pull, reader_cfg, wait_output, writer_cfg,
-    Host, Moto, BUCKET,
+    blob_keys, fleet, local_entries, manifest_key, pull, reader_cfg, wait_output, writer_cfg, Host,
+    Moto, BUCKET,
 };
 use crate::support::{cmd, json, ort_dylib};
 
@@ -91,10 +91,7 @@ fn text(out: &Output) -> String {
 fn oversized_and_endless_answers_are_refused_unread_naming_the_object_and_limit() {
     let f = fleet();
     let reader = Host::new();
-    let cfg = format!(
-        "{}\nmax_response_bytes = 65536",
-        reader_cfg(&[&f.signer])
-    );
+    let cfg = format!("{}\nmax_response_bytes = 65536", reader_cfg(&[&f.signer]));
     reader.write_config(&f.moto.endpoint(), &cfg);
     // A 1 MiB manifest: refused before a byte of it is parsed.
     let big = format!(
@@ -121,7 +118,10 @@ fn oversized_and_endless_answers_are_refused_unread_naming_the_object_and_limit(
     );
     let out = wait_output(pull_cmd(&reader, &f.model), Duration::from_secs(120));
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-    let why = json(&out)["refused"].as_str().unwrap_or_default().to_string();
+    let why = json(&out)["refused"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     assert!(
         why.contains("max_response_bytes") && why.contains("manifests/"),
         "{}",
@@ -137,11 +137,7 @@ fn oversized_and_endless_answers_are_refused_unread_naming_the_object_and_limit(
         &format!("{}\nmax_response_bytes = 65536", reader_cfg(&[&f.signer])),
     );
     let out = wait_output(pull_cmd(&reader, &f.model), Duration::from_secs(120));
-    assert!(
-        matches!(out.status.code(), Some(1 | 2)),
-        "{}",
-        text(&out)
-    );
+    assert!(matches!(out.status.code(), Some(1 | 2)), "{}", text(&out));
     assert!(!text(&out).contains("panicked"), "{}", text(&out));
     assert_eq!(local_entries(&reader), 0);
 }
@@ -278,7 +274,8 @@ fn a_lease_claiming_to_last_for_ever_is_waited_on_without_a_slot_then_built_here
         d.log()
     );
     assert!(
-        d.log().contains("gave up waiting on another host's build lease"),
+        d.log()
+            .contains("gave up waiting on another host's build lease"),
         "{}",
         d.log()
     );
@@ -348,7 +345,10 @@ fn a_fetched_entry_is_never_re_signed_and_is_refused_once_its_signer_is_revoked(
     );
     let p = h.run_json(&["push", "--all", "--json"], 0);
     assert_eq!(p["uploaded"].as_array().unwrap().len(), 0, "{p}");
-    assert!(p["skipped"][0][1].as_str().unwrap().contains("fetched"), "{p}");
+    assert!(
+        p["skipped"][0][1].as_str().unwrap().contains("fetched"),
+        "{p}"
+    );
     assert!(
         !f.moto.listing().iter().any(|o| o.starts_with("resigned/")),
         "{:?}",
@@ -360,7 +360,10 @@ fn a_fetched_entry_is_never_re_signed_and_is_refused_once_its_signer_is_revoked(
     // A leaves the trusted keys: the local entry goes and A's manifest is refused.
     h.write_config(&f.moto.endpoint(), &writer_cfg(&b, &[&b]));
     let p = pull(&h, &f, 1);
-    assert!(p["refused"].as_str().unwrap().contains("does not trust"), "{p}");
+    assert!(
+        p["refused"].as_str().unwrap().contains("does not trust"),
+        "{p}"
+    );
     assert_eq!(local_entries(&h), 0);
 
     // A daemon whose cache holds A's artifact, started trusting only B: it refuses the
@@ -381,7 +384,10 @@ fn a_fetched_entry_is_never_re_signed_and_is_refused_once_its_signer_is_revoked(
     let base = std::fs::read_to_string(d.config()).unwrap();
     with_remote(&mut d, &f.moto.endpoint(), &trust(&[&f.signer]));
     let out = cmd()
-        .args(["pull", d.models().join("tiny_encoder.onnx").to_str().unwrap()])
+        .args([
+            "pull",
+            d.models().join("tiny_encoder.onnx").to_str().unwrap(),
+        ])
         .args(["--json", "--config"])
         .arg(d.config())
         .env("ORT_DYLIB_PATH", ort_dylib())
