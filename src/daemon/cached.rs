@@ -50,6 +50,10 @@ pub struct CachedEngine {
     prepack_probe_max_run_ms: u64,
     /// The fleet tier (config `[remote]`): consulted before a build, fed after one.
     remote: Option<crate::remote::RemoteTier>,
+    /// The request and key parts of keys waiting on another host's build lease, so that
+    /// each poll does not read and plan the model again.
+    waiting:
+        std::sync::Mutex<std::collections::HashMap<CacheKey, (BuildJob, crate::key::KeyParts)>>,
 }
 
 impl std::fmt::Debug for CachedEngine {
@@ -209,6 +213,7 @@ impl CachedEngine {
             thread_probe_max_run_ms: limits.thread_probe_max_run_ms,
             prepack_probe_max_run_ms: limits.prepack_probe_max_run_ms,
             remote: None,
+            waiting: Default::default(),
         })
     }
 
@@ -224,11 +229,22 @@ impl CachedEngine {
         let Some(tier) = self.remote.as_ref() else {
             return Prefetch::Build;
         };
-        let Ok((req, _)) = self.request(&planned.model, &planned.selection) else {
-            return Prefetch::Build;
-        };
-        let Ok(parts) = self.builder.key_parts(&req) else {
-            return Prefetch::Build;
+        let known = self
+            .waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&planned.key);
+        let (req, parts) = match known {
+            Some(k) => k,
+            None => {
+                let Ok((req, _)) = self.request(&planned.model, &planned.selection) else {
+                    return Prefetch::Build;
+                };
+                let Ok(parts) = self.builder.key_parts(&req) else {
+                    return Prefetch::Build;
+                };
+                (req, parts)
+            }
         };
         if parts.key() != planned.key {
             return Prefetch::Build;
@@ -251,11 +267,17 @@ impl CachedEngine {
                 }
                 _ => Prefetch::Build,
             },
-            crate::remote::Before::Wait { lease, left } => Prefetch::Wait {
-                poll: tier.lease_poll(),
-                left,
-                holder: lease.holder,
-            },
+            crate::remote::Before::Wait { lease, left } => {
+                self.waiting
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(planned.key, (req.clone(), parts.clone()));
+                Prefetch::Wait {
+                    poll: tier.lease_poll(),
+                    left,
+                    holder: lease.holder,
+                }
+            }
             crate::remote::Before::Build => Prefetch::Build,
         }
     }
