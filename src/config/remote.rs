@@ -184,4 +184,21 @@ signing_key = "/etc/trtcache/keys/this-host.key""#,
         assert!(bad.validate().is_err());
         assert!(toml::from_str::<RemoteConfig>("url = \"s3://b\"\nmod = \"x\"").is_err());
     }
+
+    #[test]
+    fn the_fleet_limits_have_bounded_defaults_and_zero_is_refused() {
+        let c: RemoteConfig = toml::from_str("url = \"s3://b\"").unwrap();
+        assert_eq!(c.lookup_timeout(), Duration::from_secs(2));
+        assert_eq!(c.max_response_bytes, 4 << 20);
+        assert!(c.concurrency > 0);
+        for bad in [
+            "lookup_timeout_ms = 0",
+            "max_response_bytes = 0",
+            "concurrency = 0",
+        ] {
+            let c: RemoteConfig = toml::from_str(&format!("url = \"s3://b\"\n{bad}")).unwrap();
+            let e = c.validate().unwrap_err();
+            assert!(e.contains(bad.split(' ').next().unwrap()), "{e}");
+        }
+    }
 }
