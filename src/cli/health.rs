@@ -28,7 +28,8 @@ const NOT_ANSWERING: u8 = 3;
 
 /// Check the daemon on its socket: exit 0 when it answers (with --ready: and every model is
 /// ready), 1 when it answers but is not ready, 3 when it does not answer, 2 on bad flags or
-/// configuration.
+/// configuration. A daemon whose fleet tier ([remote]) is unreachable is warned about
+/// (`remote_unreachable` in --json) but still healthy: it builds locally.
 #[derive(Debug, Args)]
 pub struct HealthArgs {
     #[command(flatten)]
