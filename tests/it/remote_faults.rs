@@ -192,6 +192,9 @@ fn a_hung_endpoint_costs_local_builds_seconds_and_is_reported_unreachable() {
         .iter()
         .all(|m| m.variants.iter().all(|v| v.state == VariantState::Ready)));
     eprintln!("hung endpoint: 3 models ready (built here) {settled:?} after the daemon's start");
+    if let Some(kb) = d.child.as_ref().and_then(|c| peak_rss_kb(c.id())) {
+        eprintln!("daemon peak RSS after 3 local builds: {kb} kB");
+    }
     let s = d.client().stats().unwrap();
     let down = s.remote_down.clone().unwrap_or_default();
     assert!(down.contains("no answer within"), "{s:?}");
