@@ -52,6 +52,7 @@ fn record(n: u64) -> Record {
         created: n,
         last_used: n,
         hits: 0,
+        provenance: Default::default(),
     }
 }
 

@@ -264,10 +264,48 @@ impl Builder {
                     out: out.to_path_buf(),
                     ort_library: self.ort_library.clone(),
                     decode: crate::onnx::DecodeLimits::default(),
+                    check: None,
                 };
                 worker::run(&job, limits, watch.cancelled, progress)
             }
             None => self.build_in_process(rt, req, out, &progress, watch),
+        }
+    }
+
+    /// This host's own check of a fetched artifact before it is stored (it opens the way
+    /// consumers will; with `revalidate` it also passes validation against `req.model`): in
+    /// the bounded worker process when the builder has one (the daemon), like every build,
+    /// else in this process.
+    pub fn check_fetched(
+        &self,
+        req: &BuildJob,
+        artifact: &StagedArtifact,
+        revalidate: bool,
+    ) -> Result<(), BuildError> {
+        let check = worker::CheckArtifact {
+            artifact: artifact.clone(),
+            revalidate,
+        };
+        let job = worker::Job {
+            model: req.model.clone(),
+            backend: req.backend,
+            options: req.options.clone(),
+            validation: req.validation.clone(),
+            out: artifact.dir.clone(),
+            ort_library: self.ort_library.clone(),
+            decode: crate::onnx::DecodeLimits::default(),
+            check: None,
+        };
+        match &self.worker {
+            Some(limits) => worker::check(
+                &worker::Job {
+                    check: Some(check),
+                    ..job
+                },
+                limits,
+                &|| false,
+            ),
+            None => worker::check_artifact(&job, &check),
         }
     }
 
@@ -511,6 +549,7 @@ impl Builder {
             created: now,
             last_used: now,
             hits: 0,
+            provenance: crate::cache::Provenance::Built,
         };
         progress("storing");
         let stored = if validation.passed {

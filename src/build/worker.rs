@@ -58,6 +58,18 @@ pub struct Job {
     /// loads.
     #[serde(default)]
     pub decode: crate::onnx::DecodeLimits,
+    /// A fetched artifact to check instead of a build (`out` is then unused): that it opens
+    /// the way consumers will, and with `revalidate` that it passes validation against
+    /// `model`. The daemon never opens an ONNX Runtime or TensorRT session itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check: Option<CheckArtifact>,
+}
+
+/// [`Job::check`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CheckArtifact {
+    pub artifact: StagedArtifact,
+    pub revalidate: bool,
 }
 
 /// What a worker built and how it validated.
@@ -81,6 +93,8 @@ enum Line {
 #[serde(rename_all = "snake_case")]
 pub enum Reply {
     Built(Box<Built>),
+    /// The fetched artifact of a [`Job::check`] passed.
+    Checked,
     /// The build or validation failed; `kind` tells the parent how to classify it.
     Failed {
         kind: FailKind,
@@ -111,6 +125,57 @@ pub fn run(
     cancelled: &(dyn Fn() -> bool + Sync),
     progress: &dyn Fn(&str),
 ) -> Result<Built, BuildError> {
+    match exchange(job, limits, cancelled, progress)? {
+        Reply::Built(b) => Ok(*b),
+        Reply::Checked => Err(BuildError::Worker(
+            "the worker checked instead of building".into(),
+        )),
+        Reply::Failed { kind, message } => Err(failure(job, kind, message)),
+    }
+}
+
+/// Checks a fetched artifact ([`Job::check`]) in a worker process, under the same limits as
+/// a build.
+pub fn check(
+    job: &Job,
+    limits: &WorkerLimits,
+    cancelled: &(dyn Fn() -> bool + Sync),
+) -> Result<(), BuildError> {
+    match exchange(job, limits, cancelled, &|_| {})? {
+        Reply::Checked => Ok(()),
+        Reply::Built(_) => Err(BuildError::Worker(
+            "the worker built instead of checking".into(),
+        )),
+        Reply::Failed { kind, message } => Err(failure(job, kind, message)),
+    }
+}
+
+/// A worker's [`Reply::Failed`] as the error an in-process build would have given.
+fn failure(job: &Job, kind: FailKind, message: String) -> BuildError {
+    match kind {
+        FailKind::Runtime => BuildError::WorkerUnavailable(message),
+        FailKind::Full => BuildError::Store(crate::cache::StoreError::Full {
+            path: job.out.clone(),
+            detail: message,
+        }),
+        FailKind::Storage => BuildError::Store(crate::cache::StoreError::io(
+            &job.out,
+            std::io::Error::other(message),
+        )),
+        FailKind::Model => BuildError::Model {
+            path: job.model.clone(),
+            message,
+        },
+    }
+}
+
+/// Runs `job` in a worker process and reads its reply (see [`run`]).
+fn exchange(
+    job: &Job,
+    limits: &WorkerLimits,
+    cancelled: &(dyn Fn() -> bool + Sync),
+    progress: &dyn Fn(&str),
+) -> Result<Reply, BuildError> {
     // `/proc/self/exe` is the running image even after its file was replaced (a package
     // upgrade under a running daemon): the worker is always the daemon's own version.
     let exe = std::env::var_os(WORKER_EXE_ENV)
@@ -254,22 +319,7 @@ pub fn run(
         });
     }
     match reply {
-        Some(Ok(Reply::Built(b))) => Ok(*b),
-        Some(Ok(Reply::Failed { kind, message })) => Err(match kind {
-            FailKind::Runtime => BuildError::WorkerUnavailable(message),
-            FailKind::Full => BuildError::Store(crate::cache::StoreError::Full {
-                path: job.out.clone(),
-                detail: message,
-            }),
-            FailKind::Storage => BuildError::Store(crate::cache::StoreError::io(
-                &job.out,
-                std::io::Error::other(message),
-            )),
-            FailKind::Model => BuildError::Model {
-                path: job.model.clone(),
-                message,
-            },
-        }),
+        Some(Ok(r)) => Ok(r),
         Some(Err(e)) => Err(BuildError::Worker(format!(
             "the worker's answer is not readable ({e}); its stderr ends: {err_tail}"
         ))),
@@ -369,8 +419,12 @@ pub fn serve_one() -> i32 {
         emit(&Line::Progress(p.to_string()));
     };
     crate::onnx::DecodeLimits::set_process_default(job.decode);
-    let reply = match build_and_validate(&job, &progress) {
-        Ok(b) => Reply::Built(Box::new(b)),
+    let done = match &job.check {
+        Some(c) => check_artifact(&job, c).map(|()| Reply::Checked),
+        None => build_and_validate(&job, &progress).map(|b| Reply::Built(Box::new(b))),
+    };
+    let reply = match done {
+        Ok(r) => r,
         Err(e) => {
             let kind = match &e {
                 e if e.is_host_problem() => FailKind::Runtime,
@@ -397,6 +451,25 @@ pub fn serve_one() -> i32 {
         eprintln!("trtcache worker: cannot write the reply");
         2
     }
+}
+
+/// What the worker does for a [`Job::check`]: the artifact opens the way consumers will,
+/// and with `revalidate` passes validation against the model.
+pub fn check_artifact(job: &Job, c: &CheckArtifact) -> Result<(), BuildError> {
+    let rt = runtime::load(job.ort_library.as_deref())?;
+    let b = backend(job.backend);
+    b.check(rt)?;
+    b.check_artifact(rt, &c.artifact, &job.options)?;
+    if c.revalidate {
+        let v = b.validate(rt, &job.model, &c.artifact, &job.options, &job.validation)?;
+        if !v.passed {
+            return Err(BuildError::Validation(format!(
+                "re-validation against the model is over tolerance ({})",
+                v.worst()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// What the worker does: the backend's build into `job.out`, then validation against the

@@ -32,8 +32,8 @@ pub fn is_cache(dir: &std::path::Path) -> bool {
     )
 }
 pub use record::{
-    OutputError, PrepackProbe, Record, ScaledProbe, StagedArtifact, Status, StoredArtifact,
-    StoredFile, ThreadProbe, ValidationReport, RECORD_FORMAT,
+    OutputError, PrepackProbe, Provenance, Record, ScaledProbe, StagedArtifact, Status,
+    StoredArtifact, StoredFile, ThreadProbe, ValidationReport, RECORD_FORMAT,
 };
 
 use crate::key::CacheKey;

@@ -308,6 +308,37 @@ pub struct Record {
     pub created: u64,
     pub last_used: u64,
     pub hits: u64,
+    /// Where the artifact came from (see [`Provenance`]); [`Provenance::Unknown`] in
+    /// records written before it was kept.
+    #[serde(default)]
+    pub provenance: Provenance,
+}
+
+/// Where a stored artifact came from, so that trust can be checked again later: a fetched
+/// entry whose signer is no longer trusted is dropped (at the daemon's start, by `pull` and
+/// `push`), and only what this host built and validated itself is ever pushed.
+///
+/// The default, for records written before the field existed, is `Unknown`, not `Built`:
+/// such a record may have been fetched under a key since revoked, and reading it as built
+/// here would let `push --all` sign it with this host's key and spread it to hosts that never
+/// trusted its builder. Unknown entries are kept and served (what they were before), never
+/// pushed; a rebuild (`build --force`) makes them `Built`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Provenance {
+    /// Recorded before provenance was kept.
+    #[default]
+    Unknown,
+    /// Built and validated by this host.
+    Built,
+    /// Fetched from the fleet tier.
+    Fetched {
+        /// The trusted key whose signature this host verified; `None`: accepted unsigned or
+        /// without a check (`remote.trusted_keys` was empty).
+        signer: Option<String>,
+        /// The builder host the manifest names.
+        builder: String,
+    },
 }
 
 impl Record {

@@ -3,6 +3,9 @@
 //! `daemon::metrics::not_ready`). For systemd's `ExecStartPost=`, Kubernetes exec probes
 //! and deploy gates.
 //!
+//! A daemon whose fleet tier is unreachable is still healthy (it builds locally); the
+//! verdict says so (`remote_unreachable`, and a warning line).
+//!
 //! Exit status: 0 healthy (and, with `--ready`, ready); 1 answering but not ready; 3 not
 //! answering (no socket, refused, no answer within `--timeout`, shutting down); 2 bad flags
 //! or configuration.
@@ -25,7 +28,8 @@ const NOT_ANSWERING: u8 = 3;
 
 /// Check the daemon on its socket: exit 0 when it answers (with --ready: and every model is
 /// ready), 1 when it answers but is not ready, 3 when it does not answer, 2 on bad flags or
-/// configuration.
+/// configuration. A daemon whose fleet tier ([remote]) is unreachable is warned about
+/// (`remote_unreachable` in --json) but still healthy: it builds locally.
 #[derive(Debug, Args)]
 pub struct HealthArgs {
     #[command(flatten)]
@@ -59,6 +63,11 @@ struct Verdict {
     models: Option<usize>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     not_ready: Vec<NotReady>,
+    /// Why the daemon's fleet tier (`[remote]`) is unreachable, while it is. The daemon
+    /// builds locally meanwhile, so this never changes the exit status: a liveness probe
+    /// must not restart a daemon because the bucket is down.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    remote_unreachable: Option<String>,
     /// Why the daemon does not answer (or its readiness is unknown).
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
@@ -104,6 +113,7 @@ fn check(socket: &std::path::Path, ready: bool, timeout: Duration) -> Verdict {
         server: None,
         models: None,
         not_ready: Vec::new(),
+        remote_unreachable: None,
         error: None,
     };
     let mut c = match Client::connect_timeout(socket, timeout) {
@@ -130,6 +140,7 @@ fn check(socket: &std::path::Path, ready: bool, timeout: Duration) -> Verdict {
                 v.not_ready = not_ready(&models);
                 v.ready = Some(v.not_ready.is_empty());
             }
+            v.remote_unreachable = c.stats().ok().and_then(|s| s.remote_down);
         }
         Err(e) if e.code() == Some(ErrorCode::Busy) => {
             v.answering = true;
@@ -150,6 +161,9 @@ fn not_answering(e: &ClientError, timeout: Duration) -> String {
 
 fn print_human(v: &Verdict) {
     let server = v.server.as_deref().unwrap_or("the daemon");
+    if let Some(why) = &v.remote_unreachable {
+        eprintln!("warning: the remote tier is unreachable (building locally meanwhile): {why}");
+    }
     match (v.answering, v.ready) {
         (false, _) => eprintln!(
             "not answering: {} ({})",

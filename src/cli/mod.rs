@@ -92,7 +92,8 @@ pub enum Command {
     /// Show each model's state per backend/profile (from the daemon when one runs).
     Status(warm::StatusArgs),
     /// Check that the daemon answers on its socket (--ready: and that every model is
-    /// ready); exit 0, 1 not ready, 3 not answering. For probes and deploy gates.
+    /// ready); exit 0, 1 not ready, 3 not answering. For probes and deploy gates. Warns
+    /// (exit status unchanged) when the daemon's remote tier is unreachable.
     Health(health::HealthArgs),
     /// Internal: build and validate one job read from stdin (the daemon and `build` run
     /// every build in such a bounded worker process).

@@ -73,7 +73,8 @@ pub struct PushArgs {
     /// Upload every servable entry.
     #[arg(long, conflicts_with = "keys")]
     pub all: bool,
-    /// Send blobs the bucket already holds with the same size too (repairs a damaged blob).
+    /// Send every blob without reading back the bucket's copy first (by default a blob
+    /// already there is hashed and sent again only when its content differs).
     #[arg(long)]
     pub force: bool,
     #[command(flatten)]
@@ -153,6 +154,8 @@ pub fn keygen(a: KeygenArgs) -> anyhow::Result<ExitCode> {
 struct PushReport {
     uploaded: Vec<crate::remote::UploadOutcome>,
     failed: Vec<(String, String)>,
+    /// Entries `--all` does not upload (fetched, or recorded before provenance), with why.
+    skipped: Vec<(String, String)>,
     stats: RemoteStats,
 }
 
@@ -162,6 +165,9 @@ pub fn push(a: PushArgs) -> anyhow::Result<ExitCode> {
         return Err(RemoteError::ReadOnly).context("push");
     }
     let (store, _dir) = open_store(&a.cache, None)?;
+    for (key, why) in tier.drop_untrusted(&store).context("checking trust")? {
+        eprintln!("push: dropped {key} from the local cache: {why}");
+    }
     let keys: Vec<CacheKey> = if a.all {
         store
             .list()
@@ -178,6 +184,7 @@ pub fn push(a: PushArgs) -> anyhow::Result<ExitCode> {
     let mut rep = PushReport {
         uploaded: Vec::new(),
         failed: Vec::new(),
+        skipped: Vec::new(),
         stats: RemoteStats::default(),
     };
     for key in keys {
@@ -200,6 +207,10 @@ pub fn push(a: PushArgs) -> anyhow::Result<ExitCode> {
         };
         match tier.upload(&job, a.force) {
             Ok(o) => rep.uploaded.push(o),
+            // `--all` uploads what this host built; the rest is listed, not a failure.
+            Err(e @ RemoteError::NotBuiltHere { .. }) if a.all => {
+                rep.skipped.push((key.hex(), e.to_string()))
+            }
             Err(e) => rep.failed.push((key.hex(), format!("{e:#}"))),
         }
     }
@@ -227,6 +238,13 @@ pub fn push(a: PushArgs) -> anyhow::Result<ExitCode> {
                 ]
             })
             .collect();
+        rows.extend(rep.skipped.iter().map(|(k, why)| {
+            vec![
+                k[..16.min(k.len())].to_string(),
+                "skipped".into(),
+                why.clone(),
+            ]
+        }));
         rows.extend(rep.failed.iter().map(|(k, why)| {
             vec![
                 k[..16.min(k.len())].to_string(),
@@ -281,9 +299,19 @@ pub fn pull(a: PullArgs) -> anyhow::Result<ExitCode> {
         seconds: 0.0,
         stats: RemoteStats::default(),
     };
-    // A local hit never touches the network: the tier is not even opened.
+    // A local hit never touches the network (opening the tier sends no request), unless
+    // it was fetched under a key this host no longer trusts: then it is dropped and fetched
+    // again.
+    let tier = a.remote.open()?;
     let local = match store.peek(&key)? {
-        Lookup::Hit { served, record } if !b.force => Some((served, record)),
+        Lookup::Hit { served, record } if !b.force => match tier.distrusts(&record.provenance) {
+            None => Some((served, record)),
+            Some(why) => {
+                eprintln!("pull: dropping the local entry {key}: {why}");
+                store.remove(&key)?;
+                None
+            }
+        },
         _ => None,
     };
     if let Some((served, record)) = local {
@@ -291,21 +319,11 @@ pub fn pull(a: PullArgs) -> anyhow::Result<ExitCode> {
         rep.entry = Some(served.entry);
         rep.bytes = record.bytes();
     } else {
-        let tier = a.remote.open()?;
         let revalidate = tier.config().revalidate;
         let check = |art: &crate::cache::StagedArtifact, _m: &crate::remote::Manifest| {
-            backend
-                .check_artifact(rt, art, &req.options)
-                .map_err(|e| format!("it does not open: {e}"))?;
-            if revalidate {
-                let v = backend
-                    .validate(rt, &req.model, art, &req.options, &req.validation)
-                    .map_err(|e| format!("re-validation: {e}"))?;
-                if !v.passed {
-                    return Err("re-validation against the model is over tolerance".into());
-                }
-            }
-            Ok(())
+            builder
+                .check_fetched(&req, art, revalidate)
+                .map_err(|e| format!("it does not pass: {e}"))
         };
         let model_path = b.model.display().to_string();
         match tier.fetch(&parts, &model_path, &*store, &check) {
@@ -320,7 +338,8 @@ pub fn pull(a: PullArgs) -> anyhow::Result<ExitCode> {
             Err(
                 e @ (RemoteError::Rejected { .. }
                 | RemoteError::CheckFailed { .. }
-                | RemoteError::MissingBlob { .. }),
+                | RemoteError::MissingBlob { .. }
+                | RemoteError::TooLarge { .. }),
             ) => rep.refused = Some(e.to_string()),
             Err(e) => {
                 return Err(anyhow::Error::new(e))

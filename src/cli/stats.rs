@@ -73,6 +73,11 @@ pub fn run(a: StatsArgs) -> anyhow::Result<ExitCode> {
         ),
     ]
     .into_iter()
+    .chain(
+        s.remote_down
+            .as_ref()
+            .map(|why| ("remote tier", st.bad(&format!("unreachable: {why}")))),
+    )
     .map(|(k, v)| vec![st.heading(k), v])
     .collect();
     println!("daemon at {}", cfg.socket.display());

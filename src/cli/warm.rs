@@ -435,16 +435,25 @@ pub fn status(a: StatusArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let models = match conn {
-        Some(mut c) => match &a.model {
-            Some(m) => vec![c
-                .status(m)
-                .map_err(anyhow::Error::new)
-                .with_context(|| format!("status of `{m}`"))?],
-            None => c
-                .list()
-                .map_err(anyhow::Error::new)
-                .context("listing models")?,
-        },
+        Some(mut c) => {
+            let models = match &a.model {
+                Some(m) => vec![c
+                    .status(m)
+                    .map_err(anyhow::Error::new)
+                    .with_context(|| format!("status of `{m}`"))?],
+                None => c
+                    .list()
+                    .map_err(anyhow::Error::new)
+                    .context("listing models")?,
+            };
+            // The daemon builds locally while its fleet tier is down: say so.
+            if let Some(why) = c.stats().ok().and_then(|s| s.remote_down) {
+                eprintln!(
+                    "status: the remote tier is unreachable (building locally meanwhile): {why}"
+                );
+            }
+            models
+        }
         None => {
             eprintln!(
                 "status: no daemon at {}; reading the cache directly",

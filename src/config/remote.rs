@@ -39,10 +39,21 @@ pub struct RemoteConfig {
     pub connect_timeout_ms: u64,
     /// Retries of a failed request (with exponential backoff), 0 = none.
     pub retries: usize,
+    /// Bound on one lookup on the build path (milliseconds, retries included): a manifest or
+    /// lease read or write, and each wait for the next piece of a blob. A lookup that gets no
+    /// answer in time opens the circuit breaker at once, so a hung endpoint delays a local
+    /// build by at most this, once per `breaker_cooldown_secs`.
+    pub lookup_timeout_ms: u64,
+    /// The most bytes read from any response but a blob's (manifests, leases, listing pages,
+    /// error bodies), checked before anything is parsed; a blob is bounded by the size its
+    /// signed manifest states.
+    pub max_response_bytes: u64,
     /// Consecutive failed operations that open the circuit breaker.
     pub breaker_failures: u32,
     /// How long an open breaker fails calls at once before trying the endpoint again.
     pub breaker_cooldown_secs: u64,
+    /// Lookups and fetches of the daemon's queue running at once; they hold no build slot.
+    pub concurrency: usize,
     /// Uploads waiting for the upload worker; beyond it an upload is dropped (and counted).
     pub upload_queue: usize,
     /// How long a build lease is held before other hosts may take it over.
@@ -68,8 +79,11 @@ impl Default for RemoteConfig {
             timeout_ms: 60_000,
             connect_timeout_ms: 3_000,
             retries: 3,
+            lookup_timeout_ms: 2_000,
+            max_response_bytes: 4 << 20,
             breaker_failures: 3,
             breaker_cooldown_secs: 30,
+            concurrency: 8,
             upload_queue: 64,
             lease_secs: 900,
             lease_poll_ms: 1_000,
@@ -105,9 +119,12 @@ impl RemoteConfig {
         for (name, v) in [
             ("remote.timeout_ms", self.timeout_ms),
             ("remote.connect_timeout_ms", self.connect_timeout_ms),
+            ("remote.lookup_timeout_ms", self.lookup_timeout_ms),
+            ("remote.max_response_bytes", self.max_response_bytes),
             ("remote.lease_secs", self.lease_secs),
             ("remote.lease_poll_ms", self.lease_poll_ms),
             ("remote.upload_queue", self.upload_queue as u64),
+            ("remote.concurrency", self.concurrency as u64),
         ] {
             if v == 0 {
                 return Err(format!("{name} must be above 0"));
@@ -123,6 +140,11 @@ impl RemoteConfig {
 
     pub fn timeout(&self) -> Duration {
         Duration::from_millis(self.timeout_ms)
+    }
+
+    /// [`RemoteConfig::lookup_timeout_ms`].
+    pub fn lookup_timeout(&self) -> Duration {
+        Duration::from_millis(self.lookup_timeout_ms)
     }
 }
 
@@ -161,5 +183,22 @@ signing_key = "/etc/trtcache/keys/this-host.key""#,
         };
         assert!(bad.validate().is_err());
         assert!(toml::from_str::<RemoteConfig>("url = \"s3://b\"\nmod = \"x\"").is_err());
+    }
+
+    #[test]
+    fn the_fleet_limits_have_bounded_defaults_and_zero_is_refused() {
+        let c: RemoteConfig = toml::from_str("url = \"s3://b\"").unwrap();
+        assert_eq!(c.lookup_timeout(), Duration::from_secs(2));
+        assert_eq!(c.max_response_bytes, 4 << 20);
+        assert!(c.concurrency > 0);
+        for bad in [
+            "lookup_timeout_ms = 0",
+            "max_response_bytes = 0",
+            "concurrency = 0",
+        ] {
+            let c: RemoteConfig = toml::from_str(&format!("url = \"s3://b\"\n{bad}")).unwrap();
+            let e = c.validate().unwrap_err();
+            assert!(e.contains(bad.split(' ').next().unwrap()), "{e}");
+        }
     }
 }

@@ -27,6 +27,8 @@ use crate::onnx::Model;
 use crate::plan::{resolve, ModelInputs, Plan, ProfileArgs, Sidecar};
 use crate::spec::{Backend, CacheKey, Precision};
 
+mod fleet;
+
 /// The real engine (see the module docs).
 pub struct CachedEngine {
     /// Keys repository files (digest memo; files read, never mapped).
@@ -50,6 +52,10 @@ pub struct CachedEngine {
     prepack_probe_max_run_ms: u64,
     /// The fleet tier (config `[remote]`): consulted before a build, fed after one.
     remote: Option<crate::remote::RemoteTier>,
+    /// The request and key parts of keys waiting on another host's build lease, so that
+    /// each poll does not read and plan the model again.
+    waiting:
+        std::sync::Mutex<std::collections::HashMap<CacheKey, (BuildJob, crate::key::KeyParts)>>,
 }
 
 impl std::fmt::Debug for CachedEngine {
@@ -209,6 +215,7 @@ impl CachedEngine {
             thread_probe_max_run_ms: limits.thread_probe_max_run_ms,
             prepack_probe_max_run_ms: limits.prepack_probe_max_run_ms,
             remote: None,
+            waiting: Default::default(),
         })
     }
 
@@ -216,29 +223,6 @@ impl CachedEngine {
     pub fn with_remote(mut self, tier: crate::remote::RemoteTier) -> Self {
         self.remote = Some(tier);
         self
-    }
-
-    /// The bucket's artifact for `planned` (fetched, or waited for while another host holds
-    /// the build lease), stored locally; `None` = build here. Never an error.
-    fn remote_artifact(&self, planned: &Planned, req: &BuildJob) -> Option<Handout> {
-        let tier = self.remote.as_ref()?;
-        let parts = self.snap_builder.key_parts(req).ok()?;
-        let rt = runtime::loaded()?;
-        let backend = crate::build::backend(req.backend);
-        let check = |a: &crate::cache::StagedArtifact, _: &crate::remote::Manifest| {
-            backend
-                .check_artifact(rt, a, &req.options)
-                .map_err(|e| e.to_string())
-        };
-        let model = planned.model.path.display().to_string();
-        (parts.key() == planned.key).then_some(())?;
-        tier.before_build(&parts, &model, &*self.store, &check)?;
-        match self.store.peek(&planned.key).ok()? {
-            Lookup::Hit { record, served } => self
-                .artifact(planned, &record, &served, Origin::Remote)
-                .ok(),
-            _ => None,
-        }
     }
 
     /// The build request for a model and selection, as `trtcache build MODEL --sidecar S
@@ -555,6 +539,20 @@ impl Engine for CachedEngine {
             }
         };
         match self.store.lookup(&planned.key).map_err(store_err)? {
+            // Trust is checked again on every load (the daemon loads each artifact once after
+            // a start, and a configuration reload restarts it): an entry fetched under a key
+            // that left remote.trusted_keys is a miss, fetched again or rebuilt (which
+            // replaces its record).
+            Lookup::Hit { record, .. }
+                if self
+                    .remote
+                    .as_ref()
+                    .and_then(|t| t.distrusts(&record.provenance))
+                    .inspect(|why| tracing::warn!(key = %planned.key, %why, "refusing a fetched entry this host no longer trusts"))
+                    .is_some() =>
+            {
+                Ok(None)
+            }
             Lookup::Hit { record, served } => {
                 match self.artifact(planned, &record, &served, Origin::Local) {
                     Ok(a) => match record.artifact.as_ref().map(|s| self.store.check_hashes(s)) {
@@ -604,6 +602,18 @@ impl Engine for CachedEngine {
 
     fn remote_stats(&self) -> Option<crate::remote::RemoteStats> {
         self.remote.as_ref().map(|t| t.stats())
+    }
+
+    fn remote_down(&self) -> Option<String> {
+        self.remote.as_ref().and_then(|t| t.down())
+    }
+
+    fn prefetch_concurrency(&self) -> usize {
+        self.remote.as_ref().map_or(0, |t| t.config().concurrency)
+    }
+
+    fn prefetch(&self, planned: &Planned) -> Prefetch {
+        self.remote_step(planned)
     }
 
     fn evict(&self, key: &CacheKey) -> Result<bool, EngineError> {
@@ -659,9 +669,6 @@ impl CachedEngine {
                     .into(),
                 ),
             })?;
-        if let Some(a) = self.remote_artifact(planned, &req) {
-            return Ok(a);
-        }
         let cancelled = || cancel.is_cancelled();
         let step = |s: &str| {
             if s.starts_with("validating") {
@@ -743,10 +750,12 @@ pub fn open(cfg: &crate::config::Config) -> Result<CachedEngine, EngineError> {
     )?
     .with_rewrite(cfg.rewrite);
     Ok(match &cfg.remote {
-        Some(r) => engine.with_remote(
-            crate::remote::RemoteTier::open(r)
-                .map_err(|e| EngineError::Runtime(format!("remote tier {}: {e}", r.url).into()))?,
-        ),
+        Some(r) => {
+            let tier = crate::remote::RemoteTier::open(r)
+                .map_err(|e| EngineError::Runtime(format!("remote tier {}: {e}", r.url).into()))?;
+            tier.probe_in_background();
+            engine.with_remote(tier)
+        }
         None => engine,
     })
 }

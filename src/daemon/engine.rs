@@ -96,6 +96,25 @@ pub struct Handout {
     pub origin: Origin,
 }
 
+/// What the fleet tier answers before a local build ([`Engine::prefetch`]), asked without a
+/// build slot.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // one per step of a job
+pub enum Prefetch {
+    /// Build here.
+    Build,
+    /// The bucket's artifact, fetched, checked and stored.
+    Ready(Handout),
+    /// Another host holds the build lease: ask again after `poll`. Its lease claims `left`
+    /// more (already capped at this host's `lease_secs`); the queue waits no longer than the
+    /// least it was told, then builds here.
+    Wait {
+        poll: std::time::Duration,
+        left: std::time::Duration,
+        holder: String,
+    },
+}
+
 /// Phases a build reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BuildPhase {
@@ -247,6 +266,23 @@ pub trait Engine: Send + Sync + 'static {
         cancel: &CancelToken,
         progress: &dyn Fn(BuildPhase),
     ) -> Result<Handout, EngineError>;
+    /// Why the fleet tier is unreachable, while it is (see
+    /// [`crate::remote::RemoteTier::down`]).
+    fn remote_down(&self) -> Option<String> {
+        None
+    }
+    /// How many [`Engine::prefetch`] calls may run at once; 0 (the default): the engine has
+    /// no fleet tier and the queue never calls it.
+    fn prefetch_concurrency(&self) -> usize {
+        0
+    }
+    /// Before a local build, on the queue's side and without a build slot: the fleet tier's
+    /// artifact for `planned`, or whether another host is building it. Blocking, bounded by
+    /// the tier's lookup deadline (and the download of a fetched artifact); never an error:
+    /// any trouble is [`Prefetch::Build`].
+    fn prefetch(&self, _planned: &Planned) -> Prefetch {
+        Prefetch::Build
+    }
     /// Removes one artifact; whether it existed.
     fn evict(&self, key: &CacheKey) -> Result<bool, EngineError>;
     /// The fleet tier's counters, when the engine has a tier.

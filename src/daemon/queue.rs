@@ -5,6 +5,12 @@
 //! (disk full, I/O error) is shown but not memoised: the next request builds again. Builds
 //! run on tokio's blocking pool; their outcome reaches waiters through a `watch` channel per
 //! job.
+//!
+//! With a fleet tier ([`Engine::prefetch_concurrency`] above 0) a new job first asks the
+//! bucket, holding no build slot (bounded apart, by the tier's own concurrency): a fetched
+//! artifact finishes the job without a build; another host's build lease is waited on by
+//! polling, no longer than the least expiry the lease claimed (capped at `lease_secs` by the
+//! engine), then the job is built here. A cancelled job stops polling at its next step.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,7 +20,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify, Semaphore};
 use trtcache_client::protocol::ErrorCode;
 
-use super::engine::{CancelToken, Engine, EngineError, Handout, Planned};
+use super::engine::{CancelToken, Engine, EngineError, Handout, Planned, Prefetch};
 use crate::key::CacheKey;
 
 /// A job's state as waiters see it.
@@ -60,6 +66,8 @@ pub struct QueueStats {
     pub cancelled: AtomicU64,
     pub build_millis: AtomicU64,
     pub running: AtomicU64,
+    /// Jobs asking the fleet tier (or waiting on another host's lease), outside the slots.
+    pub prefetching: AtomicU64,
 }
 
 /// The queue (see module docs). Cheap to share behind an `Arc`.
@@ -67,6 +75,10 @@ pub struct Queue {
     inner: Mutex<Inner>,
     wake: Notify,
     slots: Arc<Semaphore>,
+    /// Bounds the fleet tier's steps ([`Engine::prefetch`]); `None` without a tier.
+    prefetch_slots: Option<Arc<Semaphore>>,
+    /// This queue, for the prefetch tasks `submit` starts.
+    me: std::sync::Weak<Queue>,
     timeout: Duration,
     engine: Arc<dyn Engine>,
     pub stats: QueueStats,
@@ -78,10 +90,13 @@ pub struct Queue {
 impl Queue {
     /// A queue running at most `concurrency` builds, each for at most `timeout`.
     pub fn new(engine: Arc<dyn Engine>, concurrency: usize, timeout: Duration) -> Arc<Self> {
-        Arc::new(Queue {
+        let prefetch = engine.prefetch_concurrency();
+        Arc::new_cyclic(|me| Queue {
             inner: Mutex::new(Inner::default()),
             wake: Notify::new(),
             slots: Arc::new(Semaphore::new(concurrency.max(1))),
+            prefetch_slots: (prefetch > 0).then(|| Arc::new(Semaphore::new(prefetch))),
+            me: me.clone(),
             timeout,
             engine,
             stats: QueueStats::default(),
@@ -141,15 +156,94 @@ impl Queue {
             client: AtomicBool::new(client),
             tx,
         });
-        g.jobs.insert(planned.key, job);
-        if client {
-            g.client.push_back(planned.key);
+        g.jobs.insert(planned.key, job.clone());
+        let fleet = self.prefetch_slots.clone().zip(self.me.upgrade());
+        if fleet.is_none() {
+            if client {
+                g.client.push_back(planned.key);
+            } else {
+                g.background.push_back(planned.key);
+            }
+        }
+        drop(g);
+        match fleet {
+            Some((slots, q)) => {
+                self.stats.prefetching.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    q.prefetch(job, slots).await;
+                    q.stats.prefetching.fetch_sub(1, Ordering::SeqCst);
+                    q.idle.notify_waiters();
+                });
+            }
+            None => self.wake.notify_one(),
+        }
+        Ok(rx)
+    }
+
+    /// A new job's fleet step (see the module docs), then its place in the build queue
+    /// unless the bucket answered it.
+    async fn prefetch(&self, job: Arc<Job>, slots: Arc<Semaphore>) {
+        let key = job.planned.key;
+        let mut deadline: Option<Instant> = None;
+        loop {
+            if job.cancel.is_cancelled() {
+                // `cancel` answered the waiters of a queued job.
+                return;
+            }
+            let step = {
+                // Never closed; a slot per step, so a lease wait holds none while it sleeps.
+                let _slot = slots.acquire().await.ok();
+                let (engine, j) = (self.engine.clone(), job.clone());
+                tokio::task::spawn_blocking(move || engine.prefetch(&j.planned)).await
+            };
+            match step {
+                Ok(Prefetch::Ready(h)) => return self.fetched(&job, h),
+                Ok(Prefetch::Wait { poll, left, holder }) => {
+                    let now = Instant::now();
+                    let until = deadline.map_or(now + left, |d| d.min(now + left));
+                    if deadline.is_none() {
+                        tracing::info!(model = %job.planned.model.name, %key, %holder, wait_s = left.as_secs(), "another host is building this key: waiting for its manifest (no build slot held)");
+                    }
+                    deadline = Some(until);
+                    if now >= until {
+                        tracing::info!(model = %job.planned.model.name, %key, %holder, "gave up waiting on another host's build lease: building here");
+                        break;
+                    }
+                    tokio::time::sleep(poll.min(until - now)).await;
+                }
+                Ok(Prefetch::Build) => break,
+                Err(e) => {
+                    tracing::warn!(%key, error = %e, "fleet step failed: building here");
+                    break;
+                }
+            }
+        }
+        let mut g = self.lock();
+        if job.cancel.is_cancelled() || !g.jobs.get(&key).is_some_and(|j| Arc::ptr_eq(j, &job)) {
+            return;
+        }
+        if job.client.load(Ordering::SeqCst) {
+            g.client.push_back(key);
         } else {
-            g.background.push_back(planned.key);
+            g.background.push_back(key);
         }
         drop(g);
         self.wake.notify_one();
-        Ok(rx)
+    }
+
+    /// A job the fleet tier answered: done without a build (not counted as one).
+    fn fetched(&self, job: &Arc<Job>, h: Handout) {
+        let key = job.planned.key;
+        {
+            let mut g = self.lock();
+            if job.cancel.is_cancelled() || !g.jobs.get(&key).is_some_and(|j| Arc::ptr_eq(j, job)) {
+                return;
+            }
+            g.jobs.remove(&key);
+            g.transient.remove(&key);
+        }
+        tracing::info!(model = %job.planned.model.name, %key, "ready from the fleet tier");
+        job.tx.send_replace(JobStatus::Done(Ok(h)));
     }
 
     /// The memoised failure of a key, if any.
@@ -217,7 +311,10 @@ impl Queue {
         }
         self.wake.notify_one();
         let deadline = Instant::now() + grace;
-        while self.stats.running.load(Ordering::SeqCst) > 0 {
+        while self.stats.running.load(Ordering::SeqCst)
+            + self.stats.prefetching.load(Ordering::SeqCst)
+            > 0
+        {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 tracing::warn!("builds still running after the shutdown grace period");

@@ -1127,6 +1127,7 @@ impl Service {
             remote_uploads: remote.remote_uploads,
             remote_rejected: remote.remote_rejected,
             remote_errors: remote.remote_errors,
+            remote_down: self.engine.remote_down(),
             acquire_errors: self.counters.acquire_errors.load(Ordering::Relaxed),
             evictions: self.engine.evictions(),
             evictions_requested: self.counters.evictions_requested.load(Ordering::Relaxed),

@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 use super::manifest::{Envelope, Manifest, Rejection};
 use super::{Counters, Inner, RemoteError, RemoteTier};
 use crate::cache::{
-    now_secs, Lookup, Record, StagedArtifact, Status, Store, StoredFile, RECORD_FORMAT,
+    now_secs, Lookup, Provenance, Record, StagedArtifact, Status, Store, StoredFile, RECORD_FORMAT,
 };
 use crate::key::{hex, CacheKey, KeyParts};
 
@@ -23,18 +23,25 @@ pub type Check<'a> = &'a dyn Fn(&StagedArtifact, &Manifest) -> Result<(), String
 enum Fail {
     Bad(Rejection),
     Io(PathBuf, std::io::Error),
+    /// No answer, or no next piece of the body, within `stall`.
+    Stalled,
 }
 
 /// Streams `path` into `dest`, hashing as it goes; refuses more bytes than the manifest
-/// says, fewer, or other bytes. The outer error is the network's.
+/// says, fewer, or other bytes. The answer and each piece of the body must come within
+/// `stall` (a slow but moving download goes on; a stuck one ends). The outer error is the
+/// network's.
 async fn download(
     os: &dyn object_store::ObjectStore,
     path: &object_store::path::Path,
     dest: &Path,
     want: &StoredFile,
+    stall: std::time::Duration,
 ) -> object_store::Result<Result<(), Fail>> {
-    let got = os.get(path).await?;
-    let mut stream = got.into_stream();
+    let Ok(got) = tokio::time::timeout(stall, os.get(path)).await else {
+        return Ok(Err(Fail::Stalled));
+    };
+    let mut stream = got?.into_stream();
     let io = |e| Ok(Err(Fail::Io(dest.to_path_buf(), e)));
     let mut f = match std::fs::File::create(dest) {
         Ok(f) => f,
@@ -49,7 +56,11 @@ async fn download(
     };
     let mut h = Sha256::new();
     let mut n = 0u64;
-    while let Some(chunk) = stream.next().await {
+    loop {
+        let Ok(next) = tokio::time::timeout(stall, stream.next()).await else {
+            return Ok(Err(Fail::Stalled));
+        };
+        let Some(chunk) = next else { break };
         let chunk = chunk?;
         n += chunk.len() as u64;
         if n > want.bytes {
@@ -77,7 +88,7 @@ impl RemoteTier {
     /// The remote manifest for `key`, verified (signature, key, parts, verdict), or `None`
     /// when the bucket has none. Counts nothing.
     pub fn manifest(&self, key: &CacheKey) -> Result<Option<Manifest>, RemoteError> {
-        self.inner.manifest(key)
+        Ok(self.inner.manifest(key)?.map(|(m, _)| m))
     }
 
     /// On a local miss: fetches `parts`' artifact into `store` when the bucket holds one that
@@ -113,9 +124,14 @@ impl RemoteTier {
 }
 
 impl Inner {
-    pub(super) fn manifest(&self, key: &CacheKey) -> Result<Option<Manifest>, RemoteError> {
+    /// The verified manifest and the trusted key that signed it (see
+    /// [`Envelope::open_signed`]).
+    pub(super) fn manifest(
+        &self,
+        key: &CacheKey,
+    ) -> Result<Option<(Manifest, Option<String>)>, RemoteError> {
         let op = "get manifest";
-        let bytes = match self.call(op, async {
+        let bytes = match self.lookup(op, async {
             let r = self.os.get(&self.manifest_path(key)).await?;
             r.bytes().await
         })? {
@@ -123,7 +139,7 @@ impl Inner {
             Err(object_store::Error::NotFound { .. }) => return Ok(None),
             Err(e) => return Err(Self::unavailable(op, e)),
         };
-        Envelope::open(&bytes, &self.trusted, key)
+        Envelope::open_signed(&bytes, &self.trusted, key)
             .map(Some)
             .map_err(|reason| RemoteError::Rejected {
                 key: key.hex(),
@@ -139,7 +155,7 @@ impl Inner {
         check: Check,
     ) -> Result<Option<Record>, RemoteError> {
         let key = parts.key();
-        let Some(m) = self.manifest(&key)? else {
+        let Some((m, signer)) = self.manifest(&key)? else {
             return Ok(None);
         };
         let rejected = |reason| RemoteError::Rejected {
@@ -156,11 +172,13 @@ impl Inner {
         for f in &m.files {
             let dest = staging.path().join(&f.name);
             let op = "get blob";
+            let stall = self.cfg.lookup_timeout();
             match self.call(
                 op,
-                download(&*self.os, &self.blob_path(&f.sha256), &dest, f),
+                download(&*self.os, &self.blob_path(&f.sha256), &dest, f, stall),
             )? {
                 Ok(Ok(())) => {}
+                Ok(Err(Fail::Stalled)) => return Err(self.no_answer(op)),
                 Ok(Err(Fail::Bad(reason))) => return Err(rejected(reason)),
                 Ok(Err(Fail::Io(path, source))) => {
                     return Err(RemoteError::Store(crate::cache::StoreError::io(
@@ -203,6 +221,10 @@ impl Inner {
             created: now,
             last_used: now,
             hits: 0,
+            provenance: Provenance::Fetched {
+                signer,
+                builder: m.builder.host.clone(),
+            },
         };
         // The store's own put hashes the files again and commits them atomically.
         let stored = store.put(record, Some(&artifact))?;

@@ -37,6 +37,22 @@ pub enum LeaseState {
     Free,
 }
 
+/// One step of [`RemoteTier::before_build`].
+#[derive(Debug)]
+pub enum Before {
+    /// Fetched, checked and stored.
+    Fetched(Box<Record>),
+    /// Another host holds the build lease: ask again after `lease_poll_ms`.
+    Wait {
+        lease: Lease,
+        /// How long its lease may still be waited on ([`RemoteTier::lease_left`]).
+        left: Duration,
+    },
+    /// Build here (this host holds the lease, is read-only with no live lease, or the tier
+    /// failed).
+    Build,
+}
+
 /// What `trtcache remote gc` did.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct RemoteGcReport {
@@ -64,45 +80,53 @@ impl RemoteTier {
         self.inner.release_lease(key)
     }
 
-    /// Before building `parts` locally: the remote artifact if there is one; else, when
-    /// another host holds a live lease, waits for its manifest (polling, bounded by the lease)
-    /// and fetches that; else takes the lease (read-write) and returns `None`: build, upload,
-    /// then [`release`](RemoteTier::release). Remote errors return `None` (build locally).
+    /// One step before building `parts` locally: the remote artifact if there is one; else,
+    /// when another host holds a live lease, [`Before::Wait`] (ask again after
+    /// `lease_poll_ms`, for no longer than [`Before::Wait::left`]); else take the lease
+    /// (read-write) and [`Before::Build`]: build, upload, then
+    /// [`release`](RemoteTier::release). Remote errors are `Build` (counted, logged). The
+    /// caller does the waiting, so that no build slot or thread is held while it waits.
     pub fn before_build(
         &self,
         parts: &KeyParts,
         model_path: &str,
         store: &dyn Store,
         check: super::Check,
-    ) -> Option<Record> {
-        let key = parts.key();
-        let mut leased_once = false;
-        loop {
-            match self.fetch(parts, model_path, store, check) {
-                Ok(Some(r)) => return Some(r),
-                Ok(None) => {}
-                Err(_) => return None,
-            }
-            match self.lease(&key) {
-                Ok(LeaseState::HeldBy(l)) => {
-                    tracing::info!(%key, holder = %l.holder, "another host is building this key: waiting for its manifest");
-                    if !self.wait_for_manifest(&key, &l) {
-                        // The lease expired or vanished without a manifest: try again once.
-                        if leased_once {
-                            return None;
-                        }
-                        leased_once = true;
-                    }
-                }
-                Ok(LeaseState::Acquired) | Ok(LeaseState::Free) | Err(_) => return None,
-            }
+    ) -> Before {
+        match self.fetch(parts, model_path, store, check) {
+            Ok(Some(r)) => return Before::Fetched(Box::new(r)),
+            Ok(None) => {}
+            Err(_) => return Before::Build,
+        }
+        match self.lease(&parts.key()) {
+            Ok(LeaseState::HeldBy(l)) => Before::Wait {
+                left: self.lease_left(&l),
+                lease: l,
+            },
+            Ok(LeaseState::Acquired) | Ok(LeaseState::Free) | Err(_) => Before::Build,
         }
     }
 
-    /// Polls for `key`'s manifest while `lease` is live; `true` once a manifest exists.
+    /// How long `lease` may still be waited on: what it claims, never more than this host's
+    /// own `lease_secs` (a lease that names an expiry far in the future, or a holder that
+    /// keeps renewing, must not hold this host's builds longer than its own leases last).
+    pub fn lease_left(&self, lease: &Lease) -> Duration {
+        let claimed = lease.expires.saturating_sub(now_secs());
+        Duration::from_secs(claimed.min(self.inner.cfg.lease_secs))
+    }
+
+    /// How often a waiting host asks again (`lease_poll_ms`).
+    pub fn lease_poll(&self) -> Duration {
+        Duration::from_millis(self.inner.cfg.lease_poll_ms)
+    }
+
+    /// Polls for `key`'s manifest while `lease` is live, for at most [`Self::lease_left`]
+    /// (blocking; `trtcache pull` and tests: the daemon's queue polls through
+    /// [`Self::before_build`] instead); `true` once a manifest exists.
     pub fn wait_for_manifest(&self, key: &CacheKey, lease: &Lease) -> bool {
         let inner = &self.inner;
-        let poll = Duration::from_millis(inner.cfg.lease_poll_ms);
+        let poll = self.lease_poll();
+        let until = std::time::Instant::now() + self.lease_left(lease);
         loop {
             match inner.manifest(key) {
                 Ok(Some(_)) => return true,
@@ -112,7 +136,10 @@ impl RemoteTier {
                 Err(_) => return false,
             }
             match inner.read_lease(key) {
-                Ok(Some((l, _))) if l.holder == lease.holder && l.expires > now_secs() => {}
+                Ok(Some((l, _)))
+                    if l.holder == lease.holder
+                        && l.expires > now_secs()
+                        && std::time::Instant::now() < until => {}
                 _ => return inner.manifest(key).ok().flatten().is_some(),
             }
             std::thread::sleep(poll);
@@ -145,7 +172,7 @@ impl Inner {
         }
         if let Some((l, _)) = self.read_lease(key)? {
             if l.holder == self.holder {
-                match self.call("delete lease", self.os.delete(&self.lease_path(key)))? {
+                match self.lookup("delete lease", self.os.delete(&self.lease_path(key)))? {
                     Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
                     Err(e) => return Err(Self::unavailable("delete lease", e)),
                 }
@@ -158,7 +185,7 @@ impl Inner {
     /// expired (held by nobody).
     fn read_lease(&self, key: &CacheKey) -> Result<Option<(Lease, UpdateVersion)>, RemoteError> {
         let path = self.lease_path(key);
-        let got = self.call("get lease", async {
+        let got = self.lookup("get lease", async {
             let r = self.os.get(&path).await?;
             let v = UpdateVersion {
                 e_tag: r.meta.e_tag.clone(),
@@ -209,7 +236,7 @@ impl Inner {
                 mode,
                 ..Default::default()
             };
-            match self.call("put lease", self.os.put_opts(&path, body, opts))? {
+            match self.lookup("put lease", self.os.put_opts(&path, body, opts))? {
                 Ok(_) => {}
                 // Someone else wrote it between our read and our write: look again.
                 Err(object_store::Error::AlreadyExists { .. })

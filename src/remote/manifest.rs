@@ -168,6 +168,16 @@ impl Envelope {
         trusted: &[NamedPublicKey],
         want: &CacheKey,
     ) -> Result<Manifest, Rejection> {
+        Self::open_signed(bytes, trusted, want).map(|(m, _)| m)
+    }
+
+    /// [`Envelope::open`], and the name of the trusted key whose signature verified (`None`
+    /// when `trusted` is empty: nothing was checked).
+    pub fn open_signed(
+        bytes: &[u8],
+        trusted: &[NamedPublicKey],
+        want: &CacheKey,
+    ) -> Result<(Manifest, Option<String>), Rejection> {
         let env: Envelope =
             serde_json::from_slice(bytes).map_err(|e| Rejection::Malformed(e.to_string()))?;
         if env.format > MANIFEST_FORMAT {
@@ -176,22 +186,24 @@ impl Envelope {
                 env.format
             )));
         }
+        let mut ok = None;
         if !trusted.is_empty() {
             if env.signatures.is_empty() {
                 return Err(Rejection::Unsigned);
             }
             let mut known = None;
-            let mut ok = false;
             for s in &env.signatures {
                 for k in trusted.iter().filter(|k| k.name == s.key) {
                     known = Some(s.key.clone());
-                    ok |= k.verifies(env.manifest.as_bytes(), s);
+                    if ok.is_none() && k.verifies(env.manifest.as_bytes(), s) {
+                        ok = Some(s.key.clone());
+                    }
                 }
             }
-            match (ok, known) {
-                (true, _) => {}
-                (false, Some(name)) => return Err(Rejection::BadSignature(name)),
-                (false, None) => {
+            match (&ok, known) {
+                (Some(_), _) => {}
+                (None, Some(name)) => return Err(Rejection::BadSignature(name)),
+                (None, None) => {
                     let names: Vec<&str> = env.signatures.iter().map(|s| s.key.as_str()).collect();
                     return Err(Rejection::Untrusted(names.join(", ")));
                 }
@@ -200,6 +212,6 @@ impl Envelope {
         let m: Manifest =
             serde_json::from_str(&env.manifest).map_err(|e| Rejection::Malformed(e.to_string()))?;
         m.check(want)?;
-        Ok(m)
+        Ok((m, ok))
     }
 }

@@ -16,10 +16,13 @@
 //! The API is blocking (the tier runs its own small tokio runtime); call it from a
 //! blocking thread, never from an async task.
 
+#[cfg(feature = "fleet")]
+mod bounded;
 pub mod fetch;
 mod lease;
 pub mod manifest;
 pub mod sign;
+mod trust;
 mod upload;
 
 use std::path::PathBuf;
@@ -32,7 +35,7 @@ use serde::Serialize;
 
 pub use crate::config::remote::{Mode, RemoteConfig};
 pub use fetch::Check;
-pub use lease::{Lease, LeaseState, RemoteGcReport};
+pub use lease::{Before, Lease, LeaseState, RemoteGcReport};
 pub use manifest::{BuilderIdentity, Envelope, Manifest, Rejection};
 pub use sign::{keygen, KeygenReport, NamedPublicKey, NamedSigningKey};
 pub use upload::{UploadJob, UploadOutcome};
@@ -49,6 +52,14 @@ pub enum RemoteError {
     /// The endpoint failed: connection refused, a timeout, 5xx after the retries.
     #[error("remote {op}: {message}")]
     Unavailable { op: String, message: String },
+    /// A response (a manifest, a lease, a listing page, an error body) over
+    /// `remote.max_response_bytes`: refused before anything of it was parsed.
+    #[error("remote {op}: {object}: the response is larger than remote.max_response_bytes ({limit} bytes); refused unread")]
+    TooLarge {
+        op: String,
+        object: String,
+        limit: u64,
+    },
     /// The circuit breaker is open after repeated failures; no request was sent.
     #[error("remote endpoint skipped for {secs}s more after {failures} consecutive failures (circuit breaker open)")]
     CircuitOpen { secs: u64, failures: u32 },
@@ -67,6 +78,9 @@ pub enum RemoteError {
     CheckFailed { key: String, message: String },
     #[error("this host is read-only (remote.mode = \"read-only\"): it never writes to the bucket")]
     ReadOnly,
+    /// `push` of an entry this host did not build and validate itself.
+    #[error("{key} is not uploaded: {why}")]
+    NotBuiltHere { key: String, why: &'static str },
     #[error("{0}")]
     Store(#[from] StoreError),
     #[error("{}: {source}", path.display())]
@@ -108,7 +122,7 @@ impl Counters {
             RemoteError::Rejected { .. } | RemoteError::CheckFailed { .. } => {
                 Self::add(&self.rejected)
             }
-            RemoteError::ReadOnly => {}
+            RemoteError::ReadOnly | RemoteError::NotBuiltHere { .. } => {}
             _ => Self::add(&self.errors),
         }
     }
@@ -132,6 +146,8 @@ struct Breaker {
     threshold: u32,
     cooldown: Duration,
     state: Mutex<(u32, Option<Instant>)>,
+    /// The last failure, while failures are counting (`status`, `health`).
+    last: Mutex<Option<String>>,
 }
 
 impl Breaker {
@@ -151,11 +167,18 @@ impl Breaker {
 
     fn ok(&self) {
         *self.state.lock().unwrap_or_else(|p| p.into_inner()) = (0, None);
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
-    fn fail(&self) {
+    /// A failed operation; `now` opens the breaker at once (an endpoint that gave no answer
+    /// within a lookup's deadline would cost every later lookup that deadline too).
+    fn fail(&self, why: &str, now: bool) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.to_string());
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         s.0 = s.0.saturating_add(1);
+        if now {
+            s.0 = s.0.max(self.threshold);
+        }
         if s.0 >= self.threshold {
             if s.1.is_none_or(|u| u <= Instant::now()) {
                 tracing::warn!(
@@ -166,6 +189,26 @@ impl Breaker {
             }
             s.1 = Some(Instant::now() + self.cooldown);
         }
+    }
+
+    /// `Some(why)` while the endpoint is failing: the breaker is open, or the last operation
+    /// failed.
+    fn down(&self) -> Option<String> {
+        let last = self
+            .last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()?;
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let left = s.1.map(|u| u.saturating_duration_since(Instant::now()));
+        Some(match left {
+            Some(l) if !l.is_zero() => format!(
+                "{last} ({} consecutive failures; not asked for {} s more)",
+                s.0,
+                l.as_secs().max(1)
+            ),
+            _ => last,
+        })
     }
 }
 
@@ -286,6 +329,7 @@ impl RemoteTier {
                 threshold: cfg.breaker_failures.max(1),
                 cooldown: Duration::from_secs(cfg.breaker_cooldown_secs),
                 state: Mutex::new((0, None)),
+                last: Mutex::new(None),
             },
             pending: (Mutex::new(0), Condvar::new()),
             cfg: cfg.clone(),
@@ -324,6 +368,36 @@ impl RemoteTier {
     pub fn holder(&self) -> &str {
         &self.inner.holder
     }
+
+    /// `Some(why)` while the endpoint is failing (the last operation failed, or the circuit
+    /// breaker is open): `status` and `health` say the remote tier is unreachable.
+    pub fn down(&self) -> Option<String> {
+        self.inner.breaker.down()
+    }
+
+    /// Asks the endpoint once, on a thread of its own (one lookup of a manifest no key
+    /// has), so that [`RemoteTier::down`] knows an unreachable endpoint before the first
+    /// local miss. The daemon calls it at start.
+    pub fn probe_in_background(&self) {
+        let inner = self.inner.clone();
+        let spawned = std::thread::Builder::new()
+            .name("trtcache-probe".into())
+            .spawn(move || {
+                let probe = crate::key::CacheKey([0; 32]);
+                match inner.manifest(&probe) {
+                    Ok(_) | Err(RemoteError::Rejected { .. }) => {
+                        tracing::info!(url = %inner.cfg.url, "remote tier answers")
+                    }
+                    Err(e) => {
+                        inner.counters.count_err(&e);
+                        tracing::warn!(url = %inner.cfg.url, error = %e, "remote tier unreachable; building locally until it answers");
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "no thread to probe the remote tier");
+        }
+    }
 }
 
 /// The S3 client for `[remote]`: the standard AWS credential chain unless `creds` are given,
@@ -357,6 +431,9 @@ fn s3_store(
     // from_env: the standard AWS variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
     // AWS_SESSION_TOKEN, web identity, ECS) and, without them, instance metadata.
     let mut b = AmazonS3Builder::from_env()
+        .with_http_connector(bounded::Connector {
+            limit: cfg.max_response_bytes,
+        })
         .with_bucket_name(bucket)
         .with_region(&cfg.region)
         .with_client_options(options)
@@ -430,7 +507,51 @@ impl Inner {
     {
         self.breaker.admit()?;
         let r = self.rt().block_on(fut);
-        match &r {
+        self.judge(op, &r);
+        Ok(r)
+    }
+
+    /// [`Inner::call`] for a lookup on the build path: the whole operation, retries
+    /// included, ends after `remote.lookup_timeout_ms`; no answer by then opens the breaker
+    /// at once.
+    fn lookup<T, F>(&self, op: &str, fut: F) -> Result<object_store::Result<T>, RemoteError>
+    where
+        F: std::future::Future<Output = object_store::Result<T>>,
+    {
+        self.breaker.admit()?;
+        let limit = self.cfg.lookup_timeout();
+        // The timer is made inside the tier's runtime (the caller may have none).
+        match self
+            .rt()
+            .block_on(async { tokio::time::timeout(limit, fut).await })
+        {
+            Ok(r) => {
+                self.judge(op, &r);
+                Ok(r)
+            }
+            Err(_) => Err(self.no_answer(op)),
+        }
+    }
+
+    /// The error of an operation the endpoint did not answer within the lookup deadline;
+    /// opens the breaker.
+    fn no_answer(&self, op: &str) -> RemoteError {
+        let message = format!(
+            "no answer within {} ms (remote.lookup_timeout_ms)",
+            self.cfg.lookup_timeout_ms
+        );
+        tracing::warn!(op, %message, "remote request failed");
+        self.breaker.fail(&format!("{op}: {message}"), true);
+        RemoteError::Unavailable {
+            op: op.to_string(),
+            message,
+        }
+    }
+
+    /// Feeds an answer to the breaker: `Ok` and the answers that mean the server is alive
+    /// (not found, already exists, precondition failed) close it; anything else counts.
+    fn judge<T>(&self, op: &str, r: &object_store::Result<T>) {
+        match r {
             Ok(_)
             | Err(object_store::Error::NotFound { .. })
             | Err(object_store::Error::AlreadyExists { .. })
@@ -438,13 +559,20 @@ impl Inner {
             | Err(object_store::Error::NotModified { .. }) => self.breaker.ok(),
             Err(e) => {
                 tracing::warn!(op, error = %e, "remote request failed");
-                self.breaker.fail();
+                self.breaker.fail(&format!("{op}: {e}"), false);
             }
         }
-        Ok(r)
     }
 
     fn unavailable(op: &str, e: object_store::Error) -> RemoteError {
+        #[cfg(feature = "fleet")]
+        if let Some(t) = bounded::too_large(&e) {
+            return RemoteError::TooLarge {
+                op: op.to_string(),
+                object: t.object.clone(),
+                limit: t.limit,
+            };
+        }
         // The causes say what happened (refused, timed out, a status): keep them all.
         let mut message = e.to_string();
         let mut src = std::error::Error::source(&e);

@@ -29,8 +29,12 @@ pub struct UploadJob {
 #[derive(Clone, Debug, Serialize)]
 pub struct UploadOutcome {
     pub key: String,
-    /// Blobs sent (the others were already in the bucket).
+    /// Blobs sent (the others were already in the bucket, read back and hashed).
     pub blobs_uploaded: usize,
+    /// Blobs already in the bucket whose content hashes to the manifest's SHA-256 (not
+    /// sent again); a blob of the right size but other bytes is sent again.
+    #[serde(default)]
+    pub blobs_verified: usize,
     pub bytes_uploaded: u64,
     /// This host's manifest is the one in the bucket.
     pub manifest_written: bool,
@@ -100,9 +104,40 @@ async fn put_blob(
     Ok(Ok(()))
 }
 
+/// Whether the bucket's blob at `path` holds exactly `f`'s bytes: its size, then its content
+/// hashed as it streams (sizes alone never repair a damaged blob). `false` when absent.
+async fn same_blob(
+    os: &dyn object_store::ObjectStore,
+    path: &object_store::path::Path,
+    f: &StoredFile,
+) -> object_store::Result<bool> {
+    use futures::StreamExt;
+    let got = match os.get(path).await {
+        Ok(g) => g,
+        Err(object_store::Error::NotFound { .. }) => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    if got.meta.size != f.bytes {
+        return Ok(false);
+    }
+    let mut stream = got.into_stream();
+    let mut h = Sha256::new();
+    let mut n = 0u64;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk?;
+        n += chunk.len() as u64;
+        if n > f.bytes {
+            return Ok(false);
+        }
+        h.update(&chunk);
+    }
+    Ok(n == f.bytes && hex(&h.finalize()) == f.sha256)
+}
+
 impl RemoteTier {
-    /// Uploads one validated record now (blocking): `trtcache push`. `overwrite` sends blobs
-    /// the bucket already has with the same size too (repairs a damaged one).
+    /// Uploads one validated record now (blocking): `trtcache push`. Blobs the bucket
+    /// already holds are read back and hashed, and sent again unless their content matches;
+    /// `overwrite` sends every blob without looking.
     pub fn upload(&self, job: &UploadJob, overwrite: bool) -> Result<UploadOutcome, RemoteError> {
         let r = self.inner.upload(job, overwrite);
         match &r {
@@ -197,6 +232,12 @@ impl Inner {
             return Err(RemoteError::ReadOnly);
         }
         let rec = &job.record;
+        if let Some(why) = super::trust::not_pushable(&rec.provenance) {
+            return Err(RemoteError::NotBuiltHere {
+                key: rec.key.hex(),
+                why,
+            });
+        }
         let builder = BuilderIdentity {
             host: self.host.clone(),
             key: self.signer.as_ref().map(|k| k.name.clone()),
@@ -215,6 +256,7 @@ impl Inner {
         let mut out = UploadOutcome {
             key: rec.key.hex(),
             blobs_uploaded: 0,
+            blobs_verified: 0,
             bytes_uploaded: 0,
             manifest_written: false,
             adopted: None,
@@ -223,10 +265,13 @@ impl Inner {
         for f in &manifest.files {
             let path = self.blob_path(&f.sha256);
             if !overwrite {
-                match self.call("head blob", self.os.head(&path))? {
-                    Ok(meta) if meta.size == f.bytes => continue,
-                    Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
-                    Err(e) => return Err(Self::unavailable("head blob", e)),
+                match self.call("check blob", same_blob(&*self.os, &path, f))? {
+                    Ok(true) => {
+                        out.blobs_verified += 1;
+                        continue;
+                    }
+                    Ok(false) => {}
+                    Err(e) => return Err(Self::unavailable("check blob", e)),
                 }
             }
             let src = job.dir.join(&f.name);

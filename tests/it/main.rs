@@ -25,6 +25,7 @@ mod reliability_races;
 mod reliability_store;
 mod reliability_worker;
 mod remote;
+mod remote_faults;
 mod support;
 mod trt;
 mod trt_backend;

@@ -14,18 +14,18 @@ use trtcache::remote::{LeaseState, Mode, RemoteConfig, RemoteError, RemoteTier, 
 
 use crate::support::{cmd, json, ort_dylib, python};
 
-const BUCKET: &str = "fleet";
+pub(crate) const BUCKET: &str = "fleet";
 /// moto does not check signatures, but maps the credential to an account: without one a
 /// request is anonymous and may not read the objects the tier wrote.
 const AUTH: &str = "Authorization: AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=0";
 
 /// A moto S3 server on a free port, killed on drop.
-struct Moto {
-    child: Child,
-    port: u16,
+pub(crate) struct Moto {
+    pub(crate) child: Child,
+    pub(crate) port: u16,
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -33,7 +33,7 @@ fn free_port() -> u16 {
 }
 
 impl Moto {
-    fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let port = free_port();
         let child = Command::new(python())
             .args([
@@ -62,12 +62,17 @@ impl Moto {
         m
     }
 
-    fn endpoint(&self) -> String {
+    pub(crate) fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
     /// One plain HTTP request (moto does not check signatures): status and body.
-    fn http(&self, method: &str, path: &str, body: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
+    pub(crate) fn http(
+        &self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+    ) -> std::io::Result<(u16, Vec<u8>)> {
         let mut s = TcpStream::connect(("127.0.0.1", self.port))?;
         s.set_read_timeout(Some(Duration::from_secs(30)))?;
         write!(
@@ -99,18 +104,18 @@ impl Moto {
         Ok((status, body))
     }
 
-    fn get(&self, key: &str) -> Vec<u8> {
+    pub(crate) fn get(&self, key: &str) -> Vec<u8> {
         let (st, b) = self.http("GET", &format!("/{BUCKET}/{key}"), b"").unwrap();
         assert_eq!(st, 200, "GET {key}");
         b
     }
 
-    fn put(&self, key: &str, body: &[u8]) {
+    pub(crate) fn put(&self, key: &str, body: &[u8]) {
         let (st, _) = self.http("PUT", &format!("/{BUCKET}/{key}"), body).unwrap();
         assert_eq!(st, 200, "PUT {key}");
     }
 
-    fn delete(&self, key: &str) {
+    pub(crate) fn delete(&self, key: &str) {
         let (st, _) = self
             .http("DELETE", &format!("/{BUCKET}/{key}"), b"")
             .unwrap();
@@ -118,7 +123,7 @@ impl Moto {
     }
 
     /// Every object key in the bucket with its ETag (to see that nothing was written).
-    fn listing(&self) -> Vec<String> {
+    pub(crate) fn listing(&self) -> Vec<String> {
         let (st, b) = self
             .http("GET", &format!("/{BUCKET}?list-type=2"), b"")
             .unwrap();
@@ -167,23 +172,23 @@ impl Drop for Moto {
 }
 
 /// A host: a cache dir, a config file, keys.
-struct Host {
-    dir: tempfile::TempDir,
+pub(crate) struct Host {
+    pub(crate) dir: tempfile::TempDir,
 }
 
 impl Host {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Host {
             dir: tempfile::tempdir().unwrap(),
         }
     }
-    fn cache(&self) -> PathBuf {
+    pub(crate) fn cache(&self) -> PathBuf {
         self.dir.path().join("cache")
     }
-    fn config(&self) -> PathBuf {
+    pub(crate) fn config(&self) -> PathBuf {
         self.dir.path().join("config.toml")
     }
-    fn write_config(&self, endpoint: &str, extra: &str) {
+    pub(crate) fn write_config(&self, endpoint: &str, extra: &str) {
         std::fs::write(
             self.config(),
             format!(
@@ -192,7 +197,7 @@ impl Host {
         )
         .unwrap();
     }
-    fn run(&self, args: &[&str]) -> Output {
+    pub(crate) fn run(&self, args: &[&str]) -> Output {
         let mut c = cmd();
         c.args(args)
             .env("ORT_DYLIB_PATH", ort_dylib())
@@ -205,7 +210,7 @@ impl Host {
         c.output().expect("running trtcache")
     }
     /// Runs and requires exit status `code`, returning stdout as JSON.
-    fn run_json(&self, args: &[&str], code: i32) -> serde_json::Value {
+    pub(crate) fn run_json(&self, args: &[&str], code: i32) -> serde_json::Value {
         let out = self.run(args);
         assert_eq!(
             out.status.code(),
@@ -216,7 +221,7 @@ impl Host {
         );
         json(&out)
     }
-    fn keygen(&self, name: &str) -> PathBuf {
+    pub(crate) fn keygen(&self, name: &str) -> PathBuf {
         let p = self.dir.path().join(name);
         let out = self.run(&["keygen", p.to_str().unwrap()]);
         assert!(
@@ -228,13 +233,13 @@ impl Host {
     }
 }
 
-fn model(dir: &Path) -> PathBuf {
+pub(crate) fn model(dir: &Path) -> PathBuf {
     let p = dir.join("tiny_encoder.onnx");
     trtcache::fixtures::write(&trtcache::fixtures::models::tiny_encoder(false), &p).unwrap();
     p
 }
 
-fn writer_cfg(key: &Path, trusted: &[&Path]) -> String {
+pub(crate) fn writer_cfg(key: &Path, trusted: &[&Path]) -> String {
     let t: Vec<String> = trusted
         .iter()
         .map(|p| format!("\"{}.pub\"", p.display()))
@@ -246,7 +251,7 @@ fn writer_cfg(key: &Path, trusted: &[&Path]) -> String {
     )
 }
 
-fn reader_cfg(trusted: &[&Path]) -> String {
+pub(crate) fn reader_cfg(trusted: &[&Path]) -> String {
     let t: Vec<String> = trusted
         .iter()
         .map(|p| format!("\"{}.pub\"", p.display()))
@@ -258,16 +263,16 @@ fn reader_cfg(trusted: &[&Path]) -> String {
 }
 
 /// A built and pushed model: the writer host, its key and the model's key.
-struct Fleet {
-    moto: Moto,
-    writer: Host,
-    signer: PathBuf,
-    model: PathBuf,
-    key: String,
-    models: tempfile::TempDir,
+pub(crate) struct Fleet {
+    pub(crate) moto: Moto,
+    pub(crate) writer: Host,
+    pub(crate) signer: PathBuf,
+    pub(crate) model: PathBuf,
+    pub(crate) key: String,
+    pub(crate) models: tempfile::TempDir,
 }
 
-fn fleet() -> Fleet {
+pub(crate) fn fleet() -> Fleet {
     let moto = Moto::start();
     let writer = Host::new();
     let signer = writer.keygen("ci-builder");
@@ -289,15 +294,15 @@ fn fleet() -> Fleet {
     }
 }
 
-fn manifest_key(key: &str) -> String {
+pub(crate) fn manifest_key(key: &str) -> String {
     format!("fleet-test/manifests/{key}")
 }
 
-fn envelope(m: &Moto, key: &str) -> serde_json::Value {
+pub(crate) fn envelope(m: &Moto, key: &str) -> serde_json::Value {
     serde_json::from_slice(&m.get(&manifest_key(key))).unwrap()
 }
 
-fn blob_keys(m: &Moto, key: &str) -> Vec<(String, String)> {
+pub(crate) fn blob_keys(m: &Moto, key: &str) -> Vec<(String, String)> {
     let env = envelope(m, key);
     let man: serde_json::Value = serde_json::from_str(env["manifest"].as_str().unwrap()).unwrap();
     man["files"]
@@ -313,7 +318,7 @@ fn blob_keys(m: &Moto, key: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-fn local_entries(h: &Host) -> usize {
+pub(crate) fn local_entries(h: &Host) -> usize {
     let out = h.run(&["ls", "--json"]);
     assert!(
         out.status.success(),
@@ -323,7 +328,7 @@ fn local_entries(h: &Host) -> usize {
     json(&out).as_array().map_or(0, |a| a.len())
 }
 
-fn pull(h: &Host, f: &Fleet, code: i32) -> serde_json::Value {
+pub(crate) fn pull(h: &Host, f: &Fleet, code: i32) -> serde_json::Value {
     h.run_json(&["pull", f.model.to_str().unwrap(), "--json"], code)
 }
 
@@ -450,7 +455,7 @@ fn flipped_truncated_and_missing_blobs_are_refused_never_stored_and_rebuilt_loca
     assert_eq!(pull(&fresh, &f, 0)["origin"], "remote");
 }
 
-fn wait_output(mut c: Command, limit: Duration) -> Output {
+pub(crate) fn wait_output(mut c: Command, limit: Duration) -> Output {
     let mut child = c
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -782,6 +782,10 @@ pub struct Stats {
     /// Fleet tier: network or server errors (timeouts, 5xx, an open circuit breaker).
     #[serde(default)]
     pub remote_errors: u64,
+    /// Fleet tier: why it is unreachable (its last operation failed, or its circuit breaker
+    /// is open); absent while it answers, without a tier, and from daemons that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_down: Option<String>,
     /// Acquires answered with an error (`not_ready`, `not_found`, a failed build, ...).
     #[serde(default)]
     pub acquire_errors: u64,

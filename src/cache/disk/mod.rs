@@ -700,6 +700,7 @@ mod tests {
             created: last_used,
             last_used,
             hits: 0,
+            provenance: Default::default(),
         }
     }
 

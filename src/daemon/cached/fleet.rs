@@ -1,0 +1,71 @@
+//! The fleet tier's step of [`CachedEngine`] (its [`Engine::prefetch`]): asked by the
+//! queue before a job may take a build slot. Fetches (checked in the build worker), or says
+//! another host holds the key's build lease; the request and key parts of a waiting key are
+//! kept between polls.
+
+use trtcache_client::protocol::Origin;
+
+use super::super::engine::{Planned, Prefetch};
+use super::CachedEngine;
+use crate::cache::{Lookup, Store};
+
+impl CachedEngine {
+    /// [`Engine::prefetch`]: one step of the fleet tier for `planned`, on the repository's
+    /// file (no snapshot: the tier's key check compares the parts with the planned key).
+    pub(super) fn remote_step(&self, planned: &Planned) -> Prefetch {
+        let Some(tier) = self.remote.as_ref() else {
+            return Prefetch::Build;
+        };
+        let known = self
+            .waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&planned.key);
+        let (req, parts) = match known {
+            Some(k) => k,
+            None => {
+                let Ok((req, _)) = self.request(&planned.model, &planned.selection) else {
+                    return Prefetch::Build;
+                };
+                let Ok(parts) = self.builder.key_parts(&req) else {
+                    return Prefetch::Build;
+                };
+                (req, parts)
+            }
+        };
+        if parts.key() != planned.key {
+            return Prefetch::Build;
+        }
+        // In the bounded worker, like every build: the daemon opens no session itself.
+        let revalidate = tier.config().revalidate;
+        let check = |a: &crate::cache::StagedArtifact, _: &crate::remote::Manifest| {
+            self.snap_builder
+                .check_fetched(&req, a, revalidate)
+                .map_err(|e| e.to_string())
+        };
+        let model = planned.model.path.display().to_string();
+        match tier.before_build(&parts, &model, &*self.store, &check) {
+            crate::remote::Before::Fetched(_) => match self.store.peek(&planned.key) {
+                Ok(Lookup::Hit { record, served }) => {
+                    match self.artifact(planned, &record, &served, Origin::Remote) {
+                        Ok(h) => Prefetch::Ready(h),
+                        Err(_) => Prefetch::Build,
+                    }
+                }
+                _ => Prefetch::Build,
+            },
+            crate::remote::Before::Wait { lease, left } => {
+                self.waiting
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(planned.key, (req.clone(), parts.clone()));
+                Prefetch::Wait {
+                    poll: tier.lease_poll(),
+                    left,
+                    holder: lease.holder,
+                }
+            }
+            crate::remote::Before::Build => Prefetch::Build,
+        }
+    }
+}
