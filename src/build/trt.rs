@@ -101,6 +101,7 @@ impl BackendImpl for NativeTrt {
             outputs: io.outputs,
             plan_bytes: 0,
             plan_sha256: String::new(),
+            cuda_driver: crate::device::gpu::driver_version(),
         };
         let meta = artifact::write_artifact(out, &built.plan, &meta)?;
         tracing::info!(plan_bytes = meta.plan_bytes, tensorrt = %meta.tensorrt_version, "trt engine built");

@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::digest::{default_threads, plain_sha256, tree_digests_of, Input};
 use super::memo::{now_ns, DigestMemo, FileId};
 use super::{hex, BackendId, ExternalDigest, KeyError, KeyParts, ModelDigest, KEY_FORMAT};
-use crate::device::{gpu, DeviceReport, Sku};
+use crate::device::{DeviceReport, Sku};
 use crate::onnx::Model;
 use crate::spec::{Backend, Precision, ShapeProfile};
 
@@ -263,8 +263,12 @@ pub fn key_parts(
 
 /// The versions of the libraries `backend` builds with: `onnxruntime` for the ONNX Runtime
 /// backends (the version of the runtime that builds, or would build: the loaded one in the
-/// build stage, the one the loader would load for `trtcache key`), `cuda_driver` for GPU
-/// backends, and `tensorrt`:
+/// build stage, the one the loader would load for `trtcache key`), `cuda` for the GPU ones
+/// (the CUDA major ONNX Runtime's GPU build was made for, from its
+/// `build_and_package_info.py`: a cu12 and a cu13 wheel of one version are different
+/// runtimes), and `tensorrt`. The CUDA driver is not a key part: engines depend on the
+/// TensorRT version and the GPU, not the driver (it is kept in the artifact's metadata), so
+/// a driver update rebuilds nothing:
 /// - `trt`: `getInferLibVersion()` of the TensorRT the shim loaded, and the shim's C API
 ///   version; without TensorRT or the shim, [`KeyError::Library`] says what is missing;
 /// - `ort-tensorrt`: `getInferLibVersion()` of the `libnvinfer.so.10` the dynamic loader
@@ -276,9 +280,9 @@ pub fn backend_id(backend: Backend, onnxruntime: &str) -> Result<BackendId, KeyE
     if backend.is_onnx() {
         versions.insert("onnxruntime".to_string(), onnxruntime.to_string());
     }
-    if backend.is_gpu() {
-        if let Some(v) = gpu::driver_version() {
-            versions.insert("cuda_driver".to_string(), v);
+    if backend.is_gpu() && backend.is_onnx() {
+        if let Some(major) = crate::libs::onnxruntime::cuda_major_of_loader_choice() {
+            versions.insert("cuda".to_string(), major);
         }
     }
     if backend == Backend::Trt {

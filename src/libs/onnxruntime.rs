@@ -146,6 +146,37 @@ pub fn loadable(found: &Path) -> Result<PathBuf, RuntimeError> {
     Ok(trusted_file(found)?)
 }
 
+/// The CUDA major an ONNX Runtime GPU build was made for (`13` for onnxruntime-gpu 1.31.1 from
+/// PyPI), read from the `build_and_package_info.py` the wheel ships next to its library
+/// (`cuda_version = '13.0'`); `None` for a CPU build or a library without that file.
+pub fn cuda_major(library: &Path) -> Option<String> {
+    let info = library.parent()?.join("build_and_package_info.py");
+    let text = std::fs::read_to_string(info).ok()?;
+    cuda_major_in(&text)
+}
+
+/// [`cuda_major`] of the text of `build_and_package_info.py`.
+fn cuda_major_in(text: &str) -> Option<String> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once('=')?;
+        if k.trim() != "cuda_version" {
+            return None;
+        }
+        let v = v.trim().trim_matches(|c| c == '\'' || c == '"');
+        let major = v.split('.').next()?;
+        (!major.is_empty() && major.bytes().all(|b| b.is_ascii_digit())).then(|| major.to_string())
+    })
+}
+
+/// [`cuda_major`] of the library a build would load now (the loaded one, or the search's).
+pub fn cuda_major_of_loader_choice() -> Option<String> {
+    let path = match crate::build::runtime::loaded() {
+        Some(rt) => rt.path.clone(),
+        None => find(None).ok()?,
+    };
+    cuda_major(&path)
+}
+
 /// Entries of `dir` whose file name starts with `prefix`, sorted; `None` when `dir` cannot be
 /// read.
 fn entries_named(dir: &Path, prefix: &str) -> Option<Vec<PathBuf>> {
@@ -279,6 +310,22 @@ mod tests {
         std::fs::write(&p, b"not an ELF file").unwrap();
         let e = probe_version(&p).unwrap_err();
         assert!(matches!(e, RuntimeError::Load { .. }), "{e}");
+    }
+
+    #[test]
+    fn cuda_major_of_a_gpu_wheel() {
+        // onnxruntime-gpu 1.31.1's capi/build_and_package_info.py, and the CPU wheel's.
+        let gpu = "package_name = 'onnxruntime-gpu'\n__version__ = '1.31.1'\ncuda_version = '13.0'\ncudnn_version = '9.8'\n";
+        assert_eq!(cuda_major_in(gpu).as_deref(), Some("13"));
+        assert_eq!(cuda_major_in("cuda_version = \"12.8\"").as_deref(), Some("12"));
+        assert_eq!(cuda_major_in("package_name = 'onnxruntime'\n__version__ = '1.31.1'\n"), None);
+        assert_eq!(cuda_major_in("cuda_version = ''"), None);
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("build_and_package_info.py"), gpu).unwrap();
+        assert_eq!(
+            cuda_major(&d.path().join("libonnxruntime.so.1.31.1")).as_deref(),
+            Some("13")
+        );
     }
 
     #[test]

@@ -44,6 +44,11 @@ pub struct EngineMeta {
     pub outputs: Vec<TensorInfo>,
     pub plan_bytes: u64,
     pub plan_sha256: String,
+    /// The CUDA driver of the host that built it (`12.8`): metadata, not a key part. A plan
+    /// depends on the TensorRT version and the GPU (or its class), not on the driver, so a
+    /// driver update rebuilds nothing and hosts on different driver builds share engines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_driver: Option<String>,
 }
 
 /// SHA-256 of a plan, lower-case hex.
@@ -144,6 +149,7 @@ mod tests {
             outputs: vec![],
             plan_bytes: 0,
             plan_sha256: String::new(),
+            cuda_driver: Some("12.8".into()),
         }
     }
 

@@ -486,6 +486,7 @@ fn artifacts_export_to_a_triton_repository() {
             outputs: io.outputs,
             plan_bytes: 0,
             plan_sha256: String::new(),
+            cuda_driver: None,
         };
         artifact::write_artifact(&dir, &built.plan, &meta).unwrap();
         assert_eq!(std::fs::read(dir.join("engine.plan")).unwrap(), built.plan);
