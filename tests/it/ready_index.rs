@@ -6,7 +6,7 @@
 //! check fails (a damaged pointer, a model or artifact changed since the daemon verified it).
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use trtcache::fixtures::{models, write};
@@ -129,12 +129,17 @@ fn the_index_follows_what_the_socket_serves() {
     wait_fast_hits(&d, before.fast_hits + 2);
 
     // A sidecar written next to the model: not answered from the index from that moment on,
-    // before the daemon has even seen it (and again once it is gone: nothing else changed).
+    // before the daemon has even seen it (and again once it is gone: nothing else changed,
+    // the daemon writes the pointer again once its watch has seen the sidecar come and go).
     let sidecar = d.models().join("enc.trtcache.toml");
     std::fs::write(&sidecar, "[golden]\nseed = 7\n").unwrap();
     assert!(ready::acquire(&d.socket(), "enc").is_none());
     std::fs::remove_file(&sidecar).unwrap();
-    assert!(ready::acquire(&d.socket(), "enc").is_some());
+    let t0 = Instant::now();
+    while ready::acquire(&d.socket(), "enc").is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "{}", d.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
     // The model rewritten: refused at once (its stamp changed), then the daemon replaces the
     // pointer with the new content's artifact.
@@ -294,8 +299,8 @@ fn a_stale_index_is_emptied_at_start_and_can_be_turned_off() {
 
 /// The Python client: an acquire from the index loads neither the socket layer nor the JSON
 /// codec and gives a session whose outputs are the socket's; every damaged copy of the
-/// pointer (next to a socket path where no daemon listens) falls back to the socket, which
-/// then fails to connect: proof that the damaged pointer was not used.
+/// pointer (in a [`FakeIndex`], next to a socket where no daemon listens) falls back to the
+/// socket, which then fails to connect: proof that the damaged pointer was not used.
 #[test]
 fn python_takes_ready_artifacts_without_the_socket_and_refuses_damaged_pointers() {
     let d = started(&[("enc", models::tiny_encoder(false))]);
@@ -303,7 +308,7 @@ fn python_takes_ready_artifacts_without_the_socket_and_refuses_damaged_pointers(
     // Every open so far (wait_pointer's one) counted, so the script's opens come on top.
     wait_fast_hits(&d, 1);
     let before = fast_hits(&d);
-    let fake = tempfile::tempdir().unwrap();
+    let fake = FakeIndex::new(&d, "enc");
     let script = r#"
 import os, sys
 sys.path.insert(0, sys.argv[1])
@@ -327,12 +332,11 @@ assert np.array_equal(art2.session().run(None, {"x": x})[0], y)
 assert not t.Client(sock).acquire("enc", backend="ort-cpu").from_index
 
 text = open(sock + ".ready/enc").read()
-os.makedirs(fake + "/d.sock.ready")
 def at_fake(body):
-    with open(fake + "/d.sock.ready/enc", "w") as f:
+    with open(fake + ".ready/enc", "w") as f:
         f.write(body)
     try:
-        a = t.Client(fake + "/d.sock").acquire("enc")
+        a = t.Client(fake).acquire("enc")
     except t.ConnectionFailed:
         return "socket"
     assert a.from_index
@@ -362,22 +366,22 @@ for what, body in damaged.items():
     try:
         got = at_fake(body)
     except UnicodeEncodeError:
-        with open(fake + "/d.sock.ready/enc", "wb") as f:
+        with open(fake + ".ready/enc", "wb") as f:
             f.write(text.encode().replace(b"enc", b"\xff", 1))
         try:
-            t.Client(fake + "/d.sock").acquire("enc"); got = "index"
+            t.Client(fake).acquire("enc"); got = "index"
         except t.ConnectionFailed:
             got = "socket"
     assert got == "socket", what
 # Names that are not model names never reach the file system.
 for bad in ["../enc", ".enc", "", "a/b"]:
     try:
-        t.Client(fake + "/d.sock").acquire(bad)
+        t.Client(fake).acquire(bad)
     except t.ConnectionFailed:
         pass
 print("index ok")
 "#;
-    let out = support::run_python(script, &[&python_client(), &d.socket(), fake.path()]);
+    let out = support::run_python(script, &[&python_client(), &d.socket(), &fake.socket]);
     assert!(out.contains("index ok"), "{out}");
     // The Python process's opens of the pointer were counted.
     wait_fast_hits(&d, before + 1);
@@ -430,4 +434,369 @@ fn a_deleted_index_folder_comes_back_and_its_opens_count_again() {
             d.log()
         );
     }
+}
+
+/// Holds an open file description write lock on `path` (created), as a running daemon holds
+/// its index's [`ready::READY_LOCK`].
+fn hold_lock(path: &Path) -> std::fs::File {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .unwrap();
+    // SAFETY: a zeroed `flock` is a valid value of the plain C struct.
+    let mut l: libc::flock = unsafe { std::mem::zeroed() };
+    l.l_type = libc::F_WRLCK as libc::c_short;
+    l.l_whence = libc::SEEK_SET as libc::c_short;
+    // SAFETY: a valid descriptor and `flock`.
+    let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &l) };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    f
+}
+
+fn set_mode(p: &Path, mode: u32) {
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// The uid the hostile layouts belong to ("another user"): `nobody`.
+const OTHER: u32 = 65534;
+
+/// A copy of a daemon's pointer in an index of its own, laid out as a running daemon keeps
+/// one (a root-owned folder `0750` and pointer `0640`, its lock held: by this process), next
+/// to a socket file where nothing listens: a client that trusts the copy takes the artifact
+/// from it; one that does not asks the socket and fails to connect.
+pub(crate) struct FakeIndex {
+    tmp: tempfile::TempDir,
+    pub(crate) socket: PathBuf,
+    lock: Option<std::fs::File>,
+}
+
+impl FakeIndex {
+    pub(crate) fn new(d: &Daemon, model: &str) -> FakeIndex {
+        let tmp = tempfile::tempdir().unwrap();
+        let socket = tmp.path().join("d.sock");
+        // Bound, then closed: a socket file that refuses connections.
+        drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+        let dir = ready::ready_dir(&socket);
+        std::fs::create_dir(&dir).unwrap();
+        set_mode(&dir, 0o750);
+        let ptr = dir.join(model);
+        std::fs::copy(pointer_path(d, model), &ptr).unwrap();
+        set_mode(&ptr, 0o640);
+        let lock = Some(hold_lock(&dir.join(ready::READY_LOCK)));
+        FakeIndex { tmp, socket, lock }
+    }
+
+    fn dir(&self) -> PathBuf {
+        ready::ready_dir(&self.socket)
+    }
+}
+
+/// Hostile layouts of the index, each in its own [`FakeIndex`], with whether a client may
+/// take the artifact from it. Only the first and the last (controls) may.
+fn hostile_layouts(d: &Daemon) -> Vec<(&'static str, FakeIndex, bool)> {
+    use std::os::unix::fs::{chown, symlink, MetadataExt};
+    let fake = || FakeIndex::new(d, "enc");
+    let mut out = Vec::new();
+    out.push(("intact", fake(), true));
+    let f = fake();
+    chown(f.dir(), Some(OTHER), Some(OTHER)).unwrap();
+    out.push(("the folder is another user's", f, false));
+    let f = fake();
+    set_mode(&f.dir(), 0o777);
+    out.push(("others may write the folder", f, false));
+    let f = fake();
+    let real = f.tmp.path().join("real.ready");
+    std::fs::rename(f.dir(), &real).unwrap();
+    symlink(&real, f.dir()).unwrap();
+    out.push(("the folder is a link to a good one", f, false));
+    let f = fake();
+    chown(f.dir().join("enc"), Some(OTHER), Some(OTHER)).unwrap();
+    out.push(("the pointer is another user's", f, false));
+    let f = fake();
+    set_mode(&f.dir().join("enc"), 0o660);
+    out.push(("the group may write the pointer", f, false));
+    let f = fake();
+    std::fs::rename(f.dir().join("enc"), f.tmp.path().join("enc")).unwrap();
+    symlink(f.tmp.path().join("enc"), f.dir().join("enc")).unwrap();
+    out.push(("the pointer is a link to a good one", f, false));
+    let mut f = fake();
+    f.lock = None;
+    out.push(("no running daemon holds the index", f, false));
+    let f = fake();
+    chown(&f.socket, Some(OTHER), Some(OTHER)).unwrap();
+    out.push(("the socket is another user's", f, false));
+    let f = fake();
+    std::fs::remove_file(&f.socket).unwrap();
+    std::fs::write(&f.socket, "").unwrap();
+    out.push(("the socket is not a socket", f, false));
+    // A pointer naming a planted artifact folder whose files carry the stamps the pointer
+    // says (what another user who could write a pointer would plant): refused for being
+    // another user's; the same folder as the daemon's user's is taken (the control).
+    for (what, uid, ok) in [
+        ("the artifact's folder is another user's", OTHER, false),
+        ("the artifact's folder is the socket owner's", 0, true),
+    ] {
+        let f = fake();
+        let ptr = f.dir().join("enc");
+        let mut p = ReadyPointer::parse(&std::fs::read_to_string(&ptr).unwrap()).unwrap();
+        let planted = f.tmp.path().join("planted");
+        std::fs::create_dir(&planted).unwrap();
+        set_mode(&planted, 0o755);
+        for file in p.files.iter_mut() {
+            let to = planted.join(&file.name);
+            std::fs::copy(p.dir.join(&file.name), &to).unwrap();
+            set_mode(&to, 0o644);
+            chown(&to, Some(uid), Some(uid)).unwrap();
+            let m = std::fs::metadata(&to).unwrap();
+            let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
+            (file.dev, file.ino, file.size) = (m.dev(), m.ino(), m.size());
+            file.mtime_ns = ns(m.mtime(), m.mtime_nsec());
+            file.ctime_ns = ns(m.ctime(), m.ctime_nsec());
+        }
+        chown(&planted, Some(uid), Some(uid)).unwrap();
+        p.dir = planted;
+        std::fs::write(&ptr, p.render().unwrap()).unwrap();
+        out.push((what, f, ok));
+    }
+    out
+}
+
+/// Issue 39: a pointer is trusted only in a folder that is a real folder of the socket's
+/// owner, written by nobody else, while the daemon that made it runs, and only when it names
+/// an artifact folder and files of that owner that nobody else may write. The Rust and Python
+/// clients read each hostile layout the same way.
+#[test]
+fn clients_trust_only_an_index_the_socket_owner_keeps_while_its_daemon_runs() {
+    let d = started(&[("enc", models::tiny_encoder(false))]);
+    wait_pointer(&d, "enc", "written", |p| p.is_some());
+    let layouts = hostile_layouts(&d);
+    for (what, f, ok) in &layouts {
+        let got = ready::acquire(&f.socket, "enc").is_some();
+        assert_eq!(got, *ok, "Rust client: {what}");
+    }
+    let script = r#"
+import sys
+sys.path.insert(0, sys.argv[1])
+import trtcache_client as t
+bad = []
+for sock, what, ok in zip(sys.argv[2::3], sys.argv[3::3], sys.argv[4::3]):
+    try:
+        got = t.Client(sock).acquire("enc").from_index
+    except t.ConnectionFailed:
+        got = False
+    if got != (ok == "1"):
+        bad.append(what)
+assert not bad, bad
+print("layouts ok")
+"#;
+    let mut args: Vec<PathBuf> = vec![python_client()];
+    for (what, f, ok) in &layouts {
+        args.extend([
+            f.socket.clone(),
+            PathBuf::from(what),
+            PathBuf::from(if *ok { "1" } else { "0" }),
+        ]);
+    }
+    let refs: Vec<&Path> = args.iter().map(|p| p.as_path()).collect();
+    let out = support::run_python(script, &refs);
+    assert!(out.contains("layouts ok"), "{out}");
+}
+
+/// The daemon replaces what another user planted at the index's path before it started (a
+/// folder open to all with a pointer in it, or a link to their own folder), and says so.
+#[test]
+fn a_planted_index_folder_is_replaced_when_the_daemon_starts() {
+    use std::os::unix::fs::{chown, symlink, MetadataExt};
+    let mut d = Daemon::new();
+    write(&models::tiny_encoder(false), &d.models().join("enc.onnx")).unwrap();
+    let dir = ready::ready_dir(&d.socket());
+    std::fs::create_dir(&dir).unwrap();
+    set_mode(&dir, 0o777);
+    std::fs::write(dir.join("enc"), "trtcache-ready 1\n").unwrap();
+    chown(dir.join("enc"), Some(OTHER), Some(OTHER)).unwrap();
+    chown(&dir, Some(OTHER), Some(OTHER)).unwrap();
+    d.start();
+    d.wait_settled(&["enc"]);
+    let p = wait_pointer(&d, "enc", "written by the daemon", |p| p.is_some()).unwrap();
+    assert_eq!(p.metadata.key, socket_key(&d, "enc"));
+    let m = std::fs::symlink_metadata(&dir).unwrap();
+    assert!(m.is_dir() && m.uid() == 0, "{m:?}");
+    assert_eq!(m.permissions().mode() & 0o777, 0o750);
+    assert!(
+        d.log().contains("a folder of uid 65534")
+            && d.log().contains("removed it and made the daemon's"),
+        "{}",
+        d.log()
+    );
+    assert!(d.stop());
+
+    // A link to another user's folder: the link is replaced, their folder left as it was.
+    let theirs = d.root.join("outside/theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::fs::write(theirs.join("enc"), "theirs").unwrap();
+    chown(&theirs, Some(OTHER), Some(OTHER)).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    symlink(&theirs, &dir).unwrap();
+    d.start();
+    d.wait_settled(&["enc"]);
+    wait_pointer(&d, "enc", "written by the daemon", |p| p.is_some());
+    assert!(std::fs::symlink_metadata(&dir).unwrap().is_dir());
+    assert_eq!(
+        std::fs::read_to_string(theirs.join("enc")).unwrap(),
+        "theirs"
+    );
+    assert!(d.log().contains("a symbolic link"), "{}", d.log());
+}
+
+/// Issue 39: a killed daemon's pointers are never read (no running daemon holds the index's
+/// lock), and a daemon started with `ready_index = false` removes the index it finds.
+#[test]
+fn a_dead_daemon_s_pointers_are_never_trusted_and_ready_index_off_removes_them() {
+    let mut d = started(&[("enc", models::tiny_encoder(false))]);
+    let p = wait_pointer(&d, "enc", "written", |p| p.is_some()).unwrap();
+    assert!(ready::acquire(&d.socket(), "enc").is_some());
+    let mut child = d.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        pointer_path(&d, "enc").exists(),
+        "SIGKILL leaves the pointer"
+    );
+    assert!(
+        ready::acquire(&d.socket(), "enc").is_none(),
+        "a dead daemon's pointer was trusted"
+    );
+    let script = r#"
+import sys
+sys.path.insert(0, sys.argv[1])
+import trtcache_client as t
+try:
+    t.Client(sys.argv[2]).acquire("enc")
+    print("served")
+except t.ConnectionFailed:
+    print("asked the socket")
+"#;
+    let out = support::run_python(script, &[&python_client(), &d.socket()]);
+    assert!(out.contains("asked the socket"), "{out}");
+
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(d.config(), format!("ready_index = false\n{cfg}")).unwrap();
+    d.start();
+    d.wait_settled(&["enc"]);
+    let dir = ready::ready_dir(&d.socket());
+    assert!(!dir.exists(), "the old index is left\n{}", d.log());
+    assert_eq!(
+        d.client().acquire_model("enc").unwrap().metadata.key,
+        p.metadata.key
+    );
+}
+
+/// Issue 39: every valid model name can be published (the temp file of a 253-byte name once
+/// exceeded NAME_MAX), and a pointer that cannot be written is logged once, not every pass
+/// (`ready_recheck_secs = 1`: a pass a second), and once more when it is written at last.
+#[test]
+fn every_valid_name_is_published_and_a_lasting_failure_is_logged_once() {
+    let long = "m".repeat(253);
+    let mut d = Daemon::new();
+    std::fs::create_dir(d.models().join(&long)).unwrap();
+    write(
+        &models::tiny_encoder(false),
+        &d.models().join(&long).join("model.onnx"),
+    )
+    .unwrap();
+    write(&models::tiny_encoder(true), &d.models().join("stuck.onnx")).unwrap();
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(d.config(), format!("{cfg}ready_recheck_secs = 1\n")).unwrap();
+    // A folder where `stuck`'s pointer goes (the start leaves folders): no rename over it.
+    let dir = ready::ready_dir(&d.socket());
+    std::fs::create_dir_all(dir.join("stuck")).unwrap();
+    d.start();
+    d.wait_settled(&[&long, "stuck"]);
+    let p = wait_pointer(&d, &long, "written", |p| p.is_some()).unwrap();
+    assert_eq!(p.metadata.key, socket_key(&d, &long));
+    // Four passes at least.
+    std::thread::sleep(Duration::from_millis(4500));
+    let log = d.log();
+    let n = log.matches("cannot write a ready pointer").count();
+    assert_eq!(n, 1, "{log}");
+    std::fs::remove_dir(dir.join("stuck")).unwrap();
+    wait_pointer(&d, "stuck", "written once its path is free", |p| {
+        p.is_some()
+    });
+    assert!(
+        d.log().contains("ready pointer written again"),
+        "{}",
+        d.log()
+    );
+}
+
+/// Writes `m` to `dir/model.onnx` with every initializer in a file of its own (`w<i>.bin`),
+/// as torch and onnx write per-tensor external data.
+pub(crate) fn write_per_tensor(m: &ModelProto, dir: &Path) {
+    use trtcache::onnx::proto::{DataLocation, StringStringEntryProto};
+    let mut m = m.clone();
+    let entry = |k: &str, v: String| StringStringEntryProto {
+        key: k.into(),
+        value: v,
+    };
+    for (i, t) in m.graph.as_mut().unwrap().initializer.iter_mut().enumerate() {
+        let name = format!("w{i}.bin");
+        std::fs::write(dir.join(&name), &t.raw_data).unwrap();
+        t.external_data = vec![
+            entry("location", name),
+            entry("length", t.raw_data.len().to_string()),
+        ];
+        t.data_location = DataLocation::External as i32;
+        t.raw_data = Default::default();
+    }
+    write(&m, &dir.join("model.onnx")).unwrap();
+}
+
+/// Issue 39: a consumer checks a bounded set of a model's files (its graph, its sidecar's
+/// absence, its folder), however many external-data files it has, so the index stays as fast
+/// as the socket for a model of thousands of files (benches/ready_many_files.py); every other
+/// file is the daemon's to watch: rewriting one in place takes the pointer away at once,
+/// while the change is still settling (the socket serves the old artifact meanwhile), and
+/// the pointer comes back with the new content's artifact.
+#[test]
+fn a_model_of_many_files_is_checked_in_bounded_time_and_watched_by_the_daemon() {
+    let mut d = Daemon::new();
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    // A long settling time: the pointer's removal must come from the watch, not the settle.
+    std::fs::write(
+        d.config(),
+        cfg.replace("debounce_ms = 150", "debounce_ms = 8000"),
+    )
+    .unwrap();
+    let folder = d.models().join("many");
+    std::fs::create_dir(&folder).unwrap();
+    write_per_tensor(&models::big_weights(40, 8), &folder);
+    d.start();
+    d.wait_settled(&["many"]);
+    let p = wait_pointer(&d, "many", "written", |p| p.is_some()).unwrap();
+    assert!(p.sources.len() <= 3, "{:#?}", p.sources);
+    assert!(ready::acquire(&d.socket(), "many").is_some());
+
+    let w7 = folder.join("w7.bin");
+    let mut bytes = std::fs::read(&w7).unwrap();
+    bytes.iter_mut().for_each(|b| *b = b.wrapping_add(1));
+    std::fs::write(&w7, &bytes).unwrap();
+    wait_pointer(&d, "many", "removed after a weight file changed", |p| {
+        p.is_none()
+    });
+    assert!(ready::acquire(&d.socket(), "many").is_none());
+    assert_eq!(
+        socket_key(&d, "many"),
+        p.metadata.key,
+        "the change settled before the pointer went: not the watch's doing"
+    );
+    let q = wait_pointer(&d, "many", "back with the new weights", |q| {
+        q.is_some_and(|q| q.metadata.key != p.metadata.key)
+    })
+    .unwrap();
+    assert_eq!(q.metadata.key, socket_key(&d, "many"));
 }
