@@ -218,32 +218,26 @@ impl ReadyIndex {
         Ok(true)
     }
 
-    /// Opens [`READY_LOCK`] in the folder and holds its write lock (replacing any lock held
-    /// on a folder that was deleted). Another process holding it is another daemon serving
-    /// this socket's index: an error.
+    /// Makes [`READY_LOCK`] in the folder afresh and holds its write lock (replacing any lock
+    /// held on a folder that was deleted). A fresh file, not the one found: a consumer who may
+    /// read the old one could hold a read lock on it, which would keep the daemon from ever
+    /// taking its write lock.
     fn take_lock(&self) -> std::io::Result<()> {
         let path = self.dir.join(READY_LOCK);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .create(true)
+            .create_new(true)
             .mode(self.file_mode)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&path)?;
-        if f.metadata()?.uid() != euid() {
-            return Err(std::io::Error::other(format!(
-                "{} belongs to another user",
-                path.display()
-            )));
-        }
         f.set_permissions(std::fs::Permissions::from_mode(self.file_mode))?;
         std::os::unix::fs::fchown(&f, None, Some(self.gid))?;
-        lock_whole(&f).map_err(|e| {
-            std::io::Error::new(
-                e.kind(),
-                format!("{} is locked by another daemon ({e})", path.display()),
-            )
-        })?;
+        lock_whole(&f)?;
         *self.lock.lock().unwrap_or_else(|p| p.into_inner()) = Some(f);
         Ok(())
     }

@@ -437,8 +437,8 @@ fn a_deleted_index_folder_comes_back_and_its_opens_count_again() {
 }
 
 /// Holds an open file description write lock on `path` (created), as a running daemon holds
-/// its index's [`ready::READY_LOCK`].
-fn hold_lock(path: &Path) -> std::fs::File {
+/// its index's [`ready::READY_LOCK`] (`write`), or a read lock, as any consumer may.
+fn hold_lock(path: &Path, write: bool) -> std::fs::File {
     use std::os::fd::AsRawFd;
     let f = std::fs::OpenOptions::new()
         .read(true)
@@ -449,7 +449,7 @@ fn hold_lock(path: &Path) -> std::fs::File {
         .unwrap();
     // SAFETY: a zeroed `flock` is a valid value of the plain C struct.
     let mut l: libc::flock = unsafe { std::mem::zeroed() };
-    l.l_type = libc::F_WRLCK as libc::c_short;
+    l.l_type = if write { libc::F_WRLCK } else { libc::F_RDLCK } as libc::c_short;
     l.l_whence = libc::SEEK_SET as libc::c_short;
     // SAFETY: a valid descriptor and `flock`.
     let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &l) };
@@ -486,7 +486,7 @@ impl FakeIndex {
         let ptr = dir.join(model);
         std::fs::copy(pointer_path(d, model), &ptr).unwrap();
         set_mode(&ptr, 0o640);
-        let lock = Some(hold_lock(&dir.join(ready::READY_LOCK)));
+        let lock = Some(hold_lock(&dir.join(ready::READY_LOCK), true));
         FakeIndex { tmp, socket, lock }
     }
 
@@ -650,6 +650,15 @@ fn a_planted_index_folder_is_replaced_when_the_daemon_starts() {
         "theirs"
     );
     assert!(d.log().contains("a symbolic link"), "{}", d.log());
+    assert!(d.stop());
+
+    // A consumer holding a read lock on a lock file left behind cannot keep the next daemon
+    // from taking its own (it makes the file afresh).
+    let _theirs = hold_lock(&dir.join(ready::READY_LOCK), false);
+    d.start();
+    d.wait_settled(&["enc"]);
+    wait_pointer(&d, "enc", "written by the daemon", |p| p.is_some());
+    assert!(ready::acquire(&d.socket(), "enc").is_some(), "{}", d.log());
 }
 
 /// Issue 39: a killed daemon's pointers are never read (no running daemon holds the index's
