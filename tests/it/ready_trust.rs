@@ -283,3 +283,64 @@ except t.ConnectionFailed:
         p.metadata.key
     );
 }
+
+/// `chattr +i` on a path until dropped: not even root may remove what is in it.
+struct Immutable(PathBuf);
+
+impl Immutable {
+    fn new(p: &Path) -> Immutable {
+        let st = std::process::Command::new("chattr")
+            .arg("+i")
+            .arg(p)
+            .status()
+            .expect("running chattr");
+        assert!(
+            st.success(),
+            "chattr +i {} (the test needs it)",
+            p.display()
+        );
+        Immutable(p.to_path_buf())
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("chattr")
+            .arg("-i")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// What another user planted at the index's path and the daemon cannot remove (here an
+/// immutable folder, as a non-root daemon meets another user's folder in a sticky `/tmp`):
+/// refused, with the reason logged, and no pointer anywhere; acquires go over the socket.
+#[test]
+fn a_planted_index_folder_the_daemon_cannot_remove_is_refused() {
+    use std::os::unix::fs::chown;
+    let mut d = Daemon::new();
+    write(&models::tiny_encoder(false), &d.models().join("enc.onnx")).unwrap();
+    let dir = ready::ready_dir(&d.socket());
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("enc"), "trtcache-ready 1\n").unwrap();
+    chown(dir.join("enc"), Some(OTHER), Some(OTHER)).unwrap();
+    chown(&dir, Some(OTHER), Some(OTHER)).unwrap();
+    let _guard = Immutable::new(&dir);
+    d.start();
+    d.wait_settled(&["enc"]);
+    let log = d.log();
+    assert!(
+        log.contains("refusing it") && log.contains("no ready index"),
+        "{log}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("enc")).unwrap(),
+        "trtcache-ready 1\n"
+    );
+    assert!(ready::acquire(&d.socket(), "enc").is_none());
+    assert_eq!(
+        d.client().acquire_model("enc").unwrap().metadata.key,
+        socket_key(&d, "enc")
+    );
+    assert!(d.stop());
+}
