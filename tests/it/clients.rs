@@ -591,7 +591,7 @@ fn the_systemd_unit_is_hardened_and_keeps_gpu_access() {
 }
 
 /// Issue 39: the descriptors of an acquire are enough for a session after the artifact is
-/// evicted, for an artifact with external data too (ONNX Runtime resolves an external file's
+/// evicted, for a one-file artifact and for an artifact with external data too (ONNX Runtime resolves an external file's
 /// real path, which an evicted file no longer has): the Rust and Python clients, each from
 /// the ready index and over the socket, open sessions after `evict` whose outputs are those
 /// of a session opened before it.
@@ -602,8 +602,10 @@ fn evicted_artifacts_with_external_data_still_open_as_sessions() {
     use std::process::Stdio;
     let mut d = Daemon::new();
     write(&models::big_weights(2, 512), &d.models().join("big.onnx")).unwrap();
+    // And the other layout: one file, no external data.
+    write(&models::tiny_encoder(false), &d.models().join("enc.onnx")).unwrap();
     d.start();
-    d.wait_settled(&["big"]);
+    d.wait_settled(&["big", "enc"]);
     let t0 = std::time::Instant::now();
     let via_index = loop {
         if let Some(a) = trtcache_client::ready::acquire(&d.socket(), "big") {
@@ -634,6 +636,17 @@ fn evicted_artifacts_with_external_data_still_open_as_sessions() {
         out["y"].try_extract_tensor::<f32>().unwrap().1.to_vec()
     };
     let want = run(&via_socket);
+    let enc = d
+        .client()
+        .acquire(&AcquireRequest {
+            model: "enc".into(),
+            dir_fd: true,
+            wait: true,
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(enc.files.len(), 1, "{:?}", enc.metadata.files);
+    let want_enc = crate::daemon::run_encoder(&mut crate::daemon::artifact_session(&enc), 3);
 
     let script = r#"
 import os, sys
@@ -647,12 +660,16 @@ b = t.Client(sock, ready_index=False).acquire("big")
 assert not b.from_index and len(b.fds) >= 2
 x = np.linspace(-1, 1, 2 * 512, dtype=np.float32).reshape(2, 512)
 want = b.session().run(None, {"x": x})[0]
+e = t.Client(sock, ready_index=False).acquire("enc")
+assert len(e.fds) == 1
+xe = np.linspace(-1, 1, 3 * 64, dtype=np.float32).reshape(1, 3, 64)
+want_e = e.session().run(None, {"x": xe})[0]
 print("acquired", flush=True)
 sys.stdin.readline()
-for art in (a, b):
+for art, inp, w in ((a, x, want), (b, x, want), (e, xe, want_e)):
     assert all(os.fstat(fd).st_nlink == 0 for fd in art.fds), "not evicted"
-    got = art.session().run(None, {"x": x})[0]
-    assert np.allclose(got, want, atol=1e-5), (got, want)
+    got = art.session().run(None, {"x": inp})[0]
+    assert np.allclose(got, w, atol=1e-5), (got, w)
 print("sessions ok", flush=True)
 "#;
     let mut py = Command::new(support::python())
@@ -675,13 +692,14 @@ print("sessions ok", flush=True)
     });
 
     assert!(d.client().evict(Some("big"), None).unwrap() >= 1);
+    assert!(d.client().evict(Some("enc"), None).unwrap() >= 1);
     let t0 = std::time::Instant::now();
     let removed = |a: &trtcache_client::Artifact| {
         a.files
             .iter()
             .all(|f| f.metadata().is_ok_and(|m| m.nlink() == 0))
     };
-    while !(removed(&via_index) && removed(&via_socket)) {
+    while !(removed(&via_index) && removed(&via_socket) && removed(&enc)) {
         assert!(
             t0.elapsed() < Duration::from_secs(30),
             "never evicted\n{}",
@@ -692,6 +710,8 @@ print("sessions ok", flush=True)
     for (what, a) in [("index", &via_index), ("socket", &via_socket)] {
         crate::daemon::assert_close(&run(a), &want, what);
     }
+    let got = crate::daemon::run_encoder(&mut crate::daemon::artifact_session(&enc), 3);
+    crate::daemon::assert_close(&got, &want_enc, "one file");
 
     py.stdin.take().unwrap().write_all(b"go\n").unwrap();
     let r = py.wait_with_output().unwrap();
