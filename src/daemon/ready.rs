@@ -70,6 +70,8 @@ struct Book {
     failing: HashMap<String, String>,
     /// Why the folder could not be made, when that was logged.
     dir_failing: Option<String>,
+    /// Why the lock could not be made again, when that was logged.
+    lock_failing: Option<String>,
 }
 
 /// The folder and what it holds.
@@ -242,6 +244,16 @@ impl ReadyIndex {
         Ok(())
     }
 
+    /// Whether the lock held is the file at [`READY_LOCK`]'s path.
+    fn lock_intact(&self) -> bool {
+        let held = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(Ok(h)) = held.as_ref().map(|f| f.metadata()) else {
+            return false;
+        };
+        std::fs::symlink_metadata(self.dir.join(READY_LOCK))
+            .is_ok_and(|m| (m.dev(), m.ino()) == (h.dev(), h.ino()))
+    }
+
     /// The folder.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -299,7 +311,20 @@ impl ReadyIndex {
             return;
         }
         match self.ensure_dir() {
-            Ok(false) => {}
+            Ok(false) => {
+                if !self.lock_intact() {
+                    // `.lock` deleted or replaced by hand: consumers would stop trusting the
+                    // index until it is back.
+                    match self.take_lock() {
+                        Ok(()) => book.lock_failing = None,
+                        Err(e) if book.lock_failing.is_none() => {
+                            tracing::warn!(dir = %self.dir.display(), error = %e, "cannot make the ready index's lock again; consumers ask the socket until it is (logged once)");
+                            book.lock_failing = Some(e.to_string());
+                        }
+                        Err(_) => {}
+                    }
+                }
+            }
             Ok(true) => {
                 tracing::info!(dir = %self.dir.display(), "the ready index folder was gone; made it again");
                 book.published.clear();

@@ -344,3 +344,24 @@ fn a_planted_index_folder_the_daemon_cannot_remove_is_refused() {
     );
     assert!(d.stop());
 }
+
+/// The index's lock file deleted by hand under a running daemon: consumers stop trusting the
+/// index at once and trust it again once the daemon's next pass has made it again.
+#[test]
+fn a_deleted_lock_file_is_made_again() {
+    let mut d = Daemon::new();
+    write(&models::tiny_encoder(false), &d.models().join("enc.onnx")).unwrap();
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(d.config(), format!("{cfg}ready_recheck_secs = 1\n")).unwrap();
+    d.start();
+    d.wait_settled(&["enc"]);
+    wait_pointer(&d, "enc", "written", |p| p.is_some());
+    assert!(ready::acquire(&d.socket(), "enc").is_some());
+    std::fs::remove_file(ready::ready_dir(&d.socket()).join(ready::READY_LOCK)).unwrap();
+    assert!(ready::acquire(&d.socket(), "enc").is_none());
+    let t0 = std::time::Instant::now();
+    while ready::acquire(&d.socket(), "enc").is_none() {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(30), "{}", d.log());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
