@@ -57,6 +57,8 @@ const MAX_READS_PER_TICK: usize = 64;
 struct Published {
     key: CacheKey,
     text: String,
+    /// The model's files (and folder) the daemon watches for it.
+    paths: Vec<PathBuf>,
 }
 
 /// What the publisher holds under one lock: the pointers written, the model each watched
@@ -64,14 +66,49 @@ struct Published {
 #[derive(Default)]
 struct Book {
     published: HashMap<String, Published>,
-    /// Every watched file (and model folder) of a published pointer → its model.
-    watched: HashMap<PathBuf, String>,
+    /// Every watched file (and model folder) of a published pointer → its models.
+    watched: HashMap<PathBuf, Vec<String>>,
     /// Models whose pointer could not be written, with the reason last logged.
     failing: HashMap<String, String>,
     /// Why the folder could not be made, when that was logged.
     dir_failing: Option<String>,
     /// Why the lock could not be made again, when that was logged.
     lock_failing: Option<String>,
+}
+
+impl Book {
+    /// Forgets a model's pointer and the paths watched for it; whether there was one.
+    fn forget(&mut self, name: &str) -> bool {
+        let Some(p) = self.published.remove(name) else {
+            return false;
+        };
+        for path in &p.paths {
+            if let Some(names) = self.watched.get_mut(path) {
+                names.retain(|n| n != name);
+                if names.is_empty() {
+                    self.watched.remove(path);
+                }
+            }
+        }
+        true
+    }
+
+    /// Records a pointer written, watching `paths` for it (in place of what it had).
+    fn record(&mut self, name: String, key: CacheKey, text: String, paths: Vec<PathBuf>) {
+        self.forget(&name);
+        for p in &paths {
+            self.watched
+                .entry(p.clone())
+                .or_default()
+                .push(name.clone());
+        }
+        self.published.insert(name, Published { key, text, paths });
+    }
+
+    fn forget_all(&mut self) {
+        self.published.clear();
+        self.watched.clear();
+    }
 }
 
 /// The folder and what it holds.
@@ -282,21 +319,19 @@ impl ReadyIndex {
         let mut hit = false;
         for p in paths {
             for q in [Some(p.as_path()), p.parent()].into_iter().flatten() {
-                let Some(name) = book.watched.get(q).cloned() else {
+                let Some(names) = book.watched.get(q).cloned() else {
                     continue;
                 };
-                if book.published.remove(&name).is_some() {
-                    let _ = std::fs::remove_file(self.dir.join(&name));
-                    tracing::debug!(model = %name, path = %p.display(), "a file of the model changed: its ready pointer removed");
-                    hit = true;
+                for name in names {
+                    if book.forget(&name) {
+                        let _ = std::fs::remove_file(self.dir.join(&name));
+                        tracing::debug!(model = %name, path = %p.display(), "a file of the model changed: its ready pointer removed");
+                        hit = true;
+                    }
                 }
             }
         }
         if hit {
-            let Book {
-                published, watched, ..
-            } = &mut *book;
-            watched.retain(|_, n| published.contains_key(n));
             drop(book);
             self.changed();
         }
@@ -327,7 +362,7 @@ impl ReadyIndex {
             }
             Ok(true) => {
                 tracing::info!(dir = %self.dir.display(), "the ready index folder was gone; made it again");
-                book.published.clear();
+                book.forget_all();
                 self.remade.notify_one();
             }
             Err(e) => {
@@ -336,8 +371,7 @@ impl ReadyIndex {
                     tracing::warn!(dir = %self.dir.display(), error = %why, "cannot make the ready index folder; every acquire goes over the socket until it can (logged again only when this changes)");
                     book.dir_failing = Some(why);
                 }
-                book.published.clear();
-                book.watched.clear();
+                book.forget_all();
                 return;
             }
         }
@@ -351,7 +385,7 @@ impl ReadyIndex {
             .cloned()
             .collect();
         for name in gone {
-            book.published.remove(&name);
+            book.forget(&name);
             match std::fs::remove_file(self.dir.join(&name)) {
                 Ok(()) => tracing::debug!(model = %name, "ready pointer removed"),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -361,12 +395,11 @@ impl ReadyIndex {
             }
         }
         book.failing.retain(|n, _| want.contains_key(n));
-        book.watched.clear();
         for (name, w) in want {
             let path = self.dir.join(&name);
             let Some(text) = w.pointer.render() else {
                 tracing::debug!(model = %name, "no ready pointer: a path cannot be written in one");
-                if book.published.remove(&name).is_some() {
+                if book.forget(&name) {
                     let _ = std::fs::remove_file(&path);
                 }
                 continue;
@@ -377,7 +410,7 @@ impl ReadyIndex {
                     // Changed since the scan: the watcher will settle it; never published
                     // meanwhile (the socket serves the state, the index waits).
                     tracing::debug!(model = %name, path = %p.path.display(), "not published: a file of the model changed since it was scanned");
-                    if book.published.remove(&name).is_some() {
+                    if book.forget(&name) {
                         let _ = std::fs::remove_file(&path);
                     }
                     continue;
@@ -388,23 +421,19 @@ impl ReadyIndex {
                         if book.failing.remove(&name).is_some() {
                             tracing::info!(model = %name, "ready pointer written again");
                         }
-                        book.published
-                            .insert(name.clone(), Published { key: w.key, text });
+                        let paths = w.watched.into_iter().map(|s| s.path).collect();
+                        book.record(name, w.key, text, paths);
                     }
                     Err(e) => {
-                        book.published.remove(&name);
+                        book.forget(&name);
                         let _ = std::fs::remove_file(&path);
                         let why = e.to_string();
                         if book.failing.get(&name) != Some(&why) {
                             tracing::warn!(model = %name, error = %why, "cannot write a ready pointer; the model is served over the socket only (logged again only when this changes)");
                             book.failing.insert(name, why);
                         }
-                        continue;
                     }
                 }
-            }
-            for s in &w.watched {
-                book.watched.insert(s.path.clone(), name.clone());
             }
         }
     }
@@ -441,8 +470,7 @@ impl ReadyIndex {
     pub fn clear(&self) {
         let mut book = self.book();
         self.closed.store(true, Ordering::SeqCst);
-        book.published.clear();
-        book.watched.clear();
+        book.forget_all();
         if let Err(e) = clear_dir(&self.dir) {
             tracing::warn!(dir = %self.dir.display(), error = %e, "cannot empty the ready index");
         }

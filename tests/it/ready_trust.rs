@@ -361,7 +361,11 @@ fn a_deleted_lock_file_is_made_again() {
     assert!(ready::acquire(&d.socket(), "enc").is_none());
     let t0 = std::time::Instant::now();
     while ready::acquire(&d.socket(), "enc").is_none() {
-        assert!(t0.elapsed() < std::time::Duration::from_secs(30), "{}", d.log());
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(30),
+            "{}",
+            d.log()
+        );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
