@@ -696,6 +696,28 @@ mod tests {
     }
 
     #[test]
+    fn a_path_shared_by_two_pointers_stays_watched_until_both_are_gone() {
+        let key = CacheKey::parse(&"ab".repeat(32)).unwrap();
+        let (shared, own) = (PathBuf::from("/m/weights.bin"), PathBuf::from("/m/a.onnx"));
+        let mut b = Book::default();
+        b.record(
+            "a".into(),
+            key,
+            "x".into(),
+            vec![shared.clone(), own.clone()],
+        );
+        b.record("b".into(), key, "y".into(), vec![shared.clone()]);
+        assert!(b.forget("a"));
+        assert!(!b.forget("a"));
+        assert_eq!(b.watched.get(&shared), Some(&vec!["b".to_string()]));
+        assert!(!b.watched.contains_key(&own));
+        // Recorded again: the old paths go, the new ones come.
+        b.record("b".into(), key, "z".into(), vec![own.clone()]);
+        assert!(!b.watched.contains_key(&shared));
+        assert_eq!(b.watched.get(&own), Some(&vec!["b".to_string()]));
+    }
+
+    #[test]
     fn clearing_leaves_what_is_not_a_pointer() {
         let d = tempfile::tempdir().unwrap();
         std::fs::write(d.path().join("m"), "x").unwrap();
