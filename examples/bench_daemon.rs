@@ -12,7 +12,8 @@
 //!   every connection with poll(2), one acquire in flight per connection, as wrk drives HTTP:
 //!   the daemon's latency without the client threads' scheduling), or `paced:RATE` (one
 //!   thread per connection, acquires sent on a fixed schedule totalling RATE per second;
-//!   latency counted from the scheduled send time, so a late send counts against it).
+//!   latency counted from the scheduled send time, so a late send counts against it), or
+//!   `index` (one consumer taking the model from the ready index, no socket; CLIENTS is 1).
 //! - `stable-to-queued SOCKET MODELS_DIR N` — N times: rename a complete model into the
 //!   repository and time until the daemon lists it (queued for planning/building).
 //! - `first-inference SOCKET MODEL RAW_MODEL WARM WAY` — one consumer process's time to its
@@ -176,6 +177,22 @@ fn latency_threads(
     Ok(())
 }
 
+/// One consumer taking `model` from the daemon's ready index `per` times (no socket), as
+/// `latency ... index` (benches/ready_many_files.py compares it with the socket's).
+fn latency_index(socket: &str, model: &str, per: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let t0 = Instant::now();
+    let mut lat = Vec::with_capacity(per);
+    for _ in 0..per {
+        let s = Instant::now();
+        let art = trtcache_client::ready::acquire(Path::new(socket), model)
+            .ok_or("the ready index did not answer (no pointer, or a check failed)")?;
+        lat.push(s.elapsed().as_secs_f64() * 1e6);
+        drop(art);
+    }
+    print_latency(1, "index", lat, t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let a = |i: usize| {
@@ -261,6 +278,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let how = args.get(5).cloned().unwrap_or_else(|| "threads".into());
             if how == "poll" {
                 return latency_poll(&socket, &model, clients, per);
+            }
+            if how == "index" {
+                return latency_index(&socket, &model, per);
             }
             if let Some(rate) = how.strip_prefix("paced:") {
                 return latency_threads(&socket, &model, clients, per, Some(rate.parse()?));

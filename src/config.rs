@@ -85,7 +85,8 @@ pub struct Config {
     /// Publish the ready index next to the socket (`<socket>.ready/`, one pointer per model
     /// whose default artifact is ready): local consumers that can read the artifact files
     /// open them directly and skip the socket round trip; each open counts as a hit
-    /// (docs/protocol.md, "The ready index"). Off: every acquire goes over the socket.
+    /// (docs/protocol.md, "The ready index"). Off: every acquire goes over the socket, and
+    /// the index a previous daemon left is removed.
     pub ready_index: bool,
     /// Limits.
     pub limits: Limits,

@@ -233,6 +233,8 @@ async fn serve_async(mut cfg: Config, reload: Reload) -> Result<Ending, ServeErr
                 tracing::warn!(error = %e, "no ready index; every acquire goes over the socket")
             }
         }
+    } else {
+        ready::retire(&socket_path);
     }
     let n = watch::initial(&svc, root.clone()).await?;
     if let Some(l) = metrics_listener {

@@ -10,7 +10,7 @@
 mod maintain;
 mod ready;
 
-pub use ready::DefaultSelections;
+pub use ready::{DefaultSelections, Published};
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;

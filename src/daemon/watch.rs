@@ -153,6 +153,7 @@ pub async fn run(svc: Arc<Service>, root: PathBuf, mut shutdown: watch::Receiver
         s => Duration::from_secs(s),
     };
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+    let events_svc = svc.clone();
     let handler = move |ev: notify::Result<notify::Event>| {
         // Every event that may change a file, and every error (overflow included), means
         // "look again". Opening and reading a model (builds, key hashing, ONNX Runtime)
@@ -162,6 +163,10 @@ pub async fn run(svc: Arc<Service>, root: PathBuf, mut shutdown: watch::Receiver
         if let Ok(e) = &ev {
             if matches!(e.kind, notify::EventKind::Access(_)) {
                 return;
+            }
+            // A changed file's model leaves the ready index now, not once the change settles.
+            if let Some(idx) = events_svc.ready_index.get() {
+                idx.touched(&e.paths);
             }
         }
         let _ = tx.send(());

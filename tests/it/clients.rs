@@ -2,8 +2,9 @@
 //! venv, its typed exceptions, provider defaults, timeouts that reset the connection, the
 //! response cap and dropped descriptors (`MSG_CTRUNC` at `RLIMIT_NOFILE`); the same
 //! behaviours of the Rust client. The daemon is paused with SIGSTOP where a call must time
-//! out, so no test depends on how long anything takes. Also the install side: the systemd
-//! unit's security exposure.
+//! out, so no test depends on how long anything takes. Sessions from artifacts evicted
+//! between the acquire and the session. Also the install side: the systemd unit's security
+//! exposure.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -587,4 +588,138 @@ fn the_systemd_unit_is_hardened_and_keeps_gpu_access() {
             )
         });
     assert!(score <= 4.0, "exposure {score} > 4.0:\n{report}");
+}
+
+/// Issue 39: the descriptors of an acquire are enough for a session after the artifact is
+/// evicted, for a one-file artifact and for an artifact with external data too (ONNX Runtime resolves an external file's
+/// real path, which an evicted file no longer has): the Rust and Python clients, each from
+/// the ready index and over the socket, open sessions after `evict` whose outputs are those
+/// of a session opened before it.
+#[test]
+fn evicted_artifacts_with_external_data_still_open_as_sessions() {
+    use std::io::{BufRead, Read, Write};
+    use std::os::unix::fs::MetadataExt;
+    use std::process::Stdio;
+    let mut d = Daemon::new();
+    write(&models::big_weights(2, 512), &d.models().join("big.onnx")).unwrap();
+    // And the other layout: one file, no external data.
+    write(&models::tiny_encoder(false), &d.models().join("enc.onnx")).unwrap();
+    d.start();
+    d.wait_settled(&["big", "enc"]);
+    let t0 = std::time::Instant::now();
+    let via_index = loop {
+        if let Some(a) = trtcache_client::ready::acquire(&d.socket(), "big") {
+            break a;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "never published\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let via_socket = d
+        .client()
+        .acquire(&AcquireRequest {
+            model: "big".into(),
+            dir_fd: true,
+            wait: true,
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(via_index.files.len() >= 2, "{:?}", via_index.metadata.files);
+    let x: Vec<f32> = (0..2 * 512).map(|i| (i % 13) as f32 / 13.0 - 0.5).collect();
+    let run = |a: &trtcache_client::Artifact| -> Vec<f32> {
+        let mut s = crate::daemon::artifact_session(a);
+        let t = ort::value::Tensor::from_array(([2usize, 512], x.clone())).unwrap();
+        let out = s.run(ort::inputs!["x" => t]).unwrap();
+        out["y"].try_extract_tensor::<f32>().unwrap().1.to_vec()
+    };
+    let want = run(&via_socket);
+    let enc = d
+        .client()
+        .acquire(&AcquireRequest {
+            model: "enc".into(),
+            dir_fd: true,
+            wait: true,
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(enc.files.len(), 1, "{:?}", enc.metadata.files);
+    let want_enc = crate::daemon::run_encoder(&mut crate::daemon::artifact_session(&enc), 3);
+
+    let script = r#"
+import os, sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import trtcache_client as t
+sock = sys.argv[2]
+a = t.Client(sock).acquire("big")
+assert a.from_index
+b = t.Client(sock, ready_index=False).acquire("big")
+assert not b.from_index and len(b.fds) >= 2
+x = np.linspace(-1, 1, 2 * 512, dtype=np.float32).reshape(2, 512)
+want = b.session().run(None, {"x": x})[0]
+e = t.Client(sock, ready_index=False).acquire("enc")
+assert len(e.fds) == 1
+xe = np.linspace(-1, 1, 3 * 64, dtype=np.float32).reshape(1, 3, 64)
+want_e = e.session().run(None, {"x": xe})[0]
+print("acquired", flush=True)
+sys.stdin.readline()
+for art, inp, w in ((a, x, want), (b, x, want), (e, xe, want_e)):
+    assert all(os.fstat(fd).st_nlink == 0 for fd in art.fds), "not evicted"
+    got = art.session().run(None, {"x": inp})[0]
+    assert np.allclose(got, w, atol=1e-5), (got, w)
+print("sessions ok", flush=True)
+"#;
+    let mut py = Command::new(support::python())
+        .arg("-c")
+        .arg(script)
+        .arg(python_client())
+        .arg(d.socket())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(py.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "acquired", "{}", {
+        let mut e = String::new();
+        py.stderr.as_mut().unwrap().read_to_string(&mut e).unwrap();
+        e
+    });
+
+    assert!(d.client().evict(Some("big"), None).unwrap() >= 1);
+    assert!(d.client().evict(Some("enc"), None).unwrap() >= 1);
+    let t0 = std::time::Instant::now();
+    let removed = |a: &trtcache_client::Artifact| {
+        a.files
+            .iter()
+            .all(|f| f.metadata().is_ok_and(|m| m.nlink() == 0))
+    };
+    while !(removed(&via_index) && removed(&via_socket) && removed(&enc)) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "never evicted\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (what, a) in [("index", &via_index), ("socket", &via_socket)] {
+        crate::daemon::assert_close(&run(a), &want, what);
+    }
+    let got = crate::daemon::run_encoder(&mut crate::daemon::artifact_session(&enc), 3);
+    crate::daemon::assert_close(&got, &want_enc, "one file");
+
+    py.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let r = py.wait_with_output().unwrap();
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    assert!(
+        r.status.success() && rest.contains("sessions ok"),
+        "{rest}\n{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
 }

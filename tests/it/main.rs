@@ -18,6 +18,7 @@ mod onnx_load;
 mod ops;
 mod readme;
 mod ready_index;
+mod ready_trust;
 mod reliability_crash;
 mod reliability_files;
 mod reliability_hostile;

@@ -6,7 +6,7 @@
 //! check fails (a damaged pointer, a model or artifact changed since the daemon verified it).
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use trtcache::fixtures::{models, write};
@@ -16,14 +16,15 @@ use trtcache_client::ready::{self, ReadyPointer};
 
 use crate::clients::python_client;
 use crate::daemon::Daemon;
+use crate::ready_trust::FakeIndex;
 use crate::support;
 
-fn pointer_path(d: &Daemon, model: &str) -> PathBuf {
+pub(crate) fn pointer_path(d: &Daemon, model: &str) -> PathBuf {
     ready::ready_dir(&d.socket()).join(model)
 }
 
 /// Polls until the pointer of `model` names a key for which `ok` holds (`None`: no pointer).
-fn wait_pointer(
+pub(crate) fn wait_pointer(
     d: &Daemon,
     model: &str,
     what: &str,
@@ -47,7 +48,7 @@ fn wait_pointer(
 }
 
 /// The key an acquire over the socket hands out for `model`'s default variant.
-fn socket_key(d: &Daemon, model: &str) -> String {
+pub(crate) fn socket_key(d: &Daemon, model: &str) -> String {
     d.client()
         .acquire(&AcquireRequest {
             model: model.into(),
@@ -77,7 +78,7 @@ fn wait_fast_hits(d: &Daemon, n: u64) {
     }
 }
 
-fn started(models_: &[(&str, ModelProto)]) -> Daemon {
+pub(crate) fn started(models_: &[(&str, ModelProto)]) -> Daemon {
     let mut d = Daemon::new();
     for (name, m) in models_ {
         write(m, &d.models().join(format!("{name}.onnx"))).unwrap();
@@ -129,12 +130,17 @@ fn the_index_follows_what_the_socket_serves() {
     wait_fast_hits(&d, before.fast_hits + 2);
 
     // A sidecar written next to the model: not answered from the index from that moment on,
-    // before the daemon has even seen it (and again once it is gone: nothing else changed).
+    // before the daemon has even seen it (and again once it is gone: nothing else changed,
+    // the daemon writes the pointer again once its watch has seen the sidecar come and go).
     let sidecar = d.models().join("enc.trtcache.toml");
     std::fs::write(&sidecar, "[golden]\nseed = 7\n").unwrap();
     assert!(ready::acquire(&d.socket(), "enc").is_none());
     std::fs::remove_file(&sidecar).unwrap();
-    assert!(ready::acquire(&d.socket(), "enc").is_some());
+    let t0 = Instant::now();
+    while ready::acquire(&d.socket(), "enc").is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "{}", d.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
     // The model rewritten: refused at once (its stamp changed), then the daemon replaces the
     // pointer with the new content's artifact.
@@ -294,8 +300,8 @@ fn a_stale_index_is_emptied_at_start_and_can_be_turned_off() {
 
 /// The Python client: an acquire from the index loads neither the socket layer nor the JSON
 /// codec and gives a session whose outputs are the socket's; every damaged copy of the
-/// pointer (next to a socket path where no daemon listens) falls back to the socket, which
-/// then fails to connect: proof that the damaged pointer was not used.
+/// pointer (in a [`FakeIndex`], next to a socket where no daemon listens) falls back to the
+/// socket, which then fails to connect: proof that the damaged pointer was not used.
 #[test]
 fn python_takes_ready_artifacts_without_the_socket_and_refuses_damaged_pointers() {
     let d = started(&[("enc", models::tiny_encoder(false))]);
@@ -303,7 +309,7 @@ fn python_takes_ready_artifacts_without_the_socket_and_refuses_damaged_pointers(
     // Every open so far (wait_pointer's one) counted, so the script's opens come on top.
     wait_fast_hits(&d, 1);
     let before = fast_hits(&d);
-    let fake = tempfile::tempdir().unwrap();
+    let fake = FakeIndex::new(&d, "enc");
     let script = r#"
 import os, sys
 sys.path.insert(0, sys.argv[1])
@@ -327,12 +333,11 @@ assert np.array_equal(art2.session().run(None, {"x": x})[0], y)
 assert not t.Client(sock).acquire("enc", backend="ort-cpu").from_index
 
 text = open(sock + ".ready/enc").read()
-os.makedirs(fake + "/d.sock.ready")
 def at_fake(body):
-    with open(fake + "/d.sock.ready/enc", "w") as f:
+    with open(fake + ".ready/enc", "w") as f:
         f.write(body)
     try:
-        a = t.Client(fake + "/d.sock").acquire("enc")
+        a = t.Client(fake).acquire("enc")
     except t.ConnectionFailed:
         return "socket"
     assert a.from_index
@@ -362,22 +367,22 @@ for what, body in damaged.items():
     try:
         got = at_fake(body)
     except UnicodeEncodeError:
-        with open(fake + "/d.sock.ready/enc", "wb") as f:
+        with open(fake + ".ready/enc", "wb") as f:
             f.write(text.encode().replace(b"enc", b"\xff", 1))
         try:
-            t.Client(fake + "/d.sock").acquire("enc"); got = "index"
+            t.Client(fake).acquire("enc"); got = "index"
         except t.ConnectionFailed:
             got = "socket"
     assert got == "socket", what
 # Names that are not model names never reach the file system.
 for bad in ["../enc", ".enc", "", "a/b"]:
     try:
-        t.Client(fake + "/d.sock").acquire(bad)
+        t.Client(fake).acquire(bad)
     except t.ConnectionFailed:
         pass
 print("index ok")
 "#;
-    let out = support::run_python(script, &[&python_client(), &d.socket(), fake.path()]);
+    let out = support::run_python(script, &[&python_client(), &d.socket(), &fake.socket]);
     assert!(out.contains("index ok"), "{out}");
     // The Python process's opens of the pointer were counted.
     wait_fast_hits(&d, before + 1);
@@ -430,4 +435,110 @@ fn a_deleted_index_folder_comes_back_and_its_opens_count_again() {
             d.log()
         );
     }
+}
+
+/// Issue 39: every valid model name can be published (the temp file of a 253-byte name once
+/// exceeded NAME_MAX), and a pointer that cannot be written is logged once, not every pass
+/// (`ready_recheck_secs = 1`: a pass a second), and once more when it is written at last.
+#[test]
+fn every_valid_name_is_published_and_a_lasting_failure_is_logged_once() {
+    let long = "m".repeat(253);
+    let mut d = Daemon::new();
+    std::fs::create_dir(d.models().join(&long)).unwrap();
+    write(
+        &models::tiny_encoder(false),
+        &d.models().join(&long).join("model.onnx"),
+    )
+    .unwrap();
+    write(&models::tiny_encoder(true), &d.models().join("stuck.onnx")).unwrap();
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(d.config(), format!("{cfg}ready_recheck_secs = 1\n")).unwrap();
+    // A folder where `stuck`'s pointer goes (the start leaves folders): no rename over it.
+    let dir = ready::ready_dir(&d.socket());
+    std::fs::create_dir_all(dir.join("stuck")).unwrap();
+    d.start();
+    d.wait_settled(&[&long, "stuck"]);
+    let p = wait_pointer(&d, &long, "written", |p| p.is_some()).unwrap();
+    assert_eq!(p.metadata.key, socket_key(&d, &long));
+    // Four passes at least.
+    std::thread::sleep(Duration::from_millis(4500));
+    let log = d.log();
+    let n = log.matches("cannot write a ready pointer").count();
+    assert_eq!(n, 1, "{log}");
+    std::fs::remove_dir(dir.join("stuck")).unwrap();
+    wait_pointer(&d, "stuck", "written once its path is free", |p| {
+        p.is_some()
+    });
+    assert!(
+        d.log().contains("ready pointer written again"),
+        "{}",
+        d.log()
+    );
+}
+
+/// Writes `m` to `dir/model.onnx` with every initializer in a file of its own (`w<i>.bin`),
+/// as torch and onnx write per-tensor external data.
+pub(crate) fn write_per_tensor(m: &ModelProto, dir: &Path) {
+    use trtcache::onnx::proto::{DataLocation, StringStringEntryProto};
+    let mut m = m.clone();
+    let entry = |k: &str, v: String| StringStringEntryProto {
+        key: k.into(),
+        value: v,
+    };
+    for (i, t) in m.graph.as_mut().unwrap().initializer.iter_mut().enumerate() {
+        let name = format!("w{i}.bin");
+        std::fs::write(dir.join(&name), &t.raw_data).unwrap();
+        t.external_data = vec![
+            entry("location", name),
+            entry("length", t.raw_data.len().to_string()),
+        ];
+        t.data_location = DataLocation::External as i32;
+        t.raw_data = Default::default();
+    }
+    write(&m, &dir.join("model.onnx")).unwrap();
+}
+
+/// Issue 39: a consumer checks a bounded set of a model's files (its graph, its sidecar's
+/// absence, its folder), however many external-data files it has, so the index stays as fast
+/// as the socket for a model of thousands of files (benches/ready_many_files.py); every other
+/// file is the daemon's to watch: rewriting one in place takes the pointer away at once,
+/// while the change is still settling (the socket serves the old artifact meanwhile), and
+/// the pointer comes back with the new content's artifact.
+#[test]
+fn a_model_of_many_files_is_checked_in_bounded_time_and_watched_by_the_daemon() {
+    let mut d = Daemon::new();
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    // A long settling time: the pointer's removal must come from the watch, not the settle.
+    std::fs::write(
+        d.config(),
+        cfg.replace("debounce_ms = 150", "debounce_ms = 8000"),
+    )
+    .unwrap();
+    let folder = d.models().join("many");
+    std::fs::create_dir(&folder).unwrap();
+    write_per_tensor(&models::big_weights(40, 8), &folder);
+    d.start();
+    d.wait_settled(&["many"]);
+    let p = wait_pointer(&d, "many", "written", |p| p.is_some()).unwrap();
+    assert!(p.sources.len() <= 3, "{:#?}", p.sources);
+    assert!(ready::acquire(&d.socket(), "many").is_some());
+
+    let w7 = folder.join("w7.bin");
+    let mut bytes = std::fs::read(&w7).unwrap();
+    bytes.iter_mut().for_each(|b| *b = b.wrapping_add(1));
+    std::fs::write(&w7, &bytes).unwrap();
+    wait_pointer(&d, "many", "removed after a weight file changed", |p| {
+        p.is_none()
+    });
+    assert!(ready::acquire(&d.socket(), "many").is_none());
+    assert_eq!(
+        socket_key(&d, "many"),
+        p.metadata.key,
+        "the change settled before the pointer went: not the watch's doing"
+    );
+    let q = wait_pointer(&d, "many", "back with the new weights", |q| {
+        q.is_some_and(|q| q.metadata.key != p.metadata.key)
+    })
+    .unwrap();
+    assert_eq!(q.metadata.key, socket_key(&d, "many"));
 }

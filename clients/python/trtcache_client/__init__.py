@@ -429,20 +429,74 @@ def _plain_name(name: str) -> bool:
     return bool(name) and not name.startswith("/") and all(p not in ("", ".", "..") for p in name.split("/"))
 
 
-def _from_index(socket_path: str, model: str) -> Optional[Artifact]:
-    """The artifact the daemon's ready index (``<socket>.ready/<model>``) names, its files
-    opened and checked; None when there is no pointer or any check fails, and the caller asks
-    over the socket. Checks (docs/protocol.md, "The ready index"): the model's files still
-    have the size, mtime and ctime the daemon scanned and its absent sidecar is still absent;
-    each artifact file, opened by name in the artifact's folder, has the device, inode,
-    size, mtime and ctime the daemon verified."""
-    if not model or model.startswith(".") or "/" in model or "\x00" in model:
-        return None
+READY_LOCK = ".lock"
+"""The file in the ready index on which the running daemon holds a write lock: pointers are
+trusted only while it is held (a killed daemon's, or one left by a daemon started with
+``ready_index = false``, never are)."""
+
+
+def _daemon_owned(st: "os.stat_result", owner: int) -> bool:
+    """Owned by the daemon's user (the socket's owner) and writable by nobody else."""
+    return st.st_uid == owner and st.st_mode & 0o022 == 0
+
+
+def _trusted_index(socket_path: str) -> Optional[Tuple[int, int]]:
+    """The ready index folder, opened, and the socket owner's uid, when a consumer may trust
+    it (docs/protocol.md, "Who may write the ready index"): the socket is a socket; the folder
+    is a real folder owned by the socket's owner and writable by nobody else; the daemon that
+    made it still runs (it holds a write lock on :data:`READY_LOCK`). None otherwise."""
     try:
-        fd = os.open(socket_path + ".ready/" + model, os.O_RDONLY | os.O_CLOEXEC)
+        sock = os.stat(socket_path)
+    except (OSError, ValueError):
+        return None
+    if sock.st_mode & 0o170000 != 0o140000:  # S_IFSOCK
+        return None
+    owner = sock.st_uid
+    try:
+        d = os.open(socket_path + ".ready", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except (OSError, ValueError):
         return None
     try:
+        if not _daemon_owned(os.fstat(d), owner):
+            raise ValueError("not the daemon's")
+        lock = os.open(READY_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
+        try:
+            os.lockf(lock, os.F_TEST, 0)
+        except OSError:
+            return d, owner  # locked by another process: the daemon runs
+        finally:
+            os.close(lock)
+        raise ValueError("no daemon holds the index")
+    except (OSError, ValueError):
+        os.close(d)
+        return None
+
+
+def _from_index(socket_path: str, model: str) -> Optional[Artifact]:
+    """The artifact the daemon's ready index (``<socket>.ready/<model>``) names, its files
+    opened and checked; None when there is no pointer or any check fails, and the caller asks
+    over the socket. Checks (docs/protocol.md, "The ready index"): the folder, the pointer,
+    the artifact's folder and files belong to the socket's owner and nobody else may write
+    them, and the daemon that wrote the pointer still runs; the model's files the pointer
+    lists still have the size, mtime and ctime the daemon scanned and its absent sidecar is
+    still absent; each artifact file, opened by name in the artifact's folder, has the device,
+    inode, size, mtime and ctime the daemon verified."""
+    if not model or model.startswith(".") or "/" in model or "\x00" in model:
+        return None
+    trusted = _trusted_index(socket_path)
+    if trusted is None:
+        return None
+    index, owner = trusted
+    try:
+        fd = os.open(model, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=index)
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(index)
+    try:
+        st = os.fstat(fd)
+        if st.st_mode & 0o170000 != 0o100000 or not _daemon_owned(st, owner):
+            return None
         chunks = []
         while True:
             b = os.read(fd, 1 << 16)
@@ -475,7 +529,7 @@ def _from_index(socket_path: str, model: str) -> Optional[Artifact]:
                 if (st.st_size, st.st_mtime_ns, st.st_ctime_ns) != (int(size), int(mtime), int(ctime)):
                     return None
             elif k == "absent":
-                if os.access(v, os.F_OK):  # a sidecar written since: a new configuration
+                if os.path.lexists(v):  # a sidecar written since: a new configuration
                     return None
             elif k == "meta":
                 meta = v
@@ -491,12 +545,16 @@ def _from_index(socket_path: str, model: str) -> Optional[Artifact]:
         return None
     fds: List[int] = []
     try:
+        if not _daemon_owned(os.fstat(d), owner):
+            raise ValueError("the artifact's folder is not the daemon's")
         for want, name in files:
             h = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=d)
             fds.append(h)
             st = os.fstat(h)
             if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) != want:
                 raise ValueError("changed since it was verified")
+            if st.st_mode & 0o170000 != 0o100000 or not _daemon_owned(st, owner):
+                raise ValueError("not the daemon's file")
     except (OSError, ValueError):
         _close_all(fds + [d])
         return None

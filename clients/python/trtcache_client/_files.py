@@ -95,34 +95,87 @@ def provider_unavailable(art: "Artifact", provider: str, ort: Any) -> Exception:
     return e
 
 
-def session_from_files(art: "Artifact", ort_kwargs: Dict[str, Any]) -> "onnxruntime.InferenceSession":
-    """A session through the per-file descriptors: ``/proc/self/fd/N`` for a lone graph, a
-    private temp folder of symlinks named as the graph expects when it has external data
-    (removed once the session exists; ONNX Runtime has read or mapped the files by then)."""
-    import onnxruntime  # type: ignore[import-not-found, import-untyped, unused-ignore]
+def _any_removed(art: "Artifact") -> bool:
+    """Whether a file of the artifact has no name left (``st_nlink`` 0: evicted, removed)."""
+    try:
+        return any(os.fstat(fd).st_nlink == 0 for fd in art.fds)
+    except OSError:
+        return True
 
-    files = art.metadata.get("files", [])
-    if len(art.fds) == 1:
-        # ONNX Runtime opens the descriptor through /proc: no copy into Python.
-        return onnxruntime.InferenceSession("/proc/self/fd/%d" % art.fds[0], **ort_kwargs)
-    if not art.fds:
-        raise _err().UnexpectedResponse("artifact has no files")
+
+def _copy_fd(fd: int, to: str) -> None:
+    """Copies the whole file behind ``fd`` to a new file ``to`` (the descriptor's offset is
+    left as it was: a fresh open through /proc, which works for a removed file too)."""
+    src = os.open("/proc/self/fd/%d" % fd, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        dst = os.open(to, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            size, off = os.fstat(src).st_size, 0
+            while off < size:
+                try:
+                    n = os.sendfile(dst, src, off, min(size - off, 1 << 30))
+                except OSError:
+                    b = os.pread(src, min(size - off, 1 << 24), off)
+                    n = os.write(dst, b) if b else 0
+                if n <= 0:
+                    break
+                off += n
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+
+
+def _private_view(art: "Artifact", copy: bool, ort_kwargs: Dict[str, Any]) -> "onnxruntime.InferenceSession":
+    """A session from a private temp folder holding the graph as ``model.onnx`` and each
+    external file under its name: symlinks to ``/proc/self/fd/N``, or (``copy``) copies read
+    from the descriptors. The folder is removed once the session exists."""
     import shutil
     import tempfile
 
+    import onnxruntime  # type: ignore[import-not-found, import-untyped, unused-ignore]
+
+    files = art.metadata.get("files", [])
     d = tempfile.mkdtemp(prefix="trtcache-artifact-")
     try:
         graph = os.path.join(d, "model.onnx")
         for i, (meta, fd) in enumerate(zip(files, art.fds)):
             if i == 0:
-                link = graph
+                at = graph
             else:
                 name = meta["name"]
                 if os.path.isabs(name) or ".." in name.split("/"):
                     raise _err().BadName("external data name %r" % name)
-                link = os.path.join(d, name)
-                os.makedirs(os.path.dirname(link), exist_ok=True)
-            os.symlink("/proc/self/fd/%d" % fd, link)
+                at = os.path.join(d, name)
+                os.makedirs(os.path.dirname(at), exist_ok=True)
+            if copy:
+                _copy_fd(fd, at)
+            else:
+                os.symlink("/proc/self/fd/%d" % fd, at)
         return onnxruntime.InferenceSession(graph, **ort_kwargs)
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def session_from_files(art: "Artifact", ort_kwargs: Dict[str, Any]) -> "onnxruntime.InferenceSession":
+    """A session through the per-file descriptors: ``/proc/self/fd/N`` for a lone graph; for a
+    graph with external data, a private temp folder of symlinks named as the graph expects,
+    or, when a file was removed since it was opened (the artifact evicted: ONNX Runtime
+    resolves each external file's real path, which a removed file no longer has), of copies
+    read from the descriptors. The folder is removed once the session exists (ONNX Runtime
+    has read or mapped the files by then)."""
+    import onnxruntime  # type: ignore[import-not-found, import-untyped, unused-ignore]
+
+    if len(art.fds) == 1:
+        # ONNX Runtime opens the descriptor through /proc: no copy into Python.
+        return onnxruntime.InferenceSession("/proc/self/fd/%d" % art.fds[0], **ort_kwargs)
+    if not art.fds:
+        raise _err().UnexpectedResponse("artifact has no files")
+    if not _any_removed(art):
+        try:
+            return _private_view(art, False, ort_kwargs)
+        except Exception:
+            if not _any_removed(art):
+                raise
+            # Evicted while ONNX Runtime read it: copies next.
+    return _private_view(art, True, ort_kwargs)

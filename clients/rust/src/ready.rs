@@ -8,12 +8,18 @@
 //! validated, replaces it atomically (rename) when that changes, removes it when the model
 //! changes, is removed or evicted, and empties the folder when it starts and stops. A
 //! consumer trusts a pointer only when every check holds, and otherwise asks over the socket
-//! as before:
-//! - the model's own files still have the size, mtime and ctime the daemon's scan recorded
-//!   ([`ReadyPointer::sources`]), and the paths it recorded as absent (a sidecar not yet
-//!   written) are still absent, so a model edited since (even while no daemon runs) is never
-//!   served from its old artifact;
-//! - every artifact file opened by name in [`ReadyPointer::dir`] has the device, inode, size,
+//! as before (docs/protocol.md, "Who may write the ready index"):
+//! - the socket path is a socket; the folder (not a link) and the pointer (a regular file, not
+//!   a link) belong to the socket's owner, the daemon's user, and nobody else may write them
+//!   ([`daemon_owned`]); and the daemon that made the folder still runs (it holds a write lock
+//!   on [`READY_LOCK`]), so a killed daemon's pointers are never read;
+//! - the model's files the pointer lists still have the size, mtime and ctime the daemon's
+//!   scan recorded ([`ReadyPointer::sources`]: a bounded set, the graph, its sidecar or the
+//!   sidecar's absence, its folder; the daemon watches every other file of the model and
+//!   takes the pointer away when one changes), so a model edited since is never served from
+//!   its old artifact;
+//! - [`ReadyPointer::dir`] and every artifact file opened by name in it belong to the socket's
+//!   owner with nobody else allowed to write them, and each file has the device, inode, size,
 //!   mtime and ctime the daemon last verified ([`ReadyPointer::files`]), as the daemon checks
 //!   the descriptors it hands out.
 //!
@@ -34,7 +40,7 @@
 //! prepack 0                        (only with session_hints.disable_prepacking)
 //! dir     <absolute path of the artifact's folder>
 //! file    <dev> <ino> <size> <mtime_ns> <ctime_ns> <name>      (graph first)
-//! source  <size> <mtime_ns> <ctime_ns> <absolute path>        (a file of the model)
+//! source  <size> <mtime_ns> <ctime_ns> <absolute path>        (the graph, sidecar, folder)
 //! absent  <absolute path>                                     (must not exist)
 //! meta    <the acquire's ArtifactMeta as JSON, dir_fd_index unset>
 //! ```
@@ -89,7 +95,8 @@ pub struct ReadyPointer {
     pub dir: PathBuf,
     /// The artifact's files, graph first (the metadata's `files` order).
     pub files: Vec<ReadyFile>,
-    /// The model's files (and paths that must stay absent).
+    /// The model's files a consumer checks (the graph, a sidecar, Triton's `config.pbtxt`,
+    /// the model's folder) and paths that must stay absent.
     pub sources: Vec<ReadySource>,
 }
 
@@ -288,16 +295,74 @@ impl ReadyPointer {
     }
 }
 
+/// The file in the index folder on which the running daemon holds a write lock (an open
+/// file description lock, taken when it made the folder and held until it exits): a pointer
+/// is trusted only while that lock is held, so the pointers of a daemon that was killed, or
+/// that a daemon started with `ready_index = false` left behind, are never read.
+pub const READY_LOCK: &str = ".lock";
+
+/// Whether `m` belongs to `owner` and nobody else may write it (no group or other write
+/// bit): what a consumer asks of the index folder, its pointers, the artifact's folder and
+/// its files, with `owner` the socket's owner (the daemon's user).
+pub fn daemon_owned(m: &std::fs::Metadata, owner: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    m.uid() == owner && m.mode() & 0o022 == 0
+}
+
+/// Whether some process holds a write lock on `f` (`F_GETLK`; any error reads as "no").
+fn write_locked(f: &std::fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a zeroed `flock` is a valid value of the plain C struct.
+    let mut l: libc::flock = unsafe { std::mem::zeroed() };
+    l.l_type = libc::F_RDLCK as libc::c_short;
+    l.l_whence = libc::SEEK_SET as libc::c_short;
+    // SAFETY: a valid descriptor and a valid, exclusively borrowed `flock`.
+    let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETLK, &mut l) };
+    r == 0 && l.l_type != libc::F_UNLCK as libc::c_short
+}
+
+/// The index folder of the daemon at `socket`, opened, when a consumer may trust it: the
+/// socket is a socket, the folder is a real folder (not a link) owned by the socket's owner
+/// and writable by nobody else, and the daemon that made it still runs (it holds
+/// [`READY_LOCK`]). Returns the folder and the owner's uid.
+fn trusted_index(socket: &Path) -> Option<(std::fs::File, u32)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+    let sock = std::fs::metadata(socket).ok()?;
+    if !sock.file_type().is_socket() {
+        return None;
+    }
+    let owner = sock.uid();
+    let index = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(ready_dir(socket))
+        .ok()?;
+    if !daemon_owned(&index.metadata().ok()?, owner) {
+        return None;
+    }
+    let lock = open_at(&index, READY_LOCK, libc::O_NOFOLLOW)?;
+    write_locked(&lock).then_some((index, owner))
+}
+
 /// The artifact the ready index of the daemon at `socket` names for `model` (its default
 /// variant), its files opened and checked as the module docs say; `None` when there is no
 /// pointer or any check fails: then ask over the socket ([`crate::Client::acquire_model`]
 /// does both).
 pub fn acquire(socket: &Path, model: &str) -> Option<crate::Artifact> {
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
     if !crate::protocol::valid_model_name(model) {
         return None;
     }
-    let text = std::fs::read_to_string(ready_dir(socket).join(model)).ok()?;
+    let (index, owner) = trusted_index(socket)?;
+    let mut f = open_at(&index, model, libc::O_NOFOLLOW)?;
+    let m = f.metadata().ok()?;
+    if !m.is_file() || !daemon_owned(&m, owner) {
+        return None;
+    }
+    let mut text = String::new();
+    f.read_to_string(&mut text).ok()?;
+    drop(f);
     let p = ReadyPointer::parse(&text).ok()?;
     let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
     for s in &p.sources {
@@ -314,17 +379,16 @@ pub fn acquire(socket: &Path, model: &str) -> Option<crate::Artifact> {
                 }
             }
             None => {
-                if std::fs::metadata(&s.path).is_ok() {
+                if std::fs::symlink_metadata(&s.path).is_ok() {
                     return None;
                 }
             }
         }
     }
-    let dir = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
-        .open(&p.dir)
-        .ok()?;
+    let dir = open_dir(&p.dir)?;
+    if !daemon_owned(&dir.metadata().ok()?, owner) {
+        return None;
+    }
     let mut files = Vec::with_capacity(p.files.len());
     for f in &p.files {
         if f.name.is_empty()
@@ -335,7 +399,7 @@ pub fn acquire(socket: &Path, model: &str) -> Option<crate::Artifact> {
         {
             return None;
         }
-        let file = open_at(&dir, &f.name)?;
+        let file = open_at(&dir, &f.name, 0)?;
         let m = file.metadata().ok()?;
         let have = (
             m.dev(),
@@ -344,7 +408,10 @@ pub fn acquire(socket: &Path, model: &str) -> Option<crate::Artifact> {
             ns(m.mtime(), m.mtime_nsec()),
             ns(m.ctime(), m.ctime_nsec()),
         );
-        if have != (f.dev, f.ino, f.size, f.mtime_ns, f.ctime_ns) {
+        if have != (f.dev, f.ino, f.size, f.mtime_ns, f.ctime_ns)
+            || !m.is_file()
+            || !daemon_owned(&m, owner)
+        {
             return None;
         }
         files.push(file);
@@ -359,8 +426,18 @@ pub fn acquire(socket: &Path, model: &str) -> Option<crate::Artifact> {
     })
 }
 
-/// Opens `name` read-only relative to the directory `dir` (`openat`).
-fn open_at(dir: &std::fs::File, name: &str) -> Option<std::fs::File> {
+/// Opens the folder `path` read-only.
+fn open_dir(path: &Path) -> Option<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(path)
+        .ok()
+}
+
+/// Opens `name` read-only relative to the directory `dir` (`openat`), with `flags` added.
+fn open_at(dir: &std::fs::File, name: &str, flags: libc::c_int) -> Option<std::fs::File> {
     use std::os::fd::{AsRawFd, FromRawFd};
     let c = std::ffi::CString::new(name).ok()?;
     // SAFETY: a valid directory descriptor and NUL-terminated path; the result is checked
@@ -369,7 +446,7 @@ fn open_at(dir: &std::fs::File, name: &str) -> Option<std::fs::File> {
         libc::openat(
             dir.as_raw_fd(),
             c.as_ptr(),
-            libc::O_RDONLY | libc::O_CLOEXEC,
+            libc::O_RDONLY | libc::O_CLOEXEC | flags,
         )
     };
     if fd < 0 {

@@ -2,10 +2,14 @@
 //! sent the artifact's directory (`dir_fd`), the graph is opened in place as
 //! `/proc/self/fd/D/<graph name>`, so ONNX Runtime finds the external data next to it by name
 //! (the fastest way: it reads the files themselves). Otherwise, or when that path is not
-//! usable (the directory is not searchable by this uid, a file there is not the one sent), a
-//! graph with no external data is opened through `/proc/self/fd/N`, and a graph with external
-//! data through a private temporary folder of symlinks (`model.onnx` and each external file's
-//! `location`) pointing at `/proc/self/fd/N`; that folder is removed once the session exists.
+//! usable (the directory is not searchable by this uid, a file there is not the one sent, the
+//! artifact was evicted since), a graph with no external data is opened through
+//! `/proc/self/fd/N`, and a graph with external data through a private temporary folder
+//! (`model.onnx` and each external file's `location`) of symlinks pointing at
+//! `/proc/self/fd/N` or, when a file was removed since it was sent (evicted by `rm`, `gc` or
+//! the LRU: ONNX Runtime resolves an external file's real path, which a removed file no
+//! longer has), of copies read from the descriptors; that folder is removed once the session
+//! exists. So the descriptors stay enough for a session whatever happens to the cache.
 //! ONNX Runtime reads (or maps) everything while it creates the session, so the session does
 //! not need the descriptors afterwards.
 
@@ -172,8 +176,12 @@ impl Artifact {
         self.session_from_files(builder)
     }
 
-    /// Opens an `ort` session through the per-file descriptors only (symlinks to
-    /// `/proc/self/fd/N` for a graph with external data), ignoring the directory.
+    /// Opens an `ort` session through the per-file descriptors only, ignoring the
+    /// directory: a lone graph through `/proc/self/fd/N`; a graph with external data through
+    /// a private folder of symlinks to the descriptors, or, when a file was removed since it
+    /// was opened (the artifact evicted: ONNX Runtime resolves each external file's real
+    /// path, and a removed file has none), through a private folder of copies made from the
+    /// descriptors. Either folder is removed once the session exists.
     pub fn session_from_files(
         &self,
         builder: &mut SessionBuilder,
@@ -191,10 +199,44 @@ impl Artifact {
                 "artifact has no files",
             )));
         }
+        if !self.any_removed() {
+            let linked = self.private_view(false)?;
+            match builder.commit_from_file(&linked.1) {
+                Ok(s) => return Ok(s),
+                // Evicted while ONNX Runtime read it: copies next.
+                Err(_) if self.any_removed() => {}
+                Err(e) => return Err(SessionError::Ort(e.to_string())),
+            }
+        }
+        let copied = self.private_view(true)?;
+        builder
+            .commit_from_file(&copied.1)
+            .map_err(|e| SessionError::Ort(e.to_string()))
+    }
+
+    /// Whether a file of the artifact has no name left (`st_nlink` 0: evicted, removed).
+    fn any_removed(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        self.files
+            .iter()
+            .any(|f| f.metadata().map_or(true, |m| m.nlink() == 0))
+    }
+
+    /// A private folder holding the graph as `model.onnx` and each external file under its
+    /// name: symlinks to `/proc/self/fd/N`, or (`copy`) copies read from the descriptors
+    /// (with their own offsets: the artifact's descriptors are left as they were). Returns
+    /// the folder (removed on drop) and the graph's path.
+    fn private_view(&self, copy: bool) -> Result<(TempDir, PathBuf), SessionError> {
         let dir = private_dir()?;
-        let mut graph = dir.0.join("model.onnx");
-        for (i, (meta, proc_path)) in self.metadata.files.iter().zip(&procs).enumerate() {
-            let link = if i == 0 {
+        let graph = dir.0.join("model.onnx");
+        for (i, (meta, proc_path)) in self
+            .metadata
+            .files
+            .iter()
+            .zip(self.proc_paths())
+            .enumerate()
+        {
+            let at = if i == 0 {
                 graph.clone()
             } else {
                 if !plain_relative(&meta.name) {
@@ -202,17 +244,22 @@ impl Artifact {
                 }
                 dir.0.join(&meta.name)
             };
-            if let Some(parent) = link.parent() {
+            if let Some(parent) = at.parent() {
                 std::fs::create_dir_all(parent)?;
             }
-            std::os::unix::fs::symlink(proc_path, &link)?;
-            if i == 0 {
-                graph = link;
+            if copy {
+                // A fresh open of the descriptor's file (it works for a removed one too).
+                let mut from = std::fs::File::open(&proc_path)?;
+                let mut to = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&at)?;
+                std::io::copy(&mut from, &mut to)?;
+            } else {
+                std::os::unix::fs::symlink(&proc_path, &at)?;
             }
         }
-        builder
-            .commit_from_file(&graph)
-            .map_err(|e| SessionError::Ort(e.to_string()))
+        Ok((dir, graph))
     }
 }
 

@@ -3,6 +3,14 @@
 //! waiting, as a [`ReadyPointer`]; and the count of consumers who opened one
 //! ([`Service::fast_hit`]), which the store's LRU order sees like any other hit.
 //!
+//! A pointer names a bounded set of the model's files for consumers to check (its graph, its
+//! sidecar or the sidecar's absence, Triton's `config.pbtxt`, its folder): a consumer's
+//! checks cost the same for a model of one file and one of 3,000 external-data files. Every
+//! other file of the model (external data, whatever the scan fingerprinted) is the daemon's
+//! to check: [`Published::watched`] lists them all, the index is written only while each
+//! still has the scanned stamp, and a repository event on one of them removes the pointer at
+//! once (`ReadyIndex::touched`), before the watcher settles the change.
+//!
 //! Enters: the state (models, plans, ready artifacts). Leaves: pointers by model name.
 
 use std::collections::{BTreeMap, HashMap};
@@ -16,6 +24,15 @@ use super::{Service, State, TOUCH_EVERY};
 use crate::daemon::engine::{Handout, Layout, ModelEntry, Selection};
 use crate::daemon::repo::FileStamp;
 use crate::spec::CacheKey;
+
+/// A model's pointer and what the daemon checks for it ([`Service::ready_pointers`]).
+pub struct Published {
+    pub key: CacheKey,
+    /// What consumers read (its `sources`: the bounded set they check).
+    pub pointer: ReadyPointer,
+    /// Every file of the model (and the paths that must stay absent), as scanned.
+    pub watched: Vec<ReadySource>,
+}
 
 /// Each model's default selection, by the model generation it was computed for
 /// ([`Service::ready_pointers`] reads a model's sidecar only when the model changed).
@@ -53,6 +70,25 @@ fn sidecar_path(root: &Path, e: &ModelEntry) -> PathBuf {
 /// `NAME.onnx` at the repository's top.
 fn in_folder(root: &Path, e: &ModelEntry) -> bool {
     e.layout == Layout::Triton || e.path.parent() != Some(root)
+}
+
+/// What a consumer checks of a model (a bounded subset of `watched`, every file the scan
+/// recorded): its graph, its sidecar (or the sidecar's absence), Triton's `config.pbtxt`, and
+/// its folder's own stamp.
+fn checked_sources(root: &Path, e: &ModelEntry, watched: &[ReadySource]) -> Vec<ReadySource> {
+    let folder = in_folder(root, e).then(|| root.join(&e.name));
+    let config = folder.as_ref().map(|f| f.join("config.pbtxt"));
+    let sidecar = sidecar_path(root, e);
+    watched
+        .iter()
+        .filter(|s| {
+            s.path == e.path
+                || s.path == sidecar
+                || Some(&s.path) == config.as_ref()
+                || Some(&s.path) == folder.as_ref()
+        })
+        .cloned()
+        .collect()
 }
 
 /// The pointer to `a`, served for `entry`; `None` when the daemon cannot vouch for its files
@@ -95,10 +131,7 @@ fn pointer(entry: &ModelEntry, a: &Handout, sources: Vec<ReadySource>) -> Option
 impl Service {
     /// Every model's pointer: its served version's default variant when that is planned and
     /// ready. `sels` keeps the default selections between calls.
-    pub fn ready_pointers(
-        &self,
-        sels: &mut DefaultSelections,
-    ) -> BTreeMap<String, (CacheKey, ReadyPointer)> {
+    pub fn ready_pointers(&self, sels: &mut DefaultSelections) -> BTreeMap<String, Published> {
         let root = self.cfg.models.clone();
         let models: Vec<(String, u64, ModelEntry, Vec<ReadySource>)> = {
             let st = self.lock();
@@ -141,7 +174,7 @@ impl Service {
         }
         let st = self.lock();
         let mut out = BTreeMap::new();
-        for (name, entry, sel, sources) in todo {
+        for (name, entry, sel, watched) in todo {
             let Some(m) = st.models.get(&name) else {
                 continue;
             };
@@ -154,8 +187,16 @@ impl Service {
             let Some(a) = st.ready.get(&p.key) else {
                 continue;
             };
-            if let Some(ptr) = pointer(&entry, a, sources) {
-                out.insert(name, (p.key, ptr));
+            let checked = checked_sources(&root, &entry, &watched);
+            if let Some(pointer) = pointer(&entry, a, checked) {
+                out.insert(
+                    name,
+                    Published {
+                        key: p.key,
+                        pointer,
+                        watched,
+                    },
+                );
             }
         }
         out
