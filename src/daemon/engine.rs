@@ -102,6 +102,9 @@ pub enum BuildPhase {
     Building,
     Validating,
     Storing,
+    /// Building again after the build worker was killed from outside (the OOM killer, an
+    /// admin), at most `limits.worker_kill_retries` times.
+    Retrying,
 }
 
 impl BuildPhase {
@@ -111,6 +114,7 @@ impl BuildPhase {
             BuildPhase::Building => "building",
             BuildPhase::Validating => "validating",
             BuildPhase::Storing => "storing",
+            BuildPhase::Retrying => "retrying",
         }
     }
 }

@@ -19,6 +19,7 @@ mod ops;
 mod readme;
 mod ready_index;
 mod reliability_crash;
+mod reliability_faults;
 mod reliability_files;
 mod reliability_hostile;
 mod reliability_races;
