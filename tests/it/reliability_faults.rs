@@ -107,6 +107,95 @@ fn a_sparse_external_data_file_is_staged_without_its_holes() {
     assert!(d.stop(), "{}", d.log());
 }
 
+/// A tmpfs of `size` over `dir` for the test's life, or `None` with the reason printed
+/// (mounting needs root or a user namespace; without it no file system can be made to fill).
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount_or_skip(dir: &std::path::Path, size: &str) -> Option<Tmpfs> {
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(Tmpfs(dir.to_path_buf())),
+            Ok(o) => {
+                let e = String::from_utf8_lossy(&o.stderr);
+                eprintln!("SKIPPED: cannot mount a tmpfs over {} ({e})", dir.display());
+                None
+            }
+            Err(e) => {
+                eprintln!("SKIPPED: cannot run mount ({e})");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[test]
+fn external_data_that_cannot_fit_in_the_cache_fails_for_good_naming_the_file() {
+    let mut d = Daemon::new();
+    let Some(_fs) = Tmpfs::mount_or_skip(&d.cache(), "8m") else {
+        return;
+    };
+    // 16 MiB of real data (not holes) in the external-data file, on a cache of 8 MiB: the
+    // build's private copy cannot fit, whatever is evicted.
+    let dir = d.root.join("staging/m/1");
+    std::fs::create_dir_all(&dir).unwrap();
+    write_external(
+        &models::tiny_encoder(false),
+        &dir.join("model.onnx"),
+        "model.onnx.data",
+        128,
+    )
+    .unwrap();
+    let data = dir.join("model.onnx.data");
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&data)
+        .unwrap();
+    f.write_all(&vec![0xa5u8; 16 << 20]).unwrap();
+    drop(f);
+    d.start();
+    std::fs::rename(d.root.join("staging/m"), d.models().join("m")).unwrap();
+    let list = d.wait_settled(&["m"]);
+    let v = &list.iter().find(|m| m.name == "m").unwrap().variants[0];
+    assert_eq!(v.state, VariantState::Failed, "{v:?}\n{}", d.log());
+    let reason = v.reason.clone().unwrap_or_default();
+    assert!(
+        reason.contains("model.onnx.data") && reason.contains("bytes free"),
+        "names the file and the space: {reason}"
+    );
+    // A final answer: the same to an acquire, and no build tried again (the storage
+    // retries of a full disk came every 1, 2, 4 … s).
+    let mut c = d.client();
+    let before = c.stats().unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let e = acquire(&d, "m").unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::BuildFailed), "{e}");
+    assert!(e.to_string().contains("model.onnx.data"), "{e}");
+    let after = c.stats().unwrap();
+    assert_eq!(after.failures, before.failures, "built again: {after:?}");
+    assert!(
+        std::fs::read_dir(d.cache().join("tmp"))
+            .unwrap()
+            .next()
+            .is_none(),
+        "staging leftovers"
+    );
+    drop(c);
+    assert!(d.stop(), "{}", d.log());
+}
+
 #[test]
 fn rm_rf_of_the_cache_under_a_running_daemon_opens_a_fresh_one() {
     let mut d = Daemon::new();

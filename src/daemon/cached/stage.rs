@@ -186,12 +186,7 @@ fn data_extents(file: &File, len: u64) -> io::Result<Vec<(u64, u64)>> {
 
 /// Bytes an unprivileged writer may still use on the file system holding `path`.
 fn free_bytes(path: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a NUL-terminated path and a statvfs the call fills.
-    (unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0)
-        .then(|| st.f_bavail as u64 * st.f_frsize as u64)
+    crate::cache::free_bytes(path).ok()
 }
 
 #[cfg(test)]
