@@ -572,6 +572,10 @@ impl Engine for CachedEngine {
         self.cache.current().store.evictions()
     }
 
+    fn generation(&self) -> u64 {
+        self.cache.generation()
+    }
+
     fn store(&self) -> Option<Arc<dyn Store>> {
         Some(self.cache.opened().store.clone())
     }

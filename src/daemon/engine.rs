@@ -270,6 +270,12 @@ pub trait Engine: Send + Sync + 'static {
     fn store(&self) -> Option<Arc<dyn crate::cache::Store>> {
         None
     }
+    /// How many times the engine's cache was opened afresh since it started (the folder was
+    /// deleted or replaced under the daemon; see `cached`): when it grows, every artifact the
+    /// daemon remembers as ready may be gone, and is looked up again before it is trusted.
+    fn generation(&self) -> u64 {
+        0
+    }
     /// Flushes the store (called on shutdown).
     fn flush(&self) -> Result<(), EngineError> {
         Ok(())

@@ -99,6 +99,7 @@ fn a_sparse_external_data_file_is_staged_without_its_holes() {
     assert!(!art.files.is_empty());
     // The daemon copied the model into CACHE/tmp for the build: its holes stayed holes.
     let spent = written(pid) - before;
+    eprintln!("the daemon wrote {spent} bytes to stage, build and store the model");
     assert!(
         spent < 64 << 20,
         "the daemon wrote {spent} bytes to build a model of a few KiB of weights in a sparse {len}-byte file\n{}",

@@ -11,6 +11,7 @@
 //! next acquire.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -59,6 +60,8 @@ pub(super) struct CacheFolder {
     current: RwLock<Arc<Opened>>,
     /// Held while reopening; when the last try failed.
     reopening: Mutex<Option<Instant>>,
+    /// Fresh caches opened since the first.
+    generation: AtomicU64,
 }
 
 impl CacheFolder {
@@ -78,6 +81,7 @@ impl CacheFolder {
             max_bytes,
             current: RwLock::new(Arc::new(opened)),
             reopening: Mutex::new(None),
+            generation: AtomicU64::new(0),
         }))
     }
 
@@ -87,6 +91,11 @@ impl CacheFolder {
 
     pub(super) fn max_bytes(&self) -> u64 {
         self.max_bytes
+    }
+
+    /// Fresh caches opened since the first ([`super::Engine::generation`]).
+    pub(super) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
     }
 
     /// Checks the folder every `every` on a thread of its own, for as long as the engine
@@ -160,6 +169,7 @@ impl CacheFolder {
                 let o = Arc::new(o);
                 *self.current.write().unwrap_or_else(|p| p.into_inner()) = o.clone();
                 *last_failed = None;
+                self.generation.fetch_add(1, Ordering::SeqCst);
                 tracing::info!(cache = %self.dir.display(), "opened a fresh cache");
                 o
             }
