@@ -297,7 +297,7 @@ fn a_build_worker_killed_from_outside_is_built_again_and_ends_ready() {
     configure(&d, "", "build_concurrency = 1\nworker_kill_retries = 2");
     d.start();
     let pid = d.child.as_ref().unwrap().id();
-    write(&slow_loop(300_000), &d.models().join("slow.onnx")).unwrap();
+    write(&slow_loop(1_000_000), &d.models().join("slow.onnx")).unwrap();
     // One SIGKILL from outside (the OOM killer, an admin) of the model's first worker.
     let victim = eventually(&d, 120, "a build worker", || workers(pid).first().copied());
     // SAFETY: signalling a process this test found as the daemon's worker child.

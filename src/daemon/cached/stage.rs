@@ -69,6 +69,10 @@ pub(super) fn snapshot(model: &ModelEntry, dir: &Path) -> Result<PathBuf, Engine
     for f in &graph.external_files {
         // The loader checked every location stays inside the model's folder.
         let to = dir.join(&f.location);
+        if to.symlink_metadata().is_ok() {
+            // The same file under another spelling of its location (`w.bin`, `./w.bin`).
+            continue;
+        }
         if let Some(parent) = to.parent() {
             std::fs::create_dir_all(parent).map_err(|e| full(&f.path, e))?;
         }
