@@ -58,8 +58,8 @@ pub(super) struct CacheFolder {
     worker: WorkerLimits,
     max_bytes: u64,
     current: RwLock<Arc<Opened>>,
-    /// Held while reopening; when the last try failed.
-    reopening: Mutex<Option<Instant>>,
+    /// Held while reopening: the failed tries since the folder went.
+    reopening: Mutex<Failed>,
     /// Fresh caches opened since the first.
     generation: AtomicU64,
 }
@@ -80,7 +80,7 @@ impl CacheFolder {
             worker,
             max_bytes,
             current: RwLock::new(Arc::new(opened)),
-            reopening: Mutex::new(None),
+            reopening: Mutex::new(Failed::default()),
             generation: AtomicU64::new(0),
         }))
     }
@@ -151,35 +151,53 @@ impl CacheFolder {
     }
 
     /// Opens a fresh cache in place of `stale` (once: concurrent callers get the new one).
+    /// Logs the condition once, and a failure to open once per distinct error.
     fn reopen(&self, stale: Arc<Opened>) -> Arc<Opened> {
-        let mut last_failed = self.reopening.lock().unwrap_or_else(|p| p.into_inner());
+        let mut failed = self.reopening.lock().unwrap_or_else(|p| p.into_inner());
         let cur = self.current();
         if !Arc::ptr_eq(&cur, &stale) {
             return cur;
         }
-        if last_failed.is_some_and(|t| t.elapsed() < REOPEN_BACKOFF) {
+        if failed.at.is_some_and(|t| t.elapsed() < REOPEN_BACKOFF) {
             return stale;
         }
-        tracing::error!(
-            cache = %self.dir.display(),
-            "the cache folder was deleted or replaced under the daemon; opening a fresh one (artifacts are built again as they are asked for)"
-        );
+        if failed.at.is_none() {
+            tracing::error!(
+                cache = %self.dir.display(),
+                "the cache folder was deleted or replaced under the daemon; opening a fresh one (artifacts are built again as they are asked for)"
+            );
+        }
         match open_once(&self.dir, &self.ort_library, &self.worker, self.max_bytes) {
             Ok(o) => {
                 let o = Arc::new(o);
                 *self.current.write().unwrap_or_else(|p| p.into_inner()) = o.clone();
-                *last_failed = None;
+                *failed = Failed::default();
                 self.generation.fetch_add(1, Ordering::SeqCst);
                 tracing::info!(cache = %self.dir.display(), "opened a fresh cache");
                 o
             }
             Err(e) => {
-                tracing::error!(cache = %self.dir.display(), error = %e, "cannot open a fresh cache; trying again");
-                *last_failed = Some(Instant::now());
+                let why = e.to_string();
+                if failed.error.as_deref() != Some(why.as_str()) {
+                    tracing::error!(cache = %self.dir.display(), error = %why, "cannot open a fresh cache; trying again every {REOPEN_BACKOFF:?} while it is used");
+                }
+                *failed = Failed {
+                    at: Some(Instant::now()),
+                    error: Some(why),
+                };
                 stale
             }
         }
     }
+}
+
+/// Failed tries to open a fresh cache.
+#[derive(Default)]
+struct Failed {
+    /// When the last one failed.
+    at: Option<Instant>,
+    /// Its error (a new one is logged, a repeated one not).
+    error: Option<String>,
 }
 
 /// Opens the store at `dir` and its builders.
