@@ -1,7 +1,8 @@
 //! Faults and limits with a final, explained answer (issue 39, section 4), each against the
 //! real daemon: a sparse 1 GiB external-data file holding a few KiB of weights stages
-//! without writing its holes; `rm -rf CACHE` under a running daemon is noticed and a fresh
-//! cache opened (and the next start succeeds); a build worker SIGKILLed from outside is
+//! without writing its holes, and one whose data cannot fit fails for good naming it;
+//! `rm -rf CACHE` under a running daemon, idle or building, is noticed and a fresh cache
+//! opened (and the next start succeeds); a build worker SIGKILLed from outside is
 //! built again and the model ends ready; an artifact bigger than `limits.cache_size_bytes`
 //! fails for good naming the size and the limit; idle and slowloris connections to the
 //! metrics listener never fail a `/healthz` probe.
@@ -242,6 +243,55 @@ fn rm_rf_of_the_cache_under_a_running_daemon_opens_a_fresh_one() {
     // and serves the artifact it rebuilt.
     d.start();
     acquire(&d, "enc").unwrap_or_else(|e| panic!("acquire after a restart: {e}\n{}", d.log()));
+    assert!(d.stop(), "{}", d.log());
+}
+
+#[test]
+fn rm_rf_of_the_cache_during_a_build_stores_nothing_there_and_builds_again() {
+    let mut d = Daemon::new();
+    let store = d.root.join("store");
+    let text = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(
+        d.config(),
+        text.replace(
+            &format!("cache_dir = {:?}", d.cache()),
+            &format!("cache_dir = {store:?}"),
+        ),
+    )
+    .unwrap();
+    d.start();
+    write(&slow_loop(1_000_000), &d.models().join("slow.onnx")).unwrap();
+    d.wait_building(&mut d.client());
+    // As `rm -rf` run until it succeeds: the build's worker writes into the folder meanwhile
+    // ("directory not empty"), and the daemon may open its fresh cache in between.
+    for _ in 0..100 {
+        match std::fs::remove_dir_all(&store) {
+            Ok(()) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+    // The running build is stopped before it stores into the deleted folder's place, and
+    // built again in the fresh cache.
+    let list = d.wait_settled(&["slow"]);
+    let m = list.iter().find(|m| m.name == "slow").unwrap();
+    assert_eq!(
+        m.variants[0].state,
+        VariantState::Ready,
+        "{m:?}\n{}",
+        d.log()
+    );
+    assert!(
+        d.log()
+            .contains("the cache folder went during the build; building again in the fresh cache"),
+        "{}",
+        d.log()
+    );
+    let art = acquire(&d, "slow").unwrap_or_else(|e| panic!("acquire: {e}\n{}", d.log()));
+    assert!(art.files[0].metadata().unwrap().len() > 0);
+    assert!(d.stop(), "{}", d.log());
+    d.start();
+    acquire(&d, "slow").unwrap_or_else(|e| panic!("acquire after a restart: {e}\n{}", d.log()));
     assert!(d.stop(), "{}", d.log());
 }
 
