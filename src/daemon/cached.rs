@@ -1,15 +1,21 @@
 //! `CachedEngine`: the daemon's [`Engine`] over the build and cache stages. Keys come from
-//! [`Builder::key_parts`](crate::build::Builder::key_parts) (the code path of `trtcache key` and `trtcache build`, so the three
-//! agree for the same model, sidecar and options), builds from [`Builder::build_watched`](crate::build::Builder::build_watched)
-//! (build, validate against the original model, store), lookups from the [`SledStore`] with
-//! its cheap integrity checks (a failed, quarantined or incomplete entry is never served).
+//! [`Builder::key_parts`](crate::build::Builder::key_parts) (the code path of `trtcache key`
+//! and `trtcache build`, so the three agree for the same model, sidecar and options), builds
+//! from [`Builder::build_watched`](crate::build::Builder::build_watched) (build, validate
+//! against the original model, store), lookups from the
+//! [`SledStore`](crate::cache::SledStore) with its cheap integrity checks (a failed,
+//! quarantined or incomplete entry is never served).
 //!
 //! Enters: a [`ModelEntry`] and a [`Selection`]; the model's sidecar (flat
 //! `NAME.trtcache.toml`, Triton `NAME/trtcache.toml`) supplies profiles, backends, precision,
 //! tolerances and golden inputs exactly as it does for `trtcache build --sidecar`. Leaves: an
 //! [`Handout`] (wire metadata plus the stored files, graph first). The store keeps the
-//! configured size with LRU eviction after every store; digests are remembered in
-//! `CACHE_DIR/digests.json`, shared with `trtcache key`.
+//! configured size with LRU eviction after every store (an artifact bigger than the whole
+//! limit is refused before it is stored); digests are remembered in
+//! `CACHE_DIR/digests.json`, shared with `trtcache key`. Builds run on a private copy of the
+//! model that costs only its data (`stage`); the cache folder is checked to still be the
+//! one opened, and opened afresh when it was deleted or replaced (`folder`); a build worker
+//! killed from outside is built again, a bounded number of times.
 
 use std::path::Path;
 use std::sync::Arc;
