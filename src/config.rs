@@ -168,6 +168,10 @@ pub struct Limits {
     /// CPU-seconds bound of a build worker (`RLIMIT_CPU`); 0: none (`build_timeout_secs`
     /// bounds the wall time, after which the worker is killed).
     pub worker_cpu_secs: u64,
+    /// Times a build is tried again after its worker was killed by a SIGKILL the daemon did
+    /// not send (the kernel's OOM killer under host pressure, an admin); past them the kill
+    /// is the model's failure. 0: never tried again.
+    pub worker_kill_retries: u32,
     /// Largest total size of a model's random validation inputs, in bytes: a model whose
     /// fixed input would need more is refused (give it golden inputs) before anything is
     /// allocated.
@@ -190,9 +194,14 @@ pub struct Limits {
     /// Events a watcher may fall behind (its backlog, shared ring of this many events) before
     /// the daemon drops them and sends it one `resync` event instead.
     pub watch_queue: usize,
-    /// Connections the metrics listener serves at once; more are closed unanswered, so a
-    /// scraper flood cannot take the socket service's memory or threads.
+    /// Connections the metrics listener serves at once, so a scraper flood cannot take the
+    /// socket service's memory or threads. At the limit a new connection closes the oldest
+    /// one: idle or slow connections never lock a liveness probe out.
     pub metrics_max_connections: usize,
+    /// Longest time (milliseconds) the metrics listener waits for a connection's request
+    /// head (request line and headers) from the moment it is accepted: an idle connection
+    /// or one trickling its head (slowloris) is closed then. At most `frame_timeout_secs`.
+    pub metrics_header_timeout_ms: u64,
     /// Largest HTTP request head (request line and headers) the metrics listener reads, in
     /// bytes (at least 8192).
     pub metrics_max_request_bytes: usize,
@@ -204,6 +213,12 @@ pub struct Limits {
     /// deleted one is bound again, one replaced by another file stops the daemon with an
     /// error. 0: never checked.
     pub socket_check_secs: u64,
+    /// How often (seconds) the daemon checks that its cache folder is still the one it
+    /// opened (the folder, its `lock` and its index, by device and inode); it is also checked
+    /// before every lookup and while every build runs. A folder deleted or replaced under the
+    /// daemon (`rm -rf CACHE`) is opened afresh, as an empty cache, and artifacts are built
+    /// again as they are asked for. 0: checked on lookups and builds only.
+    pub cache_check_secs: u64,
     /// How often (seconds) the ready index (`ready_index`) is compared with what the daemon
     /// serves even when nothing signalled a change: a pointer or the folder deleted by hand
     /// is written again. 0: only on changes.
@@ -310,6 +325,7 @@ impl Default for Limits {
             io_threads: 1,
             worker_memory_bytes: 0,
             worker_cpu_secs: 0,
+            worker_kill_retries: 2,
             validation_max_bytes: 2 << 30,
             // build::validate::DEFAULT_THREAD_PROBE_MAX_RUN_MS (config is below build).
             thread_probe_max_run_ms: 10,
@@ -318,9 +334,11 @@ impl Default for Limits {
             max_watchers: 256,
             watch_queue: 256,
             metrics_max_connections: 8,
+            metrics_header_timeout_ms: 2000,
             metrics_max_request_bytes: 16 * 1024,
             metrics_max_models: 100,
             socket_check_secs: 5,
+            cache_check_secs: 5,
             ready_recheck_secs: 5,
             ready_hits_poll_ms: 250,
             storage_retry_max_secs: 60,

@@ -82,6 +82,17 @@ pub enum BuildError {
     /// No build worker could be started or reaped: the machine's problem, not the model's.
     #[error("{0}")]
     WorkerUnavailable(String),
+    /// The build worker was killed by SIGKILL from outside (the kernel's OOM killer under
+    /// host pressure, an admin): neither its own limits nor a cancellation did it, so the
+    /// build is tried again a bounded number of times (`limits.worker_kill_retries`) before
+    /// it counts as the model's failure.
+    #[error("{0}")]
+    Killed(String),
+    /// The artifact is bigger than the cache may hold (`limits.cache_size_bytes`): storing
+    /// it would evict every other artifact and then itself. The model's final answer (until
+    /// it or the limit changes), never stored.
+    #[error("the artifact is {bytes} bytes, more than the whole cache may hold (limits.cache_size_bytes = {limit}); raise the limit to build and serve it")]
+    TooLarge { bytes: u64, limit: u64 },
     /// The model's files changed since it was keyed; nothing was stored.
     #[error("{0}")]
     Changed(String),

@@ -144,6 +144,8 @@ pub struct Builder {
     worker: Option<WorkerLimits>,
     /// The shared TensorRT timing caches' folder (see [`Builder::with_timing_caches`]).
     timing_caches: Option<PathBuf>,
+    /// The store's size limit (see [`Builder::with_size_limit`]).
+    size_limit: Option<u64>,
 }
 
 impl std::fmt::Debug for Builder {
@@ -164,6 +166,7 @@ impl Builder {
             read_models: false,
             worker: None,
             timing_caches: None,
+            size_limit: None,
         }
     }
 
@@ -172,6 +175,14 @@ impl Builder {
     /// name its own ([`BuildOptions::timing_cache_dir`](super::BuildOptions)).
     pub fn with_timing_caches(mut self, dir: PathBuf) -> Self {
         self.timing_caches = Some(dir);
+        self
+    }
+
+    /// The size limit of the store the builds go to (`limits.cache_size_bytes`): an
+    /// artifact bigger than the whole cache is refused before it is stored
+    /// ([`BuildError::TooLarge`]), instead of evicting every other artifact and then itself.
+    pub fn with_size_limit(mut self, bytes: u64) -> Self {
+        self.size_limit = Some(bytes);
         self
     }
 
@@ -553,6 +564,7 @@ impl Builder {
         };
         progress("storing");
         let stored = if validation.passed {
+            self.fits(&artifact)?;
             self.store.put(record, Some(&artifact))?
         } else {
             record.status = Status::Failed {
@@ -576,6 +588,25 @@ impl Builder {
             served,
             unservable,
         })
+    }
+}
+
+impl Builder {
+    /// Refuses an artifact bigger than the store's size limit ([`Builder::with_size_limit`]).
+    fn fits(&self, artifact: &StagedArtifact) -> Result<(), BuildError> {
+        let Some(limit) = self.size_limit else {
+            return Ok(());
+        };
+        let mut bytes = 0u64;
+        for name in &artifact.files {
+            let p = artifact.dir.join(name);
+            let m = std::fs::metadata(&p).map_err(|source| BuildError::Io { path: p, source })?;
+            bytes = bytes.saturating_add(m.len());
+        }
+        if bytes > limit {
+            return Err(BuildError::TooLarge { bytes, limit });
+        }
+        Ok(())
     }
 }
 

@@ -11,7 +11,8 @@
 //! the parent SIGKILLs it. A cancelled build (its model replaced, the queue's timeout) is
 //! killed at once. The worker dies with its parent (`PR_SET_PDEATHSIG`). A worker that
 //! crashes is reported as that model's failure, naming the signal and the last lines of its
-//! stderr; the daemon keeps serving.
+//! stderr; the daemon keeps serving. A SIGKILL the parent did not send (the OOM killer, an
+//! admin) is [`BuildError::Killed`]: the daemon builds again, a bounded number of times.
 //!
 //! GPU memory is not bounded by rlimits: on a GPU host, bound it with the TensorRT workspace
 //! limit of the build options and `CUDA_VISIBLE_DEVICES`/MPS for the worker (docs/daemon.md).
@@ -309,12 +310,15 @@ fn exchange(
     }
     if !status.success() {
         let why = crash_reason(status, limits, &err_tail);
-        // A fault is the code's (ONNX Runtime's on this graph); a kill or an abort is a limit
-        // doing its job, which a second try would only hit again.
+        // A fault is the code's (ONNX Runtime's on this graph); an abort or SIGXCPU is a
+        // limit doing its job, which a second try would only hit again. A SIGKILL the parent
+        // did not send (its own kills are `killed` above) came from outside: the kernel's
+        // OOM killer under host pressure, an admin. The caller may try that again.
         return Err(match status.signal() {
             Some(libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE) => {
                 BuildError::Crashed(why)
             }
+            Some(libc::SIGKILL) => BuildError::Killed(why),
             _ => BuildError::Worker(why),
         });
     }

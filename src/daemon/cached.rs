@@ -1,42 +1,50 @@
 //! `CachedEngine`: the daemon's [`Engine`] over the build and cache stages. Keys come from
-//! [`Builder::key_parts`] (the code path of `trtcache key` and `trtcache build`, so the three
-//! agree for the same model, sidecar and options), builds from [`Builder::build_watched`]
-//! (build, validate against the original model, store), lookups from the [`SledStore`] with
-//! its cheap integrity checks (a failed, quarantined or incomplete entry is never served).
+//! [`Builder::key_parts`](crate::build::Builder::key_parts) (the code path of `trtcache key`
+//! and `trtcache build`, so the three agree for the same model, sidecar and options), builds
+//! from [`Builder::build_watched`](crate::build::Builder::build_watched) (build, validate
+//! against the original model, store), lookups from the
+//! [`SledStore`](crate::cache::SledStore) with its cheap integrity checks (a failed,
+//! quarantined or incomplete entry is never served).
 //!
 //! Enters: a [`ModelEntry`] and a [`Selection`]; the model's sidecar (flat
 //! `NAME.trtcache.toml`, Triton `NAME/trtcache.toml`) supplies profiles, backends, precision,
 //! tolerances and golden inputs exactly as it does for `trtcache build --sidecar`. Leaves: an
 //! [`Handout`] (wire metadata plus the stored files, graph first). The store keeps the
-//! configured size with LRU eviction after every store; digests are remembered in
-//! `CACHE_DIR/digests.json`, shared with `trtcache key`.
+//! configured size with LRU eviction after every store (an artifact bigger than the whole
+//! limit is refused before it is stored); digests are remembered in
+//! `CACHE_DIR/digests.json`, shared with `trtcache key`. Builds run on a private copy of the
+//! model that costs only its data (`stage`); the cache folder is checked to still be the
+//! one opened, and opened afresh when it was deleted or replaced (`folder`); a build worker
+//! killed from outside is built again, a bounded number of times.
 
 use std::path::Path;
 use std::sync::Arc;
+
+mod folder;
+mod stage;
 
 use trtcache_client::protocol::{
     ArtifactFile, ArtifactMeta, Origin, SessionHints, TensorInfo, Validation,
 };
 
 use super::engine::*;
-use crate::build::{runtime, BuildError, BuildJob, BuildOptions, Builder, Watch};
-use crate::cache::{Lookup, Record, Served, SledStore, Status, Store, StoreError, StoreOptions};
+use crate::build::{runtime, BuildError, BuildJob, BuildOptions, Watch};
+use crate::cache::{Lookup, Record, Served, Status, Store, StoreError};
 use crate::key::memo::FileId;
 use crate::onnx::facts::{elem_type_of, shape_of, Dim};
 use crate::onnx::Model;
 use crate::plan::{resolve, ModelInputs, Plan, ProfileArgs, Sidecar};
 use crate::spec::{Backend, CacheKey, Precision};
+use folder::{CacheFolder, Opened};
+use stage::snapshot;
 
 mod fleet;
 
 /// The real engine (see the module docs).
 pub struct CachedEngine {
-    /// Keys repository files (digest memo; files read, never mapped).
-    builder: Builder,
-    /// Builds private snapshots (no memo: each snapshot is a new file).
-    snap_builder: Builder,
-    store: Arc<SledStore>,
-    max_bytes: u64,
+    /// The cache folder, its store and the builders over it (opened again when the folder
+    /// is deleted or replaced under the daemon).
+    cache: Arc<CacheFolder>,
     /// [`BuildOptions::external_min_bytes`] for every build (config `external_min_bytes`).
     external_min_bytes: u64,
     /// [`BuildOptions::rewrite`] for every build (config `rewrite`; a sidecar can still turn
@@ -50,6 +58,9 @@ pub struct CachedEngine {
     thread_probe_max_run_ms: u64,
     /// `limits.prepack_probe_max_run_ms` for every build.
     prepack_probe_max_run_ms: u64,
+    /// `limits.worker_kill_retries`: builds tried again after their worker was killed from
+    /// outside.
+    worker_kill_retries: u32,
     /// The fleet tier (config `[remote]`): consulted before a build, fed after one.
     remote: Option<crate::remote::RemoteTier>,
     /// The request and key parts of keys waiting on another host's build lease, so that
@@ -61,8 +72,8 @@ pub struct CachedEngine {
 impl std::fmt::Debug for CachedEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CachedEngine")
-            .field("cache", &self.store.root())
-            .field("max_bytes", &self.max_bytes)
+            .field("cache", &self.cache.dir())
+            .field("max_bytes", &self.cache.max_bytes())
             .finish()
     }
 }
@@ -91,7 +102,10 @@ fn build_err(e: BuildError) -> EngineError {
             path,
             error: source,
         },
-        // A worker that crashed or was killed at its limits: the model's failure.
+        // A worker that crashed or was killed at its limits (or killed from outside more
+        // often than `limits.worker_kill_retries` allows), an artifact bigger than the whole
+        // cache: the model's failure.
+        BuildError::Killed(_) | BuildError::TooLarge { .. } => EngineError::Invalid(e.into()),
         BuildError::Ort { .. }
         | BuildError::Model { .. }
         | BuildError::Validation(_)
@@ -167,53 +181,25 @@ impl CachedEngine {
         // Checked by the config's validation; refused here too for library callers.
         crate::trt::HwCompat::parse(&trt.hardware_compatibility)
             .map_err(|e| EngineError::Invalid(format!("[trt] {e}").into()))?;
-        let max_bytes = limits.cache_size_bytes;
-        let worker = limits.worker();
-        let store = SledStore::open(
+        let cache = CacheFolder::open(
             cache_dir,
-            StoreOptions {
-                max_bytes: Some(max_bytes),
-            },
-        )
-        .map_err(store_err)?;
-        let r = store.open_report();
-        if r.temp_removed + r.records_dropped.len() + r.orphans_removed.len() > 0 {
-            tracing::info!(
-                cache = %cache_dir.display(),
-                temp_removed = r.temp_removed,
-                records_dropped = r.records_dropped.len(),
-                orphans_removed = r.orphans_removed.len(),
-                "cleaned the cache at open"
-            );
-        }
-        let gc = store.gc(max_bytes, false).map_err(store_err)?;
-        if !gc.evicted.is_empty() {
-            tracing::info!(
-                evicted = gc.evicted.len(),
-                max_bytes,
-                "cache over its size limit at open"
-            );
-        }
+            ort_library,
+            limits.worker(),
+            limits.cache_size_bytes,
+        )?;
         runtime::load(ort_library).map_err(|e| EngineError::Runtime(e.into()))?;
-        let store = Arc::new(store);
-        let builder = Builder::new(store.clone(), ort_library.map(Path::to_path_buf))
-            .with_digest_memo(cache_dir.join(crate::cache::DIGEST_MEMO))
-            .with_read_models();
-        // Every build and validation runs in a bounded worker process, never in the daemon.
-        let snap_builder = Builder::new(store.clone(), ort_library.map(Path::to_path_buf))
-            .with_worker(worker)
-            .with_timing_caches(cache_dir.join(crate::trt::timing::TIMING_DIR));
+        if limits.cache_check_secs > 0 {
+            cache.watch(std::time::Duration::from_secs(limits.cache_check_secs));
+        }
         Ok(CachedEngine {
-            builder,
-            snap_builder,
-            store,
-            max_bytes,
+            cache,
             external_min_bytes,
             rewrite: true,
             trt: trt.clone(),
             validation_max_bytes: limits.validation_max_bytes,
             thread_probe_max_run_ms: limits.thread_probe_max_run_ms,
             prepack_probe_max_run_ms: limits.prepack_probe_max_run_ms,
+            worker_kill_retries: limits.worker_kill_retries,
             remote: None,
             waiting: Default::default(),
         })
@@ -353,60 +339,6 @@ fn session_hints(record: &Record) -> Option<SessionHints> {
     (hints != SessionHints::default()).then_some(hints)
 }
 
-/// File-system identity (device, inode, size, mtime, ctime) of each file; `None` for a file
-/// that cannot be read.
-fn identity<'a>(files: impl IntoIterator<Item = &'a Path>) -> Vec<Option<FileId>> {
-    files.into_iter().map(|p| FileId::of(p).ok()).collect()
-}
-
-/// Copies a model's graph and external-data files into `dir`, keeping their names relative
-/// to the graph, and returns the copy's graph path. The build runs on the copy: ONNX Runtime
-/// and the key read files by path (and map external data), so a repository file replaced
-/// or rewritten in place during a build would otherwise be built under the key of other
-/// content, or kill the daemon with SIGBUS when a mapped file shrinks. Files are read with
-/// plain reads here; a file that changes while it is copied is reported as
-/// [`EngineError::Changed`] (the key check would catch the mixed copy anyway).
-fn snapshot(model: &ModelEntry, dir: &Path) -> Result<std::path::PathBuf, EngineError> {
-    let changed = |why: String| {
-        EngineError::Changed(
-            format!("`{}` changed since it was planned ({why})", model.name).into(),
-        )
-    };
-    let graph = Model::read(&model.path).map_err(|e| changed(e.to_string()))?;
-    let files: Vec<&Path> = std::iter::once(model.path.as_path())
-        .chain(graph.external_files.iter().map(|f| f.path.as_path()))
-        .collect();
-    let before = identity(files.iter().copied());
-    let name = model
-        .path
-        .file_name()
-        .ok_or_else(|| changed("no file name".into()))?;
-    let copy = dir.join(name);
-    // The copy goes to the cache's staging folder: failing to write there (no space, a
-    // read-only or failing file system, the folder deleted) is the cache's condition,
-    // reported as such and never remembered as the model's failure.
-    let full = |e: std::io::Error| EngineError::Storage(StoreError::io(dir, e).to_string().into());
-    std::fs::write(&copy, &graph.bytes).map_err(full)?;
-    for f in &graph.external_files {
-        // The loader checked every location stays inside the model's folder.
-        let to = dir.join(&f.location);
-        if let Some(parent) = to.parent() {
-            std::fs::create_dir_all(parent).map_err(full)?;
-        }
-        std::fs::copy(&f.path, &to).map_err(|e| {
-            if crate::cache::is_no_space(&e) {
-                full(e)
-            } else {
-                changed(format!("{}: {e}", f.path.display()))
-            }
-        })?;
-    }
-    if identity(files.iter().copied()) != before || before.iter().any(Option::is_none) {
-        return Err(changed("rewritten while it was copied".into()));
-    }
-    Ok(copy)
-}
-
 fn dim_json(d: &Dim) -> serde_json::Value {
     match d {
         Dim::Fixed(v) => serde_json::json!(v),
@@ -510,7 +442,12 @@ impl Engine for CachedEngine {
 
     fn plan(&self, model: &ModelEntry, sel: &Selection) -> Result<Planned, EngineError> {
         let (req, plan) = self.request(model, sel)?;
-        let parts = self.builder.key_parts(&req).map_err(build_err)?;
+        let parts = self
+            .cache
+            .opened()
+            .builder
+            .key_parts(&req)
+            .map_err(build_err)?;
         Ok(Planned {
             model: model.clone(),
             selection: sel.clone(),
@@ -532,13 +469,14 @@ impl Engine for CachedEngine {
     /// quarantines the entry (files moved to `quarantine/`) and answers `None`: the daemon
     /// rebuilds it.
     fn lookup(&self, planned: &Planned) -> Result<Option<Handout>, EngineError> {
+        let o = self.cache.opened();
         let quarantine = |why: &str| {
             tracing::warn!(key = %planned.key, %why, "stored artifact damaged: quarantined, will rebuild");
-            if let Err(e) = self.store.quarantine_key(&planned.key, why) {
+            if let Err(e) = o.store.quarantine_key(&planned.key, why) {
                 tracing::warn!(key = %planned.key, error = %e, "cannot quarantine");
             }
         };
-        match self.store.lookup(&planned.key).map_err(store_err)? {
+        match o.store.lookup(&planned.key).map_err(store_err)? {
             // Trust is checked again on every load (the daemon loads each artifact once after
             // a start, and a configuration reload restarts it): an entry fetched under a key
             // that left remote.trusted_keys is a miss, fetched again or rebuilt (which
@@ -555,7 +493,7 @@ impl Engine for CachedEngine {
             }
             Lookup::Hit { record, served } => {
                 match self.artifact(planned, &record, &served, Origin::Local) {
-                    Ok(a) => match record.artifact.as_ref().map(|s| self.store.check_hashes(s)) {
+                    Ok(a) => match record.artifact.as_ref().map(|s| o.store.check_hashes(s)) {
                         Some(Err(why)) => {
                             quarantine(&why);
                             Ok(None)
@@ -592,12 +530,35 @@ impl Engine for CachedEngine {
         if cancel.is_cancelled() {
             return Err(EngineError::Cancelled);
         }
-        // Build from a private copy (see `snapshot`); planning succeeded on the content the
-        // key names, so a copy that no longer plans is a change, not a broken model.
-        let staging = self.store.staging_dir().map_err(store_err)?;
-        let staged = staging.path().to_path_buf();
-        self.build_staged(planned, staging, cancel, progress)
-            .map_err(|e| name_the_original(e, &staged, &planned.model.path))
+        // A build whose cache folder is deleted or replaced under it is stopped before it
+        // stores anything (its worker killed), and built once more in the fresh cache.
+        let mut again = false;
+        loop {
+            let o = self.cache.opened();
+            // Build from a private copy (see `snapshot`); planning succeeded on the content
+            // the key names, so a copy that no longer plans is a change, not a broken model.
+            let staging = o.store.staging_dir().map_err(store_err)?;
+            let staged = staging.path().to_path_buf();
+            let r = self
+                .build_staged(&o, planned, staging, cancel, progress)
+                .map_err(|e| name_the_original(e, &staged, &planned.model.path));
+            match r {
+                Err(e) if !cancel.is_cancelled() && !self.cache.intact(&o) => {
+                    if again {
+                        return Err(EngineError::Storage(
+                            format!(
+                                "the cache folder {} was deleted or replaced during the build ({e})",
+                                self.cache.dir().display()
+                            )
+                            .into(),
+                        ));
+                    }
+                    tracing::warn!(model = %planned.model.name, key = %planned.key, error = %e, "the cache folder went during the build; building again in the fresh cache");
+                    again = true;
+                }
+                r => return r,
+            }
+        }
     }
 
     fn remote_stats(&self) -> Option<crate::remote::RemoteStats> {
@@ -617,27 +578,31 @@ impl Engine for CachedEngine {
     }
 
     fn evict(&self, key: &CacheKey) -> Result<bool, EngineError> {
-        self.store.remove(key).map_err(store_err)
+        self.cache.opened().store.remove(key).map_err(store_err)
     }
 
     fn evictions(&self) -> u64 {
-        self.store.evictions()
+        self.cache.current().store.evictions()
+    }
+
+    fn generation(&self) -> u64 {
+        self.cache.generation()
     }
 
     fn store(&self) -> Option<Arc<dyn Store>> {
-        Some(self.store.clone())
+        Some(self.cache.opened().store.clone())
     }
 
     fn touch(&self, key: &CacheKey) {
         // A lookup counts a hit and stamps the record's last use (written lazily).
-        if let Err(e) = self.store.lookup(key) {
+        if let Err(e) = self.cache.current().store.lookup(key) {
             tracing::debug!(key = %key, error = %e, "recording a use failed");
         }
     }
 
     fn flush(&self) -> Result<(), EngineError> {
         // Hit counters are written lazily; make them durable at shutdown.
-        self.store.flush().map_err(store_err)
+        self.cache.current().store.flush().map_err(store_err)
     }
 }
 
@@ -646,6 +611,7 @@ impl CachedEngine {
     /// caller maps them back to the repository's file).
     fn build_staged(
         &self,
+        o: &Arc<Opened>,
         planned: &Planned,
         staging: tempfile::TempDir,
         cancel: &CancelToken,
@@ -669,7 +635,9 @@ impl CachedEngine {
                     .into(),
                 ),
             })?;
-        let cancelled = || cancel.is_cancelled();
+        // Polled while the worker runs and right before the store: a build whose cache
+        // folder went stops and stores nothing (`build` builds it again in the fresh one).
+        let cancelled = || cancel.is_cancelled() || !self.cache.intact(o);
         let step = |s: &str| {
             if s.starts_with("validating") {
                 progress(BuildPhase::Validating);
@@ -687,7 +655,7 @@ impl CachedEngine {
             cancelled: &cancelled,
             snapshot_of: Some(&planned.model.path),
         };
-        let outcome = self.snap_builder.build_watched(&req, &step, watch);
+        let outcome = self.build_retrying_kills(o, planned, &req, &step, watch, progress);
         if let Some(tier) = &self.remote {
             match outcome
                 .as_ref()
@@ -732,6 +700,49 @@ impl CachedEngine {
 }
 
 impl CachedEngine {
+    /// [`Builder::build_watched`](crate::build::Builder::build_watched), tried again (at most `limits.worker_kill_retries` times)
+    /// when its worker was killed by a SIGKILL the daemon did not send: the kernel's OOM
+    /// killer under host pressure or an admin says nothing about the model the first time.
+    /// A worker killed on every try fails the model, saying how often.
+    fn build_retrying_kills(
+        &self,
+        o: &Opened,
+        planned: &Planned,
+        req: &BuildJob,
+        step: &dyn Fn(&str),
+        watch: Watch,
+        progress: &dyn Fn(BuildPhase),
+    ) -> Result<crate::build::BuildOutcome, BuildError> {
+        let mut kills = 0u32;
+        loop {
+            match o.snap_builder.build_watched(req, step, watch) {
+                Err(BuildError::Killed(why)) if kills < self.worker_kill_retries => {
+                    kills += 1;
+                    tracing::warn!(
+                        model = %planned.model.name,
+                        key = %planned.key,
+                        reason = %why,
+                        retry = kills,
+                        retries = self.worker_kill_retries,
+                        "the build worker was killed from outside; building again"
+                    );
+                    progress(BuildPhase::Retrying);
+                    if (watch.cancelled)() {
+                        return Err(BuildError::Cancelled);
+                    }
+                }
+                Err(BuildError::Killed(why)) if kills > 0 => {
+                    return Err(BuildError::Killed(format!(
+                        "{why}; on each of {} tries (limits.worker_kill_retries = {})",
+                        kills + 1,
+                        self.worker_kill_retries
+                    )))
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Whether builds apply the graph rewrites (config `rewrite`; on when not called).
     pub fn with_rewrite(mut self, on: bool) -> Self {
         self.rewrite = on;

@@ -121,6 +121,9 @@ pub enum BuildPhase {
     Building,
     Validating,
     Storing,
+    /// Building again after the build worker was killed from outside (the OOM killer, an
+    /// admin), at most `limits.worker_kill_retries` times.
+    Retrying,
 }
 
 impl BuildPhase {
@@ -130,6 +133,7 @@ impl BuildPhase {
             BuildPhase::Building => "building",
             BuildPhase::Validating => "validating",
             BuildPhase::Storing => "storing",
+            BuildPhase::Retrying => "retrying",
         }
     }
 }
@@ -301,6 +305,12 @@ pub trait Engine: Send + Sync + 'static {
     /// while the daemon holds the cache's lock; `None` when the engine has none.
     fn store(&self) -> Option<Arc<dyn crate::cache::Store>> {
         None
+    }
+    /// How many times the engine's cache was opened afresh since it started (the folder was
+    /// deleted or replaced under the daemon; see `cached`): when it grows, every artifact the
+    /// daemon remembers as ready may be gone, and is looked up again before it is trusted.
+    fn generation(&self) -> u64 {
+        0
     }
     /// Flushes the store (called on shutdown).
     fn flush(&self) -> Result<(), EngineError> {

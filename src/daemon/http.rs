@@ -3,17 +3,21 @@
 //! socket's accept loop runs) and `/readyz` (200 when every model is ready, else 503 naming
 //! the ones that are not). hyper serves HTTP/1.1 on the daemon's runtime.
 //!
-//! Bounded so that a slow or hostile HTTP client cannot hurt the socket service: at most
-//! `limits.metrics_max_connections` connections at once (more are closed unanswered), a
-//! request head of at most `limits.metrics_max_request_bytes`, one request per connection
-//! (no keep-alive), and each connection done within `limits.frame_timeout_secs`. Encoding
-//! and readiness read every model's state on the blocking pool, never on the thread that
-//! serves the socket.
+//! Bounded so that a slow or hostile HTTP client cannot hurt the socket service, and so that
+//! a liveness probe always gets its answer: at most `limits.metrics_max_connections`
+//! connections at once, and at that limit a new connection closes the *oldest* one (an idle
+//! or slow connection never locks a probe out: each new one is served, and a flood only
+//! closes itself); a request head of at most `limits.metrics_max_request_bytes`, read within
+//! `limits.metrics_header_timeout_ms` of the connection's start (an idle connection or a
+//! slowloris is closed then); one request per connection (no keep-alive); and each
+//! connection done within `limits.frame_timeout_secs`. Encoding and readiness read every
+//! model's state on the blocking pool, never on the thread that serves the socket.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -22,7 +26,7 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderValue, ACCEPT, ALLOW, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{oneshot, watch};
 
 use super::metrics::{self, Format};
 use super::service::Service;
@@ -37,6 +41,45 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::from_std(l)
 }
 
+/// The connections being served, oldest first (ids grow), each with the sender that closes
+/// it to make room.
+#[derive(Default)]
+struct Open {
+    next: u64,
+    conns: BTreeMap<u64, oneshot::Sender<()>>,
+}
+
+/// The open connections, shared by the accept loop and the connection tasks.
+#[derive(Clone, Default)]
+struct Conns(Arc<Mutex<Open>>);
+
+impl Conns {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Open> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers a new connection, closing the oldest ones while `cap` are open; returns its
+    /// id and the receiver that tells it it was closed to make room.
+    fn admit(&self, cap: usize) -> (u64, oneshot::Receiver<()>) {
+        let mut o = self.lock();
+        while o.conns.len() >= cap.max(1) {
+            let Some((_, close)) = o.conns.pop_first() else {
+                break;
+            };
+            let _ = close.send(());
+        }
+        let id = o.next;
+        o.next += 1;
+        let (tx, rx) = oneshot::channel();
+        o.conns.insert(id, tx);
+        (id, rx)
+    }
+
+    fn leave(&self, id: u64) {
+        self.lock().conns.remove(&id);
+    }
+}
+
 /// Serves HTTP until `shutdown` turns true.
 pub async fn run(
     svc: Arc<Service>,
@@ -44,9 +87,12 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let limits = &svc.cfg.limits;
-    let slots = Arc::new(Semaphore::new(limits.metrics_max_connections));
+    let cap = limits.metrics_max_connections;
     let deadline = Duration::from_secs(limits.frame_timeout_secs);
+    let head_deadline =
+        Duration::from_millis(limits.metrics_header_timeout_ms.max(1)).min(deadline);
     let max_head = limits.metrics_max_request_bytes;
+    let conns = Conns::default();
     loop {
         let accepted = tokio::select! {
             r = listener.accept() => r,
@@ -60,16 +106,16 @@ pub async fn run(
                 continue;
             }
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            tracing::debug!(%peer, "metrics listener: at its connection limit; closed");
-            continue;
-        };
+        // At the limit the oldest connection goes, not the new one: idle or trickling
+        // connections (the ones that stay) must never starve a probe.
+        let (id, made_room) = conns.admit(cap);
         let svc = svc.clone();
         let shutdown = shutdown.clone();
+        let conns = conns.clone();
         tokio::spawn(async move {
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(deadline)
+                .header_read_timeout(head_deadline)
                 .max_buf_size(max_head)
                 .keep_alive(false)
                 .serve_connection(
@@ -78,12 +124,17 @@ pub async fn run(
                         answer(svc.clone(), shutdown.clone(), req)
                     }),
                 );
-            match tokio::time::timeout(deadline, conn).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "metrics listener: connection"),
-                Err(_) => tracing::debug!(%peer, "metrics listener: connection too slow; closed"),
+            tokio::select! {
+                r = tokio::time::timeout(deadline, conn) => match r {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::debug!(%peer, error = %e, "metrics listener: connection"),
+                    Err(_) => tracing::debug!(%peer, "metrics listener: connection too slow; closed"),
+                },
+                _ = made_room => {
+                    tracing::debug!(%peer, "metrics listener: at its connection limit; the oldest connection closed")
+                }
             }
-            drop(permit);
+            conns.leave(id);
         });
     }
 }

@@ -20,6 +20,7 @@ mod readme;
 mod ready_index;
 mod ready_trust;
 mod reliability_crash;
+mod reliability_faults;
 mod reliability_files;
 mod reliability_hostile;
 mod reliability_races;

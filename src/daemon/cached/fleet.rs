@@ -16,6 +16,7 @@ impl CachedEngine {
         let Some(tier) = self.remote.as_ref() else {
             return Prefetch::Build;
         };
+        let o = self.cache.opened();
         let known = self
             .waiting
             .lock()
@@ -27,7 +28,7 @@ impl CachedEngine {
                 let Ok((req, _)) = self.request(&planned.model, &planned.selection) else {
                     return Prefetch::Build;
                 };
-                let Ok(parts) = self.builder.key_parts(&req) else {
+                let Ok(parts) = o.builder.key_parts(&req) else {
                     return Prefetch::Build;
                 };
                 (req, parts)
@@ -39,13 +40,13 @@ impl CachedEngine {
         // In the bounded worker, like every build: the daemon opens no session itself.
         let revalidate = tier.config().revalidate;
         let check = |a: &crate::cache::StagedArtifact, _: &crate::remote::Manifest| {
-            self.snap_builder
+            o.snap_builder
                 .check_fetched(&req, a, revalidate)
                 .map_err(|e| e.to_string())
         };
         let model = planned.model.path.display().to_string();
-        match tier.before_build(&parts, &model, &*self.store, &check) {
-            crate::remote::Before::Fetched(_) => match self.store.peek(&planned.key) {
+        match tier.before_build(&parts, &model, &*o.store, &check) {
+            crate::remote::Before::Fetched(_) => match o.store.peek(&planned.key) {
                 Ok(Lookup::Hit { record, served }) => {
                     match self.artifact(planned, &record, &served, Origin::Remote) {
                         Ok(h) => Prefetch::Ready(h),
