@@ -91,7 +91,7 @@ pub enum BuildError {
     /// The artifact is bigger than the cache may hold (`limits.cache_size_bytes`): storing
     /// it would evict every other artifact and then itself. The model's final answer (until
     /// it or the limit changes), never stored.
-    #[error("the artifact is {bytes} bytes, more than the whole cache may hold (limits.cache_size_bytes = {limit}); raise the limit to build and serve it")]
+    #[error("the artifact is {bytes} bytes, more than the whole cache may hold (limits.cache_size_bytes = {limit}; for `trtcache build`, --max-size); raise the limit to build and serve it")]
     TooLarge { bytes: u64, limit: u64 },
     /// The model's files changed since it was keyed; nothing was stored.
     #[error("{0}")]
@@ -451,6 +451,8 @@ mod tests {
         assert!(fp16.cuda_tf32());
         assert_eq!(fp16.key_options(Backend::OrtCuda)["use_tf32"], "true");
         // The TensorRT EP has no TF32 switch (ONNX Runtime 1.31): nothing to key.
-        assert!(!fp32.key_options(Backend::OrtTensorRt).contains_key("use_tf32"));
+        assert!(!fp32
+            .key_options(Backend::OrtTensorRt)
+            .contains_key("use_tf32"));
     }
 }

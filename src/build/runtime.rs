@@ -82,6 +82,7 @@ pub fn load(configured: Option<&Path>) -> Result<&'static Runtime, RuntimeError>
         LogLevel::Warning
     });
     tracing::info!(path = %path.display(), %version, "loaded ONNX Runtime");
+    crate::libs::onnxruntime::note_loaded(&path);
     Ok(RUNTIME.get_or_init(|| Runtime { env, path, version }))
 }
 

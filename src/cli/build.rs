@@ -333,6 +333,11 @@ pub fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
     if !a.in_process {
         builder = builder.with_worker(limits.worker());
     }
+    // `--max-size` smaller than the artifact: a final answer naming the limit, not a store
+    // that evicts everything and then the artifact itself.
+    if let Some(max) = max_bytes {
+        builder = builder.with_size_limit(max);
+    }
     let progress = |step: &str| eprintln!("trtcache: {step}");
     let outcome = builder
         .build(&req, &progress)

@@ -168,10 +168,19 @@ fn cuda_major_in(text: &str) -> Option<String> {
     })
 }
 
+/// The library this process loaded (told by the build stage's loader), if any.
+static LOADED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Records the library the process loaded: later questions about "the library a build
+/// would load" answer about it (one library per process).
+pub fn note_loaded(path: &Path) {
+    let _ = LOADED.set(path.to_path_buf());
+}
+
 /// [`cuda_major`] of the library a build would load now (the loaded one, or the search's).
 pub fn cuda_major_of_loader_choice() -> Option<String> {
-    let path = match crate::build::runtime::loaded() {
-        Some(rt) => rt.path.clone(),
+    let path = match LOADED.get() {
+        Some(p) => p.clone(),
         None => find(None).ok()?,
     };
     cuda_major(&path)
@@ -317,8 +326,14 @@ mod tests {
         // onnxruntime-gpu 1.31.1's capi/build_and_package_info.py, and the CPU wheel's.
         let gpu = "package_name = 'onnxruntime-gpu'\n__version__ = '1.31.1'\ncuda_version = '13.0'\ncudnn_version = '9.8'\n";
         assert_eq!(cuda_major_in(gpu).as_deref(), Some("13"));
-        assert_eq!(cuda_major_in("cuda_version = \"12.8\"").as_deref(), Some("12"));
-        assert_eq!(cuda_major_in("package_name = 'onnxruntime'\n__version__ = '1.31.1'\n"), None);
+        assert_eq!(
+            cuda_major_in("cuda_version = \"12.8\"").as_deref(),
+            Some("12")
+        );
+        assert_eq!(
+            cuda_major_in("package_name = 'onnxruntime'\n__version__ = '1.31.1'\n"),
+            None
+        );
         assert_eq!(cuda_major_in("cuda_version = ''"), None);
         let d = tempfile::tempdir().unwrap();
         std::fs::write(d.path().join("build_and_package_info.py"), gpu).unwrap();

@@ -1694,3 +1694,38 @@ print(",".join(str(inits.get(n.input[1])) for n in g.node if n.op_type == "ConvI
         assert_eq!(run_python(WEIGHT_TYPES, &[&entry]).trim(), "3", "{v}");
     }
 }
+
+/// `build --max-size` below the artifact's size: one final answer naming the size and the
+/// limit, nothing stored (before: stored, then evicted by its own store).
+#[test]
+fn an_artifact_bigger_than_max_size_is_refused_naming_the_limit() {
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("m.onnx");
+    write(&models::tiny_encoder(true), &m).unwrap();
+    let cache = d.path().join("cache");
+    let out = trtcache([
+        "build",
+        m.to_str().unwrap(),
+        "--max-size",
+        "1K",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let e = stderr(&out);
+    assert!(
+        e.contains("more than the whole cache may hold (limits.cache_size_bytes = 1024"),
+        "{e}"
+    );
+    let ls = trtcache(["ls", "--json", "--cache-dir", cache.to_str().unwrap()]);
+    assert!(ls.status.success(), "{}", stderr(&ls));
+    assert!(
+        json(&ls)
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["status"] != "ready" && r["state"] != "ready"),
+        "{}",
+        String::from_utf8_lossy(&ls.stdout)
+    );
+}
