@@ -77,7 +77,25 @@ impl BackendImpl for NativeTrt {
         let mut network = trt.parse(&bytes, model.parent())?;
         let io = network.io()?;
         unprofiled_inputs(&io.inputs, eo.profiles.first(), model)?;
-        let built = network.build(&eo)?;
+        let built = match network.build(&eo) {
+            // A shared timing cache TensorRT will not attach (another device property set, a
+            // damaged file) would fail every build for this SKU: set it aside and build
+            // without it; the new build's cache takes its place.
+            Err(e) if e.is_timing_cache_refusal() && !eo.timing_cache.is_empty() => {
+                let moved = match &store {
+                    Some(s) => s.quarantine(&gpu, &version)?,
+                    None => None,
+                };
+                tracing::warn!(
+                    error = %e,
+                    moved_to = ?moved,
+                    "TensorRT refused the shared timing cache: set aside, building without it"
+                );
+                eo.timing_cache.clear();
+                network.build(&eo)?
+            }
+            r => r?,
+        };
         drop(network);
         if let Some(s) = &store {
             // A cache TensorRT cannot merge (another device or version) leaves the stored

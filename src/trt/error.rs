@@ -180,6 +180,12 @@ pub enum TrtError {
 }
 
 impl TrtError {
+    /// TensorRT refused the timing cache handed to a build (unreadable, or written on another
+    /// device property set or TensorRT version): the build can go on without it.
+    pub fn is_timing_cache_refusal(&self) -> bool {
+        matches!(self, TrtError::Call { status: Status::DeserializeFailed, message, .. } if message.contains("timing cache"))
+    }
+
     /// Whether this is the host's problem (TensorRT or the shim missing or mismatched), not
     /// the model's: such a failure is not remembered against the model.
     pub fn is_host_problem(&self) -> bool {

@@ -154,6 +154,37 @@ impl TimingCacheStore {
         Ok(path)
     }
 
+    /// Moves the cache file for (`sku`, `tensorrt_version`) aside as
+    /// `<name>.refused-<unix time>` (kept for a look, never read again), under the file's
+    /// lock: what a build does when TensorRT refuses to attach it (written on another device
+    /// property set, or corrupt), so the next build starts a fresh cache instead of failing
+    /// for good. `None` when there was no file.
+    pub fn quarantine(
+        &self,
+        sku: &Sku,
+        tensorrt_version: &str,
+    ) -> Result<Option<PathBuf>, TrtError> {
+        let path = self.path_for(sku, tensorrt_version);
+        if !path.exists() {
+            return Ok(None);
+        }
+        let mut lock_name = path.clone().into_os_string();
+        lock_name.push(".lock");
+        let _lock = Lock::exclusive(Path::new(&lock_name))?;
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let mut moved = path.clone().into_os_string();
+        moved.push(format!(".refused-{secs}"));
+        let moved = PathBuf::from(moved);
+        match std::fs::rename(&path, &moved) {
+            Ok(()) => Ok(Some(moved)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(TrtError::io(&path)(e)),
+        }
+    }
+
     /// [`Self::merge_and_store`] merging with TensorRT's own `ITimingCache::combine`.
     pub fn merge_with(&self, trt: &Trt, sku: &Sku, produced: &[u8]) -> Result<PathBuf, TrtError> {
         let v = trt.version().to_string();

@@ -395,6 +395,52 @@ fn trt_builds_validate_key_and_share_a_timing_cache() {
     );
 }
 
+/// A shared timing cache TensorRT refuses to attach (written on another device property
+/// set, or damaged) is set aside and the build goes on without it; before, every `trt` build
+/// for that SKU failed until someone deleted the file.
+#[test]
+fn a_timing_cache_tensorrt_refuses_is_set_aside_and_the_build_goes_on() {
+    let h = Host::new(&[], "NVIDIA H200 (trtcache double)");
+    let d = tempfile::tempdir().unwrap();
+    let (ident, _) = models(d.path());
+    let cache = d.path().join("cache");
+    let build = |extra: &[&str]| {
+        let mut args = vec!["build", s(&ident), "--backend", "trt", "--json"];
+        args.extend(["--cache-dir", s(&cache)]);
+        args.extend(PROFILE);
+        args.extend(extra);
+        h.run(&args)
+    };
+    let out = build(&[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let files = |suffix: &str| -> Vec<PathBuf> {
+        std::fs::read_dir(cache.join("timing"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.to_string_lossy().contains(suffix))
+            .filter(|p| p.extension().is_none_or(|x| x != "lock"))
+            .collect()
+    };
+    let timing = files(".timing");
+    assert_eq!(timing.len(), 1, "{timing:?}");
+    std::fs::write(&timing[0], b"not a timing cache at all").unwrap();
+    let out = build(&["--force"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let refused = files(".refused-");
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(
+        std::fs::read(&refused[0]).unwrap(),
+        b"not a timing cache at all"
+    );
+    // The new build's cache took its place.
+    let fresh = std::fs::read_to_string(&timing[0]).unwrap();
+    assert!(fresh.starts_with("double-timing-cache"), "{fresh}");
+    let out = build(&["--force"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(files(".refused-").len(), 1);
+}
+
 #[test]
 fn a_dynamic_input_without_a_profile_is_refused_by_name() {
     let h = Host::new(&[], "NVIDIA H200 (trtcache double)");
