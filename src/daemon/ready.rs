@@ -134,31 +134,47 @@ impl ReadyIndex {
         self.published().get(name).map(|p| p.key)
     }
 
-    /// Makes the folder hold exactly `want` (model name → key and text). A pointer that
-    /// cannot be written is left out (and tried again at the next pass).
-    fn reconcile(&self, want: HashMap<String, (CacheKey, String)>) {
+    /// Makes the folder hold exactly `want` (model name → key and text); with a `scope`,
+    /// only the pointers of the models it names are looked at (the others are as they were).
+    /// A pointer that cannot be written is left out (and tried again at the next pass).
+    /// `true` when the folder had to be made again (or cannot be): a scoped pass then leaves
+    /// the other models' pointers unwritten, and the next pass must look at every model.
+    fn reconcile(
+        &self,
+        want: HashMap<String, (CacheKey, String)>,
+        scope: Option<&std::collections::BTreeSet<String>>,
+    ) -> bool {
         let mut published = self.published();
         if self.closed.load(Ordering::SeqCst) {
-            return;
+            return false;
         }
+        let mut remade = false;
         match self.ensure_dir() {
             Ok(false) => {}
             Ok(true) => {
                 tracing::info!(dir = %self.dir.display(), "the ready index folder was gone; made it again");
                 published.clear();
                 self.remade.notify_one();
+                remade = true;
             }
             Err(e) => {
                 tracing::warn!(dir = %self.dir.display(), error = %e, "cannot make the ready index folder");
                 published.clear();
-                return;
+                return true;
             }
         }
-        let gone: Vec<String> = published
-            .keys()
-            .filter(|n| !want.contains_key(*n))
-            .cloned()
-            .collect();
+        let gone: Vec<String> = match scope {
+            None => published
+                .keys()
+                .filter(|n| !want.contains_key(*n))
+                .cloned()
+                .collect(),
+            Some(names) => names
+                .iter()
+                .filter(|n| published.contains_key(*n) && !want.contains_key(*n))
+                .cloned()
+                .collect(),
+        };
         for name in gone {
             published.remove(&name);
             match std::fs::remove_file(self.dir.join(&name)) {
@@ -187,6 +203,7 @@ impl ReadyIndex {
                 }
             }
         }
+        remade
     }
 
     /// Writes one pointer: a hidden temp file, then renamed over the old one, so a consumer
@@ -268,13 +285,16 @@ pub async fn publish(
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut sels = DefaultSelections::new();
+    // The first pass and the periodic recheck look at every model; a change signal, at the
+    // models the service marked (see `Service::ready_pointers`).
+    let mut full = true;
     loop {
         let pass = {
             let (svc, idx) = (svc.clone(), idx.clone());
             let mut s = std::mem::take(&mut sels);
             tokio::task::spawn_blocking(move || {
-                let want = svc
-                    .ready_pointers(&mut s)
+                let (scope, pointers) = svc.ready_pointers(&mut s, full);
+                let want = pointers
                     .into_iter()
                     .filter_map(|(name, (key, p))| match p.render() {
                         Some(text) => Some((name, (key, text))),
@@ -284,19 +304,31 @@ pub async fn publish(
                         }
                     })
                     .collect();
-                idx.reconcile(want);
-                s
+                let again = idx.reconcile(want, scope.as_ref()) && scope.is_some();
+                (s, again)
             })
         };
+        let mut retry_full = false;
         match pass.await {
-            Ok(s) => sels = s,
-            Err(e) => tracing::warn!(error = %e, "the ready index pass failed"),
+            Ok((s, again)) => {
+                sels = s;
+                if again {
+                    full = true;
+                    continue;
+                }
+            }
+            Err(e) => {
+                // The models it had taken to look at are looked at by a full pass.
+                tracing::warn!(error = %e, "the ready index pass failed");
+                retry_full = true;
+            }
         }
-        tokio::select! {
-            _ = stop.changed() => return,
-            _ = idx.changed.notified() => {}
-            _ = tokio::time::sleep(recheck.unwrap_or_default()), if recheck.is_some() => {}
-        }
+        full = retry_full
+            | tokio::select! {
+                _ = stop.changed() => return,
+                _ = idx.changed.notified() => false,
+                _ = tokio::time::sleep(recheck.unwrap_or_default()), if recheck.is_some() => true,
+            };
         if *stop.borrow() {
             return;
         }
