@@ -222,7 +222,7 @@ fn one_size(bin: &str, dir: &Path, n: u64, rounds: usize) -> Result<String, Erro
                         ..Default::default()
                     }) {
                         Ok(_) => break,
-                        Err(e) if t.elapsed() < Duration::from_secs(60) => {
+                        Err(e) if t.elapsed() < Duration::from_secs(900) => {
                             let _ = e;
                             std::thread::sleep(Duration::from_millis(10));
                         }

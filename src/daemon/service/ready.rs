@@ -17,6 +17,9 @@ use crate::daemon::engine::{Handout, Layout, ModelEntry, Selection};
 use crate::daemon::repo::FileStamp;
 use crate::spec::CacheKey;
 
+/// Pointers by model name, with the key each names.
+pub type Pointers = BTreeMap<String, (CacheKey, ReadyPointer)>;
+
 /// Each model's default selection, by the model generation it was computed for
 /// ([`Service::ready_pointers`] reads a model's sidecar only when the model changed).
 pub type DefaultSelections = HashMap<String, (u64, Selection)>;
@@ -102,10 +105,7 @@ impl Service {
         &self,
         sels: &mut DefaultSelections,
         full: bool,
-    ) -> (
-        Option<BTreeSet<String>>,
-        BTreeMap<String, (CacheKey, ReadyPointer)>,
-    ) {
+    ) -> (Option<BTreeSet<String>>, Pointers) {
         let root = self.cfg.models.clone();
         let (scope, models) = {
             let mut st = self.lock();
