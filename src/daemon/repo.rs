@@ -261,19 +261,8 @@ pub fn scan_all_with(root: &Path, follow_outside: bool) -> Result<Scan, ScanErro
             });
         }
     }
-    // What models name as external data (remembered: no graph is read again).
-    let used: BTreeSet<PathBuf> = models
-        .values()
-        .flat_map(|m| {
-            m.versions.values().flat_map(|v| {
-                m.fingerprint
-                    .iter()
-                    .find(|f| f.path == v.path)
-                    .map(|stamp| refs::referenced(&v.path, stamp))
-                    .unwrap_or_default()
-            })
-        })
-        .collect();
+    // What models name (remembered: no graph or sidecar is read again).
+    let used: BTreeSet<PathBuf> = models.values().flat_map(named_files).collect();
     // Paths sort each folder's contents right after it: one look per skipped entry.
     skipped.retain(|s| {
         !used
@@ -284,7 +273,8 @@ pub fn scan_all_with(root: &Path, follow_outside: bool) -> Result<Scan, ScanErro
     refs::prune(
         &models
             .values()
-            .flat_map(|m| m.versions.values().map(|v| v.path.clone()))
+            .flat_map(|m| m.versions.values())
+            .flat_map(|v| std::iter::once(v.path.clone()).chain(v.sidecar.clone()))
             .collect(),
     );
     skipped.sort();
@@ -401,26 +391,37 @@ fn model_at(
     Some(m)
 }
 
-/// Adds every file the model's graphs name as external data to its fingerprint; a named
-/// file that is missing is in it too, as [`FileStamp::missing`], so that it appearing is a
-/// change of the model.
+/// Adds every file the model's graphs name as external data, and the golden file its
+/// sidecar names, to its fingerprint; a named file that is missing is in it too, as
+/// [`FileStamp::missing`], so that it appearing is a change of the model.
 fn add_external_data(m: &mut RepoModel) {
     let mut have: BTreeSet<PathBuf> = m.fingerprint.iter().map(|f| f.path.clone()).collect();
     let mut extra = Vec::new();
-    for v in m.versions.values() {
-        let Some(stamp) = m.fingerprint.iter().find(|f| f.path == v.path).cloned() else {
-            continue;
-        };
-        for p in refs::referenced(&v.path, &stamp) {
-            if have.insert(p.clone()) {
-                extra.push(FileStamp::of(&p).unwrap_or_else(|| FileStamp::missing(&p)));
-            }
+    for p in named_files(m) {
+        if have.insert(p.clone()) {
+            extra.push(FileStamp::of(&p).unwrap_or_else(|| FileStamp::missing(&p)));
         }
     }
     if !extra.is_empty() {
         m.fingerprint.extend(extra);
     }
     m.fingerprint.sort();
+}
+
+/// The files the model's graphs name as external data and its sidecars name as golden
+/// inputs (from the memo when the graph or sidecar is as stamped in the fingerprint).
+fn named_files(m: &RepoModel) -> Vec<PathBuf> {
+    let stamp = |p: &Path| m.fingerprint.iter().find(|f| f.path == p);
+    let mut out = Vec::new();
+    for v in m.versions.values() {
+        if let Some(s) = stamp(&v.path) {
+            out.extend(refs::referenced(&v.path, s));
+        }
+        if let Some((p, s)) = v.sidecar.as_deref().and_then(|p| Some((p, stamp(p)?))) {
+            out.extend(refs::named_by_sidecar(p, s));
+        }
+    }
+    out
 }
 
 /// How to serve what a link out of the repository points at.
@@ -757,6 +758,29 @@ mod tests {
         assert!(w.is_missing());
         // Nothing else of the model moved: it counts as settled.
         assert!(gone.quiet_for(std::time::Duration::ZERO));
+    }
+
+    /// The golden file a sidecar names is part of the model (under any name).
+    #[test]
+    fn the_golden_file_a_sidecar_names_is_part_of_the_model() {
+        let d = tempfile::tempdir().unwrap();
+        let r = d.path();
+        fs::write(r.join("g.onnx"), b"x").unwrap();
+        fs::write(
+            r.join("g.trtcache.toml"),
+            "[golden]\nnpz = \"inputs.npz\"\n",
+        )
+        .unwrap();
+        let before = scan(r).unwrap()["g"].clone();
+        let f = before
+            .fingerprint
+            .iter()
+            .find(|f| f.path == r.join("inputs.npz"))
+            .expect("named");
+        assert!(f.is_missing());
+        fs::write(r.join("inputs.npz"), b"npz").unwrap();
+        assert_ne!(scan(r).unwrap()["g"], before);
+        assert!(scan_all(r).unwrap().skipped.is_empty());
     }
 
     #[test]

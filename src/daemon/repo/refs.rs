@@ -43,15 +43,37 @@ pub fn referenced(graph: &Path, stamp: &FileStamp) -> Vec<PathBuf> {
         tracing::debug!(path = %graph.display(), %why, "external data not listed");
         Vec::new()
     });
+    remember(graph, stamp, &files);
+    files
+}
+
+/// The golden file (`[golden] npz`) the sidecar at `sidecar` (stamped `stamp`) names: what
+/// a build validates against is part of the model too (a new golden file retries a model
+/// that failed validation). A sidecar that cannot be read names none (planning says why).
+pub fn named_by_sidecar(sidecar: &Path, stamp: &FileStamp) -> Vec<PathBuf> {
+    if let Some((s, files)) = memo().get(sidecar) {
+        if s == stamp {
+            return files.clone();
+        }
+    }
+    let files: Vec<PathBuf> = crate::plan::Sidecar::load(sidecar)
+        .ok()
+        .and_then(|s| s.golden.npz)
+        .into_iter()
+        .collect();
+    remember(sidecar, stamp, &files);
+    files
+}
+
+fn remember(path: &Path, stamp: &FileStamp, files: &[PathBuf]) {
     let mut m = memo();
     if m.len() >= LIMIT.load(std::sync::atomic::Ordering::Relaxed) {
         m.clear();
     }
-    m.insert(graph.to_path_buf(), (stamp.clone(), files.clone()));
-    files
+    m.insert(path.to_path_buf(), (stamp.clone(), files.to_vec()));
 }
 
-/// Forgets every graph not in `keep` (a full scan's graphs).
+/// Forgets every graph and sidecar not in `keep` (a full scan's).
 pub fn prune(keep: &BTreeSet<PathBuf>) {
     memo().retain(|p, _| keep.contains(p));
     LIMIT.store(
