@@ -1,4 +1,4 @@
-//! `trtcache stats`: the running daemon's counters (hits, misses, builds, failures, queue,
+//! `trtcache stats`: the running daemon's counters (hits, misses, builds, fetches, failures, queue,
 //! connections, the fleet tier's), from the `stats` request; `--json` prints them as the
 //! protocol's `Stats` object.
 
