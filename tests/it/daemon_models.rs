@@ -211,12 +211,20 @@ fn pointer_naming(d: &Daemon, name: &str, key: &str) -> String {
 /// and onnx write them): the file is part of the model. Replaced (a rename over it), the
 /// daemon serves a new key whose outputs follow the new weights, and the ready index's
 /// pointer names the file among its sources; rewritten in place, the same; deleted, the
-/// model fails (no artifact of the old weights is served any more).
+/// model fails (no artifact of the old weights is served any more). Without periodic
+/// rescans: the watcher's events on `weights.bin` alone bring each change.
 #[test]
 fn a_flat_models_external_data_of_any_name_is_part_of_the_model() {
     use crate::daemon::{artifact_session, assert_close, reference, run_encoder};
     use trtcache::fixtures::write_external;
     let mut d = Daemon::new();
+    // No periodic rescan: the watcher's events alone must bring every change.
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(
+        d.config(),
+        cfg.replace("rescan_secs = 2", "rescan_secs = 0"),
+    )
+    .unwrap();
     let weights = d.models().join("weights.bin");
     write_external(&encoder(1), &d.models().join("m.onnx"), "weights.bin", 128).unwrap();
     let graph = std::fs::read(d.models().join("m.onnx")).unwrap();
@@ -292,5 +300,33 @@ fn a_flat_models_external_data_of_any_name_is_part_of_the_model() {
         assert!(t0.elapsed() < Duration::from_secs(30), "the pointer stays");
         std::thread::sleep(Duration::from_millis(20));
     }
+    assert!(d.stop());
+}
+
+/// External data in a subfolder (`data/w.bin`) of a flat model, and the subfolder replaced
+/// whole (the old folder moved away, a new one renamed into place): the
+/// watcher's events on the folder bring the change; the model serves the new weights' key.
+#[test]
+fn external_data_in_a_subfolder_replaced_whole_is_a_changed_model() {
+    use trtcache::fixtures::write_external;
+    let mut d = Daemon::new();
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(
+        d.config(),
+        cfg.replace("rescan_secs = 2", "rescan_secs = 0"),
+    )
+    .unwrap();
+    std::fs::create_dir_all(d.models().join("data")).unwrap();
+    write_external(&encoder(4), &d.models().join("n.onnx"), "data/w.bin", 128).unwrap();
+    d.start();
+    let k1 = ready_key_other_than(&d, "n", None);
+    // The new weights, staged in a hidden folder of the repository.
+    let staged = d.models().join(".staged");
+    std::fs::create_dir_all(staged.join("data")).unwrap();
+    write_external(&encoder(5), &staged.join("n.onnx"), "data/w.bin", 128).unwrap();
+    std::fs::rename(d.models().join("data"), d.root.join("outside/old-data")).unwrap();
+    std::fs::rename(staged.join("data"), d.models().join("data")).unwrap();
+    let k2 = ready_key_other_than(&d, "n", Some(&k1));
+    assert_eq!(d.client().acquire_model("n").unwrap().metadata.key, k2);
     assert!(d.stop());
 }
