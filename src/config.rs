@@ -153,6 +153,9 @@ pub struct Limits {
     pub shutdown_grace_secs: u64,
     /// Full rescan of the repository every this many seconds (0: only on events).
     pub rescan_secs: u64,
+    /// Paths the repository watcher takes from events in one debounce before it scans the
+    /// whole repository instead of only the models those paths belong to.
+    pub watch_max_paths: usize,
     /// Models keyed (loaded and hashed) at once; 0 means one per CPU. Bounds the blocking
     /// threads a startup scan of a large repository spawns.
     pub plan_concurrency: usize,
@@ -321,6 +324,7 @@ impl Default for Limits {
             cache_size_bytes: 50 << 30,
             shutdown_grace_secs: 10,
             rescan_secs: 60,
+            watch_max_paths: 4096,
             plan_concurrency: 0,
             io_threads: 1,
             worker_memory_bytes: 0,

@@ -18,7 +18,7 @@
 //! limit of the build options and `CUDA_VISIBLE_DEVICES`/MPS for the worker (docs/daemon.md).
 
 use std::io::{Read, Write};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -193,36 +193,26 @@ fn exchange(
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let (mem, cpu) = (limits.memory_bytes, limits.cpu_secs);
-    // SAFETY: between fork and exec only async-signal-safe calls (setrlimit, prctl) on
-    // values copied in; no allocation.
-    unsafe {
-        cmd.pre_exec(move || {
-            let set = |res, v: u64| {
-                let lim = libc::rlimit {
-                    rlim_cur: v as libc::rlim_t,
-                    rlim_max: v as libc::rlim_t,
-                };
-                if libc::setrlimit(res, &lim) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            };
-            if mem > 0 {
-                set(libc::RLIMIT_DATA, mem)?;
-            }
-            if cpu > 0 {
-                set(libc::RLIMIT_CPU, cpu)?;
-            }
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
-            Ok(())
-        });
-    }
+    // No `pre_exec`: with one, the child is a fork() of the daemon, which copies the
+    // daemon's page tables (milliseconds per build once it holds 100,000 models); without,
+    // it is spawned (posix_spawn, vfork-like). The limits are set on the child from here
+    // before it is given its job (it does nothing but wait for it until then), and the
+    // worker asks for its death signal itself (`serve_one`), checking that its parent is
+    // still the daemon that started it.
+    // SAFETY: getpid has no preconditions.
+    cmd.env(PARENT_ENV, unsafe { libc::getpid() }.to_string());
     let started = Instant::now();
     let mut child = cmd.spawn().map_err(|e| {
         BuildError::WorkerUnavailable(format!("cannot start the worker {}: {e}", exe.display()))
     })?;
     tracing::debug!(pid = child.id(), model = %job.model.display(), "worker started");
+    if let Err(e) = set_limits(child.id(), limits) {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(BuildError::WorkerUnavailable(format!(
+            "cannot set the worker's limits: {e}"
+        )));
+    }
     // The job is small; write it and close stdin so the worker sees its end.
     if let Some(mut stdin) = child.stdin.take() {
         let _ = stdin.write_all(&input);
@@ -333,6 +323,30 @@ fn exchange(
     }
 }
 
+/// Environment variable holding the daemon's pid for its worker (see [`serve_one`]).
+const PARENT_ENV: &str = "TRTCACHE_WORKER_PARENT";
+
+/// The worker's data segment and CPU limits (`limits.worker_*`; 0: none), set on it by pid.
+fn set_limits(pid: u32, limits: &WorkerLimits) -> std::io::Result<()> {
+    for (res, v) in [
+        (libc::RLIMIT_DATA, limits.memory_bytes),
+        (libc::RLIMIT_CPU, limits.cpu_secs),
+    ] {
+        if v == 0 {
+            continue;
+        }
+        let lim = libc::rlimit {
+            rlim_cur: v as libc::rlim_t,
+            rlim_max: v as libc::rlim_t,
+        };
+        // SAFETY: prlimit on our own child with a valid rlimit and no old-value pointer.
+        if unsafe { libc::prlimit(pid as libc::pid_t, res, &lim, std::ptr::null_mut()) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// Why a worker exited without answering, for the model's failure reason.
 fn crash_reason(status: std::process::ExitStatus, limits: &WorkerLimits, err: &str) -> String {
     let tail = if err.is_empty() {
@@ -401,6 +415,16 @@ impl Tail {
 /// The worker's side: reads a [`Job`] from stdin, builds and validates, writes a [`Reply`]
 /// to stdout. Returns the process exit code (0 when a reply was written).
 pub fn serve_one() -> i32 {
+    // Dies with the daemon; a daemon gone before this (the worker re-parented) is checked.
+    // SAFETY: prctl and getppid on this process.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) };
+    let parent = std::env::var(PARENT_ENV)
+        .ok()
+        .and_then(|p| p.parse::<i32>().ok());
+    if parent.is_some_and(|p| p != unsafe { libc::getppid() }) {
+        eprintln!("trtcache worker: the daemon that started it is gone");
+        return 2;
+    }
     let mut input = Vec::new();
     if let Err(e) = std::io::stdin().read_to_end(&mut input) {
         eprintln!("trtcache worker: cannot read the job: {e}");

@@ -1,4 +1,4 @@
-//! `trtcache stats`: the running daemon's counters (hits, misses, builds, failures, queue,
+//! `trtcache stats`: the running daemon's counters (hits, misses, builds, fetches, failures, queue,
 //! connections, the fleet tier's), from the `stats` request; `--json` prints them as the
 //! protocol's `Stats` object.
 
@@ -54,6 +54,7 @@ pub fn run(a: StatsArgs) -> anyhow::Result<ExitCode> {
         ("of them from the ready index", s.fast_hits.to_string()),
         ("misses", s.misses.to_string()),
         ("builds", s.builds.to_string()),
+        ("fetched from the fleet", s.fetches.to_string()),
         ("failures", s.failures.to_string()),
         ("cancelled", s.cancelled.to_string()),
         ("build seconds", format!("{:.1}", s.build_seconds)),

@@ -181,12 +181,19 @@ impl Collector for Snapshot {
         family(
             &mut enc,
             "builds",
-            "Builds by outcome: ok (validated and stored), failed (timeouts included), cancelled.",
+            "Builds by outcome: ok (built here, validated and stored; artifacts fetched from the fleet bucket are fetches_total), failed (timeouts included), cancelled.",
             &[
                 (&[("outcome", "ok")], c(s.builds)),
                 (&[("outcome", "failed")], c(s.failures)),
                 (&[("outcome", "cancelled")], c(s.cancelled)),
             ],
+        )?;
+        one(
+            &mut enc,
+            "fetches",
+            "Artifacts fetched from the fleet bucket (verified and stored) in place of a build; not in builds_total.",
+            None,
+            c(s.fetches),
         )?;
         family(
             &mut enc,

@@ -61,7 +61,10 @@ struct Inner {
 /// Counters the queue maintains (read by `stats`).
 #[derive(Default)]
 pub struct QueueStats {
+    /// Jobs that built (and validated) an artifact here.
     pub builds: AtomicU64,
+    /// Jobs answered by an artifact fetched from the fleet bucket: not builds.
+    pub fetches: AtomicU64,
     pub failures: AtomicU64,
     pub cancelled: AtomicU64,
     pub build_millis: AtomicU64,
@@ -428,6 +431,10 @@ impl Queue {
                 g.jobs.remove(&key);
             }
             match &result {
+                Ok(h) if h.origin == trtcache_client::protocol::Origin::Remote => {
+                    self.stats.fetches.fetch_add(1, Ordering::Relaxed);
+                    g.transient.remove(&key);
+                }
                 Ok(_) => {
                     self.stats.builds.fetch_add(1, Ordering::Relaxed);
                     self.stats.build_millis.fetch_add(ms, Ordering::Relaxed);
@@ -450,6 +457,10 @@ impl Queue {
         let model = &job.planned.model.name;
         let backend = job.planned.selection.backend;
         match &result {
+            Ok(h) if h.origin == trtcache_client::protocol::Origin::Remote => {
+                self.build_seconds.observe("fetched", took);
+                tracing::info!(model = %model, %backend, key = %key, seconds, "fetched from the fleet bucket; not built")
+            }
             Ok(_) => {
                 self.build_seconds.observe("ok", took);
                 tracing::info!(model = %model, %backend, key = %key, seconds, "build ready")

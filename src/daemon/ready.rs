@@ -340,11 +340,22 @@ impl ReadyIndex {
     /// Makes the folder hold exactly `want`. A pointer whose model's files no longer have
     /// the scanned stamps is left out (written once the state catches up); one that cannot
     /// be written is left out too (and tried again at the next pass), logged once.
-    fn reconcile(&self, want: HashMap<String, Wanted>) {
+    ///
+    /// With a `scope`, only the pointers of the models it names are looked at (the others
+    /// are as they were): a build costs the index what its models need, not a pass over the
+    /// repository. `true` when the folder had to be made again (or cannot be): a scoped pass
+    /// then leaves the other models' pointers unwritten, and the next pass must look at every
+    /// model.
+    fn reconcile(
+        &self,
+        want: HashMap<String, Wanted>,
+        scope: Option<&std::collections::BTreeSet<String>>,
+    ) -> bool {
         let mut book = self.book();
         if self.closed.load(Ordering::SeqCst) {
-            return;
+            return false;
         }
+        let mut remade = false;
         match self.ensure_dir() {
             Ok(false) => {
                 if !self.lock_intact() {
@@ -364,6 +375,7 @@ impl ReadyIndex {
                 tracing::info!(dir = %self.dir.display(), "the ready index folder was gone; made it again");
                 book.forget_all();
                 self.remade.notify_one();
+                remade = true;
             }
             Err(e) => {
                 let why = e.to_string();
@@ -372,18 +384,25 @@ impl ReadyIndex {
                     book.dir_failing = Some(why);
                 }
                 book.forget_all();
-                return;
+                return true;
             }
         }
         if book.dir_failing.take().is_some() {
             tracing::info!(dir = %self.dir.display(), "the ready index folder is back");
         }
-        let gone: Vec<String> = book
-            .published
-            .keys()
-            .filter(|n| !want.contains_key(*n))
-            .cloned()
-            .collect();
+        let gone: Vec<String> = match scope {
+            None => book
+                .published
+                .keys()
+                .filter(|n| !want.contains_key(*n))
+                .cloned()
+                .collect(),
+            Some(names) => names
+                .iter()
+                .filter(|n| book.published.contains_key(*n) && !want.contains_key(*n))
+                .cloned()
+                .collect(),
+        };
         for name in gone {
             book.forget(&name);
             match std::fs::remove_file(self.dir.join(&name)) {
@@ -394,7 +413,8 @@ impl ReadyIndex {
                 }
             }
         }
-        book.failing.retain(|n, _| want.contains_key(n));
+        book.failing
+            .retain(|n, _| want.contains_key(n) || scope.is_some_and(|s| !s.contains(n)));
         for (name, w) in want {
             let path = self.dir.join(&name);
             let Some(text) = w.pointer.render() else {
@@ -436,6 +456,7 @@ impl ReadyIndex {
                 }
             }
         }
+        remade
     }
 
     /// Writes one pointer: a hidden temp file, then renamed over the old one, so a consumer
@@ -563,25 +584,41 @@ pub async fn publish(
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut sels = DefaultSelections::new();
+    // The first pass and the periodic recheck look at every model; a change signal, at the
+    // models the service marked (see `Service::ready_pointers`).
+    let mut full = true;
     loop {
         let pass = {
             let (svc, idx) = (svc.clone(), idx.clone());
             let mut s = std::mem::take(&mut sels);
             tokio::task::spawn_blocking(move || {
-                let want = svc.ready_pointers(&mut s).into_iter().collect();
-                idx.reconcile(want);
-                s
+                let (scope, pointers) = svc.ready_pointers(&mut s, full);
+                let want = pointers.into_iter().collect();
+                let again = idx.reconcile(want, scope.as_ref()) && scope.is_some();
+                (s, again)
             })
         };
+        let mut retry_full = false;
         match pass.await {
-            Ok(s) => sels = s,
-            Err(e) => tracing::warn!(error = %e, "the ready index pass failed"),
+            Ok((s, again)) => {
+                sels = s;
+                if again {
+                    full = true;
+                    continue;
+                }
+            }
+            Err(e) => {
+                // The models it had taken to look at are looked at by a full pass.
+                tracing::warn!(error = %e, "the ready index pass failed");
+                retry_full = true;
+            }
         }
-        tokio::select! {
-            _ = stop.changed() => return,
-            _ = idx.changed.notified() => {}
-            _ = tokio::time::sleep(recheck.unwrap_or_default()), if recheck.is_some() => {}
-        }
+        full = retry_full
+            | tokio::select! {
+                _ = stop.changed() => return,
+                _ = idx.changed.notified() => false,
+                _ = tokio::time::sleep(recheck.unwrap_or_default()), if recheck.is_some() => true,
+            };
         if *stop.borrow() {
             return;
         }

@@ -5,13 +5,19 @@
 //! may name the model file with `default_model_filename`, which then replaces `model.onnx` in
 //! both folder forms. Hidden names (leading `.`) are skipped so half-written temp files never
 //! become models. Each model carries a fingerprint (size, mtime, ctime and mode of every file
-//! it is made of) that the watcher compares. Model files that are links leading out of the
-//! repository are skipped unless `follow_symlinks_outside_repo` is set.
+//! it is made of: its graphs, its sidecar, every file of its folder, and every file its graphs
+//! name as external data, under any name and in any subfolder ([`refs`]); a named file that is
+//! missing is in it as missing) that the watcher compares. Model files that are links leading
+//! out of the repository are skipped unless `follow_symlinks_outside_repo` is set.
 //!
-//! Enters: a folder. Leaves: a [`Scan`]: the models by name, and every entry that is not one
-//! with the reason ([`Skipped`]), which the watcher logs as warnings and `rescan` reports.
+//! Enters: a folder, and for a targeted scan ([`scan_names`]) the top-level names a change
+//! touched. Leaves: a [`Scan`]: the models by name, and every entry that is not one with the
+//! reason ([`Skipped`]), which the watcher logs as warnings and `rescan` reports.
 
-use std::collections::BTreeMap;
+mod pbtxt;
+mod refs;
+
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -47,6 +53,22 @@ impl FileStamp {
             mode: m.mode(),
         })
     }
+
+    /// The stamp of a file a model names that does not exist (yet): no time, no mode.
+    pub fn missing(p: &Path) -> FileStamp {
+        FileStamp {
+            path: p.to_path_buf(),
+            size: 0,
+            mtime: None,
+            ctime_ns: 0,
+            mode: 0,
+        }
+    }
+
+    /// Whether this is [`FileStamp::missing`]'s.
+    pub fn is_missing(&self) -> bool {
+        self.mtime.is_none() && self.mode == 0
+    }
 }
 
 /// One model with every version present.
@@ -74,8 +96,9 @@ impl RepoModel {
         let now = SystemTime::now();
         !self.fingerprint.is_empty()
             && self.fingerprint.iter().all(|f| {
-                f.mtime
-                    .is_some_and(|t| now.duration_since(t).is_ok_and(|age| age >= d))
+                f.is_missing()
+                    || f.mtime
+                        .is_some_and(|t| now.duration_since(t).is_ok_and(|age| age >= d))
             })
     }
 
@@ -149,58 +172,29 @@ pub fn scan_all(root: &Path) -> Result<Scan, ScanError> {
     scan_all_with(root, false)
 }
 
+/// The canonical root when links leading out of it are refused (`follow_outside` false).
+fn inside_root(root: &Path, follow_outside: bool) -> Result<Option<PathBuf>, ScanError> {
+    if follow_outside {
+        return Ok(None);
+    }
+    fs::canonicalize(root)
+        .map(Some)
+        .map_err(|source| ScanError {
+            path: root.to_path_buf(),
+            source,
+        })
+}
+
 /// Scans the repository. An entry that cannot be read or is not a model is listed in
 /// [`Scan::skipped`] with the reason (the next scan looks again); hidden names are skipped
 /// without a word (they are how writers stage files). Unless `follow_outside` (config
 /// `follow_symlinks_outside_repo`), a model whose file is a link leading out of the
-/// repository is skipped too: the rule external data files follow.
+/// repository is skipped too: the rule external data files follow. A file or folder that a
+/// model names as external data is part of that model, not a skipped entry.
 pub fn scan_all_with(root: &Path, follow_outside: bool) -> Result<Scan, ScanError> {
-    let croot = if follow_outside {
-        None
-    } else {
-        Some(fs::canonicalize(root).map_err(|source| ScanError {
-            path: root.to_path_buf(),
-            source,
-        })?)
-    };
-    let mut scan = scan_entries(root, croot.as_deref())?;
-    if let Some(croot) = croot {
-        let skipped = &mut scan.skipped;
-        scan.models.retain(|_, m| {
-            let outside: Vec<PathBuf> = m
-                .versions
-                .values()
-                .filter(|v| leads_out(&v.path, &croot))
-                .map(|v| v.path.clone())
-                .collect();
-            for path in &outside {
-                skipped.push(Skipped {
-                    path: path.clone(),
-                    reason: format!("a symbolic link leading out of the repository {FOLLOW_HINT}"),
-                });
-            }
-            outside.is_empty()
-        });
-        scan.skipped.sort();
-    }
-    Ok(scan)
-}
-
-/// How to serve what a link out of the repository points at.
-const FOLLOW_HINT: &str = "(set `follow_symlinks_outside_repo = true` to serve it)";
-
-/// Whether `path` resolves to somewhere outside `croot` (the canonical repository root).
-fn leads_out(path: &Path, croot: &Path) -> bool {
-    fs::canonicalize(path).is_ok_and(|c| !c.starts_with(croot))
-}
-
-/// `inside`: the canonical repository root when links leading out of it are refused; a
-/// linked folder out of it is then skipped without a look inside (a link to `/usr` is not a
-/// model folder, and reading it would only be slow).
-fn scan_entries(root: &Path, inside: Option<&Path>) -> Result<Scan, ScanError> {
-    let mut scan = Scan::default();
-    let mut out = Snapshot::new();
+    let croot = inside_root(root, follow_outside)?;
     let mut skipped = Vec::new();
+    let mut names = BTreeSet::new();
     let mut root_files: Vec<(String, PathBuf)> = Vec::new();
     let rd = fs::read_dir(root).map_err(|source| ScanError {
         path: root.to_path_buf(),
@@ -235,97 +229,209 @@ fn scan_entries(root: &Path, inside: Option<&Path>) -> Result<Scan, ScanError> {
                 reason: format!("cannot read it: {err}"),
             }),
             Ok(m) if m.is_dir() => {
-                let linked_out = inside.is_some_and(|croot| {
-                    e.file_type().is_ok_and(|t| t.is_symlink()) && leads_out(&path, croot)
-                });
-                if linked_out {
-                    skipped.push(Skipped {
-                        path,
-                        reason: format!(
-                            "a symbolic link to a folder out of the repository {FOLLOW_HINT}"
-                        ),
-                    });
-                    continue;
-                }
-                if !trtcache_client::protocol::valid_model_name(&name) {
-                    skipped.push(Skipped {
-                        path,
-                        reason: "the folder's name is not a valid model name".into(),
-                    });
-                    continue;
-                }
-                if let Some(m) = scan_folder(&name, &path, &mut skipped) {
-                    out.insert(name, m);
-                }
+                names.insert(name);
             }
-            Ok(m) if m.is_file() => root_files.push((name, path)),
+            Ok(m) if m.is_file() => match name.strip_suffix(".onnx") {
+                Some(n) if !n.is_empty() => {
+                    names.insert(n.to_string());
+                }
+                _ => root_files.push((name, path)),
+            },
             Ok(_) => skipped.push(Skipped {
                 path,
                 reason: "not a regular file or folder".into(),
             }),
         }
     }
-    // Files that belong to a flat model: its graph, sidecar and files named after it.
-    let models: Vec<&str> = root_files
-        .iter()
-        .filter_map(|(f, _)| f.strip_suffix(".onnx"))
-        .filter(|n| !n.is_empty())
-        .collect();
-    for (file, path) in &root_files {
-        let Some(name) = file.strip_suffix(".onnx") else {
-            if !models.iter().any(|m| file.starts_with(&format!("{m}."))) {
-                skipped.push(Skipped {
-                    path: path.clone(),
-                    reason: "not a model: models are NAME.onnx files or NAME/ folders (a \
-                             sidecar or data file must start with its model's `NAME.`)"
-                        .into(),
-                });
-            }
-            continue;
-        };
-        if name.is_empty() || !trtcache_client::protocol::valid_model_name(name) {
+    let mut models = Snapshot::new();
+    for name in &names {
+        if let Some(m) = model_at(root, croot.as_deref(), name, &mut skipped) {
+            models.insert(name.clone(), m);
+        }
+    }
+    // Files named after a flat model (`NAME.…`: its sidecar, notes, data) belong to it.
+    for (file, path) in root_files {
+        if !names.iter().any(|m| file.starts_with(&format!("{m}."))) {
             skipped.push(Skipped {
-                path: path.clone(),
+                path,
+                reason: "not a model: models are NAME.onnx files or NAME/ folders (a \
+                         sidecar or data file must start with its model's `NAME.` or be \
+                         named by a model as external data)"
+                    .into(),
+            });
+        }
+    }
+    // What models name (remembered: no graph or sidecar is read again).
+    let used: BTreeSet<PathBuf> = models.values().flat_map(named_files).collect();
+    // Paths sort each folder's contents right after it: one look per skipped entry.
+    skipped.retain(|s| {
+        !used
+            .range(s.path.clone()..)
+            .next()
+            .is_some_and(|u| u.starts_with(&s.path))
+    });
+    refs::prune(
+        &models
+            .values()
+            .flat_map(|m| m.versions.values())
+            .flat_map(|v| std::iter::once(v.path.clone()).chain(v.sidecar.clone()))
+            .collect(),
+    );
+    skipped.sort();
+    Ok(Scan { models, skipped })
+}
+
+/// Scans only the models that `names` (top-level entries of the repository: a folder's
+/// name, or a flat model's) may be: what a change under those entries can have changed,
+/// at a cost that does not grow with the repository. A name that is no model is simply not
+/// in [`Scan::models`]; entries that are not models are reported by full scans only.
+pub fn scan_names(
+    root: &Path,
+    follow_outside: bool,
+    names: &BTreeSet<String>,
+) -> Result<Scan, ScanError> {
+    let croot = inside_root(root, follow_outside)?;
+    let mut scan = Scan::default();
+    for name in names.iter().filter(|n| !n.is_empty() && !hidden(n)) {
+        if let Some(m) = model_at(root, croot.as_deref(), name, &mut scan.skipped) {
+            scan.models.insert(name.clone(), m);
+        }
+    }
+    scan.skipped.sort();
+    Ok(scan)
+}
+
+/// The model called `name`: the folder `root/name` when it is one, else the flat
+/// `root/name.onnx`; `None` (with the reason in `skipped` when there is one) when neither
+/// is. `inside`: the canonical repository root when links leading out of it are refused (a
+/// linked folder out of it is then skipped without a look inside: a link to `/usr` is not a
+/// model folder, and reading it would only be slow).
+fn model_at(
+    root: &Path,
+    inside: Option<&Path>,
+    name: &str,
+    skipped: &mut Vec<Skipped>,
+) -> Option<RepoModel> {
+    let dir = root.join(name);
+    let mut model = None;
+    if fs::metadata(&dir).is_ok_and(|m| m.is_dir()) {
+        let linked_out = inside.is_some_and(|croot| {
+            fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_symlink())
+                && leads_out(&dir, croot)
+        });
+        if linked_out {
+            skipped.push(Skipped {
+                path: dir.clone(),
+                reason: format!("a symbolic link to a folder out of the repository {FOLLOW_HINT}"),
+            });
+        } else if !trtcache_client::protocol::valid_model_name(name) {
+            skipped.push(Skipped {
+                path: dir.clone(),
+                reason: "the folder's name is not a valid model name".into(),
+            });
+        } else {
+            model = scan_folder(name, &dir, skipped);
+        }
+    }
+    let graph = root.join(format!("{name}.onnx"));
+    let flat = fs::metadata(&graph).is_ok_and(|m| m.is_file());
+    if model.is_some() && flat {
+        skipped.push(Skipped {
+            path: graph.clone(),
+            reason: format!("a folder `{name}/` exists too; the folder is served"),
+        });
+    } else if model.is_none() && flat {
+        if !trtcache_client::protocol::valid_model_name(name) {
+            skipped.push(Skipped {
+                path: graph,
                 reason: format!("`{name}` is not a valid model name"),
             });
-            continue;
-        }
-        if out.contains_key(name) {
-            skipped.push(Skipped {
-                path: path.clone(),
-                reason: format!("a folder `{name}/` exists too; the folder is served"),
-            });
-            continue;
+            return None;
         }
         let sidecar = root.join(format!("{name}.trtcache.toml"));
-        let mut fp: Fingerprint = root_files
+        let sidecar = sidecar.is_file().then_some(sidecar);
+        let fingerprint = sidecar
             .iter()
-            .filter(|(f, _)| f.starts_with(&format!("{name}.")))
-            .filter_map(|(_, p)| FileStamp::of(p))
+            .chain(std::iter::once(&graph))
+            .filter_map(|p| FileStamp::of(p))
             .collect();
-        fp.sort();
         let entry = ModelEntry {
             name: name.to_string(),
             version: 0,
-            path: path.clone(),
-            sidecar: sidecar.is_file().then_some(sidecar),
+            path: graph,
+            sidecar,
             layout: Layout::Flat,
         };
-        out.insert(
-            name.to_string(),
-            RepoModel {
-                name: name.to_string(),
-                layout: Layout::Flat,
-                versions: BTreeMap::from([(0, entry)]),
-                fingerprint: fp,
-            },
-        );
+        model = Some(RepoModel {
+            name: name.to_string(),
+            layout: Layout::Flat,
+            versions: BTreeMap::from([(0, entry)]),
+            fingerprint,
+        });
     }
-    skipped.sort();
-    scan.models = out;
-    scan.skipped = skipped;
-    Ok(scan)
+    let mut m = model?;
+    if let Some(croot) = inside {
+        let outside: Vec<PathBuf> = m
+            .versions
+            .values()
+            .filter(|v| leads_out(&v.path, croot))
+            .map(|v| v.path.clone())
+            .collect();
+        if !outside.is_empty() {
+            for path in outside {
+                skipped.push(Skipped {
+                    path,
+                    reason: format!("a symbolic link leading out of the repository {FOLLOW_HINT}"),
+                });
+            }
+            return None;
+        }
+    }
+    add_external_data(&mut m);
+    Some(m)
 }
+
+/// Adds every file the model's graphs name as external data, and the golden file its
+/// sidecar names, to its fingerprint; a named file that is missing is in it too, as
+/// [`FileStamp::missing`], so that it appearing is a change of the model.
+fn add_external_data(m: &mut RepoModel) {
+    let mut have: BTreeSet<PathBuf> = m.fingerprint.iter().map(|f| f.path.clone()).collect();
+    let mut extra = Vec::new();
+    for p in named_files(m) {
+        if have.insert(p.clone()) {
+            extra.push(FileStamp::of(&p).unwrap_or_else(|| FileStamp::missing(&p)));
+        }
+    }
+    if !extra.is_empty() {
+        m.fingerprint.extend(extra);
+    }
+    m.fingerprint.sort();
+}
+
+/// The files the model's graphs name as external data and its sidecars name as golden
+/// inputs (from the memo when the graph or sidecar is as stamped in the fingerprint).
+fn named_files(m: &RepoModel) -> Vec<PathBuf> {
+    let stamp = |p: &Path| m.fingerprint.iter().find(|f| f.path == p);
+    let mut out = Vec::new();
+    for v in m.versions.values() {
+        if let Some(s) = stamp(&v.path) {
+            out.extend(refs::referenced(&v.path, s));
+        }
+        if let Some((p, s)) = v.sidecar.as_deref().and_then(|p| Some((p, stamp(p)?))) {
+            out.extend(refs::named_by_sidecar(p, s));
+        }
+    }
+    out
+}
+
+/// How to serve what a link out of the repository points at.
+const FOLLOW_HINT: &str = "(set `follow_symlinks_outside_repo = true` to serve it)";
+
+/// Whether `path` resolves to somewhere outside `croot` (the canonical repository root).
+fn leads_out(path: &Path, croot: &Path) -> bool {
+    fs::canonicalize(path).is_ok_and(|c| !c.starts_with(croot))
+}
+
 /// The model file a folder's `config.pbtxt` names (`default_model_filename`), else
 /// `model.onnx`; an error when the config cannot be read or names something that is not a
 /// plain file name.
@@ -336,74 +442,13 @@ fn model_file_name(dir: &Path) -> Result<String, String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(DEFAULT_MODEL_FILE.into()),
         Err(e) => return Err(format!("cannot read config.pbtxt: {e}")),
     };
-    match pbtxt_top_level_string(&text, "default_model_filename") {
+    match pbtxt::top_level_string(&text, "default_model_filename") {
         None => Ok(DEFAULT_MODEL_FILE.into()),
         Some(f) if f.is_empty() || f.contains('/') || f == ".." || hidden(&f) => Err(format!(
             "config.pbtxt: default_model_filename `{f}` is not a plain file name"
         )),
         Some(f) => Ok(f),
     }
-}
-
-/// Reads a quoted string at the start of `s` (after its opening quote `q`), handling `\`
-/// escapes of the next character; `None` when it does not end.
-fn quoted(s: &str, q: char) -> Option<(String, usize)> {
-    let mut value = String::new();
-    let mut escaped = false;
-    for (i, c) in s.char_indices() {
-        if escaped {
-            value.push(c);
-            escaped = false;
-        } else if c == '\\' {
-            escaped = true;
-        } else if c == q {
-            return Some((value, i + c.len_utf8()));
-        } else {
-            value.push(c);
-        }
-    }
-    None
-}
-
-/// The value of a top-level string field (`name: "value"`) in protobuf text format: comments
-/// (`#` to the end of the line), other strings and fields inside nested messages (`{ ... }`,
-/// `[ ... ]`) are passed over.
-fn pbtxt_top_level_string(text: &str, field: &str) -> Option<String> {
-    let mut depth = 0usize;
-    let mut i = 0;
-    while i < text.len() {
-        let rest = &text[i..];
-        let c = rest.chars().next()?;
-        match c {
-            '#' => {
-                i += rest.find('\n').unwrap_or(rest.len());
-                continue;
-            }
-            '"' | '\'' => {
-                let (_, n) = quoted(&rest[1..], c)?;
-                i += 1 + n;
-                continue;
-            }
-            '{' | '[' | '<' => depth += 1,
-            '}' | ']' | '>' => depth = depth.saturating_sub(1),
-            _ if c.is_ascii_alphabetic() || c == '_' => {
-                let len = rest
-                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                    .unwrap_or(rest.len());
-                let word = &rest[..len];
-                i += len;
-                if depth == 0 && word == field {
-                    let after = text[i..].trim_start().strip_prefix(':')?.trim_start();
-                    let q = after.chars().next().filter(|q| *q == '"' || *q == '\'')?;
-                    return quoted(&after[1..], q).map(|(v, _)| v);
-                }
-                continue;
-            }
-            _ => {}
-        }
-        i += c.len_utf8();
-    }
-    None
 }
 
 fn scan_folder(name: &str, dir: &Path, skipped: &mut Vec<Skipped>) -> Option<RepoModel> {
@@ -661,23 +706,81 @@ mod tests {
         );
     }
 
+    /// External data of any name, in the repository or a subfolder, is part of the flat
+    /// model that names it (never a skipped entry); a named file that is missing is in the
+    /// fingerprint as missing; a targeted scan of the model's name finds the same.
     #[test]
-    fn pbtxt_fields_outside_comments_strings_and_nested_messages() {
-        let f = |t: &str| pbtxt_top_level_string(t, "default_model_filename");
+    fn external_data_of_any_name_is_part_of_the_model() {
+        use crate::fixtures::{models, write_external};
+        let d = tempfile::tempdir().unwrap();
+        let r = d.path();
+        write_external(
+            &models::tiny_encoder(false),
+            &r.join("m.onnx"),
+            "weights.bin",
+            128,
+        )
+        .unwrap();
+        fs::create_dir_all(r.join("data")).unwrap();
+        write_external(
+            &models::tiny_encoder(true),
+            &r.join("n.onnx"),
+            "data/fc.weight",
+            128,
+        )
+        .unwrap();
+        let s = scan_all(r).unwrap();
+        assert_eq!(s.models.keys().collect::<Vec<_>>(), ["m", "n"]);
+        assert!(s.skipped.is_empty(), "{:?}", s.skipped);
+        let files = |m: &RepoModel| -> Vec<PathBuf> {
+            m.fingerprint.iter().map(|f| f.path.clone()).collect()
+        };
         assert_eq!(
-            f("default_model_filename: \"a.onnx\""),
-            Some("a.onnx".into())
+            files(&s.models["m"]),
+            [r.join("m.onnx"), r.join("weights.bin")]
         );
         assert_eq!(
-            f("default_model_filename:'b.onnx' # c"),
-            Some("b.onnx".into())
+            files(&s.models["n"]),
+            [r.join("data/fc.weight"), r.join("n.onnx")]
         );
-        assert_eq!(f("# default_model_filename: \"a\"\n"), None);
-        assert_eq!(f("x { default_model_filename: \"a\" }"), None);
-        assert_eq!(f("my_default_model_filename: \"a\""), None);
-        assert_eq!(f("name: \"default_model_filename: x\""), None);
-        assert_eq!(f("default_model_filename: \"unterminated"), None);
-        assert_eq!(f(""), None);
+        let one = scan_names(r, false, &BTreeSet::from(["m".to_string()])).unwrap();
+        assert_eq!(one.models["m"], s.models["m"]);
+        // Replaced: another stamp, so the model changed.
+        fs::write(r.join("weights.bin"), b"other bytes").unwrap();
+        assert_ne!(scan(r).unwrap()["m"], s.models["m"]);
+        fs::remove_file(r.join("weights.bin")).unwrap();
+        let gone = scan(r).unwrap()["m"].clone();
+        let w = gone
+            .fingerprint
+            .iter()
+            .find(|f| f.path == r.join("weights.bin"))
+            .expect("still named");
+        assert!(w.is_missing());
+        // Nothing else of the model moved: it counts as settled.
+        assert!(gone.quiet_for(std::time::Duration::ZERO));
+    }
+
+    /// The golden file a sidecar names is part of the model (under any name).
+    #[test]
+    fn the_golden_file_a_sidecar_names_is_part_of_the_model() {
+        let d = tempfile::tempdir().unwrap();
+        let r = d.path();
+        fs::write(r.join("g.onnx"), b"x").unwrap();
+        fs::write(
+            r.join("g.trtcache.toml"),
+            "[golden]\nnpz = \"inputs.npz\"\n",
+        )
+        .unwrap();
+        let before = scan(r).unwrap()["g"].clone();
+        let f = before
+            .fingerprint
+            .iter()
+            .find(|f| f.path == r.join("inputs.npz"))
+            .expect("named");
+        assert!(f.is_missing());
+        fs::write(r.join("inputs.npz"), b"npz").unwrap();
+        assert_ne!(scan(r).unwrap()["g"], before);
+        assert!(scan_all(r).unwrap().skipped.is_empty());
     }
 
     #[test]

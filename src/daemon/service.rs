@@ -12,8 +12,9 @@ mod ready;
 
 pub use ready::{DefaultSelections, Published};
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -39,6 +40,9 @@ fn fail(code: ErrorCode, msg: impl Into<String>) -> Failure {
 
 struct ModelState {
     repo: RepoModel,
+    /// The paths [`State::sources`] holds for it: its files, and where those that are links
+    /// lead (a change there is reported under the link's target).
+    indexed: Vec<PathBuf>,
     /// Bumped whenever the model's files change, so stale plans are discarded.
     generation: u64,
     /// Plans by (version, selection): the key, or why planning failed.
@@ -53,6 +57,121 @@ struct State {
     ready: HashMap<CacheKey, Handout>,
     /// When each ready artifact's use was last passed on to the store ([`Engine::touch`]).
     touched: HashMap<CacheKey, Instant>,
+    /// Every file of every model's fingerprint, and the models made of it: which models a
+    /// changed path may have changed (`watch`), without a look at the others.
+    sources: BTreeMap<PathBuf, BTreeSet<String>>,
+    /// The models whose plans name each key, with how many of their plans do: who hears of
+    /// a key's change, and whether an artifact is still anyone's. Kept with `plans`, so a
+    /// build's end costs the same however many models there are.
+    key_models: HashMap<CacheKey, HashMap<String, usize>>,
+    /// Models whose ready pointer may have changed since the ready index last looked.
+    ready_dirty: BTreeSet<String>,
+}
+
+impl State {
+    /// Indexes a model's files ([`State::sources`]); returns the paths indexed.
+    fn index_sources(&mut self, m: &RepoModel) -> Vec<PathBuf> {
+        let mut paths = Vec::with_capacity(m.fingerprint.len());
+        for f in &m.fingerprint {
+            paths.push(f.path.clone());
+            let linked = std::fs::symlink_metadata(&f.path).is_ok_and(|l| l.is_symlink());
+            if let Some(target) = linked
+                .then(|| std::fs::canonicalize(&f.path).ok())
+                .flatten()
+            {
+                paths.push(target);
+            }
+        }
+        for p in &paths {
+            self.sources
+                .entry(p.clone())
+                .or_default()
+                .insert(m.name.clone());
+        }
+        paths
+    }
+
+    /// Drops what a model leaving the served set held: its files from [`State::sources`],
+    /// its plans' keys (an artifact no model names any more is forgotten); returns the keys
+    /// of its plans.
+    fn drop_model(&mut self, old: &ModelState) -> Vec<CacheKey> {
+        for p in &old.indexed {
+            if let Some(names) = self.sources.get_mut(p) {
+                names.remove(&old.repo.name);
+                if names.is_empty() {
+                    self.sources.remove(p);
+                }
+            }
+        }
+        let keys: Vec<CacheKey> = old
+            .plans
+            .values()
+            .filter_map(|p| p.as_ref().ok().map(|p| p.key))
+            .collect();
+        for k in &keys {
+            self.unref_key(*k, &old.repo.name);
+        }
+        self.ready_dirty.insert(old.repo.name.clone());
+        keys
+    }
+
+    /// One plan of `model` names `key`.
+    fn ref_key(&mut self, key: CacheKey, model: &str) {
+        *self
+            .key_models
+            .entry(key)
+            .or_default()
+            .entry(model.to_string())
+            .or_default() += 1;
+    }
+
+    /// One plan of `model` no longer names `key`; once no plan does, its artifact is
+    /// forgotten (the store still has it: the same content found again is one lookup).
+    fn unref_key(&mut self, key: CacheKey, model: &str) {
+        let Some(models) = self.key_models.get_mut(&key) else {
+            return;
+        };
+        if let Some(n) = models.get_mut(model) {
+            *n -= 1;
+            if *n == 0 {
+                models.remove(model);
+            }
+        }
+        if models.is_empty() {
+            self.key_models.remove(&key);
+            self.ready.remove(&key);
+            self.touched.remove(&key);
+        }
+    }
+
+    /// Whether some model's plan names `key` (what `ready` may hold).
+    fn named(&self, key: &CacheKey) -> bool {
+        self.key_models.contains_key(key)
+    }
+
+    /// Keeps a ready artifact in memory when a current plan names it (a path built by
+    /// request, which no plan remembers, is looked up again instead).
+    fn remember_ready(&mut self, key: CacheKey, a: Handout) {
+        if self.named(&key) {
+            self.ready.insert(key, a);
+        }
+        self.dirty_key(&key);
+    }
+
+    /// Forgets a ready artifact; its models' pointers are looked at again.
+    fn forget_ready(&mut self, key: &CacheKey) -> bool {
+        self.touched.remove(key);
+        let was = self.ready.remove(key).is_some();
+        self.dirty_key(key);
+        was
+    }
+
+    /// The ready pointers of every model planned to `key` may have changed.
+    fn dirty_key(&mut self, key: &CacheKey) {
+        if let Some(models) = self.key_models.get(key) {
+            self.ready_dirty.extend(models.keys().cloned());
+        }
+    }
 }
 
 /// How often a hot artifact's use is passed on to the store. Hits are served from memory;
@@ -224,11 +343,7 @@ impl Service {
                     tracing::info!(model = %name, "model removed from the repository");
                     self.watchers
                         .publish(model_event(name, WatchReason::Removed, None, None));
-                    cancel.extend(
-                        old.plans
-                            .values()
-                            .filter_map(|p| p.as_ref().ok().map(|p| p.key)),
-                    );
+                    cancel.extend(st.drop_model(&old));
                 }
             }
             for m in changed {
@@ -240,11 +355,7 @@ impl Service {
                 let generation = self.generation.fetch_add(1, Ordering::SeqCst);
                 if let Some(old) = st.models.remove(&m.name) {
                     tracing::info!(model = %m.name, "model changed");
-                    cancel.extend(
-                        old.plans
-                            .values()
-                            .filter_map(|p| p.as_ref().ok().map(|p| p.key)),
-                    );
+                    cancel.extend(st.drop_model(&old));
                 } else {
                     tracing::info!(model = %m.name, versions = m.versions.len(), "model added");
                 }
@@ -252,28 +363,21 @@ impl Service {
                 let version = m.served().map(|e| e.version);
                 self.watchers
                     .publish(model_event(&m.name, WatchReason::Changed, version, None));
+                let indexed = st.index_sources(&m);
+                st.ready_dirty.insert(m.name.clone());
                 st.models.insert(
                     m.name.clone(),
                     ModelState {
                         repo: m,
+                        indexed,
                         generation,
                         plans: HashMap::new(),
                         announced: HashMap::new(),
                     },
                 );
             }
-            // Forget artifacts no current plan names (removed or changed models): with models
-            // coming and going these maps would otherwise grow by one entry per key ever
-            // served. A changed model whose content is the same finds its key in the store
-            // again (one lookup).
-            let live: std::collections::HashSet<CacheKey> = st
-                .models
-                .values()
-                .flat_map(|m| m.plans.values())
-                .filter_map(|p| p.as_ref().ok().map(|p| p.key))
-                .collect();
-            st.ready.retain(|k, _| live.contains(k));
-            st.touched.retain(|k, _| live.contains(k));
+            // A key another model still plans to (identical content) keeps its build.
+            cancel.retain(|k| !st.named(k));
         }
         self.ready_changed();
         for k in &cancel {
@@ -282,13 +386,46 @@ impl Service {
         fresh
     }
 
-    /// The current snapshot's fingerprints (for the watcher's diff).
-    pub fn fingerprints(&self) -> Snapshot {
-        self.lock()
-            .models
+    /// The served models among `names`, as the repository scan saw them (the watcher's
+    /// diff of a targeted scan: what it costs does not grow with the repository).
+    pub fn fingerprints_of(&self, names: &BTreeSet<String>) -> Snapshot {
+        let st = self.lock();
+        names
             .iter()
-            .map(|(k, m)| (k.clone(), m.repo.clone()))
+            .filter_map(|n| st.models.get(n).map(|m| (n.clone(), m.repo.clone())))
             .collect()
+    }
+
+    /// The models of a whole-repository `scan` that differ from the served ones, and the
+    /// served names it no longer has.
+    pub fn diff_all(&self, scan: &Snapshot) -> (Vec<RepoModel>, Vec<String>) {
+        let st = self.lock();
+        let changed = scan
+            .values()
+            .filter(|m| st.models.get(&m.name).map(|s| &s.repo) != Some(*m))
+            .cloned()
+            .collect();
+        let removed = st
+            .models
+            .keys()
+            .filter(|k| !scan.contains_key(*k))
+            .cloned()
+            .collect();
+        (changed, removed)
+    }
+
+    /// The models made of `path` or of a file under it (a folder renamed): a model naming
+    /// a file of any name as external data is scanned again when that file changes.
+    pub fn models_using(&self, path: &std::path::Path) -> Vec<String> {
+        let st = self.lock();
+        let mut out = Vec::new();
+        for (p, names) in st.sources.range(path.to_path_buf()..) {
+            if !p.starts_with(path) {
+                break;
+            }
+            out.extend(names.iter().cloned());
+        }
+        out
     }
 
     /// Background: plan every variant of a model's served version, look it up, queue builds.
@@ -379,11 +516,22 @@ impl Service {
                 .variants(entry, &self.cfg.backends)
                 .selections
                 .contains(sel);
-        let mut st = self.lock();
+        let mut guard = self.lock();
+        let st = &mut *guard;
         if let Some(m) = st.models.get_mut(&entry.name) {
             if keep && m.generation == generation {
-                m.plans.insert(slot, r.clone());
+                let old = m.plans.insert(slot, r.clone());
+                if let Some(Ok(p)) = old {
+                    st.unref_key(p.key, &entry.name);
+                }
+                if let Ok(p) = &r {
+                    st.ref_key(p.key, &entry.name);
+                }
+                st.ready_dirty.insert(entry.name.clone());
                 self.ready_changed();
+                let Some(m) = st.models.get_mut(&entry.name) else {
+                    return r;
+                };
                 // A model whose new content cannot even be planned (not ONNX, an unknown
                 // profile in its sidecar) tells its watchers so, as a failed build does.
                 let served = m.repo.served().map(|e| e.version);
@@ -448,8 +596,12 @@ impl Service {
             let slot = (entry.version, sel.clone());
             if matches!(m.plans.get(&slot), Some(Ok(p)) if p.key == key) {
                 m.plans.remove(&slot);
+                st.unref_key(key, &entry.name);
+                st.ready_dirty.insert(entry.name.clone());
             }
         }
+        drop(st);
+        self.ready_changed();
     }
 
     /// Queues a background build and records its artifact as ready when it completes.
@@ -503,7 +655,7 @@ impl Service {
         let mut st = self.lock();
         match r {
             Ok(a) => {
-                st.ready.insert(key, a.clone());
+                st.remember_ready(key, a.clone());
                 self.announce(&mut st, key, Change::Ready(key, a.origin));
                 self.ready_changed();
             }
@@ -515,7 +667,16 @@ impl Service {
     /// Tells watchers what happened to `key`, once per change, for every model whose served
     /// version has a variant planned to it (identical models share a key).
     fn announce(&self, st: &mut State, key: CacheKey, change: Change) {
-        for (name, m) in st.models.iter_mut() {
+        let mut names: Vec<String> = st
+            .key_models
+            .get(&key)
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default();
+        names.sort();
+        for name in &names {
+            let Some(m) = st.models.get_mut(name) else {
+                continue;
+            };
             let Some(version) = m.repo.served().map(|e| e.version) else {
                 continue;
             };
@@ -596,7 +757,7 @@ impl Service {
         match tokio::task::spawn_blocking(move || engine.lookup(&pc)).await {
             Ok(Ok(Some(a))) => {
                 let mut st = self.lock();
-                st.ready.insert(p.key, a.clone());
+                st.remember_ready(p.key, a.clone());
                 self.announce(&mut st, p.key, Change::Ready(p.key, a.origin));
                 drop(st);
                 self.ready_changed();
@@ -727,13 +888,13 @@ impl Service {
                 Ok(f) => f,
                 Err(e) if rechecks < 2 => {
                     tracing::warn!(key = %planned.key, error = %e, "artifact files vanished; checking the store");
-                    self.lock().ready.remove(&planned.key);
+                    self.lock().forget_ready(&planned.key);
                     self.ready_changed();
                     rechecks += 1;
                     continue;
                 }
                 Err(e) => {
-                    self.lock().ready.remove(&planned.key);
+                    self.lock().forget_ready(&planned.key);
                     self.ready_changed();
                     return Err(fail(
                         ErrorCode::NotReady,
@@ -745,7 +906,7 @@ impl Service {
                 Ok(()) => break (artifact, files),
                 Err(why) => {
                     tracing::warn!(key = %planned.key, %why, "served artifact changed on disk; checking it");
-                    self.lock().ready.remove(&planned.key);
+                    self.lock().forget_ready(&planned.key);
                     self.ready_changed();
                     if rechecks >= 2 {
                         return Err(fail(
@@ -1087,7 +1248,7 @@ impl Service {
         }
         let mut removed = 0;
         for k in keys {
-            let was_ready = self.lock().ready.remove(&k).is_some();
+            let was_ready = self.lock().forget_ready(&k);
             self.ready_changed();
             self.queue.forget_failure(&k);
             let engine = self.engine.clone();
@@ -1135,6 +1296,7 @@ impl Service {
             fast_hits: self.counters.fast_hits.load(Ordering::Relaxed),
             misses: self.counters.misses.load(Ordering::Relaxed),
             builds: q.builds.load(Ordering::Relaxed),
+            fetches: q.fetches.load(Ordering::Relaxed),
             failures: q.failures.load(Ordering::Relaxed),
             cancelled: q.cancelled.load(Ordering::Relaxed),
             build_seconds: q.build_millis.load(Ordering::Relaxed) as f64 / 1000.0,

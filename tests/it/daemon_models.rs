@@ -150,3 +150,183 @@ fn the_daemon_serves_rewritten_stfts_unless_a_sidecar_or_the_config_says_not_to(
     assert!(a.contains(&"STFT".into()), "{a:?}");
     assert!(d.stop());
 }
+
+/// The tiny encoder with its bias drawn from `seed` (same graph, other numbers).
+fn encoder(seed: u64) -> trtcache::onnx::proto::ModelProto {
+    let mut m = trtcache::fixtures::models::tiny_encoder(false);
+    let g = m.graph.as_mut().expect("graph");
+    g.initializer[3] = trtcache::fixtures::tensor_f32(
+        "fc.bias",
+        &[64],
+        &trtcache::fixtures::random_f32(seed, 64, 0.5),
+    );
+    m
+}
+
+/// The served key of `name`'s first variant once it is ready with a key other than `old`.
+fn ready_key_other_than(d: &Daemon, name: &str, old: Option<&str>) -> String {
+    let mut c = d.client();
+    let t0 = Instant::now();
+    loop {
+        let list = c.list().unwrap();
+        let v = list
+            .iter()
+            .find(|m| m.name == name)
+            .and_then(|m| m.variants.first());
+        if let Some(k) = v
+            .filter(|v| v.state == VariantState::Ready)
+            .and_then(|v| v.key.clone())
+            .filter(|k| Some(k.as_str()) != old)
+        {
+            return k;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "`{name}` never became ready with a key other than {old:?}: {list:?}\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// What the ready index says for `name` (its pointer file), once it names `key`.
+fn pointer_naming(d: &Daemon, name: &str, key: &str) -> String {
+    let p = trtcache_client::ready::ready_dir(&d.socket()).join(name);
+    let t0 = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(&p).unwrap_or_default();
+        if text.contains(key) {
+            return text;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no pointer of `{name}` naming {key}: {text:?}\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A flat `m.onnx` whose weights sit in `weights.bin` (a name that is not `m.…`, as torch
+/// and onnx write them): the file is part of the model. Replaced (a rename over it), the
+/// daemon serves a new key whose outputs follow the new weights, and the ready index's
+/// pointer names the file among its sources; rewritten in place, the same; deleted, the
+/// model fails (no artifact of the old weights is served any more). Without periodic
+/// rescans: the watcher's events on `weights.bin` alone bring each change.
+#[test]
+fn a_flat_models_external_data_of_any_name_is_part_of_the_model() {
+    use crate::daemon::{artifact_session, assert_close, reference, run_encoder};
+    use trtcache::fixtures::write_external;
+    let mut d = Daemon::new();
+    // No periodic rescan: the watcher's events alone must bring every change.
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(
+        d.config(),
+        cfg.replace("rescan_secs = 2", "rescan_secs = 0"),
+    )
+    .unwrap();
+    let weights = d.models().join("weights.bin");
+    write_external(&encoder(1), &d.models().join("m.onnx"), "weights.bin", 128).unwrap();
+    let graph = std::fs::read(d.models().join("m.onnx")).unwrap();
+    // The same model with its weights inline, to compare outputs with.
+    let (ref1, ref2, ref3) = (
+        d.root.join("outside/ref1.onnx"),
+        d.root.join("outside/ref2.onnx"),
+        d.root.join("outside/ref3.onnx"),
+    );
+    write(&encoder(1), &ref1).unwrap();
+    write(&encoder(2), &ref2).unwrap();
+    write(&encoder(3), &ref3).unwrap();
+    d.start();
+    let k1 = ready_key_other_than(&d, "m", None);
+    let run = |d: &Daemon| {
+        let art = d.client().acquire_model("m").unwrap();
+        (
+            art.metadata.key.clone(),
+            run_encoder(&mut artifact_session(&art), 4),
+        )
+    };
+    let (k, out1) = run(&d);
+    assert_eq!(k, k1);
+    assert_close(&out1, &reference(&ref1, 4), "the first weights");
+    let text = pointer_naming(&d, "m", &k1);
+    assert!(
+        text.contains(&weights.display().to_string()),
+        "the pointer's sources name weights.bin: {text}"
+    );
+
+    // Replaced by a rename: the graph file is byte for byte the same (the weights moved
+    // out of it), only weights.bin is new.
+    let staged = d.root.join("outside/staged");
+    std::fs::create_dir_all(&staged).unwrap();
+    write_external(&encoder(2), &staged.join("m.onnx"), "weights.bin", 128).unwrap();
+    assert_eq!(std::fs::read(staged.join("m.onnx")).unwrap(), graph);
+    std::fs::rename(staged.join("weights.bin"), &weights).unwrap();
+    let k2 = ready_key_other_than(&d, "m", Some(&k1));
+    let (k, out2) = run(&d);
+    assert_eq!(k, k2);
+    assert_close(&out2, &reference(&ref2, 4), "the replaced weights");
+    pointer_naming(&d, "m", &k2);
+
+    // Rewritten in place (same size, same inode).
+    write_external(&encoder(3), &staged.join("m.onnx"), "weights.bin", 128).unwrap();
+    let bytes = std::fs::read(staged.join("weights.bin")).unwrap();
+    {
+        use std::io::{Seek, Write};
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&weights)
+            .unwrap();
+        f.seek(std::io::SeekFrom::Start(0)).unwrap();
+        f.write_all(&bytes).unwrap();
+    }
+    let k3 = ready_key_other_than(&d, "m", Some(&k2));
+    let (k, out3) = run(&d);
+    assert_eq!(k, k3);
+    assert_close(
+        &out3,
+        &reference(&ref3, 4),
+        "the weights rewritten in place",
+    );
+
+    // Deleted: the model fails; nothing of the old weights is handed out.
+    std::fs::remove_file(&weights).unwrap();
+    let reason = settled(&d, "m", VariantState::Failed).unwrap_or_default();
+    assert!(reason.contains("weights.bin"), "{reason}");
+    assert!(d.client().acquire_model("m").is_err());
+    let ptr = trtcache_client::ready::ready_dir(&d.socket()).join("m");
+    let t0 = Instant::now();
+    while ptr.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the pointer stays");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(d.stop());
+}
+
+/// External data in a subfolder (`data/w.bin`) of a flat model, and the subfolder replaced
+/// whole (the old folder moved away, a new one renamed into place): the
+/// watcher's events on the folder bring the change; the model serves the new weights' key.
+#[test]
+fn external_data_in_a_subfolder_replaced_whole_is_a_changed_model() {
+    use trtcache::fixtures::write_external;
+    let mut d = Daemon::new();
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(
+        d.config(),
+        cfg.replace("rescan_secs = 2", "rescan_secs = 0"),
+    )
+    .unwrap();
+    std::fs::create_dir_all(d.models().join("data")).unwrap();
+    write_external(&encoder(4), &d.models().join("n.onnx"), "data/w.bin", 128).unwrap();
+    d.start();
+    let k1 = ready_key_other_than(&d, "n", None);
+    // The new weights, staged in a hidden folder of the repository.
+    let staged = d.models().join(".staged");
+    std::fs::create_dir_all(staged.join("data")).unwrap();
+    write_external(&encoder(5), &staged.join("n.onnx"), "data/w.bin", 128).unwrap();
+    std::fs::rename(d.models().join("data"), d.root.join("outside/old-data")).unwrap();
+    std::fs::rename(staged.join("data"), d.models().join("data")).unwrap();
+    let k2 = ready_key_other_than(&d, "n", Some(&k1));
+    assert_eq!(d.client().acquire_model("n").unwrap().metadata.key, k2);
+    assert!(d.stop());
+}

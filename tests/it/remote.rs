@@ -899,14 +899,43 @@ fn several_daemons_on_one_bucket_build_a_model_once_in_total() {
     assert_eq!(fetched, 2, "two of three daemons fetch: {logs:#?}");
     // `status` says where each ready artifact came from, and `stats` counts the tier.
     let mut origins = Vec::new();
-    let mut hits = 0;
+    let (mut hits, mut builds, mut fetches) = (0, 0, 0);
     for d in &daemons {
         let mut c = d.client();
         let st = c.list().unwrap();
         origins.push(st[0].variants[0].origin);
         let s = c.stats().unwrap();
         hits += s.remote_hits;
+        builds += s.builds;
+        fetches += s.fetches;
+        // A fetch is counted as one, never as a build (issue 39), in the metrics too.
+        let fetched = st[0].variants[0].origin == Some(trtcache_client::protocol::Origin::Remote);
+        assert_eq!(
+            (s.builds, s.fetches),
+            if fetched { (0, 1) } else { (1, 0) },
+            "{s:?}"
+        );
+        let text = c.stats_prometheus().unwrap();
+        let want = if fetched {
+            [
+                "trtcache_fetches_total 1",
+                "trtcache_builds_total{outcome=\"ok\"} 0",
+            ]
+        } else {
+            [
+                "trtcache_fetches_total 0",
+                "trtcache_builds_total{outcome=\"ok\"} 1",
+            ]
+        };
+        for w in want {
+            assert!(text.contains(w), "{w} in {text}");
+        }
     }
+    assert_eq!(
+        (builds, fetches),
+        (1, 2),
+        "one build and two fetches in total"
+    );
     use trtcache_client::protocol::Origin;
     origins.sort_by_key(|o| format!("{o:?}"));
     assert_eq!(

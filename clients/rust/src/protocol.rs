@@ -745,8 +745,13 @@ pub struct Stats {
     pub fast_hits: u64,
     /// Acquires that had to wait for a build.
     pub misses: u64,
-    /// Builds finished successfully.
+    /// Builds finished successfully: artifacts this daemon built and validated (never those
+    /// fetched from the fleet bucket: `fetches`).
     pub builds: u64,
+    /// Artifacts fetched from the fleet bucket (verified and stored) in place of a build;
+    /// absent (0) from daemons that predate it.
+    #[serde(default)]
+    pub fetches: u64,
     /// Builds that failed (including timeouts).
     pub failures: u64,
     /// Builds cancelled.

@@ -41,8 +41,7 @@ impl Service {
     fn forget_ready(&self, keys: impl IntoIterator<Item = CacheKey>) {
         let mut st = self.lock();
         for k in keys {
-            st.ready.remove(&k);
-            st.touched.remove(&k);
+            st.forget_ready(&k);
         }
         drop(st);
         self.ready_changed();

@@ -13,7 +13,7 @@
 //!
 //! Enters: the state (models, plans, ready artifacts). Leaves: pointers by model name.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime};
@@ -33,6 +33,9 @@ pub struct Published {
     /// Every file of the model (and the paths that must stay absent), as scanned.
     pub watched: Vec<ReadySource>,
 }
+
+/// Pointers by model name.
+pub type Pointers = BTreeMap<String, Published>;
 
 /// Each model's default selection, by the model generation it was computed for
 /// ([`Service::ready_pointers`] reads a model's sidecar only when the model changed).
@@ -130,22 +133,47 @@ fn pointer(entry: &ModelEntry, a: &Handout, sources: Vec<ReadySource>) -> Option
 
 impl Service {
     /// Every model's pointer: its served version's default variant when that is planned and
-    /// ready. `sels` keeps the default selections between calls.
-    pub fn ready_pointers(&self, sels: &mut DefaultSelections) -> BTreeMap<String, Published> {
+    /// ready. `sels` keeps the default selections between calls. With `full` false, only the
+    /// models whose pointer may have changed since the last call are looked at, and their
+    /// names come back as the scope (a model in it without a pointer has none now): a build
+    /// costs the index what its models need, not a pass over the repository.
+    pub fn ready_pointers(
+        &self,
+        sels: &mut DefaultSelections,
+        full: bool,
+    ) -> (Option<BTreeSet<String>>, Pointers) {
         let root = self.cfg.models.clone();
-        let models: Vec<(String, u64, ModelEntry, Vec<ReadySource>)> = {
-            let st = self.lock();
-            st.models
-                .iter()
-                .filter_map(|(name, m)| {
-                    let entry = m.repo.served()?.clone();
-                    let sources: Option<Vec<ReadySource>> =
-                        m.repo.fingerprint.iter().map(source).collect();
-                    Some((name.clone(), m.generation, entry, sources?))
-                })
-                .collect()
+        let (scope, models) = {
+            let mut st = self.lock();
+            let dirty = std::mem::take(&mut st.ready_dirty);
+            let one = |(name, m): (&String, &super::ModelState)| {
+                let entry = m.repo.served()?.clone();
+                let sources: Option<Vec<ReadySource>> =
+                    m.repo.fingerprint.iter().map(source).collect();
+                Some((name.clone(), m.generation, entry, sources?))
+            };
+            let models: Vec<(String, u64, ModelEntry, Vec<ReadySource>)> = if full {
+                st.models.iter().filter_map(one).collect()
+            } else {
+                dirty
+                    .iter()
+                    .filter_map(|n| st.models.get_key_value(n))
+                    .filter_map(one)
+                    .collect()
+            };
+            ((!full).then_some(dirty), models)
         };
-        sels.retain(|name, _| models.iter().any(|(n, ..)| n == name));
+        // (A set: a pass over 100,000 models once compared every pair of names here.)
+        let have: std::collections::HashSet<&str> =
+            models.iter().map(|(n, ..)| n.as_str()).collect();
+        match &scope {
+            None => sels.retain(|name, _| have.contains(name.as_str())),
+            Some(names) => {
+                for n in names.iter().filter(|n| !have.contains(n.as_str())) {
+                    sels.remove(n);
+                }
+            }
+        }
         let mut todo = Vec::with_capacity(models.len());
         for (name, generation, entry, mut sources) in models {
             let sel = match sels.get(&name) {
@@ -199,7 +227,7 @@ impl Service {
                 );
             }
         }
-        out
+        (scope, out)
     }
 
     /// A consumer opened the pointer of `key` (the index's inotify watch saw it): a hit, as
