@@ -82,6 +82,7 @@ fn record(n: u64) -> Record {
         created: n,
         last_used: n,
         hits: 0,
+        provenance: trtcache::cache::Provenance::Built,
     }
 }
 

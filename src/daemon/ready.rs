@@ -592,6 +592,7 @@ pub async fn publish(
             let (svc, idx) = (svc.clone(), idx.clone());
             let mut s = std::mem::take(&mut sels);
             tokio::task::spawn_blocking(move || {
+                svc.catch_up_with_the_cache();
                 let (scope, pointers) = svc.ready_pointers(&mut s, full);
                 let want = pointers.into_iter().collect();
                 let again = idx.reconcile(want, scope.as_ref()) && scope.is_some();

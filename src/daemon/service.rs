@@ -216,6 +216,8 @@ pub struct Service {
     toucher: Toucher,
     /// The ready index, when the daemon publishes one (`serve`, `ready_index = true`).
     pub ready_index: OnceLock<Arc<super::ready::ReadyIndex>>,
+    /// The engine's cache generation the ready artifacts belong to ([`Engine::generation`]).
+    cache_generation: AtomicU64,
 }
 
 /// Stamps artifacts' last use (the LRU order `gc` evicts by) on a thread of its own: a
@@ -278,7 +280,41 @@ impl Service {
             rescanning: Default::default(),
             toucher,
             ready_index: OnceLock::new(),
+            cache_generation: AtomicU64::new(0),
         })
+    }
+
+    /// When the engine opened a fresh cache (its folder was deleted under the daemon), every
+    /// artifact remembered as ready may be gone with it: forget them all (an acquire looks
+    /// each up again), let the ready index look at every model, and warm every planned
+    /// variant again in the fresh cache. One atomic load when nothing happened; called on
+    /// every acquire, status and ready-index pass.
+    pub fn catch_up_with_the_cache(self: &Arc<Self>) {
+        let g = self.engine.generation();
+        if self.cache_generation.swap(g, Ordering::SeqCst) == g {
+            return;
+        }
+        let planned: Vec<Planned> = {
+            let mut st = self.lock();
+            let forgotten = st.ready.len();
+            st.ready.clear();
+            let names: Vec<String> = st.models.keys().cloned().collect();
+            st.ready_dirty.extend(names);
+            tracing::warn!(
+                generation = g,
+                forgotten,
+                "the cache was opened afresh: every ready artifact is looked up again and the models are warmed again"
+            );
+            st.models
+                .values()
+                .flat_map(|m| m.plans.values())
+                .filter_map(|p| p.as_ref().ok().cloned())
+                .collect()
+        };
+        self.ready_changed();
+        for p in &planned {
+            self.submit_tracked(p);
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -825,6 +861,7 @@ impl Service {
         req: &AcquireRequest,
     ) -> Result<(ArtifactMeta, Vec<File>), Failure> {
         let t0 = Instant::now();
+        self.catch_up_with_the_cache();
         let r = self.acquire_uncounted(req).await;
         let (counter, outcome) = match &r {
             Ok((_, _, true)) => (&self.counters.hits, "hit"),

@@ -246,6 +246,50 @@ fn rm_rf_of_the_cache_under_a_running_daemon_opens_a_fresh_one() {
     assert!(d.stop(), "{}", d.log());
 }
 
+/// After a fresh cache is opened in place, nothing the daemon remembered as ready is trusted:
+/// the models are warmed again into the fresh cache without waiting for an acquire, so
+/// `status` and the ready index never name an artifact that went with the old folder.
+#[test]
+fn after_rm_rf_the_models_are_warmed_again_without_an_acquire() {
+    let mut d = Daemon::new();
+    let store = d.root.join("store");
+    let text = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(
+        d.config(),
+        text.replace(
+            &format!("cache_dir = {:?}", d.cache()),
+            &format!("cache_dir = {store:?}"),
+        ),
+    )
+    .unwrap();
+    configure(&d, "", "cache_check_secs = 1\nready_recheck_secs = 1");
+    write(&models::tiny_encoder(false), &d.models().join("enc.onnx")).unwrap();
+    d.start();
+    d.wait_settled(&["enc"]);
+    let manifests = |store: &std::path::Path| {
+        std::fs::read_dir(store.join("records"))
+            .map(|r| r.flatten().count())
+            .unwrap_or(0)
+    };
+    eventually(&d, 30, "the first artifact stored", || {
+        (manifests(&store) > 0).then_some(())
+    });
+    std::fs::remove_dir_all(&store).unwrap();
+    eventually(
+        &d,
+        60,
+        "the model built again into the fresh cache, no acquire sent",
+        || (manifests(&store) > 0).then_some(()),
+    );
+    assert!(
+        d.log().contains("the cache was opened afresh"),
+        "{}",
+        d.log()
+    );
+    acquire(&d, "enc").unwrap_or_else(|e| panic!("acquire: {e}\n{}", d.log()));
+    assert!(d.stop(), "{}", d.log());
+}
+
 #[test]
 fn rm_rf_of_the_cache_during_a_build_stores_nothing_there_and_builds_again() {
     let mut d = Daemon::new();
