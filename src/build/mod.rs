@@ -283,6 +283,8 @@ impl BuildOptions {
         "trt.workspace_bytes",
         "trt.builder_optimization_level",
         "trt.hardware_compatibility",
+        // Set by `key::key_parts` for models with float16/bfloat16 outputs.
+        "validation",
     ];
 
     /// The `trt` backend's TensorRT build options: precision flags from the precision
@@ -440,6 +442,8 @@ mod tests {
         assert!(fp16.cuda_tf32());
         assert_eq!(fp16.key_options(Backend::OrtCuda)["use_tf32"], "true");
         // The TensorRT EP has no TF32 switch (ONNX Runtime 1.31): nothing to key.
-        assert!(!fp32.key_options(Backend::OrtTensorRt).contains_key("use_tf32"));
+        assert!(!fp32
+            .key_options(Backend::OrtTensorRt)
+            .contains_key("use_tf32"));
     }
 }

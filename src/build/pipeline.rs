@@ -553,11 +553,20 @@ fn ort_level(req: &BuildJob) -> Option<OptLevel> {
 /// The failure reason of an artifact over tolerance: its worst outputs, the levels tried, and
 /// what to change when the difference is acceptable.
 fn over_tolerance(v: &ValidationReport, level: Option<OptLevel>) -> String {
+    let half = v
+        .outputs
+        .iter()
+        .any(|o| o.dtype.as_deref().is_some_and(crate::spec::is_half));
+    let steps = if half {
+        format!(", float16/bfloat16 {} steps", v.tolerance.half_ulps())
+    } else {
+        String::new()
+    };
     let tol = format!(
-        "validation over tolerance (abs {:e}, rel {:e})",
+        "validation over tolerance (abs {:e}, rel {:e}{steps})",
         v.tolerance.atol, v.tolerance.rtol
     );
-    let fix = "widen the tolerance (--atol/--rtol, or [tolerances.<precision>] in the \
+    let fix = "widen the tolerance (--atol/--rtol/--ulps, or [tolerances.<precision>] in the \
                sidecar) if the difference is acceptable";
     match level {
         Some(level) if !v.rejected.is_empty() => {

@@ -14,7 +14,7 @@ use ort::value::{
     TensorElementType as T, TensorValueType, ValueType,
 };
 
-use super::validate::{compare, OutputError, Tolerance, UNBOUNDED};
+use super::validate::{compare_as, OutputError, Tolerance, UNBOUNDED};
 use crate::rng::SplitMix64;
 
 /// A tensor's values: floats (compared with the tolerance), exact values (integers and
@@ -565,10 +565,25 @@ impl Acc {
         self.0.max_rel = UNBOUNDED;
     }
 
+    /// The first tensor's element type and rule name the output's.
+    fn typed(&mut self, ty: &str, rule: impl FnOnce() -> String) {
+        if self.0.dtype.is_none() {
+            self.0.dtype = Some(ty.to_string());
+            self.0.rule = Some(rule());
+        }
+    }
+
     fn add(&mut self, r: &Out, g: &Out, tol: Tolerance) {
+        if let Out::Tensor { ty, data, .. } = r {
+            match data {
+                Data::Float(_) => self.typed(ty, || tol.rule(ty)),
+                _ => self.typed(ty, || "exact".into()),
+            }
+        }
         match (r, g) {
             (
                 Out::Tensor {
+                    ty,
                     shape: rs,
                     data: rd,
                     ..
@@ -580,11 +595,14 @@ impl Acc {
                 },
             ) if rs == gs => match (rd, gd) {
                 (Data::Float(a), Data::Float(b)) => {
-                    let e = compare(&self.0.name, a, b, tol);
+                    let e = compare_as(&self.0.name, ty, a, b, tol);
                     self.0.elements += e.elements;
                     self.0.mismatched += e.mismatched;
                     self.0.max_abs = self.0.max_abs.max(e.max_abs);
                     self.0.max_rel = self.0.max_rel.max(e.max_rel);
+                    if let Some(u) = e.max_ulps {
+                        self.0.max_ulps = Some(self.0.max_ulps.unwrap_or(0.0).max(u));
+                    }
                 }
                 (Data::Exact(a), Data::Exact(b)) if a.len() == b.len() => {
                     self.0.elements += a.len();
@@ -653,6 +671,9 @@ pub fn compare_out(name: &str, reference: &Out, got: &Out, tol: Tolerance) -> Ou
         mismatched: 0,
         passed: true,
         non_finite: non_finite(reference),
+        dtype: None,
+        rule: None,
+        max_ulps: None,
     });
     acc.add(reference, got, tol);
     acc.0.passed = acc.0.mismatched == 0;
@@ -710,6 +731,7 @@ mod tests {
         let tol = Tolerance {
             atol: 1.0,
             rtol: 1.0,
+            ulps: None,
         };
         let e = compare_out(
             "y",
@@ -742,6 +764,7 @@ mod tests {
         let tol = Tolerance {
             atol: 1e-4,
             rtol: 1e-3,
+            ulps: None,
         };
         let a = Out::Seq(vec![m(&["0", "1"], &[0.25, 0.75])]);
         assert!(compare_out("p", &a, &Out::Seq(vec![m(&["0", "1"], &[0.25, 0.75])]), tol).passed);

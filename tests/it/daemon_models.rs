@@ -150,3 +150,30 @@ fn the_daemon_serves_rewritten_stfts_unless_a_sidecar_or_the_config_says_not_to(
     assert!(a.contains(&"STFT".into()), "{a:?}");
     assert!(d.stop());
 }
+
+/// A model with float16 outputs (a LayerNorm ONNX Runtime fuses, moving them by a float16
+/// step) is served by the daemon under the default rule; held to allclose alone by its
+/// sidecar (`ulps = 0`), it is refused as it was before issue 41.
+#[test]
+fn the_daemon_serves_float16_outputs_a_fusion_moves_by_a_step() {
+    let mut d = Daemon::new();
+    let half = trtcache::fixtures::models::half_layer_norm(true, None);
+    write(&half, &d.models().join("half.onnx")).unwrap();
+    // Another graph name: the same bytes would share the key (validation settings are not
+    // part of it), and so one record.
+    let mut strict = half.clone();
+    strict.graph.as_mut().unwrap().name = "strict".into();
+    write(&strict, &d.models().join("strict.onnx")).unwrap();
+    std::fs::write(
+        d.models().join("strict.trtcache.toml"),
+        "[tolerances.fp32]\natol = 1e-4\nrtol = 1e-3\nulps = 0\n",
+    )
+    .unwrap();
+    d.start();
+    settled(&d, "half", VariantState::Ready);
+    let art = d.client().acquire_model("half").unwrap();
+    assert!(!art.files.is_empty());
+    let reason = settled(&d, "strict", VariantState::Failed).unwrap_or_default();
+    assert!(reason.contains("over tolerance"), "{reason}");
+    assert!(d.stop());
+}
