@@ -17,8 +17,10 @@
 //! Runtime's message and says what to add (a profile or golden inputs). Floats are uniform in
 //! [-1, 1), integers uniform in `int_range` (default [0, 2), safe for ids, masks and
 //! indices), bools fair coins, strings the decimals of such integers; every element type
-//! ONNX Runtime runs is read back and compared ([`values`]): floats with the tolerance,
-//! integers, bools and strings exactly, maps key by key, sequences item by item.
+//! ONNX Runtime runs is read back and compared ([`values`]): floats with the tolerance
+//! (float16/bfloat16 outputs also within steps of their own type at the output's scale:
+//! [`compare_as`]), integers, bools and strings exactly, maps key by key, sequences item by
+//! item.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -37,7 +39,8 @@ use crate::plan::{Precision, ShapeProfile};
 use crate::rng::SplitMix64;
 
 pub use crate::cache::{OutputError, ValidationReport};
-/// Allowed error per element: the sidecar's tolerance type (`atol + rtol·|reference|`).
+/// Allowed error per element: the sidecar's tolerance type (`atol + rtol·|reference|`, and
+/// for float16/bfloat16 outputs `ulps` steps of their type: [`Tolerance::half_bound`]).
 pub use crate::spec::Tolerance;
 
 /// How to validate.
