@@ -907,19 +907,19 @@ mod tests {
         assert!(e.passed, "{e:?}");
         assert_eq!(e.max_ulps, Some(1.0));
         assert_eq!(e.dtype.as_deref(), Some("float16"));
-        assert!(e.rule.as_deref().unwrap().contains("4 float16 steps"));
+        assert!(e.rule.as_deref().unwrap().contains("8 float16 steps"));
         // The same values as float32 outputs: the near-zero element misses allclose.
         let e = compare_as("y", "float32", &r, &g, tol);
         assert!(!e.passed && e.mismatched == 1, "{e:?}");
         assert_eq!(e.rule.as_deref(), Some("atol + rtol·|ref|"));
-        // Five steps, or a bias of 0.1 dropped, are over.
-        let five = [3.0 + 5.0 * step(3.0), -2.5, 0.01, 2.75];
+        // Nine steps, or a bias of 0.1 dropped, are over.
+        let five = [3.0 + 9.0 * step(3.0), -2.5, 0.01, 2.75];
         assert!(!compare_as("y", "float16", &r, &five, tol).passed);
         let biased: Vec<f64> = r.iter().map(|v| v - 0.1).collect();
         let e = compare_as("y", "float16", &r, &biased, tol);
         assert!(!e.passed && e.mismatched == 4, "{e:?}");
-        // bfloat16's step is 8 times float16's.
-        let g = [3.0 + 8.0 * step(3.0), -2.5, 0.01, 2.75];
+        // bfloat16's step is 8 times float16's: 16 float16 steps are 2 of bfloat16.
+        let g = [3.0 + 16.0 * step(3.0), -2.5, 0.01, 2.75];
         assert!(compare_as("y", "bfloat16", &r, &g, tol).passed);
         assert!(!compare_as("y", "float16", &r, &g, tol).passed);
         // `ulps = 0` is allclose alone.

@@ -160,7 +160,7 @@ pub struct BuildArgs {
     #[arg(long)]
     pub rtol: Option<f64>,
     /// Validation: steps of a float16/bfloat16 output's own type an element may also differ
-    /// by, at max(|ref|, the output's rms) (default: the sidecar's `ulps`, else 4). float32,
+    /// by, at max(|ref|, the output's rms) (default: the sidecar's `ulps`, else 8). float32,
     /// float64 and integer outputs ignore it.
     #[arg(long)]
     pub ulps: Option<f64>,

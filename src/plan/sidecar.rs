@@ -21,7 +21,7 @@
 //! [tolerances.fp16]                  # |actual - expected| <= atol + rtol * |expected|
 //! atol = 1e-2
 //! rtol = 1e-2
-//! ulps = 4                           # float16/bfloat16 outputs: or this many steps of
+//! ulps = 8                           # float16/bfloat16 outputs: or this many steps of
 //!                                    # their type at max(|expected|, the output's rms)
 //!
 //! [golden]
