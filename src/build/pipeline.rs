@@ -553,10 +553,7 @@ fn ort_level(req: &BuildJob) -> Option<OptLevel> {
 /// The failure reason of an artifact over tolerance: its worst outputs, the levels tried, and
 /// what to change when the difference is acceptable.
 fn over_tolerance(v: &ValidationReport, level: Option<OptLevel>) -> String {
-    let half = v
-        .outputs
-        .iter()
-        .any(|o| o.dtype.as_deref().is_some_and(crate::spec::is_half));
+    let half = v.outputs.iter().any(|o| o.steps_of().is_some());
     let steps = if half {
         format!(", float16/bfloat16 {} steps", v.tolerance.half_ulps())
     } else {

@@ -796,17 +796,29 @@ pub(crate) fn validate_keeping_inputs(
 }
 
 /// Each of the reference's outputs (`want`) against the candidate's (`got`, by name; a
-/// missing one fails), within `tol`.
+/// missing one fails), within `tol`; float32/float64 outputs that are a Cast of a float16 or
+/// bfloat16 tensor in `model` are compared at that type's resolution
+/// ([`crate::onnx::resolution::half_outputs`]).
 pub(crate) fn compare_outputs(
     model: &Path,
     want: &Outs,
     got: &Outs,
     tol: Tolerance,
 ) -> Vec<OutputError> {
+    let half = match crate::onnx::Model::load(model) {
+        Ok(m) => crate::onnx::resolution::half_outputs(m.graph()),
+        Err(e) => {
+            // The reference ran it, so it loads; if not, every output keeps its own type.
+            tracing::debug!(error = %e, "no output resolutions: the model does not load");
+            BTreeMap::new()
+        }
+    };
     let mut outputs = Vec::new();
     for (name, reference) in want {
         let e = match got.iter().find(|(n, _)| n == name) {
-            Some((_, g)) => values::compare_out(name, reference, g, tol),
+            Some((_, g)) => {
+                values::compare_out_at(name, reference, g, tol, half.get(name).map(String::as_str))
+            }
             None => OutputError {
                 name: name.clone(),
                 elements: 0,

@@ -554,8 +554,9 @@ pub fn read(v: &DynValue) -> Result<Out, String> {
     }
 }
 
-/// Running totals of one output's comparison.
-struct Acc(OutputError);
+/// Running totals of one output's comparison, and the half type whose resolution its float32
+/// and float64 values have (a Cast of a float16/bfloat16 tensor), if any.
+struct Acc(OutputError, Option<String>);
 
 impl Acc {
     fn all_wrong(&mut self, n: usize) {
@@ -573,10 +574,26 @@ impl Acc {
         }
     }
 
+    /// The type whose rule `ty`'s float values are held to.
+    fn rule_type<'a>(&'a self, ty: &'a str) -> &'a str {
+        match (&self.1, ty) {
+            (Some(half), "float32" | "float64") => half,
+            _ => ty,
+        }
+    }
+
     fn add(&mut self, r: &Out, g: &Out, tol: Tolerance) {
         if let Out::Tensor { ty, data, .. } = r {
             match data {
-                Data::Float(_) => self.typed(ty, || tol.rule(ty)),
+                Data::Float(_) => {
+                    let elem = self.rule_type(ty).to_string();
+                    let cast = if elem != *ty {
+                        format!(" (a Cast of {elem})")
+                    } else {
+                        String::new()
+                    };
+                    self.typed(ty, || format!("{}{cast}", tol.rule(&elem)))
+                }
                 _ => self.typed(ty, || "exact".into()),
             }
         }
@@ -595,7 +612,7 @@ impl Acc {
                 },
             ) if rs == gs => match (rd, gd) {
                 (Data::Float(a), Data::Float(b)) => {
-                    let e = compare_as(&self.0.name, ty, a, b, tol);
+                    let e = compare_as(&self.0.name, self.rule_type(ty), a, b, tol);
                     self.0.elements += e.elements;
                     self.0.mismatched += e.mismatched;
                     self.0.max_abs = self.0.max_abs.max(e.max_abs);
@@ -662,19 +679,35 @@ fn len(o: &Out) -> usize {
 
 /// Compares an output with the reference's: floats within `tol`, integers, bools and strings
 /// exactly, sequences item by item, maps key by key (the keys must agree).
+#[cfg(test)]
 pub fn compare_out(name: &str, reference: &Out, got: &Out, tol: Tolerance) -> OutputError {
-    let mut acc = Acc(OutputError {
-        name: name.into(),
-        elements: 0,
-        max_abs: 0.0,
-        max_rel: 0.0,
-        mismatched: 0,
-        passed: true,
-        non_finite: non_finite(reference),
-        dtype: None,
-        rule: None,
-        max_ulps: None,
-    });
+    compare_out_at(name, reference, got, tol, None)
+}
+
+/// [`compare_out`], with float32/float64 values held to the rule of `half` (`float16` or
+/// `bfloat16`) when the graph makes the output by a Cast from that type.
+pub fn compare_out_at(
+    name: &str,
+    reference: &Out,
+    got: &Out,
+    tol: Tolerance,
+    half: Option<&str>,
+) -> OutputError {
+    let mut acc = Acc(
+        OutputError {
+            name: name.into(),
+            elements: 0,
+            max_abs: 0.0,
+            max_rel: 0.0,
+            mismatched: 0,
+            passed: true,
+            non_finite: non_finite(reference),
+            dtype: None,
+            rule: None,
+            max_ulps: None,
+        },
+        half.map(str::to_string),
+    );
     acc.add(reference, got, tol);
     acc.0.passed = acc.0.mismatched == 0;
     acc.0

@@ -44,6 +44,25 @@ pub struct OutputError {
     pub max_ulps: Option<f64>,
 }
 
+impl OutputError {
+    /// The half type (`float16`, `bfloat16`) whose steps the output was compared in: its
+    /// own type, or the type a float32/float64 output is a Cast of (said in its `rule`).
+    pub fn steps_of(&self) -> Option<&'static str> {
+        let cast = |t: &str| {
+            self.rule
+                .as_deref()
+                .is_some_and(|r| r.ends_with(&format!("(a Cast of {t})")))
+        };
+        match self.dtype.as_deref() {
+            Some("float16") => Some("float16"),
+            Some("bfloat16") => Some("bfloat16"),
+            _ if cast("float16") => Some("float16"),
+            _ if cast("bfloat16") => Some("bfloat16"),
+            _ => None,
+        }
+    }
+}
+
 fn is_zero(n: &usize) -> bool {
     *n == 0
 }
@@ -240,10 +259,8 @@ impl ValidationReport {
             .iter()
             .filter(|o| !o.passed)
             .map(|o| {
-                let steps = match (o.dtype.as_deref(), o.max_ulps) {
-                    (Some(t), Some(u)) if crate::spec::is_half(t) && u < f64::MAX => {
-                        format!(" ({u:.1} {t} steps)")
-                    }
+                let steps = match (o.steps_of(), o.max_ulps) {
+                    (Some(t), Some(u)) if u < f64::MAX => format!(" ({u:.1} {t} steps)"),
                     _ => String::new(),
                 };
                 format!(

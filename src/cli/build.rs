@@ -439,11 +439,11 @@ fn render(o: &BuildOutcome, ort: Option<&str>, dir: &std::path::Path, st: Style)
                     e.name.clone(),
                     format!("max abs {:.3e}", e.max_abs),
                     format!("max rel {:.3e}", e.max_rel),
-                    match (e.dtype.as_deref(), e.max_ulps) {
-                        (Some(t), Some(u)) if crate::spec::is_half(t) && u < f64::MAX => {
+                    match (e.steps_of(), e.max_ulps, e.dtype.as_deref()) {
+                        (Some(t), Some(u), _) if u < f64::MAX => {
                             format!("{u:.1} {t} steps (of {})", v.tolerance.half_ulps())
                         }
-                        (Some(t), _) => t.to_string(),
+                        (_, _, Some(t)) => t.to_string(),
                         _ => String::new(),
                     },
                     if e.passed {

@@ -235,13 +235,12 @@ pub fn opsets_of(model: &Model) -> BTreeMap<String, i64> {
     out
 }
 
-/// Whether a graph output of `model` is float16 or bfloat16 (a tensor, or inside a sequence,
-/// map or optional): its validation compares it in steps of its type ([`HALF_RULE`]).
+/// Whether a graph output of `model` has float16 or bfloat16 resolution (its type, inside a
+/// sequence, map or optional too, or a Cast of such a tensor:
+/// [`crate::onnx::resolution::half_outputs`]): its validation compares it in steps of that
+/// type ([`HALF_RULE`]).
 pub fn has_half_outputs(model: &Model) -> bool {
-    model.graph().output.iter().any(|o| {
-        let t = crate::onnx::facts::type_name(o.r#type.as_ref());
-        t.contains("float16")
-    })
+    !crate::onnx::resolution::half_outputs(model.graph()).is_empty()
 }
 
 /// The parts of a key. The profile's name is cleared: it is a label, and two names for the

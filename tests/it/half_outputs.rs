@@ -146,11 +146,12 @@ fn a_float16_artifact_one_step_off_passes_and_one_off_by_more_does_not() {
     assert!(y.max_ulps.unwrap() > 8.0, "{y:?}");
 }
 
-/// ONNX Runtime's own float16 converter with `keep_io_types=False` (as Whisper encoders and
-/// UNets were converted): its float16 output moves by float16 steps under ONNX Runtime's
-/// optimizations at a realistic size, which fp32's allclose refused at every level.
+/// ONNX Runtime's own float16 converter, with `keep_io_types=False` (as Whisper encoders and
+/// UNets were converted: float16 outputs) and `True` (float32 outputs cast from float16):
+/// either output moves by float16 steps under ONNX Runtime's optimizations at a realistic
+/// size, which fp32's allclose refused at every level.
 #[test]
-fn a_bert_converted_to_float16_io_by_onnx_runtime_is_served() {
+fn a_bert_converted_to_float16_by_onnx_runtime_is_served_with_either_io() {
     let d = tempfile::tempdir().unwrap();
     let fp32 = d.path().join("bert.onnx");
     write(
@@ -158,25 +159,29 @@ fn a_bert_converted_to_float16_io_by_onnx_runtime_is_served() {
         &fp32,
     )
     .unwrap();
-    let m = d.path().join("bert16.onnx");
-    crate::support::run_python(
-        "import sys, onnx\n\
-         from onnxruntime.transformers.float16 import convert_float_to_float16\n\
-         onnx.save(convert_float_to_float16(onnx.load(sys.argv[1]), keep_io_types=False), sys.argv[2])",
-        &[&fp32, &m],
-    );
-    let shapes = ["--opt-shapes", "input_ids:2x64,attention_mask:2x64"];
-    let (v, out) = build_json(
-        &m,
-        &d.path().join("strict"),
-        &[&shapes[..], &["--ulps", "0"]].concat(),
-    );
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    assert_eq!(v["state"], "failed", "{v}");
-    let (v, out) = build_json(&m, &d.path().join("cache"), &shapes);
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(v["state"], "ready", "{v}");
-    let y = &v["record"]["validation"]["outputs"][0];
-    assert_eq!(y["dtype"], "float16", "{y}");
-    assert!(y["max_ulps"].as_f64().unwrap() >= 1.0, "{y}");
+    for (keep, dtype) in [("False", "float16"), ("True", "float32")] {
+        let m = d.path().join(format!("bert16_{keep}.onnx"));
+        crate::support::run_python(
+            &format!(
+                "import sys, onnx\n\
+                 from onnxruntime.transformers.float16 import convert_float_to_float16\n\
+                 onnx.save(convert_float_to_float16(onnx.load(sys.argv[1]), keep_io_types={keep}), sys.argv[2])"
+            ),
+            &[&fp32, &m],
+        );
+        let shapes = ["--opt-shapes", "input_ids:2x64,attention_mask:2x64"];
+        let strict = d.path().join(format!("strict_{keep}"));
+        let (v, out) = build_json(&m, &strict, &[&shapes[..], &["--ulps", "0"]].concat());
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        assert_eq!(v["state"], "failed", "keep_io_types={keep}: {v}");
+        let cache = d.path().join(format!("cache_{keep}"));
+        let (v, out) = build_json(&m, &cache, &shapes);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(v["state"], "ready", "keep_io_types={keep}: {v}");
+        let y = &v["record"]["validation"]["outputs"][0];
+        assert_eq!(y["dtype"], dtype, "{y}");
+        assert!(y["rule"].as_str().unwrap().contains("float16 steps"), "{y}");
+        assert!(y["max_ulps"].as_f64().unwrap() >= 1.0, "{y}");
+        assert_eq!(key_options(&m, &cache)["validation"], "half-ulps-v1");
+    }
 }
