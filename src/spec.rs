@@ -201,7 +201,9 @@ impl FromStr for Precision {
 }
 
 /// Allowed error of a validated output: an element passes when
-/// `|actual - expected| <= atol + rtol * |expected|` (numpy's `allclose`).
+/// `|actual - expected| <= atol + rtol * |expected|` (numpy's `allclose`); an element of a
+/// float16 or bfloat16 output also passes within `ulps` steps of its own type
+/// ([`Tolerance::half_bound`]).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Tolerance {
@@ -211,20 +213,108 @@ pub struct Tolerance {
     /// Relative part (`rel` in older records).
     #[serde(alias = "rel")]
     pub rtol: f64,
+    /// Steps of a float16/bfloat16 output's own type an element may differ by, at the
+    /// output's scale (`None`: [`DEFAULT_HALF_ULPS`]). float32, float64 and integer outputs
+    /// ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ulps: Option<f64>,
+}
+
+/// Default [`Tolerance::ulps`]: 8 steps of float16 (bfloat16) at the output's scale. One step
+/// is the output's own rounding, which any reordering of the sums before it can flip (a
+/// float16 output in [2, 4) moves by 1.95e-3, over fp32's 1e-4 + 1e-3·|ref| where the values
+/// are small); the rest is the half steps of intermediate float16 tensors that an optimized
+/// graph keeps in float32 (fused or cast-eliminated) and the reference rounds, carried to
+/// the output, more of them the deeper the graph. Measured: up to 2 steps on a float16
+/// LayerNorm, 3 on a 2-layer BERT converted by ONNX Runtime's float16 converter (at 1 to 32
+/// × 64 tokens); 8 leaves room for deeper graphs. It is 0.8 % of the output's scale in
+/// float16 (6 % in bfloat16, whose step is 8 times coarser), stricter than fp16 builds'
+/// own tolerance (1e-2 + 1e-2·|ref|: about 10 float16 steps); a dropped bias or a wrong
+/// fusion moves outputs by a bias's or an activation's size, far more.
+pub const DEFAULT_HALF_ULPS: f64 = 8.0;
+
+/// The comparison rule of float16/bfloat16 outputs ([`Tolerance::half_bound`]), as the key of
+/// a model with such outputs records it (key option `validation`): artifacts the rule accepts
+/// are not those an older trtcache accepted, so they are never looked up under its keys.
+pub const HALF_RULE: &str = "half-ulps-v1";
+
+/// Whether `elem` (an element type name: `float16`, `bfloat16`, …) is compared in steps of
+/// its own type.
+pub fn is_half(elem: &str) -> bool {
+    matches!(elem, "float16" | "bfloat16")
+}
+
+/// The spacing of `elem`'s representable values at `magnitude` (its ulp there): 2^(e − p)
+/// for a magnitude in [2^e, 2^(e+1)) with p mantissa bits, the subnormal spacing below the
+/// smallest normal. `None` for types without a float step (integers, strings, float8).
+pub fn float_step(elem: &str, magnitude: f64) -> Option<f64> {
+    let (mantissa, min_exp) = match elem {
+        "float16" => (10, -14),
+        "bfloat16" => (7, -126),
+        "float32" | "float" | "complex64" => (23, -126),
+        "float64" | "double" | "complex128" => (52, -1022),
+        _ => return None,
+    };
+    let m = magnitude.abs();
+    let exp = if m.is_finite() && m > 0.0 {
+        // A positive normal f64's unbiased exponent; f64 subnormals are below every min_exp.
+        ((m.to_bits() >> 52) & 0x7ff) as i32 - 1023
+    } else {
+        min_exp
+    };
+    Some(2f64.powi(exp.max(min_exp) - mantissa))
 }
 
 impl Tolerance {
-    /// Defaults: fp32 atol 1e-4 / rtol 1e-3; fp16 atol 1e-2 / rtol 1e-2.
+    /// Defaults: fp32 atol 1e-4 / rtol 1e-3; fp16 atol 1e-2 / rtol 1e-2; float16/bfloat16
+    /// outputs also [`DEFAULT_HALF_ULPS`] steps of their type.
     pub fn default_for(p: Precision) -> Self {
         match p {
             Precision::Fp32 => Tolerance {
                 atol: 1e-4,
                 rtol: 1e-3,
+                ulps: None,
             },
             Precision::Fp16 => Tolerance {
                 atol: 1e-2,
                 rtol: 1e-2,
+                ulps: None,
             },
+        }
+    }
+
+    /// [`Tolerance::ulps`] or its default.
+    pub fn half_ulps(&self) -> f64 {
+        self.ulps.unwrap_or(DEFAULT_HALF_ULPS)
+    }
+
+    /// The allowed error of one element of an `elem` output whose reference is `expected`
+    /// and whose scale (the root mean square of the reference's finite values) is `scale`:
+    /// `max(atol + rtol·|expected|, ulps · step(max(|expected|, scale)))` for float16 and
+    /// bfloat16, `atol + rtol·|expected|` for every other type. The step is taken at the
+    /// output's scale as well as the element's: a float16 element near zero that a sum of
+    /// larger terms produced carries their rounding, not its own.
+    pub fn half_bound(&self, elem: &str, expected: f64, scale: f64) -> f64 {
+        let plain = self.atol + self.rtol * expected.abs();
+        // A NaN bound (a library caller's NaN tolerance) stays NaN: it passes nothing.
+        if !is_half(elem) || plain.is_nan() {
+            return plain;
+        }
+        match float_step(elem, expected.abs().max(scale)) {
+            Some(step) => plain.max(self.half_ulps() * step),
+            None => plain,
+        }
+    }
+
+    /// The rule an `elem` output's float elements are held to, as records say it.
+    pub fn rule(&self, elem: &str) -> String {
+        if is_half(elem) {
+            format!(
+                "max(atol + rtol·|ref|, {} {elem} steps at max(|ref|, rms(ref)))",
+                self.half_ulps()
+            )
+        } else {
+            "atol + rtol·|ref|".into()
         }
     }
 
@@ -344,6 +434,63 @@ mod tests {
             assert_eq!(b.providers().last(), Some(&Provider::Cpu));
             assert_eq!(b.is_gpu(), b.providers().iter().any(|p| p.on_device()));
         }
+    }
+
+    #[test]
+    fn float_steps_are_each_types_ulp() {
+        // float16: 2^-10 in [1, 2), 2^-9 in [2, 4) (the 1.953e-3 of a float16 output), the
+        // subnormal 2^-24 near zero.
+        assert_eq!(float_step("float16", 1.0), Some(2f64.powi(-10)));
+        assert_eq!(float_step("float16", 1.999), Some(2f64.powi(-10)));
+        assert_eq!(float_step("float16", -3.0), Some(1.953125e-3));
+        assert_eq!(float_step("float16", 0.0), Some(2f64.powi(-24)));
+        assert_eq!(float_step("float16", 1e-9), Some(2f64.powi(-24)));
+        assert_eq!(float_step("bfloat16", 1.0), Some(2f64.powi(-7)));
+        assert_eq!(float_step("float32", 1.0), Some(f32::EPSILON as f64));
+        assert_eq!(float_step("float64", 1.0), Some(f64::EPSILON));
+        assert_eq!(
+            float_step("float64", f64::MIN_POSITIVE / 4.0),
+            Some(2f64.powi(-1074))
+        );
+        assert_eq!(float_step("int64", 1.0), None);
+        assert_eq!(float_step("float16", f64::NAN), Some(2f64.powi(-24)));
+    }
+
+    #[test]
+    fn only_half_outputs_get_steps_of_their_type() {
+        let t = Tolerance::default_for(Precision::Fp32);
+        // One float16 step at 2.5 (1.95e-3) is within 8 steps; at fp32 it is what it was.
+        assert!(t.half_bound("float16", 0.05, 0.0) >= 8.0 * 2f64.powi(-15));
+        assert!(t.half_bound("float16", 2.5, 0.0) >= 1.953125e-3 * 8.0);
+        assert_eq!(t.half_bound("float32", 2.5, 0.0), 1e-4 + 1e-3 * 2.5);
+        assert_eq!(t.half_bound("float64", 0.01, 3.0), 1e-4 + 1e-3 * 0.01);
+        // An element near zero in an output of scale 3 gets steps at 3.
+        assert_eq!(t.half_bound("float16", 0.01, 3.0), 8.0 * 1.953125e-3);
+        assert_eq!(t.half_bound("bfloat16", 1.0, 0.0), 8.0 * 2f64.powi(-7));
+        let one = Tolerance {
+            ulps: Some(1.0),
+            ..t
+        };
+        assert_eq!(one.half_bound("float16", 0.01, 3.0), 1.953125e-3);
+        let nan = Tolerance {
+            atol: f64::NAN,
+            ..t
+        };
+        assert!(nan.half_bound("float16", 1.0, 1.0).is_nan());
+        assert!(t.rule("float16").contains("8 float16 steps"));
+        assert_eq!(t.rule("float32"), "atol + rtol·|ref|");
+    }
+
+    #[test]
+    fn tolerances_without_ulps_read_and_write_as_before() {
+        let t: Tolerance = serde_json::from_str(r#"{"abs":1e-4,"rel":1e-3}"#).unwrap();
+        assert_eq!(t, Tolerance::default_for(Precision::Fp32));
+        assert_eq!(
+            serde_json::to_string(&t).unwrap(),
+            r#"{"atol":0.0001,"rtol":0.001}"#
+        );
+        let t: Tolerance = serde_json::from_str(r#"{"atol":0,"rtol":0,"ulps":1}"#).unwrap();
+        assert_eq!(t.half_ulps(), 1.0);
     }
 
     #[test]

@@ -294,6 +294,8 @@ impl BuildOptions {
         "trt.workspace_bytes",
         "trt.builder_optimization_level",
         "trt.hardware_compatibility",
+        // Set by `key::key_parts` for models with float16/bfloat16 outputs.
+        "validation",
     ];
 
     /// The `trt` backend's TensorRT build options: precision flags from the precision

@@ -623,11 +623,17 @@ fn ort_level(req: &BuildJob) -> Option<OptLevel> {
 /// The failure reason of an artifact over tolerance: its worst outputs, the levels tried, and
 /// what to change when the difference is acceptable.
 fn over_tolerance(v: &ValidationReport, level: Option<OptLevel>) -> String {
+    let half = v.outputs.iter().any(|o| o.steps_of().is_some());
+    let steps = if half {
+        format!(", float16/bfloat16 {} steps", v.tolerance.half_ulps())
+    } else {
+        String::new()
+    };
     let tol = format!(
-        "validation over tolerance (abs {:e}, rel {:e})",
+        "validation over tolerance (abs {:e}, rel {:e}{steps})",
         v.tolerance.atol, v.tolerance.rtol
     );
-    let fix = "widen the tolerance (--atol/--rtol, or [tolerances.<precision>] in the \
+    let fix = "widen the tolerance (--atol/--rtol/--ulps, or [tolerances.<precision>] in the \
                sidecar) if the difference is acceptable";
     match level {
         Some(level) if !v.rejected.is_empty() => {

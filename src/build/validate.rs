@@ -17,8 +17,10 @@
 //! Runtime's message and says what to add (a profile or golden inputs). Floats are uniform in
 //! [-1, 1), integers uniform in `int_range` (default [0, 2), safe for ids, masks and
 //! indices), bools fair coins, strings the decimals of such integers; every element type
-//! ONNX Runtime runs is read back and compared ([`values`]): floats with the tolerance,
-//! integers, bools and strings exactly, maps key by key, sequences item by item.
+//! ONNX Runtime runs is read back and compared ([`values`]): floats with the tolerance
+//! (float16/bfloat16 outputs also within steps of their own type at the output's scale:
+//! [`compare_as`]), integers, bools and strings exactly, maps key by key, sequences item by
+//! item.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -37,7 +39,8 @@ use crate::plan::{Precision, ShapeProfile};
 use crate::rng::SplitMix64;
 
 pub use crate::cache::{OutputError, ValidationReport};
-/// Allowed error per element: the sidecar's tolerance type (`atol + rtol·|reference|`).
+/// Allowed error per element: the sidecar's tolerance type (`atol + rtol·|reference|`, and
+/// for float16/bfloat16 outputs `ulps` steps of their type: [`Tolerance::half_bound`]).
 pub use crate::spec::Tolerance;
 
 /// How to validate.
@@ -619,8 +622,37 @@ pub(crate) fn run(
 /// record), so the largest finite value is used.
 pub const UNBOUNDED: f64 = f64::MAX;
 
-/// Compares two flattened outputs.
+/// Compares two flattened float32 outputs ([`compare_as`]).
+#[cfg(test)]
 pub fn compare(name: &str, reference: &[f64], got: &[f64], tol: Tolerance) -> OutputError {
+    compare_as(name, "float32", reference, got, tol)
+}
+
+/// Root mean square of the finite values: an output's scale, at which float16/bfloat16 steps
+/// are taken for its elements nearer zero (0 for none).
+pub fn rms(values: &[f64]) -> f64 {
+    let (sum, n) = values
+        .iter()
+        .filter(|v| v.is_finite())
+        .fold((0.0, 0usize), |(s, n), v| (s + v * v, n + 1));
+    if n == 0 {
+        0.0
+    } else {
+        (sum / n as f64).sqrt()
+    }
+}
+
+/// Compares two flattened outputs of element type `elem` (`float16`, `float32`, …): an
+/// element passes within [`Tolerance::half_bound`], which is `atol + rtol·|ref|` except for
+/// float16/bfloat16, whose elements also pass within `tol.ulps` steps of their type at the
+/// output's scale. Records the largest error in those steps (`max_ulps`) for every float type.
+pub fn compare_as(
+    name: &str,
+    elem: &str,
+    reference: &[f64],
+    got: &[f64],
+    tol: Tolerance,
+) -> OutputError {
     let mut e = OutputError {
         name: name.into(),
         elements: reference.len(),
@@ -629,22 +661,31 @@ pub fn compare(name: &str, reference: &[f64], got: &[f64], tol: Tolerance) -> Ou
         mismatched: 0,
         passed: true,
         non_finite: reference.iter().filter(|r| !r.is_finite()).count(),
+        dtype: Some(elem.to_string()),
+        rule: Some(tol.rule(elem)),
+        max_ulps: crate::spec::float_step(elem, 1.0).map(|_| 0.0),
+    };
+    let worst = |e: &mut OutputError| {
+        e.max_abs = UNBOUNDED;
+        e.max_rel = UNBOUNDED;
+        if let Some(u) = e.max_ulps.as_mut() {
+            *u = UNBOUNDED;
+        }
     };
     if reference.len() != got.len() {
         e.mismatched = reference.len().max(got.len());
-        e.max_abs = UNBOUNDED;
-        e.max_rel = UNBOUNDED;
+        worst(&mut e);
         e.passed = false;
         return e;
     }
+    let scale = rms(reference);
     for (&r, &g) in reference.iter().zip(got) {
         if r.is_nan() && g.is_nan() || r == g {
             continue;
         }
         if !r.is_finite() || !g.is_finite() {
             // NaN or infinity on one side only (or infinities of opposite sign).
-            e.max_abs = UNBOUNDED;
-            e.max_rel = UNBOUNDED;
+            worst(&mut e);
             e.mismatched += 1;
             continue;
         }
@@ -652,8 +693,14 @@ pub fn compare(name: &str, reference: &[f64], got: &[f64], tol: Tolerance) -> Ou
         let rel = if r != 0.0 { d / r.abs() } else { UNBOUNDED };
         e.max_abs = e.max_abs.max(d);
         e.max_rel = e.max_rel.max(rel);
+        if let (Some(u), Some(step)) = (
+            e.max_ulps.as_mut(),
+            crate::spec::float_step(elem, r.abs().max(scale)),
+        ) {
+            *u = u.max(d / step);
+        }
         // A NaN bound (a library caller's NaN tolerance) passes nothing.
-        let bound = tol.atol + tol.rtol * r.abs();
+        let bound = tol.half_bound(elem, r, scale);
         if bound.is_nan() || d > bound {
             e.mismatched += 1;
         }
@@ -749,17 +796,29 @@ pub(crate) fn validate_keeping_inputs(
 }
 
 /// Each of the reference's outputs (`want`) against the candidate's (`got`, by name; a
-/// missing one fails), within `tol`.
+/// missing one fails), within `tol`; float32/float64 outputs that are a Cast of a float16 or
+/// bfloat16 tensor in `model` are compared at that type's resolution
+/// ([`crate::onnx::resolution::half_outputs`]).
 pub(crate) fn compare_outputs(
     model: &Path,
     want: &Outs,
     got: &Outs,
     tol: Tolerance,
 ) -> Vec<OutputError> {
+    let half = match crate::onnx::Model::load(model) {
+        Ok(m) => crate::onnx::resolution::half_outputs(m.graph()),
+        Err(e) => {
+            // The reference ran it, so it loads; if not, every output keeps its own type.
+            tracing::debug!(error = %e, "no output resolutions: the model does not load");
+            BTreeMap::new()
+        }
+    };
     let mut outputs = Vec::new();
     for (name, reference) in want {
         let e = match got.iter().find(|(n, _)| n == name) {
-            Some((_, g)) => values::compare_out(name, reference, g, tol),
+            Some((_, g)) => {
+                values::compare_out_at(name, reference, g, tol, half.get(name).map(String::as_str))
+            }
             None => OutputError {
                 name: name.clone(),
                 elements: 0,
@@ -768,9 +827,12 @@ pub(crate) fn compare_outputs(
                 mismatched: 1,
                 passed: false,
                 non_finite: 0,
+                dtype: None,
+                rule: None,
+                max_ulps: None,
             },
         };
-        tracing::debug!(output = %name, max_abs = e.max_abs, max_rel = e.max_rel, passed = e.passed, "validated output");
+        tracing::debug!(output = %name, dtype = ?e.dtype, max_abs = e.max_abs, max_rel = e.max_rel, max_ulps = ?e.max_ulps, passed = e.passed, "validated output");
         if e.non_finite > 0 {
             tracing::warn!(
                 model = %model.display(),
@@ -815,6 +877,7 @@ mod tests {
         let tol = Tolerance {
             atol: 1e-3,
             rtol: 1e-2,
+            ulps: None,
         };
         let e = compare("y", &[1.0, 100.0, 0.0], &[1.0005, 100.5, 0.0], tol);
         assert!(e.passed, "{e:?}");
@@ -843,6 +906,44 @@ mod tests {
         assert!(e.passed && e.non_finite == 2, "{e:?}");
         assert!(non_finite_warning(&e).contains("2 NaN or infinite values of 3"));
         assert_eq!(compare("y", &[1.0], &[1.0], tol).non_finite, 0);
+    }
+
+    #[test]
+    fn float16_outputs_pass_within_steps_at_their_scale_and_float32_as_before() {
+        let tol = Tolerance::default_for(Precision::Fp32);
+        let step = |v: f64| crate::spec::float_step("float16", v).unwrap();
+        // Values of scale ~3: one step of [2, 4) on a large element and on one near zero.
+        let r = [3.0, -2.5, 0.01, 2.75];
+        let g = [3.0 + step(3.0), -2.5, 0.01 + step(3.0), 2.75];
+        let e = compare_as("y", "float16", &r, &g, tol);
+        assert!(e.passed, "{e:?}");
+        assert_eq!(e.max_ulps, Some(1.0));
+        assert_eq!(e.dtype.as_deref(), Some("float16"));
+        assert!(e.rule.as_deref().unwrap().contains("8 float16 steps"));
+        // The same values as float32 outputs: the near-zero element misses allclose.
+        let e = compare_as("y", "float32", &r, &g, tol);
+        assert!(!e.passed && e.mismatched == 1, "{e:?}");
+        assert_eq!(e.rule.as_deref(), Some("atol + rtol·|ref|"));
+        // Nine steps, or a bias of 0.1 dropped, are over.
+        let five = [3.0 + 9.0 * step(3.0), -2.5, 0.01, 2.75];
+        assert!(!compare_as("y", "float16", &r, &five, tol).passed);
+        let biased: Vec<f64> = r.iter().map(|v| v - 0.1).collect();
+        let e = compare_as("y", "float16", &r, &biased, tol);
+        assert!(!e.passed && e.mismatched == 4, "{e:?}");
+        // bfloat16's step is 8 times float16's: 16 float16 steps are 2 of bfloat16.
+        let g = [3.0 + 16.0 * step(3.0), -2.5, 0.01, 2.75];
+        assert!(compare_as("y", "bfloat16", &r, &g, tol).passed);
+        assert!(!compare_as("y", "float16", &r, &g, tol).passed);
+        // `ulps = 0` is allclose alone.
+        let strict = Tolerance {
+            ulps: Some(0.0),
+            ..tol
+        };
+        let g = [3.0, -2.5, 0.01 + step(3.0), 2.75];
+        assert!(!compare_as("y", "float16", &r, &g, strict).passed);
+        // Non-finite and length mismatches stay unbounded, in steps too.
+        let e = compare_as("y", "float16", &[1.0], &[f64::NAN], tol);
+        assert!(!e.passed && e.max_ulps == Some(UNBOUNDED));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use ort::value::{
     TensorElementType as T, TensorValueType, ValueType,
 };
 
-use super::validate::{compare, OutputError, Tolerance, UNBOUNDED};
+use super::validate::{compare_as, OutputError, Tolerance, UNBOUNDED};
 use crate::rng::SplitMix64;
 
 /// A tensor's values: floats (compared with the tolerance), exact values (integers and
@@ -554,8 +554,9 @@ pub fn read(v: &DynValue) -> Result<Out, String> {
     }
 }
 
-/// Running totals of one output's comparison.
-struct Acc(OutputError);
+/// Running totals of one output's comparison, and the half type whose resolution its float32
+/// and float64 values have (a Cast of a float16/bfloat16 tensor), if any.
+struct Acc(OutputError, Option<String>);
 
 impl Acc {
     fn all_wrong(&mut self, n: usize) {
@@ -565,10 +566,41 @@ impl Acc {
         self.0.max_rel = UNBOUNDED;
     }
 
+    /// The first tensor's element type and rule name the output's.
+    fn typed(&mut self, ty: &str, rule: impl FnOnce() -> String) {
+        if self.0.dtype.is_none() {
+            self.0.dtype = Some(ty.to_string());
+            self.0.rule = Some(rule());
+        }
+    }
+
+    /// The type whose rule `ty`'s float values are held to.
+    fn rule_type<'a>(&'a self, ty: &'a str) -> &'a str {
+        match (&self.1, ty) {
+            (Some(half), "float32" | "float64") => half,
+            _ => ty,
+        }
+    }
+
     fn add(&mut self, r: &Out, g: &Out, tol: Tolerance) {
+        if let Out::Tensor { ty, data, .. } = r {
+            match data {
+                Data::Float(_) => {
+                    let elem = self.rule_type(ty).to_string();
+                    let cast = if elem != *ty {
+                        format!(" (a Cast of {elem})")
+                    } else {
+                        String::new()
+                    };
+                    self.typed(ty, || format!("{}{cast}", tol.rule(&elem)))
+                }
+                _ => self.typed(ty, || "exact".into()),
+            }
+        }
         match (r, g) {
             (
                 Out::Tensor {
+                    ty,
                     shape: rs,
                     data: rd,
                     ..
@@ -580,11 +612,14 @@ impl Acc {
                 },
             ) if rs == gs => match (rd, gd) {
                 (Data::Float(a), Data::Float(b)) => {
-                    let e = compare(&self.0.name, a, b, tol);
+                    let e = compare_as(&self.0.name, self.rule_type(ty), a, b, tol);
                     self.0.elements += e.elements;
                     self.0.mismatched += e.mismatched;
                     self.0.max_abs = self.0.max_abs.max(e.max_abs);
                     self.0.max_rel = self.0.max_rel.max(e.max_rel);
+                    if let Some(u) = e.max_ulps {
+                        self.0.max_ulps = Some(self.0.max_ulps.unwrap_or(0.0).max(u));
+                    }
                 }
                 (Data::Exact(a), Data::Exact(b)) if a.len() == b.len() => {
                     self.0.elements += a.len();
@@ -644,16 +679,35 @@ fn len(o: &Out) -> usize {
 
 /// Compares an output with the reference's: floats within `tol`, integers, bools and strings
 /// exactly, sequences item by item, maps key by key (the keys must agree).
+#[cfg(test)]
 pub fn compare_out(name: &str, reference: &Out, got: &Out, tol: Tolerance) -> OutputError {
-    let mut acc = Acc(OutputError {
-        name: name.into(),
-        elements: 0,
-        max_abs: 0.0,
-        max_rel: 0.0,
-        mismatched: 0,
-        passed: true,
-        non_finite: non_finite(reference),
-    });
+    compare_out_at(name, reference, got, tol, None)
+}
+
+/// [`compare_out`], with float32/float64 values held to the rule of `half` (`float16` or
+/// `bfloat16`) when the graph makes the output by a Cast from that type.
+pub fn compare_out_at(
+    name: &str,
+    reference: &Out,
+    got: &Out,
+    tol: Tolerance,
+    half: Option<&str>,
+) -> OutputError {
+    let mut acc = Acc(
+        OutputError {
+            name: name.into(),
+            elements: 0,
+            max_abs: 0.0,
+            max_rel: 0.0,
+            mismatched: 0,
+            passed: true,
+            non_finite: non_finite(reference),
+            dtype: None,
+            rule: None,
+            max_ulps: None,
+        },
+        half.map(str::to_string),
+    );
     acc.add(reference, got, tol);
     acc.0.passed = acc.0.mismatched == 0;
     acc.0
@@ -710,6 +764,7 @@ mod tests {
         let tol = Tolerance {
             atol: 1.0,
             rtol: 1.0,
+            ulps: None,
         };
         let e = compare_out(
             "y",
@@ -742,6 +797,7 @@ mod tests {
         let tol = Tolerance {
             atol: 1e-4,
             rtol: 1e-3,
+            ulps: None,
         };
         let a = Out::Seq(vec![m(&["0", "1"], &[0.25, 0.75])]);
         assert!(compare_out("p", &a, &Out::Seq(vec![m(&["0", "1"], &[0.25, 0.75])]), tol).passed);

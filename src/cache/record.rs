@@ -29,6 +29,38 @@ pub struct OutputError {
     /// before the field existed).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub non_finite: usize,
+    /// The reference's element type (`float16`, `float32`, `int64`, …; a sequence's or map's
+    /// first tensor's). Absent in records written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<String>,
+    /// The rule its elements were held to: `exact` (integers, bools, strings),
+    /// `atol + rtol·|ref|` (float32, float64), or for float16/bfloat16 that or a number of
+    /// steps of the type at the output's scale (`spec::Tolerance::rule`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+    /// Float outputs: the largest error in steps (ulps) of the output's own type, taken at
+    /// max(|ref|, rms of the reference) as the float16/bfloat16 rule takes them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_ulps: Option<f64>,
+}
+
+impl OutputError {
+    /// The half type (`float16`, `bfloat16`) whose steps the output was compared in: its
+    /// own type, or the type a float32/float64 output is a Cast of (said in its `rule`).
+    pub fn steps_of(&self) -> Option<&'static str> {
+        let cast = |t: &str| {
+            self.rule
+                .as_deref()
+                .is_some_and(|r| r.ends_with(&format!("(a Cast of {t})")))
+        };
+        match self.dtype.as_deref() {
+            Some("float16") => Some("float16"),
+            Some("bfloat16") => Some("bfloat16"),
+            _ if cast("float16") => Some("float16"),
+            _ if cast("bfloat16") => Some("bfloat16"),
+            _ => None,
+        }
+    }
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -227,8 +259,12 @@ impl ValidationReport {
             .iter()
             .filter(|o| !o.passed)
             .map(|o| {
+                let steps = match (o.steps_of(), o.max_ulps) {
+                    (Some(t), Some(u)) if u < f64::MAX => format!(" ({u:.1} {t} steps)"),
+                    _ => String::new(),
+                };
                 format!(
-                    "{} max abs {:.3e} max rel {:.3e}",
+                    "{} max abs {:.3e} max rel {:.3e}{steps}",
                     o.name, o.max_abs, o.max_rel
                 )
             })

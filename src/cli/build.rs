@@ -159,6 +159,11 @@ pub struct BuildArgs {
     /// fp16 1e-2).
     #[arg(long)]
     pub rtol: Option<f64>,
+    /// Validation: steps of a float16/bfloat16 output's own type an element may also differ
+    /// by, at max(|ref|, the output's rms) (default: the sidecar's `ulps`, else 8). float32,
+    /// float64 and integer outputs ignore it.
+    #[arg(long)]
+    pub ulps: Option<f64>,
     /// Validation: seed of the random inputs (default: the sidecar's `golden.seed`).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -292,7 +297,7 @@ pub(super) fn request(a: &BuildArgs) -> anyhow::Result<(BuildJob, Option<u64>)> 
         ),
         None => None,
     };
-    for (flag, v) in [("--atol", a.atol), ("--rtol", a.rtol)] {
+    for (flag, v) in [("--atol", a.atol), ("--rtol", a.rtol), ("--ulps", a.ulps)] {
         if let Some(v) = v {
             if !v.is_finite() || v < 0.0 {
                 bail!("{flag}: {v} is not a finite, non-negative tolerance");
@@ -311,6 +316,7 @@ pub(super) fn request(a: &BuildArgs) -> anyhow::Result<(BuildJob, Option<u64>)> 
         tolerance: Some(Tolerance {
             atol: a.atol.unwrap_or(plan.tolerance.atol),
             rtol: a.rtol.unwrap_or(plan.tolerance.rtol),
+            ulps: a.ulps.or(plan.tolerance.ulps),
         }),
         golden: a.golden.clone().or(req.validation.golden),
     };
@@ -438,6 +444,13 @@ fn render(o: &BuildOutcome, ort: Option<&str>, dir: &std::path::Path, st: Style)
                     e.name.clone(),
                     format!("max abs {:.3e}", e.max_abs),
                     format!("max rel {:.3e}", e.max_rel),
+                    match (e.steps_of(), e.max_ulps, e.dtype.as_deref()) {
+                        (Some(t), Some(u), _) if u < f64::MAX => {
+                            format!("{u:.1} {t} steps (of {})", v.tolerance.half_ulps())
+                        }
+                        (_, _, Some(t)) => t.to_string(),
+                        _ => String::new(),
+                    },
                     if e.passed {
                         st.good("ok")
                     } else {

@@ -12,7 +12,7 @@ use super::memo::{now_ns, DigestMemo, FileId};
 use super::{hex, BackendId, ExternalDigest, KeyError, KeyParts, ModelDigest, KEY_FORMAT};
 use crate::device::{DeviceReport, Sku};
 use crate::onnx::Model;
-use crate::spec::{Backend, Precision, ShapeProfile};
+use crate::spec::{Backend, Precision, ShapeProfile, HALF_RULE};
 
 /// How to digest a model.
 #[derive(Clone, Debug)]
@@ -235,8 +235,19 @@ pub fn opsets_of(model: &Model) -> BTreeMap<String, i64> {
     out
 }
 
+/// Whether a graph output of `model` has float16 or bfloat16 resolution (its type, inside a
+/// sequence, map or optional too, or a Cast of such a tensor:
+/// [`crate::onnx::resolution::half_outputs`]): its validation compares it in steps of that
+/// type ([`HALF_RULE`]).
+pub fn has_half_outputs(model: &Model) -> bool {
+    !crate::onnx::resolution::half_outputs(model.graph()).is_empty()
+}
+
 /// The parts of a key. The profile's name is cleared: it is a label, and two names for the
-/// same shapes build the same artifact.
+/// same shapes build the same artifact. A model with float16/bfloat16 outputs gets the
+/// option `validation` = [`HALF_RULE`]: the rule that accepts its artifacts is not the one
+/// older keys were validated under (a remembered failure under the old rule is not this
+/// key's). Other models' keys are unchanged: their rule is.
 pub fn key_parts(
     model: &Model,
     digest: ModelDigest,
@@ -244,8 +255,11 @@ pub fn key_parts(
     sku: Sku,
     backend: BackendId,
     precision: Precision,
-    options: BTreeMap<String, String>,
+    mut options: BTreeMap<String, String>,
 ) -> KeyParts {
+    if has_half_outputs(model) {
+        options.insert("validation".into(), HALF_RULE.into());
+    }
     KeyParts {
         format: KEY_FORMAT,
         model: digest,
@@ -419,6 +433,34 @@ mod tests {
         assert_eq!(from_mem, from_file);
         assert_eq!(report.memo_hits, 0);
         assert!(!d.path().join("digests.json").exists());
+    }
+
+    #[test]
+    fn only_models_with_half_outputs_key_the_half_rule() {
+        let parts = |proto: crate::onnx::proto::ModelProto| {
+            let m = Model::from_bytes("m.onnx", proto.encode_to_vec().into()).unwrap();
+            let digest = model_digest(&m).unwrap();
+            key_parts(
+                &m,
+                digest,
+                None,
+                Sku::default(),
+                BackendId {
+                    name: Backend::OrtCpu,
+                    versions: BTreeMap::new(),
+                },
+                Precision::Fp32,
+                BTreeMap::new(),
+            )
+        };
+        let half = parts(models::half_layer_norm(true, None));
+        assert_eq!(
+            half.options.get("validation").map(String::as_str),
+            Some(HALF_RULE)
+        );
+        assert!(!parts(models::tiny_encoder(false))
+            .options
+            .contains_key("validation"));
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub(crate) mod fxhash;
 pub(crate) mod graph;
 pub(crate) mod load;
 pub mod proto;
+pub mod resolution;
 
 pub use budget::DecodeLimits;
 pub use dtype::ElemType;

@@ -21,6 +21,8 @@
 //! [tolerances.fp16]                  # |actual - expected| <= atol + rtol * |expected|
 //! atol = 1e-2
 //! rtol = 1e-2
+//! ulps = 8                           # float16/bfloat16 outputs: or this many steps of
+//!                                    # their type at max(|expected|, the output's rms)
 //!
 //! [golden]
 //! npz = "golden.npz"                 # relative to the sidecar's folder
@@ -223,8 +225,10 @@ impl Sidecar {
             let p: Precision = k
                 .parse()
                 .map_err(|e| bad(format!("[tolerances.{k}]: {e}")))?;
-            if !(t.atol >= 0.0 && t.rtol >= 0.0) {
-                return Err(bad(format!("[tolerances.{k}]: atol and rtol must be >= 0")));
+            if !(t.atol >= 0.0 && t.rtol >= 0.0 && t.ulps.is_none_or(|u| u >= 0.0)) {
+                return Err(bad(format!(
+                    "[tolerances.{k}]: atol, rtol and ulps must be >= 0"
+                )));
             }
             tolerances.insert(p, t);
         }
@@ -365,6 +369,7 @@ opt = "x:4x32x64"
 [tolerances.fp16]
 atol = 0.05
 rtol = 0.01
+ulps = 2
 [golden]
 npz = "g.npz"
 seed = 7
@@ -385,6 +390,7 @@ int_range = [0, 5]
         assert_eq!(f.min["x"], [4, 32, 64]);
         assert_eq!(f.max, f.opt);
         assert_eq!(s.tolerance(Precision::Fp16).atol, 0.05);
+        assert_eq!(s.tolerance(Precision::Fp16).half_ulps(), 2.0);
         assert_eq!(
             s.tolerance(Precision::Fp32),
             Tolerance::default_for(Precision::Fp32)
@@ -447,6 +453,7 @@ int_range = [0, 5]
         let t = Tolerance {
             atol: 0.1,
             rtol: 0.5,
+            ulps: None,
         };
         assert!(t.allows(1.5, 1.0));
         assert!(!t.allows(1.7, 1.0));

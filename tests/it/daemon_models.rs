@@ -330,3 +330,30 @@ fn external_data_in_a_subfolder_replaced_whole_is_a_changed_model() {
     assert_eq!(d.client().acquire_model("n").unwrap().metadata.key, k2);
     assert!(d.stop());
 }
+
+/// A model with float16 outputs (a LayerNorm ONNX Runtime fuses, moving them by a float16
+/// step) is served by the daemon under the default rule; held to allclose alone by its
+/// sidecar (`ulps = 0`), it is refused as it was before issue 41.
+#[test]
+fn the_daemon_serves_float16_outputs_a_fusion_moves_by_a_step() {
+    let mut d = Daemon::new();
+    let half = trtcache::fixtures::models::half_layer_norm(true, None);
+    write(&half, &d.models().join("half.onnx")).unwrap();
+    // Another graph name: the same bytes would share the key (validation settings are not
+    // part of it), and so one record.
+    let mut strict = half.clone();
+    strict.graph.as_mut().unwrap().name = "strict".into();
+    write(&strict, &d.models().join("strict.onnx")).unwrap();
+    std::fs::write(
+        d.models().join("strict.trtcache.toml"),
+        "[tolerances.fp32]\natol = 1e-4\nrtol = 1e-3\nulps = 0\n",
+    )
+    .unwrap();
+    d.start();
+    settled(&d, "half", VariantState::Ready);
+    let art = d.client().acquire_model("half").unwrap();
+    assert!(!art.files.is_empty());
+    let reason = settled(&d, "strict", VariantState::Failed).unwrap_or_default();
+    assert!(reason.contains("over tolerance"), "{reason}");
+    assert!(d.stop());
+}

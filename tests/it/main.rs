@@ -12,6 +12,7 @@ mod daemon_models;
 mod daemon_system;
 mod deploy;
 mod fuzz_regressions;
+mod half_outputs;
 mod keys;
 mod layering;
 mod onnx_load;

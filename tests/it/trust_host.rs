@@ -258,7 +258,8 @@ fn a_library_others_can_write_is_refused() {
     std::fs::create_dir_all(&shared).unwrap();
     let copy = shared.join(name);
     std::fs::copy(&real, &copy).unwrap();
-    let cases: Vec<(&str, Box<dyn Fn()>)> = vec![
+    type Setup<'a> = Box<dyn Fn() + 'a>;
+    let cases: Vec<(&str, Setup)> = vec![
         (
             "group/other-writable folder",
             Box::new(|| {
