@@ -245,6 +245,8 @@ impl Queue {
             g.jobs.remove(&key);
             g.transient.remove(&key);
         }
+        // A fetch, never a build (`trtcache_fetches_total`, `stats.fetches`).
+        self.stats.fetches.fetch_add(1, Ordering::Relaxed);
         tracing::info!(model = %job.planned.model.name, %key, "ready from the fleet tier");
         job.tx.send_replace(JobStatus::Done(Ok(h)));
     }

@@ -249,11 +249,10 @@ fn a_flat_models_external_data_of_any_name_is_part_of_the_model() {
     let (k, out1) = run(&d);
     assert_eq!(k, k1);
     assert_close(&out1, &reference(&ref1, 4), "the first weights");
-    let text = pointer_naming(&d, "m", &k1);
-    assert!(
-        text.contains(&weights.display().to_string()),
-        "the pointer's sources name weights.bin: {text}"
-    );
+    // The pointer names a bounded set of the model's files for consumers to check (the
+    // graph, not its 1 or 3,000 data files); the daemon watches weights.bin itself and
+    // replaces the pointer when it changes (below).
+    pointer_naming(&d, "m", &k1);
 
     // Replaced by a rename: the graph file is byte for byte the same (the weights moved
     // out of it), only weights.bin is new.

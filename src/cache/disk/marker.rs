@@ -85,6 +85,37 @@ fn made_before_the_store(e: &std::fs::DirEntry) -> bool {
     name == ".gitkeep" || t.is_socket() || (t.is_dir() && name.ends_with(".sock.ready"))
 }
 
+/// Whether every entry of `dir` carries a name of the store's own layout (what is left of a
+/// cache while `rm -rf` deletes it, or just after): `lock`, `db`, `blobs`, `tmp`,
+/// `quarantine`, `records`, the digest memo, the tag, `db.corrupt-*`, temp files, and what
+/// [`made_before_the_store`] allows.
+pub fn only_own_names(dir: &Path) -> bool {
+    const OWN: [&str; 10] = [
+        MARKER,
+        "lock",
+        "db",
+        "blobs",
+        "tmp",
+        "quarantine",
+        "records",
+        "timing",
+        "digests.json",
+        "digests.json.log",
+    ];
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.filter_map(|e| e.ok()).all(|e| {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        made_before_the_store(&e)
+            || OWN.contains(&name.as_ref())
+            || name.starts_with("db.corrupt-")
+            || own_temp(&name)
+            || (name.starts_with(".digests.") && name.ends_with(".tmp"))
+    })
+}
+
 /// Whether `dir` carries our marker.
 pub fn is_tagged(dir: &Path) -> bool {
     std::fs::read_to_string(dir.join(MARKER))
@@ -185,6 +216,18 @@ mod tests {
         assert!(
             !own_quarantine(&d) && !own_quarantine(&format!("{d}-x")) && !own_quarantine("notes")
         );
+    }
+
+    #[test]
+    fn remains_of_a_cache_are_told_from_a_users_folder() {
+        let d = tempfile::tempdir().unwrap();
+        for sub in ["db", "blobs", "tmp", "records"] {
+            std::fs::create_dir(d.path().join(sub)).unwrap();
+        }
+        std::fs::write(d.path().join("lock"), b"1").unwrap();
+        assert!(only_own_names(d.path()));
+        std::fs::write(d.path().join("thesis.tex"), b"x").unwrap();
+        assert!(!only_own_names(d.path()));
     }
 
     #[test]

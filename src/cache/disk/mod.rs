@@ -149,6 +149,20 @@ impl SledStore {
         Self::open_with(root, opts, false)
     }
 
+    /// Opens the store at `root` again after its folder was deleted or replaced under the
+    /// process that had it open (the daemon's `rm -rf CACHE` recovery): like [`Self::open`],
+    /// and a folder holding nothing but the store's own names ([`marker::only_own_names`]:
+    /// what `rm -rf` has not removed yet) is taken back and tagged rather than refused.
+    pub fn reopen(root: &Path, opts: StoreOptions) -> Result<Self, StoreError> {
+        if matches!(marker::standing(root)?, marker::Standing::Foreign(_))
+            && marker::only_own_names(root)
+        {
+            tracing::info!(dir = %root.display(), "taking back what is left of this process's cache folder");
+            marker::tag(root)?;
+        }
+        Self::open(root, opts)
+    }
+
     /// Opens an existing cache for reading (`ls`, `verify` without `--repair`): the folder
     /// must already be a cache; nothing is created, tagged, cleaned or rewritten (only the
     /// lock's owner line and sled's own files are written).

@@ -73,7 +73,7 @@ impl CacheFolder {
         max_bytes: u64,
     ) -> Result<Arc<CacheFolder>, EngineError> {
         let ort_library = ort_library.map(Path::to_path_buf);
-        let opened = open_once(dir, &ort_library, &worker, max_bytes)?;
+        let opened = open_once(dir, &ort_library, &worker, max_bytes, false)?;
         Ok(Arc::new(CacheFolder {
             dir: dir.to_path_buf(),
             ort_library,
@@ -167,7 +167,13 @@ impl CacheFolder {
                 "the cache folder was deleted or replaced under the daemon; opening a fresh one (artifacts are built again as they are asked for)"
             );
         }
-        match open_once(&self.dir, &self.ort_library, &self.worker, self.max_bytes) {
+        match open_once(
+            &self.dir,
+            &self.ort_library,
+            &self.worker,
+            self.max_bytes,
+            true,
+        ) {
             Ok(o) => {
                 let o = Arc::new(o);
                 *self.current.write().unwrap_or_else(|p| p.into_inner()) = o.clone();
@@ -200,19 +206,24 @@ struct Failed {
     error: Option<String>,
 }
 
-/// Opens the store at `dir` and its builders.
+/// Opens the store at `dir` and its builders (`again`: after the folder went, see
+/// [`SledStore::reopen`]).
 fn open_once(
     dir: &Path,
     ort_library: &Option<PathBuf>,
     worker: &WorkerLimits,
     max_bytes: u64,
+    again: bool,
 ) -> Result<Opened, EngineError> {
-    let store = SledStore::open(
-        dir,
-        StoreOptions {
-            max_bytes: Some(max_bytes),
-        },
-    )
+    let opts = StoreOptions {
+        max_bytes: Some(max_bytes),
+    };
+    // Opened again after the folder went: what `rm -rf` left of it is still ours.
+    let store = if again {
+        SledStore::reopen(dir, opts)
+    } else {
+        SledStore::open(dir, opts)
+    }
     .map_err(store_err)?;
     let id = FolderId::of(dir).ok();
     let r = store.open_report();
