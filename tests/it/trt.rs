@@ -174,7 +174,7 @@ fn the_abi_version_and_every_symbol_are_checked() {
     .unwrap_err()
     .to_string();
     assert!(
-        msg.contains("implements C API version 99, this trtcache needs 1"),
+        msg.contains("implements C API version 99, this trtcache needs 2"),
         "{msg}"
     );
 
@@ -205,7 +205,7 @@ fn versions_come_from_the_loaded_library() {
     assert_eq!(trt.compiled_major(), 10);
     let v = keys::backend_versions(&trt);
     assert_eq!(v["tensorrt"], "10.16.1");
-    assert_eq!(v["trtcache-trt-abi"], "1");
+    assert_eq!(v["trtcache-trt-abi"], "2");
     let other = tempfile::tempdir().unwrap();
     let trt11 = Trt::load(&LoaderConfig {
         shim: Some(double(other.path(), &["-DDOUBLE_VERSION=110100"])),
@@ -245,7 +245,7 @@ fn profile() -> ShapeProfile {
 fn builds_marshal_every_option_and_errors_keep_the_shims_message() {
     let d = tempfile::tempdir().unwrap();
     let trt = load_double(d.path());
-    let mut net = trt.parse(b"model bytes", Some(d.path())).unwrap();
+    let mut net = trt.parse(b"model bytes", Some(d.path()), 0).unwrap();
     let io = net.io().unwrap();
     assert_eq!(io.inputs[0].name, "x");
     assert_eq!(io.inputs[0].shape, vec![-1, 4]);
@@ -277,7 +277,7 @@ fn builds_marshal_every_option_and_errors_keep_the_shims_message() {
     assert_eq!(json["workspace_bytes"], 0);
 
     // Statuses and messages from the shim.
-    match trt.parse(b"REJECT this", None) {
+    match trt.parse(b"REJECT this", None, 0) {
         Err(TrtError::Call {
             call: "parse",
             status: Status::ParseFailed,
@@ -315,20 +315,20 @@ fn builds_marshal_every_option_and_errors_keep_the_shims_message() {
         .err()
         .unwrap();
     assert!(e.to_string().contains("outside 0..=5"), "{e}");
-    assert!(trt.load_engine(b"not a plan").is_err());
-    assert!(trt.parse(b"nul\0dir", Some(Path::new("a\0b"))).is_err());
+    assert!(trt.load_engine(b"not a plan", 0).is_err());
+    assert!(trt.parse(b"nul\0dir", Some(Path::new("a\0b")), 0).is_err());
 }
 
 #[test]
 fn the_parsers_verdict_per_node() {
     let d = tempfile::tempdir().unwrap();
     let trt = load_double(d.path());
-    let r = trt.supports(b"PARTIAL model", None).unwrap();
+    let r = trt.supports(b"PARTIAL model", None, 0).unwrap();
     assert!(!r.supported);
     let v = r.node_verdicts();
     assert_eq!(v.get(&0), Some(&true));
     assert_eq!(v.get(&1), Some(&false));
-    assert!(trt.supports(b"model", None).unwrap().supported);
+    assert!(trt.supports(b"model", None, 0).unwrap().supported);
 }
 
 /// A one-node Identity model and ONNX Runtime CPU's output on `x`: the reference.
@@ -369,9 +369,9 @@ fn engines_run_through_the_shim() {
     let trt = load_double(d.path());
     let x: Vec<f32> = (0..8).map(|i| i as f32 * 0.25 - 1.0).collect();
     let input = [HostTensor::f32("x", &[2, 4], &x)];
-    let mut net = trt.parse(b"identity", None).unwrap();
+    let mut net = trt.parse(b"identity", None, 0).unwrap();
     let good = net.build(&BuildOptions::default()).unwrap();
-    let mut engine = trt.load_engine(&good.plan).unwrap();
+    let mut engine = trt.load_engine(&good.plan, 0).unwrap();
     assert_eq!(engine.io().unwrap().profiles, Some(1));
     assert_eq!(
         engine.inspect().unwrap()["Layers"][0]["LayerType"],
@@ -388,7 +388,11 @@ fn engines_run_through_the_shim() {
             ..BuildOptions::default()
         })
         .unwrap();
-    let got = trt.load_engine(&bad.plan).unwrap().run(0, &input).unwrap();
+    let got = trt
+        .load_engine(&bad.plan, 0)
+        .unwrap()
+        .run(0, &input)
+        .unwrap();
     assert_eq!(got[0].to_f64().unwrap()[7], 1.25);
     // Run errors keep the shim's words.
     let e = engine.run(1, &input).unwrap_err().to_string();
@@ -415,14 +419,16 @@ fn the_timing_cache_is_shared_across_builds() {
     let build = |model: &[u8]| {
         let cache = store.load(&sku, &v).unwrap();
         let built = trt
-            .parse(model, None)
+            .parse(model, None, 0)
             .unwrap()
             .build(&BuildOptions {
                 timing_cache: cache,
                 ..BuildOptions::default()
             })
             .unwrap();
-        store.merge_with(&trt, &sku, &built.timing_cache).unwrap();
+        store
+            .merge_with(&trt, 0, &sku, &built.timing_cache)
+            .unwrap();
         built
     };
     assert!(store.load(&sku, &v).unwrap().is_empty());
@@ -436,7 +442,7 @@ fn the_timing_cache_is_shared_across_builds() {
     );
     // A build that loaded before another wrote still loses nothing: merge, not overwrite.
     let stale = b"double-timing-cache\nentry-model-99\n";
-    store.merge_with(&trt, &sku, stale).unwrap();
+    store.merge_with(&trt, 0, &sku, stale).unwrap();
     let stored = String::from_utf8(store.load(&sku, &v).unwrap()).unwrap();
     for e in ["entry-model-5", "entry-model-12", "entry-model-99"] {
         assert!(stored.contains(e), "{stored}");
@@ -448,7 +454,7 @@ fn the_timing_cache_is_shared_across_builds() {
         .unwrap()
         .is_empty());
     // A cache the merge cannot read is refused and the stored one is kept.
-    assert!(store.merge_with(&trt, &sku, b"junk").is_err());
+    assert!(store.merge_with(&trt, 0, &sku, b"junk").is_err());
     assert_eq!(
         String::from_utf8(store.load(&sku, &v).unwrap()).unwrap(),
         stored
@@ -469,8 +475,8 @@ fn artifacts_export_to_a_triton_repository() {
             profiles: vec![profile()],
             ..BuildOptions::default()
         };
-        let built = trt.parse(b"m", None).unwrap().build(&opts).unwrap();
-        let io = trt.load_engine(&built.plan).unwrap().io().unwrap();
+        let built = trt.parse(b"m", None, 0).unwrap().build(&opts).unwrap();
+        let io = trt.load_engine(&built.plan, 0).unwrap().io().unwrap();
         let dir = d.path().join(format!("art-{cc}"));
         let meta = EngineMeta {
             format: 0,
@@ -660,7 +666,7 @@ fn inspect_flags_where_the_parser_and_the_table_disagree() {
     let cap = trtcache::analysis::analyse(&model, &trtcache::analysis::Options::default()).unwrap();
     assert!(cap.nodes.len() > 2);
     // The double's verdict: node 0 supported, node 1 not, the rest in no subgraph.
-    let report = trt.supports(b"PARTIAL", None).unwrap();
+    let report = trt.supports(b"PARTIAL", None, 0).unwrap();
     let v = trtcache::trt::inspect::compare(&cap, &report);
     assert_eq!(v.len(), cap.nodes.len());
     for n in &v {
@@ -700,6 +706,7 @@ fn gpu_check_drives_the_c_api_through_ctypes() {
         .arg(&shim)
         .arg(d.path().join("identity.onnx"))
         .arg(d.path().join("inspect.json"))
+        .env_remove("TRTCACHE_DEVICE")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -709,7 +716,7 @@ fn gpu_check_drives_the_c_api_through_ctypes() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        stdout.starts_with("abi 1 TensorRT 101601 compiled for 10"),
+        stdout.starts_with("abi 2 TensorRT 101601 compiled against 101601 device 0"),
         "{stdout}"
     );
     // The second build started from the first one's timing cache.
@@ -722,4 +729,220 @@ fn gpu_check_drives_the_c_api_through_ctypes() {
     let inspect: serde_json::Value =
         serde_json::from_slice(&std::fs::read(d.path().join("inspect.json")).unwrap()).unwrap();
     assert_eq!(inspect["Layers"][0]["LayerType"], "Identity");
+}
+
+/// Calls that touch CUDA name their device, and a network or engine keeps the one it was made
+/// on: the double writes the parse device into the plan, refuses to load a plan on another
+/// device, and refuses a device it does not have, as the shim does.
+#[test]
+fn every_call_runs_on_the_device_it_names() {
+    let d = tempfile::tempdir().unwrap();
+    let trt = Trt::load(&LoaderConfig {
+        shim: Some(double(d.path(), &["-DDOUBLE_DEVICE_COUNT=2"])),
+        ..LoaderConfig::default()
+    })
+    .unwrap();
+    let plan = trt
+        .parse(b"m", None, 1)
+        .unwrap()
+        .build(&BuildOptions::default())
+        .unwrap()
+        .plan;
+    let json: serde_json::Value = serde_json::from_slice(&plan[14..]).unwrap();
+    assert_eq!(json["device"], 1);
+    let e = trt.load_engine(&plan, 0).err().unwrap().to_string();
+    assert!(
+        e.contains("the plan was built on CUDA device 1, loaded on 0"),
+        "{e}"
+    );
+    let input = [HostTensor::f32("x", &[1, 4], &[1.0; 4])];
+    assert_eq!(
+        trt.load_engine(&plan, 1).unwrap().run(0, &input).unwrap()[0].shape,
+        vec![1, 4]
+    );
+    for e in [
+        trt.parse(b"m", None, 2).err().unwrap(),
+        trt.supports(b"m", None, 2).err().unwrap(),
+        trt.combine_timing_caches(2, b"", b"").err().unwrap(),
+    ] {
+        assert!(
+            matches!(&e, TrtError::Call { status: Status::CudaFailed, message, .. }
+                if message.contains("CUDA device 2 does not exist")),
+            "{e:?}"
+        );
+    }
+}
+
+/// A stand-in TensorRT library: soname `libNAME.so.MAJOR`, and for libnvinfer a
+/// `getInferLibVersion` returning `version` (the same per major in every test, as tests share
+/// one process and its loaded libraries).
+fn stub_trt(dir: &Path, base: &str, major: u32) -> PathBuf {
+    let version = major * 10000 + if major == 10 { 1601 } else { 100 };
+    let src = dir.join(format!("{base}{major}.c"));
+    std::fs::write(
+        &src,
+        format!("int getInferLibVersion(void) {{ return {version}; }}\nint {base}_stub(void) {{ return {major}; }}\n"),
+    )
+    .unwrap();
+    let so = format!("{base}.so.{major}");
+    let out = dir.join(&so);
+    cc(&[&src], &out, &[&format!("-Wl,-soname,{so}")]);
+    out
+}
+
+/// The double linked (DT_NEEDED) against the given stand-ins in `lib`, reporting the version of
+/// the libnvinfer it binds to.
+fn linked_double(dir: &Path, lib: &Path, needed: &[&str], compiled: u32) -> PathBuf {
+    let out = dir.join("libtrtcache_trt.so");
+    let mut args = vec![
+        "-DDOUBLE_LINK_TRT".to_string(),
+        format!("-DDOUBLE_COMPILED_VERSION={compiled}"),
+        "-Wl,--no-as-needed".to_string(),
+        format!("-L{}", lib.display()),
+    ];
+    args.extend(needed.iter().map(|n| format!("-l:{n}")));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    cc(&[&double_src()], &out, &args);
+    out
+}
+
+/// With TensorRT 10 and 11 both installed, a shim linked against 11 gets 11: the loader reads
+/// the shim's DT_NEEDED entries and opens that major only (it used to open 10 globally first,
+/// and the shim's symbols bound to 10's).
+#[test]
+fn the_shim_binds_the_tensorrt_it_was_linked_against() {
+    let root = tempfile::tempdir().unwrap();
+    let lib = root.path().join("lib");
+    std::fs::create_dir(&lib).unwrap();
+    for major in [10, 11] {
+        stub_trt(&lib, "libnvinfer", major);
+        stub_trt(&lib, "libnvonnxparser", major);
+    }
+    let shim_dir = tempfile::tempdir().unwrap();
+    let shim = linked_double(
+        shim_dir.path(),
+        &lib,
+        &["libnvinfer.so.11", "libnvonnxparser.so.11"],
+        110100,
+    );
+    let trt = Trt::load(&LoaderConfig {
+        shim: Some(shim),
+        tensorrt_root: Some(root.path().to_path_buf()),
+        ..LoaderConfig::default()
+    })
+    .unwrap();
+    assert_eq!(trt.version().to_string(), "11.1.0");
+    assert_eq!(trt.compiled_version().to_string(), "11.1.0");
+    let libs: Vec<String> = trt
+        .libraries()
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(libs, vec!["libnvinfer.so.11", "libnvonnxparser.so.11"]);
+}
+
+/// A shim this trtcache cannot run with is refused before any call into it, saying why: linked
+/// against two majors, against a major the loader does not accept, or against one whose
+/// libraries are not installed.
+#[test]
+fn a_shim_for_another_tensorrt_is_refused_precisely() {
+    let root = tempfile::tempdir().unwrap();
+    let lib = root.path().join("lib");
+    std::fs::create_dir(&lib).unwrap();
+    for major in [10, 11] {
+        stub_trt(&lib, "libnvinfer", major);
+    }
+    let load = |shim: PathBuf, majors: Vec<u32>, root: &Path| {
+        Trt::load(&LoaderConfig {
+            shim: Some(shim),
+            tensorrt_root: Some(root.to_path_buf()),
+            majors,
+        })
+        .err()
+        .unwrap()
+    };
+    let two = tempfile::tempdir().unwrap();
+    let e = load(
+        linked_double(
+            two.path(),
+            &lib,
+            &["libnvinfer.so.10", "libnvinfer.so.11"],
+            110100,
+        ),
+        Vec::new(),
+        root.path(),
+    );
+    assert!(matches!(e, TrtError::ShimMismatch { .. }), "{e:?}");
+    assert!(
+        e.to_string()
+            .contains("linked against TensorRT 10 and TensorRT 11 at once"),
+        "{e}"
+    );
+    let eleven = tempfile::tempdir().unwrap();
+    let shim11 = linked_double(eleven.path(), &lib, &["libnvinfer.so.11"], 110100);
+    let e = load(shim11.clone(), vec![10], root.path()).to_string();
+    assert!(
+        e.contains("linked against TensorRT 11 (libnvinfer.so.11), and this trtcache loads TensorRT 10 only"),
+        "{e}"
+    );
+    // TensorRT 10 installed, the shim built for another major (12 here: no other test loads
+    // it into this process, where a loaded soname would satisfy it): named, with what to install.
+    let twelve = tempfile::tempdir().unwrap();
+    stub_trt(twelve.path(), "libnvinfer", 12);
+    let shim12 = linked_double(twelve.path(), twelve.path(), &["libnvinfer.so.12"], 120000);
+    std::fs::remove_file(twelve.path().join("libnvinfer.so.12")).unwrap();
+    let only10 = tempfile::tempdir().unwrap();
+    std::fs::create_dir(only10.path().join("lib")).unwrap();
+    stub_trt(&only10.path().join("lib"), "libnvinfer", 10);
+    let e = load(shim12, vec![10, 12], only10.path());
+    assert!(matches!(e, TrtError::Unavailable(_)), "{e:?}");
+    let msg = e.to_string();
+    for want in [
+        "TensorRT's libnvinfer.so.12 not found",
+        "could not be opened: it needs libnvinfer.so.12 (TensorRT 12)",
+        "install TensorRT 12",
+    ] {
+        assert!(msg.contains(want), "missing {want:?} in {msg}");
+    }
+}
+
+/// The loaded TensorRT must be of the shim's major and no older than its headers.
+#[test]
+fn a_tensorrt_older_than_the_shims_headers_is_refused() {
+    let load = |defines: &[&str]| {
+        let d = tempfile::tempdir().unwrap();
+        let r = Trt::load(&LoaderConfig {
+            shim: Some(double(d.path(), defines)),
+            ..LoaderConfig::default()
+        });
+        r.map(|t| t.version().to_string())
+            .map_err(|e| e.to_string())
+    };
+    let e = load(&[
+        "-DDOUBLE_VERSION=100800",
+        "-DDOUBLE_COMPILED_VERSION=100900",
+    ])
+    .unwrap_err();
+    assert!(
+        e.contains("compiled against TensorRT 10.9.0 headers, but the libnvinfer loaded is TensorRT 10.8.0, older"),
+        "{e}"
+    );
+    let e = load(&[
+        "-DDOUBLE_VERSION=101601",
+        "-DDOUBLE_COMPILED_VERSION=110100",
+    ])
+    .unwrap_err();
+    assert!(
+        e.contains("the libnvinfer it bound to is TensorRT 10.16.1"),
+        "{e}"
+    );
+    // A newer library of the same major serves an older shim.
+    assert_eq!(
+        load(&[
+            "-DDOUBLE_VERSION=101601",
+            "-DDOUBLE_COMPILED_VERSION=100000"
+        ])
+        .unwrap(),
+        "10.16.1"
+    );
 }
