@@ -9,8 +9,11 @@
 //! 2. **When TensorRT's headers are found** (`$TENSORRT_ROOT/include`, else
 //!    `/usr/include/x86_64-linux-gnu` or `/usr/include`) together with its libraries and the CUDA
 //!    runtime: compiles `shim/trtcache_trt.cpp` into `libtrtcache_trt.so` and places it next
-//!    to the binaries (`target/<profile>/`), where the run-time loader looks. Otherwise it says
-//!    why in one cargo warning when `TENSORRT_ROOT` was set, and builds no shim.
+//!    to the binaries (`target/<profile>/`), where the run-time loader looks. When TensorRT is
+//!    not there it builds no shim and says why in one cargo warning if `TENSORRT_ROOT` was set
+//!    (a host without TensorRT is the normal case, not worth a warning). When TensorRT is
+//!    there but the compiler fails, it **always** warns, with the compiler's first errors, and
+//!    removes a shim an earlier build left next to the binaries (it would be stale).
 //!    `TRTCACHE_BUILD_SHIM=0` skips this step.
 
 use std::env;
@@ -31,13 +34,45 @@ fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     bind(&out);
     if env::var("TRTCACHE_BUILD_SHIM").as_deref() != Ok("0") {
-        if let Err(why) = build_shim(&out) {
-            if env::var_os("TENSORRT_ROOT").is_some() {
-                println!("cargo:warning=TensorRT shim not built: {why}");
+        match build_shim(&out) {
+            Ok(()) => {}
+            Err(ShimError::NotFound(why)) => {
+                if env::var_os("TENSORRT_ROOT").is_some() {
+                    println!("cargo:warning=TensorRT shim not built: {why}");
+                }
+            }
+            Err(ShimError::Failed(why)) => {
+                // Whatever the environment: TensorRT is here and the shim does not compile.
+                for line in why.lines() {
+                    println!("cargo:warning={line}");
+                }
             }
         }
     }
 }
+
+/// Why no shim was built.
+enum ShimError {
+    /// TensorRT or CUDA is not installed where looked (normal on most hosts).
+    NotFound(String),
+    /// Everything was found and compiling or placing the shim failed.
+    Failed(String),
+}
+
+impl From<&str> for ShimError {
+    fn from(s: &str) -> Self {
+        ShimError::NotFound(s.to_string())
+    }
+}
+
+impl From<String> for ShimError {
+    fn from(s: String) -> Self {
+        ShimError::NotFound(s)
+    }
+}
+
+/// Most compiler lines repeated as cargo warnings.
+const MAX_COMPILER_LINES: usize = 20;
 
 fn bind(out: &Path) {
     // bindgen panics when it cannot load libclang, and returns an error when the header does
@@ -83,8 +118,9 @@ fn generate() -> Result<bindgen::Bindings, bindgen::BindgenError> {
         .generate()
 }
 
-/// Compiles the shim when TensorRT and CUDA are installed; `Err` says what is missing.
-fn build_shim(out: &Path) -> Result<(), String> {
+/// Compiles the shim when TensorRT and CUDA are installed; `Err` says what is missing or what
+/// failed.
+fn build_shim(out: &Path) -> Result<(), ShimError> {
     let root = env::var_os("TENSORRT_ROOT").map(PathBuf::from);
     let (inc, libdir) = match &root {
         Some(r) => (r.join("include"), r.join("lib")),
@@ -111,14 +147,15 @@ fn build_shim(out: &Path) -> Result<(), String> {
             (inc, lib)
         }
     };
-    for h in ["NvInfer.h", "NvOnnxParser.h"] {
+    for h in ["NvInfer.h", "NvOnnxParser.h", "NvInferVersion.h"] {
         if !inc.join(h).is_file() {
-            return Err(format!("{} not found", inc.join(h).display()));
+            return Err(format!("{} not found", inc.join(h).display()).into());
         }
+        println!("cargo:rerun-if-changed={}", inc.join(h).display());
     }
     for l in ["libnvinfer.so", "libnvonnxparser.so"] {
         if !has_lib(&libdir, l) {
-            return Err(format!("{}/{l} not found", libdir.display()));
+            return Err(format!("{}/{l} not found", libdir.display()).into());
         }
     }
     let cuda = [env::var_os("CUDA_HOME"), env::var_os("CUDA_PATH")]
@@ -136,7 +173,9 @@ fn build_shim(out: &Path) -> Result<(), String> {
 
     let compiler = cc::Build::new().cpp(true).get_compiler();
     let so = out.join("libtrtcache_trt.so");
-    let status = compiler
+    // OUT_DIR is target/<profile>/build/trtcache-<hash>/out: the binaries are three up.
+    let dest = out.ancestors().nth(3).map(|d| d.join("libtrtcache_trt.so"));
+    let output = compiler
         .to_command()
         .args([
             "-std=c++17",
@@ -164,15 +203,40 @@ fn build_shim(out: &Path) -> Result<(), String> {
             "-lnvonnxparser",
             "-lcudart",
         ])
-        .status()
-        .map_err(|e| format!("running the C++ compiler: {e}"))?;
-    if !status.success() {
-        return Err(format!("the C++ compiler failed ({status})"));
+        .output()
+        .map_err(|e| {
+            ShimError::Failed(format!(
+                "TensorRT shim not built: running the C++ compiler: {e}"
+            ))
+        })?;
+    if !output.status.success() {
+        let stale = match &dest {
+            Some(d) if std::fs::remove_file(d).is_ok() => {
+                format!(" (removed the stale {})", d.display())
+            }
+            _ => String::new(),
+        };
+        let diag = String::from_utf8_lossy(&output.stderr);
+        let mut lines: Vec<&str> = diag.lines().filter(|l| l.contains("error")).collect();
+        if lines.is_empty() {
+            lines = diag.lines().collect();
+        }
+        lines.truncate(MAX_COMPILER_LINES);
+        return Err(ShimError::Failed(format!(
+            "TensorRT shim not built: compiling shim/trtcache_trt.cpp against the TensorRT \
+             headers in {} failed ({}){stale}; the compiler said:\n{}",
+            inc.display(),
+            output.status,
+            lines.join("\n")
+        )));
     }
-    // OUT_DIR is target/<profile>/build/trtcache-<hash>/out: the binaries are three up.
-    if let Some(bin_dir) = out.ancestors().nth(3) {
-        let dest = bin_dir.join("libtrtcache_trt.so");
-        std::fs::copy(&so, &dest).map_err(|e| format!("copying to {}: {e}", dest.display()))?;
+    if let Some(dest) = dest {
+        std::fs::copy(&so, &dest).map_err(|e| {
+            ShimError::Failed(format!(
+                "TensorRT shim not built: copying to {}: {e}",
+                dest.display()
+            ))
+        })?;
     }
     Ok(())
 }

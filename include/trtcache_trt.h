@@ -28,7 +28,7 @@
 extern "C" {
 #endif
 
-#define TRTCACHE_TRT_ABI_VERSION 1u
+#define TRTCACHE_TRT_ABI_VERSION 2u
 /* Most dimensions a tensor shape may have (TensorRT's Dims::MAX_DIMS). */
 #define TRTCACHE_TRT_MAX_DIMS 8
 
@@ -150,8 +150,9 @@ uint32_t trtcache_trt_abi_version(void);
 /* The loaded TensorRT's version, from getInferLibVersion(): MAJOR*10000 + MINOR*100 + PATCH
  * for TensorRT 10+ (e.g. 101601 for 10.16.1). */
 int32_t trtcache_trt_library_version(void);
-/* The TensorRT major version the shim was compiled against (NV_TENSORRT_MAJOR). */
-int32_t trtcache_trt_compiled_major(void);
+/* The TensorRT headers the shim was compiled against, encoded as trtcache_trt_library_version:
+ * NV_TENSORRT_MAJOR*10000 + NV_TENSORRT_MINOR*100 + NV_TENSORRT_PATCH. */
+int32_t trtcache_trt_compiled_version(void);
 /* The calling thread's message for the last failed call ("" when none); valid until the
  * thread's next call into the library. */
 const char *trtcache_trt_last_error(void);
@@ -161,10 +162,11 @@ void trtcache_trt_bytes_free(trtcache_trt_bytes *bytes);
 
 /* --- parse, support query, build ------------------------------------------------------ */
 
-/* Parses an ONNX model from memory. `external_data_dir` is the folder external-data
- * locations are relative to (NULL or "" when the model has none). */
+/* Parses an ONNX model from memory on CUDA device `device` (the network, and the engine
+ * trtcache_trt_build makes from it, belong to that device). `external_data_dir` is the folder
+ * external-data locations are relative to (NULL or "" when the model has none). */
 trtcache_trt_status trtcache_trt_parse(const uint8_t *model, size_t model_len,
-                                       const char *external_data_dir,
+                                       const char *external_data_dir, int32_t device,
                                        trtcache_trt_network **out);
 void trtcache_trt_network_free(trtcache_trt_network *network);
 /* The network's inputs and outputs as JSON:
@@ -174,24 +176,24 @@ trtcache_trt_status trtcache_trt_network_io_json(trtcache_trt_network *network,
 /* The parser's support query (IParser::supportsModelV2) as JSON:
  * {"supported":bool,"subgraphs":[{"supported":bool,"nodes":[node indices]}],"errors":[..]}. */
 trtcache_trt_status trtcache_trt_supports(const uint8_t *model, size_t model_len,
-                                          const char *external_data_dir,
+                                          const char *external_data_dir, int32_t device,
                                           trtcache_trt_bytes *out);
-/* Builds a serialized engine (a `.plan`). `timing_cache_out` receives the timing cache after
- * the build (the input cache plus what the build measured). */
+/* Builds a serialized engine (a `.plan`) on the network's device. `timing_cache_out`
+ * receives the timing cache after the build (the input cache plus what the build measured). */
 trtcache_trt_status trtcache_trt_build(trtcache_trt_network *network,
                                        const trtcache_trt_build_options *options,
                                        trtcache_trt_bytes *engine_out,
                                        trtcache_trt_bytes *timing_cache_out);
-/* Merges two serialized timing caches (ITimingCache::combine) into `out`. Either may be
- * empty. Caches from another device or TensorRT version are refused. */
-trtcache_trt_status trtcache_trt_timing_cache_combine(const uint8_t *a, size_t a_len,
+/* Merges two serialized timing caches (ITimingCache::combine) on CUDA device `device` into
+ * `out`. Either may be empty. Caches from another device or TensorRT version are refused. */
+trtcache_trt_status trtcache_trt_timing_cache_combine(int32_t device, const uint8_t *a, size_t a_len,
                                                       const uint8_t *b, size_t b_len,
                                                       trtcache_trt_bytes *out);
 
 /* --- engines --------------------------------------------------------------------------- */
 
-/* Deserializes an engine on the current CUDA device. */
-trtcache_trt_status trtcache_trt_engine_load(const uint8_t *plan, size_t plan_len,
+/* Deserializes an engine on CUDA device `device`; every later call on the engine runs there. */
+trtcache_trt_status trtcache_trt_engine_load(const uint8_t *plan, size_t plan_len, int32_t device,
                                              trtcache_trt_engine **out);
 void trtcache_trt_engine_free(trtcache_trt_engine *engine);
 /* The engine's I/O tensors as JSON (as trtcache_trt_network_io_json, plus

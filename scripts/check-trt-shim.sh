@@ -33,9 +33,10 @@ out="${OUT_SO:-}"
 tmp=""
 if [ -z "$out" ]; then tmp="$(mktemp -d)"; out="$tmp/libtrtcache_trt.so"; fi
 trap '[ -n "$tmp" ] && rm -rf "$tmp"' EXIT
-major="$(sed -n 's/^#define TRT_MAJOR_ENTERPRISE \([0-9]*\).*/\1/p' "$trt/NvInferVersion.h" 2>/dev/null || true)"
-minor="$(sed -n 's/^#define TRT_MINOR_ENTERPRISE \([0-9]*\).*/\1/p' "$trt/NvInferVersion.h" 2>/dev/null || true)"
-patch="$(sed -n 's/^#define TRT_PATCH_ENTERPRISE \([0-9]*\).*/\1/p' "$trt/NvInferVersion.h" 2>/dev/null || true)"
+# The headers' own version, as the preprocessor sees it (10.0-10.13 define NV_TENSORRT_MAJOR
+# directly, 10.14+ through TRT_MAJOR_ENTERPRISE).
+read -r major minor patch < <(printf '#include <NvInferVersion.h>\nNV_TENSORRT_MAJOR NV_TENSORRT_MINOR NV_TENSORRT_PATCH\n' \
+  | "${CXX:-g++}" -E -P -x c++ -isystem "$trt" - 2>/dev/null | tail -1) || true
 echo "check-trt-shim: TensorRT headers ${major:-?}.${minor:-?}.${patch:-?} in $trt; $("$cxx" --version | head -1)"
 link=()
 if [ "${SHIM_NEEDED:-0}" = 1 ]; then

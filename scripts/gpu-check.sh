@@ -218,9 +218,10 @@ else
   # The shim's C API driven through ctypes: parse, supports, build with a timing cache, a
   # second build from that cache, load, inspect, run, compare with ONNX Runtime CPU.
   if run 150 5-trt-native.txt "$PY" - "$shim" "$MODELS/tiny_encoder_static.onnx" "$OUT/5-inspect.json" <<'EOF'
-import ctypes as C, json, sys, time
+import ctypes as C, json, os, sys, time
 import numpy as np
 shim, model_path, inspect_out = sys.argv[1], sys.argv[2], sys.argv[3]
+dev = int(os.environ.get("TRTCACHE_DEVICE", "0"))
 L = C.CDLL(shim)
 class Bytes(C.Structure): _fields_ = [("data", C.POINTER(C.c_uint8)), ("len", C.c_size_t)]
 class Opts(C.Structure): _fields_ = [("precision_flags", C.c_uint32), ("workspace_bytes", C.c_uint64),
@@ -231,11 +232,11 @@ class Tensor(C.Structure): _fields_ = [("name", C.c_char_p), ("dtype", C.c_int32
 P, VP, SZ = C.POINTER, C.c_void_p, C.c_size_t
 for name, res, args in [
     ("last_error", C.c_char_p, []), ("abi_version", C.c_uint32, []), ("library_version", C.c_int32, []),
-    ("compiled_major", C.c_int32, []), ("bytes_free", None, [P(Bytes)]),
-    ("parse", C.c_int, [C.c_char_p, SZ, C.c_char_p, P(VP)]), ("network_free", None, [VP]),
-    ("supports", C.c_int, [C.c_char_p, SZ, C.c_char_p, P(Bytes)]),
+    ("compiled_version", C.c_int32, []), ("bytes_free", None, [P(Bytes)]),
+    ("parse", C.c_int, [C.c_char_p, SZ, C.c_char_p, C.c_int32, P(VP)]), ("network_free", None, [VP]),
+    ("supports", C.c_int, [C.c_char_p, SZ, C.c_char_p, C.c_int32, P(Bytes)]),
     ("build", C.c_int, [VP, P(Opts), P(Bytes), P(Bytes)]),
-    ("engine_load", C.c_int, [C.c_char_p, SZ, P(VP)]), ("engine_free", None, [VP]),
+    ("engine_load", C.c_int, [C.c_char_p, SZ, C.c_int32, P(VP)]), ("engine_free", None, [VP]),
     ("engine_io_json", C.c_int, [VP, P(Bytes)]), ("engine_inspect_json", C.c_int, [VP, P(Bytes)]),
     ("engine_run", C.c_int, [VP, C.c_int32, P(Tensor), SZ, P(VP)]),
     ("outputs_count", SZ, [VP]), ("outputs_get", P(Tensor), [VP, SZ]), ("outputs_free", None, [VP])]:
@@ -245,13 +246,13 @@ def check(st, what):
 def take(b):
     v = bytes(C.string_at(b.data, b.len)) if b.len else b""
     L.trtcache_trt_bytes_free(C.byref(b)); return v
-print("abi", L.trtcache_trt_abi_version(), "TensorRT", L.trtcache_trt_library_version(), "compiled for", L.trtcache_trt_compiled_major())
+print("abi", L.trtcache_trt_abi_version(), "TensorRT", L.trtcache_trt_library_version(), "compiled against", L.trtcache_trt_compiled_version(), "device", dev)
 model = open(model_path, "rb").read()
-b = Bytes(); check(L.trtcache_trt_supports(model, len(model), None, C.byref(b)), "supports")
+b = Bytes(); check(L.trtcache_trt_supports(model, len(model), None, dev, C.byref(b)), "supports")
 print("supports:", take(b).decode()[:2000])
 cache = b""
 for run in (1, 2):
-    net = C.c_void_p(); check(L.trtcache_trt_parse(model, len(model), None, C.byref(net)), "parse")
+    net = C.c_void_p(); check(L.trtcache_trt_parse(model, len(model), None, dev, C.byref(net)), "parse")
     cbuf = C.create_string_buffer(cache, len(cache)) if cache else None
     o = Opts(0, 0, -1, 0, None, 0, C.cast(cbuf, C.c_void_p) if cbuf else None, len(cache))
     plan, tc = Bytes(), Bytes(); t0 = time.time()
@@ -260,7 +261,7 @@ for run in (1, 2):
     plan_bytes, cache = take(plan), take(tc)
     print(f"  plan {len(plan_bytes)} bytes, timing cache out {len(cache)} bytes")
     L.trtcache_trt_network_free(net)
-eng = C.c_void_p(); check(L.trtcache_trt_engine_load(plan_bytes, len(plan_bytes), C.byref(eng)), "engine_load")
+eng = C.c_void_p(); check(L.trtcache_trt_engine_load(plan_bytes, len(plan_bytes), dev, C.byref(eng)), "engine_load")
 b = Bytes(); check(L.trtcache_trt_engine_io_json(eng, C.byref(b)), "engine_io_json"); io = json.loads(take(b)); print("io:", io)
 b = Bytes(); check(L.trtcache_trt_engine_inspect_json(eng, C.byref(b)), "engine_inspect_json"); open(inspect_out, "wb").write(take(b))
 rng = np.random.default_rng(0); feeds = {}; tensors = []

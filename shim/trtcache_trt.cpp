@@ -1,13 +1,18 @@
 // The TensorRT shim: implements include/trtcache_trt.h over TensorRT's C++ builder, ONNX
 // parser and runtime (NvInfer.h, NvOnnxParser.h) and the CUDA runtime API.
 //
-// Written against TensorRT 10 and compiled against TensorRT 10.16.1 and 11.1 headers
-// (scripts/check-trt-shim.sh). TensorRT 11 removed the weakly typed precision flags
-// (BuilderFlag::kFP16, kINT8, kBF16, kFP8): built against 11, asking for them returns
-// TRTCACHE_TRT_UNSUPPORTED. Nothing here has been run: no GPU and no TensorRT library were
-// available where it was written (docs/trt.md).
+// Written against TensorRT 10 and compiled against TensorRT 10.0, 10.7, 10.8, 10.9, 10.13,
+// 10.16 and 11.1 headers (scripts/check-trt-shim.sh, docs/trt.md). What older headers lack is
+// guarded by version (TRTCACHE_TRT_AT_LEAST): the parser's supportsModelV2 (10.1; 10.0 uses
+// supportsModel), DataType::kFP4 (10.8), HardwareCompatibilityLevel::kSAME_COMPUTE_CAPABILITY
+// (10.9; asking for it from a shim compiled against older headers returns
+// TRTCACHE_TRT_UNSUPPORTED naming both versions). TensorRT 11 removed the weakly typed
+// precision flags (BuilderFlag::kFP16, kINT8, kBF16, kFP8): built against 11, asking for them
+// returns TRTCACHE_TRT_UNSUPPORTED. Nothing here has been run: no GPU and no TensorRT library
+// were available where it was written (docs/trt.md).
 //
-// Every entry point catches everything: no exception crosses the C boundary.
+// Every entry point catches everything: no exception crosses the C boundary. Every entry point
+// that touches CUDA or TensorRT selects its device first (selectDevice).
 
 #include "trtcache_trt.h"
 
@@ -23,6 +28,16 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#if NV_TENSORRT_MAJOR < 10
+#error "trtcache's TensorRT shim needs TensorRT 10 or later headers (NvInferVersion.h says an older major)"
+#endif
+
+// Whether the TensorRT headers compiled against are MAJOR.MINOR or later.
+#define TRTCACHE_TRT_AT_LEAST(major, minor)                                                       \
+    (NV_TENSORRT_MAJOR > (major) || (NV_TENSORRT_MAJOR == (major) && NV_TENSORRT_MINOR >= (minor)))
+// The headers' version, encoded as getInferLibVersion() encodes the library's.
+#define TRTCACHE_TRT_COMPILED_VERSION (NV_TENSORRT_MAJOR * 10000 + NV_TENSORRT_MINOR * 100 + NV_TENSORRT_PATCH)
 
 namespace
 {
@@ -80,6 +95,52 @@ trtcache_trt_status cudaFail(char const* what, cudaError_t e)
 {
     return fail(TRTCACHE_TRT_CUDA_FAILED, std::string(what) + ": " + cudaGetErrorString(e));
 }
+
+// Used only in messages for what the compiled-against headers lack.
+[[maybe_unused]] std::string compiledVersionString()
+{
+    return std::to_string(NV_TENSORRT_MAJOR) + "." + std::to_string(NV_TENSORRT_MINOR) + "."
+        + std::to_string(NV_TENSORRT_PATCH);
+}
+
+// Makes `device` the calling thread's current CUDA device. Not restored afterwards: setting
+// the previous device back would create a context on it (CUDA 12 initialises the primary
+// context in cudaSetDevice), and every entry point selects its own device anyway.
+trtcache_trt_status selectDevice(int32_t device)
+{
+    if (device < 0)
+    {
+        return fail(TRTCACHE_TRT_INVALID_ARGUMENT, "CUDA device " + std::to_string(device) + " is not an ordinal");
+    }
+    int count = 0;
+    cudaError_t ce = cudaGetDeviceCount(&count);
+    if (ce != cudaSuccess)
+    {
+        return cudaFail("cudaGetDeviceCount", ce);
+    }
+    if (device >= count)
+    {
+        return fail(TRTCACHE_TRT_CUDA_FAILED,
+            "CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(count)
+                + " visible to the CUDA runtime; CUDA_VISIBLE_DEVICES renumbers them)");
+    }
+    ce = cudaSetDevice(device);
+    if (ce != cudaSuccess)
+    {
+        return cudaFail(("cudaSetDevice(" + std::to_string(device) + ")").c_str(), ce);
+    }
+    return TRTCACHE_TRT_OK;
+}
+
+#define TRTCACHE_SELECT_DEVICE(device)                                                            \
+    do                                                                                            \
+    {                                                                                             \
+        trtcache_trt_status selected = selectDevice(device);                                      \
+        if (selected != TRTCACHE_TRT_OK)                                                          \
+        {                                                                                         \
+            return selected;                                                                      \
+        }                                                                                         \
+    } while (false)
 
 // Copies `s` into shim-owned bytes.
 trtcache_trt_status toBytes(void const* data, size_t len, trtcache_trt_bytes* out)
@@ -164,8 +225,10 @@ size_t dtypeBits(nvinfer1::DataType t)
     case nvinfer1::DataType::kBOOL:
     case nvinfer1::DataType::kFP8: return 8;
     case nvinfer1::DataType::kINT64: return 64;
-    case nvinfer1::DataType::kINT4:
+    case nvinfer1::DataType::kINT4: return 4;
+#if TRTCACHE_TRT_AT_LEAST(10, 8)
     case nvinfer1::DataType::kFP4: return 4;
+#endif
     default: return 0;
     }
 }
@@ -232,6 +295,7 @@ struct CudaBuffer
 
 struct trtcache_trt_network
 {
+    int32_t device = 0;
     std::unique_ptr<nvinfer1::IBuilder> builder;
     std::unique_ptr<nvinfer1::INetworkDefinition> network;
     std::unique_ptr<nvonnxparser::IParser> parser;
@@ -239,6 +303,7 @@ struct trtcache_trt_network
 
 struct trtcache_trt_engine
 {
+    int32_t device = 0;
     std::unique_ptr<nvinfer1::IRuntime> runtime;
     std::unique_ptr<nvinfer1::ICudaEngine> engine;
     std::unique_ptr<nvinfer1::IExecutionContext> context;
@@ -283,9 +348,9 @@ int32_t trtcache_trt_library_version(void)
     return getInferLibVersion();
 }
 
-int32_t trtcache_trt_compiled_major(void)
+int32_t trtcache_trt_compiled_version(void)
 {
-    return NV_TENSORRT_MAJOR;
+    return TRTCACHE_TRT_COMPILED_VERSION;
 }
 
 char const* trtcache_trt_last_error(void)
@@ -321,8 +386,8 @@ void trtcache_trt_bytes_free(trtcache_trt_bytes* bytes)
     }
 }
 
-trtcache_trt_status trtcache_trt_parse(
-    uint8_t const* model, size_t model_len, char const* external_data_dir, trtcache_trt_network** out)
+trtcache_trt_status trtcache_trt_parse(uint8_t const* model, size_t model_len, char const* external_data_dir,
+    int32_t device, trtcache_trt_network** out)
 {
     TRTCACHE_GUARD_BEGIN
     if (model == nullptr || out == nullptr)
@@ -330,7 +395,9 @@ trtcache_trt_status trtcache_trt_parse(
         return fail(TRTCACHE_TRT_INVALID_ARGUMENT, "trtcache_trt_parse: null model or out");
     }
     *out = nullptr;
+    TRTCACHE_SELECT_DEVICE(device);
     auto n = std::make_unique<trtcache_trt_network>();
+    n->device = device;
     n->builder.reset(nvinfer1::createInferBuilder(logger()));
     if (!n->builder)
     {
@@ -358,6 +425,13 @@ trtcache_trt_status trtcache_trt_parse(
 
 void trtcache_trt_network_free(trtcache_trt_network* network)
 {
+    if (network == nullptr)
+    {
+        return;
+    }
+    // TensorRT's objects are released on the device they were made on; nothing to report
+    // from a void function if that fails.
+    (void) cudaSetDevice(network->device);
     // Destruction order: parser, network, builder (members are destroyed in reverse order).
     delete network;
 }
@@ -390,13 +464,14 @@ trtcache_trt_status trtcache_trt_network_io_json(trtcache_trt_network* network, 
 }
 
 trtcache_trt_status trtcache_trt_supports(
-    uint8_t const* model, size_t model_len, char const* external_data_dir, trtcache_trt_bytes* out)
+    uint8_t const* model, size_t model_len, char const* external_data_dir, int32_t device, trtcache_trt_bytes* out)
 {
     TRTCACHE_GUARD_BEGIN
     if (model == nullptr || out == nullptr)
     {
         return fail(TRTCACHE_TRT_INVALID_ARGUMENT, "trtcache_trt_supports: null model or out");
     }
+    TRTCACHE_SELECT_DEVICE(device);
     std::unique_ptr<nvinfer1::IBuilder> builder(nvinfer1::createInferBuilder(logger()));
     if (!builder)
     {
@@ -413,8 +488,9 @@ trtcache_trt_status trtcache_trt_supports(
         return fail(TRTCACHE_TRT_INTERNAL, "createParser failed");
     }
     std::string path = modelPathFor(external_data_dir);
-    bool supported = parser->supportsModelV2(model, model_len, path.empty() ? nullptr : path.c_str());
     std::ostringstream js;
+#if TRTCACHE_TRT_AT_LEAST(10, 1)
+    bool supported = parser->supportsModelV2(model, model_len, path.empty() ? nullptr : path.c_str());
     js << "{\"supported\":" << (supported ? "true" : "false") << ",\"subgraphs\":[";
     int64_t n = parser->getNbSubgraphs();
     for (int64_t i = 0; i < n; ++i)
@@ -429,6 +505,21 @@ trtcache_trt_status trtcache_trt_supports(
         }
         js << "]}";
     }
+#else
+    // TensorRT 10.0's parser has no supportsModelV2: supportsModel fills the same partition.
+    SubGraphCollection_t subgraphs;
+    bool supported = parser->supportsModel(model, model_len, subgraphs, path.empty() ? nullptr : path.c_str());
+    js << "{\"supported\":" << (supported ? "true" : "false") << ",\"subgraphs\":[";
+    for (size_t i = 0; i < subgraphs.size(); ++i)
+    {
+        js << (i > 0 ? "," : "") << "{\"supported\":" << (subgraphs[i].second ? "true" : "false") << ",\"nodes\":[";
+        for (size_t j = 0; j < subgraphs[i].first.size(); ++j)
+        {
+            js << (j > 0 ? "," : "") << subgraphs[i].first[j];
+        }
+        js << "]}";
+    }
+#endif
     js << "],\"errors\":[";
     bool firstError = true;
     for (int i = 0; i < parser->getNbErrors(); ++i)
@@ -459,6 +550,7 @@ trtcache_trt_status trtcache_trt_build(trtcache_trt_network* network, trtcache_t
     engine_out->len = 0;
     timing_cache_out->data = nullptr;
     timing_cache_out->len = 0;
+    TRTCACHE_SELECT_DEVICE(network->device);
     nvinfer1::IBuilder& builder = *network->builder;
     std::unique_ptr<nvinfer1::IBuilderConfig> config(builder.createBuilderConfig());
     if (!config)
@@ -524,8 +616,16 @@ trtcache_trt_status trtcache_trt_build(trtcache_trt_network* network, trtcache_t
         config->setHardwareCompatibilityLevel(nvinfer1::HardwareCompatibilityLevel::kAMPERE_PLUS);
         break;
     case TRTCACHE_TRT_HWCOMPAT_SAME_COMPUTE_CAPABILITY:
+#if TRTCACHE_TRT_AT_LEAST(10, 9)
         config->setHardwareCompatibilityLevel(nvinfer1::HardwareCompatibilityLevel::kSAME_COMPUTE_CAPABILITY);
         break;
+#else
+        return fail(TRTCACHE_TRT_UNSUPPORTED,
+            "hardware compatibility level same-compute-capability needs TensorRT 10.9 or later; this shim was "
+            "compiled against TensorRT "
+                + compiledVersionString() + " headers (rebuild it against TensorRT 10.9+ headers, or build with "
+                + "hardware compatibility none or ampere-plus)");
+#endif
     default:
         return fail(TRTCACHE_TRT_INVALID_ARGUMENT,
             "hardware compatibility level " + std::to_string(options->hardware_compatibility_level) + " is unknown");
@@ -610,13 +710,14 @@ trtcache_trt_status trtcache_trt_build(trtcache_trt_network* network, trtcache_t
 }
 
 trtcache_trt_status trtcache_trt_timing_cache_combine(
-    uint8_t const* a, size_t a_len, uint8_t const* b, size_t b_len, trtcache_trt_bytes* out)
+    int32_t device, uint8_t const* a, size_t a_len, uint8_t const* b, size_t b_len, trtcache_trt_bytes* out)
 {
     TRTCACHE_GUARD_BEGIN
     if (out == nullptr)
     {
         return fail(TRTCACHE_TRT_INVALID_ARGUMENT, "trtcache_trt_timing_cache_combine: null out");
     }
+    TRTCACHE_SELECT_DEVICE(device);
     std::unique_ptr<nvinfer1::IBuilder> builder(nvinfer1::createInferBuilder(logger()));
     if (!builder)
     {
@@ -647,7 +748,8 @@ trtcache_trt_status trtcache_trt_timing_cache_combine(
     TRTCACHE_GUARD_END
 }
 
-trtcache_trt_status trtcache_trt_engine_load(uint8_t const* plan, size_t plan_len, trtcache_trt_engine** out)
+trtcache_trt_status trtcache_trt_engine_load(
+    uint8_t const* plan, size_t plan_len, int32_t device, trtcache_trt_engine** out)
 {
     TRTCACHE_GUARD_BEGIN
     if (plan == nullptr || plan_len == 0 || out == nullptr)
@@ -655,17 +757,9 @@ trtcache_trt_status trtcache_trt_engine_load(uint8_t const* plan, size_t plan_le
         return fail(TRTCACHE_TRT_INVALID_ARGUMENT, "trtcache_trt_engine_load: empty plan or null out");
     }
     *out = nullptr;
-    int devices = 0;
-    cudaError_t ce = cudaGetDeviceCount(&devices);
-    if (ce != cudaSuccess)
-    {
-        return cudaFail("cudaGetDeviceCount", ce);
-    }
-    if (devices == 0)
-    {
-        return fail(TRTCACHE_TRT_CUDA_FAILED, "no CUDA device");
-    }
+    TRTCACHE_SELECT_DEVICE(device);
     auto e = std::make_unique<trtcache_trt_engine>();
+    e->device = device;
     e->runtime.reset(nvinfer1::createInferRuntime(logger()));
     if (!e->runtime)
     {
@@ -688,6 +782,11 @@ trtcache_trt_status trtcache_trt_engine_load(uint8_t const* plan, size_t plan_le
 
 void trtcache_trt_engine_free(trtcache_trt_engine* engine)
 {
+    if (engine == nullptr)
+    {
+        return;
+    }
+    (void) cudaSetDevice(engine->device); // as in trtcache_trt_network_free
     delete engine;
 }
 
@@ -698,6 +797,7 @@ trtcache_trt_status trtcache_trt_engine_io_json(trtcache_trt_engine* engine, trt
     {
         return fail(TRTCACHE_TRT_INVALID_ARGUMENT, "trtcache_trt_engine_io_json: null argument");
     }
+    TRTCACHE_SELECT_DEVICE(engine->device);
     nvinfer1::ICudaEngine& eng = *engine->engine;
     std::ostringstream ins;
     std::ostringstream outs;
@@ -727,6 +827,7 @@ trtcache_trt_status trtcache_trt_engine_inspect_json(trtcache_trt_engine* engine
     {
         return fail(TRTCACHE_TRT_INVALID_ARGUMENT, "trtcache_trt_engine_inspect_json: null argument");
     }
+    TRTCACHE_SELECT_DEVICE(engine->device);
     std::unique_ptr<nvinfer1::IEngineInspector> inspector(engine->engine->createEngineInspector());
     if (!inspector)
     {
@@ -751,6 +852,7 @@ trtcache_trt_status trtcache_trt_engine_run(trtcache_trt_engine* engine, int32_t
         return fail(TRTCACHE_TRT_INVALID_ARGUMENT, "trtcache_trt_engine_run: null argument");
     }
     *out = nullptr;
+    TRTCACHE_SELECT_DEVICE(engine->device);
     nvinfer1::ICudaEngine& eng = *engine->engine;
     nvinfer1::IExecutionContext& ctx = *engine->context;
     if (profile < 0 || profile >= eng.getNbOptimizationProfiles())

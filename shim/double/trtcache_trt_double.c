@@ -4,8 +4,14 @@
  * artifact layout, key parts, timing-cache merging, the Triton export) is tested on machines
  * without TensorRT. It proves nothing about TensorRT: tests/it/trt.rs compiles it with the
  * system C compiler. Canned behaviour:
- *   - version: DOUBLE_VERSION (default 101601, i.e. 10.16.1); ABI: DOUBLE_ABI (default the
- *     header's);
+ *   - version: DOUBLE_VERSION (default 101601, i.e. 10.16.1), or, built with
+ *     -DDOUBLE_LINK_TRT, what the getInferLibVersion() it is linked against returns (a real
+ *     dynamic-linking test of which libnvinfer the loader bound); compiled-against version:
+ *     DOUBLE_COMPILED_VERSION (default DOUBLE_VERSION); ABI: DOUBLE_ABI (default the header's);
+ *   - devices: DOUBLE_DEVICE_COUNT (default 1) CUDA devices; a call given another ordinal
+ *     fails as the shim does. The device a network was parsed on is written into its plan
+ *     ("device"), and engine_load refuses a plan built on another device than it is given,
+ *     so a test sees which device every call was given;
  *   - parse: refuses an empty model and one starting with "REJECT"; the network has one fp32
  *     input `x` [-1,4] and one output `y` [-1,4];
  *   - supports: one supported subgraph of nodes 0 and 1, unless the model starts with
@@ -29,8 +35,14 @@
 #ifndef DOUBLE_VERSION
 #define DOUBLE_VERSION 101601
 #endif
+#ifndef DOUBLE_COMPILED_VERSION
+#define DOUBLE_COMPILED_VERSION DOUBLE_VERSION
+#endif
 #ifndef DOUBLE_ABI
 #define DOUBLE_ABI TRTCACHE_TRT_ABI_VERSION
+#endif
+#ifndef DOUBLE_DEVICE_COUNT
+#define DOUBLE_DEVICE_COUNT 1
 #endif
 
 static _Thread_local char last_error[512];
@@ -55,22 +67,38 @@ static trtcache_trt_status give(const char *data, size_t len, trtcache_trt_bytes
 
 static const char PERTURB[] = "trtcache-double-perturb";
 
-struct trtcache_trt_network { size_t model_len; int perturb; };
-struct trtcache_trt_engine { int int8; int profiles; };
+static trtcache_trt_status select_device(int32_t device) {
+    if (device < 0) return fail(TRTCACHE_TRT_INVALID_ARGUMENT, "CUDA device is not an ordinal");
+    if (device >= DOUBLE_DEVICE_COUNT) {
+        snprintf(last_error, sizeof last_error, "double: CUDA device %d does not exist (%d visible)",
+                 (int)device, DOUBLE_DEVICE_COUNT);
+        return TRTCACHE_TRT_CUDA_FAILED;
+    }
+    return TRTCACHE_TRT_OK;
+}
+
+struct trtcache_trt_network { size_t model_len; int perturb; int32_t device; };
+struct trtcache_trt_engine { int int8; int profiles; int32_t device; };
 struct trtcache_trt_outputs { trtcache_trt_tensor t; void *data; };
 
 uint32_t trtcache_trt_abi_version(void) { return DOUBLE_ABI; }
+#ifdef DOUBLE_LINK_TRT
+extern int32_t getInferLibVersion(void);
+int32_t trtcache_trt_library_version(void) { return getInferLibVersion(); }
+#else
 int32_t trtcache_trt_library_version(void) { return DOUBLE_VERSION; }
-int32_t trtcache_trt_compiled_major(void) { return DOUBLE_VERSION / 10000; }
+#endif
+int32_t trtcache_trt_compiled_version(void) { return DOUBLE_COMPILED_VERSION; }
 const char *trtcache_trt_last_error(void) { return last_error; }
 const char *trtcache_trt_status_name(int32_t s) { return s == 0 ? "TRTCACHE_TRT_OK" : "DOUBLE_STATUS"; }
 void trtcache_trt_bytes_free(trtcache_trt_bytes *b) { if (b) { free(b->data); b->data = NULL; b->len = 0; } }
 
-trtcache_trt_status trtcache_trt_parse(const uint8_t *model, size_t len, const char *dir,
+trtcache_trt_status trtcache_trt_parse(const uint8_t *model, size_t len, const char *dir, int32_t device,
                                        trtcache_trt_network **out) {
     (void)dir;
     last_error[0] = 0;
     if (!model || !out) return fail(TRTCACHE_TRT_INVALID_ARGUMENT, "null argument");
+    if (select_device(device)) return TRTCACHE_TRT_CUDA_FAILED;
     if (len == 0) return fail(TRTCACHE_TRT_PARSE_FAILED, "the model is empty");
     if (len >= 6 && memcmp(model, "REJECT", 6) == 0)
         return fail(TRTCACHE_TRT_PARSE_FAILED, "node 0 (bad Foo): no importer for op Foo");
@@ -78,6 +106,7 @@ trtcache_trt_status trtcache_trt_parse(const uint8_t *model, size_t len, const c
     if (!*out) return fail(TRTCACHE_TRT_OUT_OF_MEMORY, "malloc");
     (*out)->model_len = len;
     (*out)->perturb = memmem(model, len, PERTURB, sizeof PERTURB - 1) != NULL;
+    (*out)->device = device;
     return TRTCACHE_TRT_OK;
 }
 
@@ -94,10 +123,11 @@ trtcache_trt_status trtcache_trt_network_io_json(trtcache_trt_network *n, trtcac
     return give(buf, strlen(buf), out);
 }
 
-trtcache_trt_status trtcache_trt_supports(const uint8_t *model, size_t len, const char *dir,
+trtcache_trt_status trtcache_trt_supports(const uint8_t *model, size_t len, const char *dir, int32_t device,
                                           trtcache_trt_bytes *out) {
     (void)dir;
     if (!model || !out) return fail(TRTCACHE_TRT_INVALID_ARGUMENT, "null argument");
+    if (select_device(device)) return TRTCACHE_TRT_CUDA_FAILED;
     const char *js = (len >= 7 && memcmp(model, "PARTIAL", 7) == 0)
         ? "{\"supported\":false,\"subgraphs\":[{\"supported\":true,\"nodes\":[0]},"
           "{\"supported\":false,\"nodes\":[1]}],\"errors\":[]}"
@@ -118,8 +148,8 @@ trtcache_trt_status trtcache_trt_build(trtcache_trt_network *n, const trtcache_t
          memcmp(o->timing_cache, CACHE_HEADER, sizeof CACHE_HEADER - 1) != 0))
         return fail(TRTCACHE_TRT_DESERIALIZE_FAILED, "the timing cache could not be read");
     at = (size_t)snprintf(buf, sizeof buf,
-        "%s{\"precision_flags\":%u,\"perturb\":%d,\"workspace_bytes\":%llu,\"opt_level\":%d,\"hwcompat\":%d,\"profiles\":[",
-        PLAN_HEADER, o->precision_flags, n->perturb, (unsigned long long)o->workspace_bytes,
+        "%s{\"precision_flags\":%u,\"perturb\":%d,\"device\":%d,\"workspace_bytes\":%llu,\"opt_level\":%d,\"hwcompat\":%d,\"profiles\":[",
+        PLAN_HEADER, o->precision_flags, n->perturb, (int)n->device, (unsigned long long)o->workspace_bytes,
         o->builder_optimization_level, o->hardware_compatibility_level);
     for (size_t p = 0; p < o->nb_profiles && at < sizeof buf; ++p) {
         at += (size_t)snprintf(buf + at, sizeof buf - at, "%s[", p ? "," : "");
@@ -152,10 +182,11 @@ trtcache_trt_status trtcache_trt_build(trtcache_trt_network *n, const trtcache_t
 }
 
 /* Union of lines (after the header), sorted by first appearance: a, then b's new ones. */
-trtcache_trt_status trtcache_trt_timing_cache_combine(const uint8_t *a, size_t al, const uint8_t *b, size_t bl,
-                                                      trtcache_trt_bytes *out) {
+trtcache_trt_status trtcache_trt_timing_cache_combine(int32_t device, const uint8_t *a, size_t al, const uint8_t *b,
+                                                      size_t bl, trtcache_trt_bytes *out) {
     const size_t hl = sizeof CACHE_HEADER - 1;
     if (!out) return fail(TRTCACHE_TRT_INVALID_ARGUMENT, "null out");
+    if (select_device(device)) return TRTCACHE_TRT_CUDA_FAILED;
     if ((al && (al < hl || memcmp(a, CACHE_HEADER, hl))) || (bl && (bl < hl || memcmp(b, CACHE_HEADER, hl))))
         return fail(TRTCACHE_TRT_DESERIALIZE_FAILED, "a timing cache could not be read");
     char *res = malloc(hl + al + bl + 2);
@@ -186,17 +217,30 @@ trtcache_trt_status trtcache_trt_timing_cache_combine(const uint8_t *a, size_t a
     return TRTCACHE_TRT_OK;
 }
 
-trtcache_trt_status trtcache_trt_engine_load(const uint8_t *plan, size_t len, trtcache_trt_engine **out) {
+trtcache_trt_status trtcache_trt_engine_load(const uint8_t *plan, size_t len, int32_t device,
+                                             trtcache_trt_engine **out) {
     const size_t hl = sizeof PLAN_HEADER - 1;
     if (!plan || !out) return fail(TRTCACHE_TRT_INVALID_ARGUMENT, "null argument");
+    if (select_device(device)) return TRTCACHE_TRT_CUDA_FAILED;
     if (len < hl || memcmp(plan, PLAN_HEADER, hl)) return fail(TRTCACHE_TRT_DESERIALIZE_FAILED, "not a plan");
+    unsigned flags = 0;
+    int perturb = 0, built_on = 0;
+    char text[128];
+    size_t tl = len - hl < sizeof text - 1 ? len - hl : sizeof text - 1;
+    memcpy(text, plan + hl, tl);
+    text[tl] = 0;
+    if (sscanf(text, "{\"precision_flags\":%u,\"perturb\":%d,\"device\":%d", &flags, &perturb, &built_on) != 3)
+        return fail(TRTCACHE_TRT_DESERIALIZE_FAILED, "not a plan of this double");
+    if (built_on != device) {
+        snprintf(last_error, sizeof last_error, "double: the plan was built on CUDA device %d, loaded on %d",
+                 built_on, (int)device);
+        return TRTCACHE_TRT_DESERIALIZE_FAILED;
+    }
     *out = calloc(1, sizeof **out);
     if (!*out) return fail(TRTCACHE_TRT_OUT_OF_MEMORY, "malloc");
-    unsigned flags = 0;
-    int perturb = 0;
-    if (sscanf((const char *)plan + hl, "{\"precision_flags\":%u,\"perturb\":%d", &flags, &perturb) == 2)
-        (*out)->int8 = (flags & TRTCACHE_TRT_PRECISION_INT8) != 0 || perturb;
+    (*out)->int8 = (flags & TRTCACHE_TRT_PRECISION_INT8) != 0 || perturb;
     (*out)->profiles = 1;
+    (*out)->device = device;
     return TRTCACHE_TRT_OK;
 }
 

@@ -74,7 +74,8 @@ impl BackendImpl for NativeTrt {
         if let Some(s) = &store {
             eo.timing_cache = s.load(&gpu, &version)?;
         }
-        let mut network = trt.parse(&bytes, model.parent())?;
+        // Parsed, built and timed on the GPU the key names (`--device`, TRTCACHE_DEVICE).
+        let mut network = trt.parse(&bytes, model.parent(), opts.device_id)?;
         let io = network.io()?;
         unprofiled_inputs(&io.inputs, eo.profiles.first(), model)?;
         let built = match network.build(&eo) {
@@ -100,7 +101,7 @@ impl BackendImpl for NativeTrt {
         if let Some(s) = &store {
             // A cache TensorRT cannot merge (another device or version) leaves the stored
             // one as it was; the engine is good either way.
-            match s.merge_with(&trt, &gpu, &built.timing_cache) {
+            match s.merge_with(&trt, opts.device_id, &gpu, &built.timing_cache) {
                 Ok(p) => tracing::debug!(timing_cache = %p.display(), "timing cache merged"),
                 Err(e) => tracing::warn!(error = %e, "timing cache not merged"),
             }
@@ -148,12 +149,12 @@ impl BackendImpl for NativeTrt {
         &self,
         _rt: &Runtime,
         art: &StagedArtifact,
-        _opts: &BuildOptions,
+        opts: &BuildOptions,
     ) -> Result<(), BuildError> {
         artifact::read_meta(&art.dir)?;
         let plan_path = artifact::plan_path(&art.dir);
         let plan = std::fs::read(&plan_path).map_err(io_err(&plan_path))?;
-        shim()?.load_engine(&plan)?;
+        shim()?.load_engine(&plan, opts.device_id)?;
         Ok(())
     }
 
@@ -170,7 +171,7 @@ impl BackendImpl for NativeTrt {
         artifact::read_meta(&art.dir)?;
         let plan_path = artifact::plan_path(&art.dir);
         let plan = std::fs::read(&plan_path).map_err(io_err(&plan_path))?;
-        let mut engine = trt.load_engine(&plan)?;
+        let mut engine = trt.load_engine(&plan, opts.device_id)?;
         validate_with(
             rt,
             model,
@@ -235,7 +236,14 @@ fn seed_into(store: &TimingCacheStore, gpu: &crate::device::Sku, version: &str, 
 /// the build.
 pub(crate) fn merge_ep_timing_cache(opts: &BuildOptions, dir: &Path) {
     if let Some((store, gpu, version)) = ep_shared_cache(opts) {
-        merge_from(&store, &gpu, &version, dir, shim().ok().as_ref());
+        let trt = shim().ok();
+        merge_from(
+            &store,
+            &gpu,
+            &version,
+            dir,
+            trt.as_ref().map(|t| (t, opts.device_id)),
+        );
     }
 }
 
@@ -244,7 +252,7 @@ fn merge_from(
     gpu: &crate::device::Sku,
     version: &str,
     dir: &Path,
-    trt: Option<&Trt>,
+    trt: Option<(&Trt, i32)>,
 ) {
     let cc = gpu.compute_capability.clone().unwrap_or_default();
     let produced = match std::fs::read(dir.join(ep_timing_file(&cc))) {
@@ -255,7 +263,7 @@ fn merge_from(
         }
     };
     let merged = match trt {
-        Some(trt) => store.merge_with(trt, gpu, &produced),
+        Some((trt, device)) => store.merge_with(trt, device, gpu, &produced),
         None => store.merge_and_store(gpu, version, &produced, |_, ep| Ok(ep.to_vec())),
     };
     if let Err(e) = merged {

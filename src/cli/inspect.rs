@@ -44,7 +44,7 @@ pub struct InspectArgs {
     pub export_subgraphs: Option<PathBuf>,
     /// Also ask TensorRT's own ONNX parser (`supportsModelV2`, through the TensorRT shim;
     /// needs TensorRT, docs/trt.md) and show its verdict per node next to the static
-    /// table's, flagging every disagreement.
+    /// table's, flagging every disagreement. Runs on the GPU TRTCACHE_DEVICE names (default 0).
     #[arg(long)]
     pub trt: bool,
 }
@@ -110,7 +110,16 @@ pub fn run(a: InspectArgs) -> anyhow::Result<ExitCode> {
     let trt = TrtTable::load(&trt_version).context("--trt-version")?;
     // The shim first: without TensorRT, --trt fails before any analysis.
     let shim = if a.trt {
-        Some(crate::build::trt::shim().context("inspect --trt")?)
+        let device = crate::config::gpu_ordinal()
+            .ok()
+            .and_then(|d| i32::try_from(d).ok())
+            .with_context(|| {
+                format!(
+                    "inspect --trt: {} is not a GPU ordinal",
+                    crate::config::DEVICE_ENV
+                )
+            })?;
+        Some((crate::build::trt::shim().context("inspect --trt")?, device))
     } else {
         None
     };
@@ -140,9 +149,9 @@ pub fn run(a: InspectArgs) -> anyhow::Result<ExitCode> {
         ..
     } = analysis;
     let parser = match &shim {
-        Some(shim) => {
+        Some((shim, device)) => {
             let verdict = shim
-                .supports(&model.bytes, a.model.parent())
+                .supports(&model.bytes, a.model.parent(), *device)
                 .with_context(|| format!("TensorRT's parser on {}", a.model.display()))?;
             let nodes = crate::trt::inspect::compare(&capability, &verdict);
             Some(ParserReport {

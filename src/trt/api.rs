@@ -2,6 +2,11 @@
 //! [`Engine`] (a deserialized plan). The plain data that crosses the boundary is in
 //! `types`.
 //!
+//! Every call that touches CUDA names its device (a CUDA ordinal, `--device` /
+//! `TRTCACHE_DEVICE`): [`Trt::parse`], [`Trt::supports`], [`Trt::load_engine`] and
+//! [`Trt::combine_timing_caches`] take it, and a [`Network`] or [`Engine`] runs every later call
+//! on the device it was made on (the shim selects it, `include/trtcache_trt.h`).
+//!
 //! Every call copies what the shim returns into Rust-owned values and frees the shim's
 //! memory with the matching `*_free` before returning; errors carry the calling thread's
 //! `trtcache_trt_last_error()` read right after the failing call.
@@ -148,10 +153,16 @@ impl Trt {
         TrtVersion::from_raw(unsafe { (self.api().trtcache_trt_library_version)() })
     }
 
-    /// The TensorRT major version the shim was compiled against.
-    pub fn compiled_major(&self) -> i32 {
+    /// The TensorRT headers the shim was compiled against (the loader checked that
+    /// [`Trt::version`] is of the same major and no older).
+    pub fn compiled_version(&self) -> TrtVersion {
         // SAFETY: no arguments.
-        unsafe { (self.api().trtcache_trt_compiled_major)() }
+        TrtVersion::from_raw(unsafe { (self.api().trtcache_trt_compiled_version)() })
+    }
+
+    /// The TensorRT major version the shim was compiled against.
+    pub fn compiled_major(&self) -> u32 {
+        self.compiled_version().major
     }
 
     /// A status's name as the shim spells it.
@@ -169,9 +180,14 @@ impl Trt {
         serde_json::from_slice(b).map_err(|source| TrtError::Json { call, source })
     }
 
-    /// Parses an ONNX model; `external_dir` is the folder external-data locations are
-    /// relative to.
-    pub fn parse(&self, model: &[u8], external_dir: Option<&Path>) -> Result<Network, TrtError> {
+    /// Parses an ONNX model on CUDA device `device` (its builds run there); `external_dir` is
+    /// the folder external-data locations are relative to.
+    pub fn parse(
+        &self,
+        model: &[u8],
+        external_dir: Option<&Path>,
+        device: i32,
+    ) -> Result<Network, TrtError> {
         let dir = dir_cstring(external_dir)?;
         let mut out = ptr::null_mut();
         // SAFETY: `model` and `dir` outlive the call; `out` receives an owned handle.
@@ -180,6 +196,7 @@ impl Trt {
                 model.as_ptr(),
                 model.len(),
                 dir.as_ref().map_or(ptr::null(), |d| d.as_ptr()),
+                device,
                 &mut out,
             )
         };
@@ -195,11 +212,12 @@ impl Trt {
         })
     }
 
-    /// The parser's support query over a model.
+    /// The parser's support query over a model, on CUDA device `device`.
     pub fn supports(
         &self,
         model: &[u8],
         external_dir: Option<&Path>,
+        device: i32,
     ) -> Result<SupportReport, TrtError> {
         let dir = dir_cstring(external_dir)?;
         let mut b = ShimBytes::new(self.api());
@@ -209,6 +227,7 @@ impl Trt {
                 model.as_ptr(),
                 model.len(),
                 dir.as_ref().map_or(ptr::null(), |d| d.as_ptr()),
+                device,
                 &mut b.raw,
             )
         };
@@ -216,12 +235,18 @@ impl Trt {
         Self::json("supports", &b.to_vec())
     }
 
-    /// Merges two serialized timing caches (either may be empty).
-    pub fn combine_timing_caches(&self, a: &[u8], b: &[u8]) -> Result<Vec<u8>, TrtError> {
+    /// Merges two serialized timing caches (either may be empty) on CUDA device `device`.
+    pub fn combine_timing_caches(
+        &self,
+        device: i32,
+        a: &[u8],
+        b: &[u8],
+    ) -> Result<Vec<u8>, TrtError> {
         let mut out = ShimBytes::new(self.api());
         // SAFETY: inputs outlive the call.
         let st = unsafe {
             (self.api().trtcache_trt_timing_cache_combine)(
+                device,
                 a.as_ptr(),
                 a.len(),
                 b.as_ptr(),
@@ -233,12 +258,13 @@ impl Trt {
         Ok(out.to_vec())
     }
 
-    /// Deserializes a plan on the current CUDA device.
-    pub fn load_engine(&self, plan: &[u8]) -> Result<Engine, TrtError> {
+    /// Deserializes a plan on CUDA device `device` (every call on the engine runs there).
+    pub fn load_engine(&self, plan: &[u8], device: i32) -> Result<Engine, TrtError> {
         let mut out = ptr::null_mut();
         // SAFETY: `plan` outlives the call.
-        let st =
-            unsafe { (self.api().trtcache_trt_engine_load)(plan.as_ptr(), plan.len(), &mut out) };
+        let st = unsafe {
+            (self.api().trtcache_trt_engine_load)(plan.as_ptr(), plan.len(), device, &mut out)
+        };
         self.check("engine_load", st)?;
         let ptr = NonNull::new(out).ok_or_else(|| TrtError::Call {
             call: "engine_load",

@@ -107,13 +107,19 @@ impl fmt::Display for Missing {
         }
         let mut hints = Vec::new();
         if !self.libraries.is_empty() {
-            hints.push(
-                "install TensorRT 10 (NVIDIA's packages: `apt install libnvinfer10 \
-                 libnvonnxparsers10 libnvinfer-dev libnvonnxparsers-dev` from the CUDA \
+            // The major the names ask for (`libnvinfer.so.11`): the one a shim was linked against.
+            let major = self
+                .libraries
+                .first()
+                .and_then(|(n, _)| n.rsplit('.').next())
+                .filter(|m| !m.is_empty() && m.bytes().all(|b| b.is_ascii_digit()))
+                .unwrap_or("10");
+            hints.push(format!(
+                "install TensorRT {major} (NVIDIA's packages: `apt install libnvinfer{major} \
+                 libnvonnxparsers{major} libnvinfer-dev libnvonnxparsers-dev` from the CUDA \
                  repository; or `pip install tensorrt-cu12` and set TENSORRT_ROOT to its \
                  `tensorrt_libs` folder)"
-                    .to_string(),
-            );
+            ));
         }
         if self.shim_unloadable.is_some() || !self.shim_searched.is_empty() {
             hints.push(format!(
@@ -147,6 +153,10 @@ pub enum TrtError {
         found: u32,
         expected: u32,
     },
+    /// The shim cannot run with the TensorRT on this host (linked against another or two
+    /// majors, or the loaded library is of another major or older than its headers).
+    #[error("the TensorRT shim {path} cannot be used: {reason} (docs/trt.md)")]
+    ShimMismatch { path: PathBuf, reason: String },
     /// A call into the shim failed.
     #[error("TensorRT {call}: {status}: {message}")]
     Call {
@@ -191,7 +201,7 @@ impl TrtError {
     pub fn is_host_problem(&self) -> bool {
         matches!(
             self,
-            TrtError::Unavailable(_) | TrtError::AbiMismatch { .. }
+            TrtError::Unavailable(_) | TrtError::AbiMismatch { .. } | TrtError::ShimMismatch { .. }
         )
     }
 

@@ -18,6 +18,7 @@
 
 mod api;
 pub mod artifact;
+mod elf;
 mod error;
 pub mod inspect;
 pub mod keys;

@@ -186,9 +186,19 @@ impl TimingCacheStore {
     }
 
     /// [`Self::merge_and_store`] merging with TensorRT's own `ITimingCache::combine`.
-    pub fn merge_with(&self, trt: &Trt, sku: &Sku, produced: &[u8]) -> Result<PathBuf, TrtError> {
+    /// `device` is the CUDA ordinal of the GPU `sku` describes (TensorRT checks the caches
+    /// against it).
+    pub fn merge_with(
+        &self,
+        trt: &Trt,
+        device: i32,
+        sku: &Sku,
+        produced: &[u8],
+    ) -> Result<PathBuf, TrtError> {
         let v = trt.version().to_string();
-        self.merge_and_store(sku, &v, produced, |a, b| trt.combine_timing_caches(a, b))
+        self.merge_and_store(sku, &v, produced, |a, b| {
+            trt.combine_timing_caches(device, a, b)
+        })
     }
 }
 

@@ -32,5 +32,6 @@ mod remote_faults;
 mod support;
 mod trt;
 mod trt_backend;
+mod trt_loader;
 mod trust_host;
 mod watch;

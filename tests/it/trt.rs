@@ -38,7 +38,7 @@ pub(crate) fn cc(srcs: &[&Path], out: &Path, extra: &[&str]) {
     assert!(st.success(), "compiling {srcs:?} failed");
 }
 
-fn double_src() -> PathBuf {
+pub(crate) fn double_src() -> PathBuf {
     repo().join("shim/double/trtcache_trt_double.c")
 }
 
@@ -174,7 +174,7 @@ fn the_abi_version_and_every_symbol_are_checked() {
     .unwrap_err()
     .to_string();
     assert!(
-        msg.contains("implements C API version 99, this trtcache needs 1"),
+        msg.contains("implements C API version 99, this trtcache needs 2"),
         "{msg}"
     );
 
@@ -205,7 +205,7 @@ fn versions_come_from_the_loaded_library() {
     assert_eq!(trt.compiled_major(), 10);
     let v = keys::backend_versions(&trt);
     assert_eq!(v["tensorrt"], "10.16.1");
-    assert_eq!(v["trtcache-trt-abi"], "1");
+    assert_eq!(v["trtcache-trt-abi"], "2");
     let other = tempfile::tempdir().unwrap();
     let trt11 = Trt::load(&LoaderConfig {
         shim: Some(double(other.path(), &["-DDOUBLE_VERSION=110100"])),
@@ -245,7 +245,7 @@ fn profile() -> ShapeProfile {
 fn builds_marshal_every_option_and_errors_keep_the_shims_message() {
     let d = tempfile::tempdir().unwrap();
     let trt = load_double(d.path());
-    let mut net = trt.parse(b"model bytes", Some(d.path())).unwrap();
+    let mut net = trt.parse(b"model bytes", Some(d.path()), 0).unwrap();
     let io = net.io().unwrap();
     assert_eq!(io.inputs[0].name, "x");
     assert_eq!(io.inputs[0].shape, vec![-1, 4]);
@@ -277,7 +277,7 @@ fn builds_marshal_every_option_and_errors_keep_the_shims_message() {
     assert_eq!(json["workspace_bytes"], 0);
 
     // Statuses and messages from the shim.
-    match trt.parse(b"REJECT this", None) {
+    match trt.parse(b"REJECT this", None, 0) {
         Err(TrtError::Call {
             call: "parse",
             status: Status::ParseFailed,
@@ -315,20 +315,20 @@ fn builds_marshal_every_option_and_errors_keep_the_shims_message() {
         .err()
         .unwrap();
     assert!(e.to_string().contains("outside 0..=5"), "{e}");
-    assert!(trt.load_engine(b"not a plan").is_err());
-    assert!(trt.parse(b"nul\0dir", Some(Path::new("a\0b"))).is_err());
+    assert!(trt.load_engine(b"not a plan", 0).is_err());
+    assert!(trt.parse(b"nul\0dir", Some(Path::new("a\0b")), 0).is_err());
 }
 
 #[test]
 fn the_parsers_verdict_per_node() {
     let d = tempfile::tempdir().unwrap();
     let trt = load_double(d.path());
-    let r = trt.supports(b"PARTIAL model", None).unwrap();
+    let r = trt.supports(b"PARTIAL model", None, 0).unwrap();
     assert!(!r.supported);
     let v = r.node_verdicts();
     assert_eq!(v.get(&0), Some(&true));
     assert_eq!(v.get(&1), Some(&false));
-    assert!(trt.supports(b"model", None).unwrap().supported);
+    assert!(trt.supports(b"model", None, 0).unwrap().supported);
 }
 
 /// A one-node Identity model and ONNX Runtime CPU's output on `x`: the reference.
@@ -369,9 +369,9 @@ fn engines_run_through_the_shim() {
     let trt = load_double(d.path());
     let x: Vec<f32> = (0..8).map(|i| i as f32 * 0.25 - 1.0).collect();
     let input = [HostTensor::f32("x", &[2, 4], &x)];
-    let mut net = trt.parse(b"identity", None).unwrap();
+    let mut net = trt.parse(b"identity", None, 0).unwrap();
     let good = net.build(&BuildOptions::default()).unwrap();
-    let mut engine = trt.load_engine(&good.plan).unwrap();
+    let mut engine = trt.load_engine(&good.plan, 0).unwrap();
     assert_eq!(engine.io().unwrap().profiles, Some(1));
     assert_eq!(
         engine.inspect().unwrap()["Layers"][0]["LayerType"],
@@ -388,7 +388,11 @@ fn engines_run_through_the_shim() {
             ..BuildOptions::default()
         })
         .unwrap();
-    let got = trt.load_engine(&bad.plan).unwrap().run(0, &input).unwrap();
+    let got = trt
+        .load_engine(&bad.plan, 0)
+        .unwrap()
+        .run(0, &input)
+        .unwrap();
     assert_eq!(got[0].to_f64().unwrap()[7], 1.25);
     // Run errors keep the shim's words.
     let e = engine.run(1, &input).unwrap_err().to_string();
@@ -415,14 +419,16 @@ fn the_timing_cache_is_shared_across_builds() {
     let build = |model: &[u8]| {
         let cache = store.load(&sku, &v).unwrap();
         let built = trt
-            .parse(model, None)
+            .parse(model, None, 0)
             .unwrap()
             .build(&BuildOptions {
                 timing_cache: cache,
                 ..BuildOptions::default()
             })
             .unwrap();
-        store.merge_with(&trt, &sku, &built.timing_cache).unwrap();
+        store
+            .merge_with(&trt, 0, &sku, &built.timing_cache)
+            .unwrap();
         built
     };
     assert!(store.load(&sku, &v).unwrap().is_empty());
@@ -436,7 +442,7 @@ fn the_timing_cache_is_shared_across_builds() {
     );
     // A build that loaded before another wrote still loses nothing: merge, not overwrite.
     let stale = b"double-timing-cache\nentry-model-99\n";
-    store.merge_with(&trt, &sku, stale).unwrap();
+    store.merge_with(&trt, 0, &sku, stale).unwrap();
     let stored = String::from_utf8(store.load(&sku, &v).unwrap()).unwrap();
     for e in ["entry-model-5", "entry-model-12", "entry-model-99"] {
         assert!(stored.contains(e), "{stored}");
@@ -448,7 +454,7 @@ fn the_timing_cache_is_shared_across_builds() {
         .unwrap()
         .is_empty());
     // A cache the merge cannot read is refused and the stored one is kept.
-    assert!(store.merge_with(&trt, &sku, b"junk").is_err());
+    assert!(store.merge_with(&trt, 0, &sku, b"junk").is_err());
     assert_eq!(
         String::from_utf8(store.load(&sku, &v).unwrap()).unwrap(),
         stored
@@ -469,8 +475,8 @@ fn artifacts_export_to_a_triton_repository() {
             profiles: vec![profile()],
             ..BuildOptions::default()
         };
-        let built = trt.parse(b"m", None).unwrap().build(&opts).unwrap();
-        let io = trt.load_engine(&built.plan).unwrap().io().unwrap();
+        let built = trt.parse(b"m", None, 0).unwrap().build(&opts).unwrap();
+        let io = trt.load_engine(&built.plan, 0).unwrap().io().unwrap();
         let dir = d.path().join(format!("art-{cc}"));
         let meta = EngineMeta {
             format: 0,
@@ -660,7 +666,7 @@ fn inspect_flags_where_the_parser_and_the_table_disagree() {
     let cap = trtcache::analysis::analyse(&model, &trtcache::analysis::Options::default()).unwrap();
     assert!(cap.nodes.len() > 2);
     // The double's verdict: node 0 supported, node 1 not, the rest in no subgraph.
-    let report = trt.supports(b"PARTIAL", None).unwrap();
+    let report = trt.supports(b"PARTIAL", None, 0).unwrap();
     let v = trtcache::trt::inspect::compare(&cap, &report);
     assert_eq!(v.len(), cap.nodes.len());
     for n in &v {
@@ -700,6 +706,7 @@ fn gpu_check_drives_the_c_api_through_ctypes() {
         .arg(&shim)
         .arg(d.path().join("identity.onnx"))
         .arg(d.path().join("inspect.json"))
+        .env_remove("TRTCACHE_DEVICE")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -709,7 +716,7 @@ fn gpu_check_drives_the_c_api_through_ctypes() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        stdout.starts_with("abi 1 TensorRT 101601 compiled for 10"),
+        stdout.starts_with("abi 2 TensorRT 101601 compiled against 101601 device 0"),
         "{stdout}"
     );
     // The second build started from the first one's timing cache.
@@ -722,4 +729,46 @@ fn gpu_check_drives_the_c_api_through_ctypes() {
     let inspect: serde_json::Value =
         serde_json::from_slice(&std::fs::read(d.path().join("inspect.json")).unwrap()).unwrap();
     assert_eq!(inspect["Layers"][0]["LayerType"], "Identity");
+}
+
+/// Calls that touch CUDA name their device, and a network or engine keeps the one it was made
+/// on: the double writes the parse device into the plan, refuses to load a plan on another
+/// device, and refuses a device it does not have, as the shim does.
+#[test]
+fn every_call_runs_on_the_device_it_names() {
+    let d = tempfile::tempdir().unwrap();
+    let trt = Trt::load(&LoaderConfig {
+        shim: Some(double(d.path(), &["-DDOUBLE_DEVICE_COUNT=2"])),
+        ..LoaderConfig::default()
+    })
+    .unwrap();
+    let plan = trt
+        .parse(b"m", None, 1)
+        .unwrap()
+        .build(&BuildOptions::default())
+        .unwrap()
+        .plan;
+    let json: serde_json::Value = serde_json::from_slice(&plan[14..]).unwrap();
+    assert_eq!(json["device"], 1);
+    let e = trt.load_engine(&plan, 0).err().unwrap().to_string();
+    assert!(
+        e.contains("the plan was built on CUDA device 1, loaded on 0"),
+        "{e}"
+    );
+    let input = [HostTensor::f32("x", &[1, 4], &[1.0; 4])];
+    assert_eq!(
+        trt.load_engine(&plan, 1).unwrap().run(0, &input).unwrap()[0].shape,
+        vec![1, 4]
+    );
+    for e in [
+        trt.parse(b"m", None, 2).err().unwrap(),
+        trt.supports(b"m", None, 2).err().unwrap(),
+        trt.combine_timing_caches(2, b"", b"").err().unwrap(),
+    ] {
+        assert!(
+            matches!(&e, TrtError::Call { status: Status::CudaFailed, message, .. }
+                if message.contains("CUDA device 2 does not exist")),
+            "{e:?}"
+        );
+    }
 }

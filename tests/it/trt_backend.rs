@@ -38,16 +38,24 @@ struct Host {
 impl Host {
     /// `shim_defines` go to the shim double (`-DDOUBLE_VERSION=…`), `gpu` names the GPU.
     fn new(shim_defines: &[&str], gpu: &str) -> Host {
+        Host::with(shim_defines, gpu, &[])
+    }
+
+    /// As [`Host::new`], with defines for the CUDA driver double too (`-DDOUBLE_GPU_COUNT=2`).
+    fn with(shim_defines: &[&str], gpu: &str, cuda_defines: &[&str]) -> Host {
         let dir = tempfile::tempdir().unwrap();
         let shim_dir = dir.path().join("shim");
         let cuda = dir.path().join("cuda");
         std::fs::create_dir_all(&shim_dir).unwrap();
         std::fs::create_dir_all(&cuda).unwrap();
         let shim = double(&shim_dir, shim_defines);
+        let mut defines = vec![format!("-DDOUBLE_GPU_NAME=\"{gpu}\"")];
+        defines.extend(cuda_defines.iter().map(|d| d.to_string()));
+        let defines: Vec<&str> = defines.iter().map(String::as_str).collect();
         cc(
             &[&repo().join("shim/double/cuda_driver_double.c")],
             &cuda.join("libcuda.so"),
-            &[&format!("-DDOUBLE_GPU_NAME=\"{gpu}\"")],
+            &defines,
         );
         Host {
             _dir: dir,
@@ -212,7 +220,7 @@ fn trt_builds_validate_key_and_share_a_timing_cache() {
     let parts = &r["record"]["parts"];
     assert_eq!(
         parts["backend"]["versions"],
-        serde_json::json!({"tensorrt": "10.16.1", "trtcache-trt-abi": "1"})
+        serde_json::json!({"tensorrt": "10.16.1", "trtcache-trt-abi": "2"})
     );
     assert_eq!(parts["sku"]["name"], "NVIDIA H200 (trtcache double)");
     assert_eq!(parts["sku"]["sm_count"], 132);
@@ -670,4 +678,63 @@ fn a_daemon_without_the_shim_says_what_is_missing() {
         "{msg}"
     );
     assert!(d.stop());
+}
+
+/// `--device` and `TRTCACHE_DEVICE` reach the shim: on a host with two GPUs (both doubles
+/// report two), a build for GPU 1 is parsed, built, timed and validated on CUDA device 1 (the
+/// shim double writes the device into the plan and refuses to load a plan on another device)
+/// and keyed with GPU 1's SKU, not GPU 0's.
+#[test]
+fn trt_builds_run_on_the_configured_device() {
+    let h = Host::with(
+        &["-DDOUBLE_DEVICE_COUNT=2"],
+        "NVIDIA H200 (trtcache double)",
+        &["-DDOUBLE_GPU_COUNT=2"],
+    );
+    let d = tempfile::tempdir().unwrap();
+    let (ident, _) = models(d.path());
+    for (i, by_env) in [false, true].into_iter().enumerate() {
+        let cache = d.path().join(format!("cache-{i}"));
+        let mut args = vec!["build", s(&ident), "--backend", "trt", "--json"];
+        args.extend(["--cache-dir", s(&cache)]);
+        args.extend(PROFILE);
+        let mut c = support::cmd();
+        c.envs(h.env()).env_remove("TENSORRT_ROOT");
+        if by_env {
+            c.env("TRTCACHE_DEVICE", "1");
+        } else {
+            args.extend(["--device", "1"]);
+            c.env_remove("TRTCACHE_DEVICE");
+        }
+        let out = c.args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let r = json(&out);
+        let parts = &r["record"]["parts"];
+        assert_eq!(
+            parts["sku"]["name"], "NVIDIA A100-SXM4-80GB (trtcache double)",
+            "{parts}"
+        );
+        // Validation loaded the engine on device 1: the double refuses any other.
+        assert_eq!(r["record"]["validation"]["passed"], true, "{r}");
+        let entry = PathBuf::from(r["artifact"]["entry"].as_str().unwrap());
+        let plan = String::from_utf8(std::fs::read(&entry).unwrap()).unwrap();
+        assert!(plan.contains("\"device\":1,"), "{plan}");
+        let meta = trtcache::trt::artifact::read_meta(entry.parent().unwrap()).unwrap();
+        assert_eq!(meta.gpu, "NVIDIA A100-SXM4-80GB (trtcache double)");
+        assert_eq!(meta.compute_capability.as_deref(), Some("8.0"));
+    }
+    // A GPU the shim cannot see is refused by the shim, naming the device.
+    let lone = Host::with(
+        &[],
+        "NVIDIA H200 (trtcache double)",
+        &["-DDOUBLE_GPU_COUNT=2"],
+    );
+    let cache = d.path().join("cache-lone");
+    let mut args = vec!["build", s(&ident), "--backend", "trt", "--device", "1"];
+    args.extend(["--cache-dir", s(&cache)]);
+    args.extend(PROFILE);
+    let out = lone.run(&args);
+    assert_ne!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(err.contains("CUDA device 1 does not exist"), "{err}");
 }
