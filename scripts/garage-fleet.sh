@@ -97,7 +97,7 @@ init.CopyFrom(numpy_helper.from_array(a.astype(numpy_helper.to_array(init).dtype
 onnx.save(m, sys.argv[1])
 EOF
   for h in 1 2 3; do
-    "$TRT" build "$m" --cache-dir "$W/h$h/cache" --json > "$W/h$h/build$r.json"
+    "$TRT" build "$m" --cache-dir "$W/h$h/cache" --json > "$W/h$h/build$r.json" 2> "$W/h$h/build$r.err"
   done
   # The race: three pushes of the same key at once, each through another node.
   for h in 1 2 3; do
@@ -133,7 +133,7 @@ EOF
   signers="$signers $signer"
 done
 total=$((ROUNDS * 3))
-echo "garage-fleet: $ROUNDS rounds x 3 racing pushes of one key each (pushes reporting adopted: $adopted)"
+echo "garage-fleet: $ROUNDS rounds x 3 racing pushes of one key each; pushes that found another's manifest and adopted it: $adopted of $((ROUNDS * 3)) (0 means every create-only write 'succeeded': Garage ignored If-None-Match)"
 echo "garage-fleet: pulls accepted $accepted / $total, refused $refused"
-echo "garage-fleet: manifest signers per round:$(echo "$signers" | tr ' ' '\n' | sort | uniq -c | awk '{printf " %s×%s", $1, $2}')"
+echo "garage-fleet: the manifest every host read, by signer:$(printf '%s\n' $signers | sort | uniq -c | awk '{printf " %s×%s", $1, $2}')"
 [ "$accepted" = "$total" ]
