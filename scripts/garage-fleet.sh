@@ -22,7 +22,11 @@ eval "$(scripts/ort-env.sh)"
 PY=.venv/bin/python
 W=$(mktemp -d /tmp/garage-fleet.XXXXXX)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$W"; }
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$W"
+}
 trap cleanup EXIT
 secret=$($PY -c 'import secrets; print(secrets.token_hex(32))')
 g() { local n=$1; shift; "$GARAGE" -c "$W/n$n/garage.toml" "$@"; }
@@ -46,7 +50,7 @@ root_domain = ".s3.garage.localhost"
 api_bind_addr = "127.0.0.1:39${n}3"
 admin_token = "trtcache-test"
 EOF
-  g "$n" server > "$W/n$n/log" 2>&1 &
+  "$GARAGE" -c "$W/n$n/garage.toml" server > "$W/n$n/log" 2>&1 &
   pids+=($!)
 done
 for n in 1 2 3; do
@@ -110,7 +114,9 @@ EOF
     wait "$j" || wait_ok=$?
   done
   [ "$wait_ok" = 0 ] || { echo "round $r: a push failed ($wait_ok)"; cat "$W"/h*/push$r.err; exit 1; }
-  adopted=$((adopted + $($PY -c 'import json,sys; print(sum(1 for f in sys.argv[1:] for u in json.load(open(f))["uploaded"] if u.get("adopted")))' "$W"/h*/push$r.json)))
+  key=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["key"])' "$W/h1/build$r.json")
+  # This round's key only (push --all also lists the earlier rounds' keys, adopted since).
+  adopted=$((adopted + $($PY -c 'import json,sys; k=sys.argv[1]; print(sum(1 for f in sys.argv[2:] for u in json.load(open(f))["uploaded"] if u.get("key") == k and u.get("adopted")))' "$key" "$W"/h*/push$r.json)))
   # Every host, from an empty cache, through its own node.
   for h in 1 2 3; do
     if out=$("$TRT" pull "$m" --config "$W/h$h/config.toml" --cache-dir "$W/h$h/fresh$r" --json 2> "$W/h$h/pull$r.err"); then
@@ -120,7 +126,6 @@ EOF
       refused=$((refused + 1)); echo "round $r host $h: pull failed: $(tail -2 "$W/h$h/pull$r.err")"
     fi
   done
-  key=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["key"])' "$W/h1/build$r.json")
   signer=$($PY - "$key" <<'EOF'
 import sys, os, json, boto3
 s3 = boto3.client("s3", endpoint_url="http://127.0.0.1:3910", region_name="garage")
@@ -133,7 +138,7 @@ EOF
   signers="$signers $signer"
 done
 total=$((ROUNDS * 3))
-echo "garage-fleet: $ROUNDS rounds x 3 racing pushes of one key each; pushes that found another's manifest and adopted it: $adopted of $((ROUNDS * 3)) (0 means every create-only write 'succeeded': Garage ignored If-None-Match)"
+echo "garage-fleet: $ROUNDS rounds x 3 racing pushes of one key each; pushes that found another's manifest and adopted it: $adopted of $((ROUNDS * 3)) (a server honouring If-None-Match makes 2 of every 3 adopt: $((ROUNDS * 2)); the rest 'succeeded' in writing over each other)"
 echo "garage-fleet: pulls accepted $accepted / $total, refused $refused"
 echo "garage-fleet: the manifest every host read, by signer:$(printf '%s\n' $signers | sort | uniq -c | awk '{printf " %s×%s", $1, $2}')"
 [ "$accepted" = "$total" ]
