@@ -229,6 +229,17 @@ with c.acquire("enc", timeout=60) as art:
         # An explicit provider list is the caller's choice.
         s = gpu.session(providers=["CPUExecutionProvider"])
         assert s.get_providers() == ["CPUExecutionProvider"]
+        # fp32 means fp32: where the CUDA provider serves an fp32 artifact it gets
+        # use_tf32 = 0 (checked on the arguments: this wheel has no CUDA provider).
+        real = ort.get_available_providers
+        ort.get_available_providers = lambda: [provider, "CUDAExecutionProvider", "CPUExecutionProvider"]
+        try:
+            got = gpu._ort_defaults({})["providers"]
+            assert ("CUDAExecutionProvider", {"use_tf32": "0"}) in got, got
+            half = t.Artifact(dict(meta, backend=backend, precision="fp16"), [])
+            assert "CUDAExecutionProvider" in half._ort_defaults({})["providers"]
+        finally:
+            ort.get_available_providers = real
         gpu.fds = []  # the descriptors belong to `art`
     plan = t.Artifact(dict(meta, backend="trt"), [])
     raises(t.ProviderUnavailable, plan.session)

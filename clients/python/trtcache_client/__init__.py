@@ -340,7 +340,8 @@ class Artifact:
 
     def _ort_defaults(self, ort_kwargs: Dict[str, Any]) -> Dict[str, Any]:
         """The keyword arguments ``session()`` passes to ONNX Runtime (docs/clients.md):
-        ``providers`` the backend's unless given; ``sess_options`` unless given: graph
+        ``providers`` the backend's unless given (for an fp32 artifact the CUDA provider with
+        ``use_tf32 = 0``: fp32 means fp32); ``sess_options`` unless given: graph
         optimizations off for an ``ort-cpu`` artifact (it is optimized already), weights
         packed on the session's threads (``session.prepack.enable_parallel``), memory-reuse
         planning off where an input has a free dimension (ONNX Runtime's planner is
@@ -357,7 +358,13 @@ class Artifact:
                 from ._files import provider_unavailable
 
                 raise provider_unavailable(self, own, onnxruntime)
-            out["providers"] = wanted
+            providers: List[Any] = list(wanted)
+            if "CUDAExecutionProvider" in providers and self.metadata.get("precision") == "fp32":
+                # fp32 means fp32: the CUDA provider's TF32 (on by default) misses the fp32
+                # tolerance the artifact was validated at (docs/trt.md, "TF32").
+                i = providers.index("CUDAExecutionProvider")
+                providers[i] = ("CUDAExecutionProvider", {"use_tf32": "0"})
+            out["providers"] = providers
         if "sess_options" not in out:
             so = onnxruntime.SessionOptions()
             if self.backend == "ort-cpu":
