@@ -352,6 +352,14 @@ fn the_daemon_serves_float16_outputs_a_fusion_moves_by_a_step() {
     settled(&d, "half", VariantState::Ready);
     let art = d.client().acquire_model("half").unwrap();
     assert!(!art.files.is_empty());
+    assert!(
+        art.metadata
+            .validation
+            .method
+            .contains("float16/bfloat16 outputs within 8 steps"),
+        "{}",
+        art.metadata.validation.method
+    );
     let reason = settled(&d, "strict", VariantState::Failed).unwrap_or_default();
     assert!(reason.contains("over tolerance"), "{reason}");
     assert!(d.stop());
