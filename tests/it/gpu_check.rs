@@ -14,9 +14,7 @@ use std::process::{Command, Output};
 
 use crate::support;
 
-const STEPS: [&str; 11] = [
-    "0", "1", "2", "3", "3c", "4", "4c", "5", "6", "6d", "end",
-];
+const STEPS: [&str; 11] = ["0", "1", "2", "3", "3c", "4", "4c", "5", "6", "6d", "end"];
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -62,7 +60,11 @@ fn fake_smi(dir: &Path) -> PathBuf {
 /// A stand-in `trtcache` that sees one GPU (GPU=1) or none, and whose commands succeed,
 /// writing JSON shaped like the real one's (pretty-printed).
 fn fake_trtcache(dir: &Path, gpu: bool) -> PathBuf {
-    let p = dir.join(if gpu { "trtcache-gpu" } else { "trtcache-nogpu" });
+    let p = dir.join(if gpu {
+        "trtcache-gpu"
+    } else {
+        "trtcache-nogpu"
+    });
     let sku = if gpu {
         r#"{
   "gpus": [
@@ -229,7 +231,9 @@ fn without_python_the_gpus_are_still_seen_and_python_steps_say_why() {
         &[("SITE_PACKAGES", site.as_os_str())],
     );
     assert!(
-        l["0"].starts_with("step 0 probe: ok (nvidia-smi: 2 GPU(s) (2 NVIDIA H200); onnxruntime 1.31.1 at "),
+        l["0"].starts_with(
+            "step 0 probe: ok (nvidia-smi: 2 GPU(s) (2 NVIDIA H200); onnxruntime 1.31.1 at "
+        ),
         "{l:?}"
     );
     assert!(l["0"].ends_with("python: none)"), "{l:?}");
@@ -275,7 +279,10 @@ fn missing_pieces_are_not_available_and_a_failed_deserialize_is_failed() {
     so(
         &cc,
         &capi.join("libonnxruntime_providers_cuda.so"),
-        &[("libcublas.so.13", None), ("libcudart.so.13", Some(&cuda_libs))],
+        &[
+            ("libcublas.so.13", None),
+            ("libcudart.so.13", Some(&cuda_libs)),
+        ],
     );
     so(
         &cc,
@@ -291,7 +298,10 @@ fn missing_pieces_are_not_available_and_a_failed_deserialize_is_failed() {
     std::fs::create_dir_all(pyd.join("mods")).unwrap();
     write_exe(
         &pyd.join("python3"),
-        &format!("#!/bin/sh\nexec {} -S \"$@\"\n", support::python().display()),
+        &format!(
+            "#!/bin/sh\nexec {} -S \"$@\"\n",
+            support::python().display()
+        ),
     );
     std::fs::write(
         pyd.join("mods/tensorrt.py"),
@@ -308,7 +318,10 @@ fn missing_pieces_are_not_available_and_a_failed_deserialize_is_failed() {
         &[
             ("SITE_PACKAGES", site.as_os_str()),
             ("PYTHONPATH", pyd.join("mods").as_os_str()),
-            ("ORT_DYLIB_PATH", capi.join("libonnxruntime.so.1.31.1").as_os_str()),
+            (
+                "ORT_DYLIB_PATH",
+                capi.join("libonnxruntime.so.1.31.1").as_os_str(),
+            ),
             ("TRTCACHE_TRT_SHIM", shim.as_os_str()),
         ],
     );
