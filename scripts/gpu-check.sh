@@ -196,7 +196,7 @@ provider_problem() { # PROVIDER LIB
     [ -n "$missing" ] && { echo "$p cannot load: $(basename "$lib") needs $missing (not found by the loader; LD_LIBRARY_PATH=$LD_LIBRARY_PATH)"; return; }
   fi
   if py_has onnxruntime && [ "$GPU" = 1 ]; then
-    "$PY" - "$p" "$MODELS/tiny_encoder_static.onnx" >"$OUT/provider-$2.txt" 2>&1 <<'PYEOF' || { echo "$p does not start in an ONNX Runtime session: $(tail -1 "$OUT/provider-$2.txt")"; return; }
+    run 300 "provider-$2.txt" "$PY" - "$p" "$MODELS/tiny_encoder_static.onnx" <<'PYEOF' || { echo "$p does not start in an ONNX Runtime session: $(tail -1 "$OUT/provider-$2.txt")"; return; }
 import sys, onnxruntime as ort
 p, model = sys.argv[1], sys.argv[2]
 s = ort.InferenceSession(model, providers=[p])

@@ -428,3 +428,48 @@ fn without_any_gpu_step_1_is_not_available() {
     );
     assert!(l["0"].contains("nvidia-smi: not found"), "{l:?}");
 }
+
+/// Provider libraries whose dependencies all resolve, but a Python onnxruntime whose session
+/// falls back to the CPU (the CPU wheel, as when the CUDA libraries do not start): the step is
+/// "not available" with the session's providers, not built on a provider that is not there.
+#[test]
+fn a_provider_the_session_does_not_get_is_not_available() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("out");
+    let (tools, smi) = (tools(d.path()), fake_smi(d.path()));
+    let capi = d.path().join("ort/capi");
+    std::fs::create_dir_all(&capi).unwrap();
+    std::fs::write(capi.join("libonnxruntime.so.1.31.1"), b"stand-in").unwrap();
+    so(
+        &d.path().join("cc"),
+        &capi.join("libonnxruntime_providers_cuda.so"),
+        &[],
+    );
+    let py = support::python();
+    let bin = fake_trtcache(d.path(), true);
+    let (_, l) = gpu_check(
+        &out,
+        &[&tools, &smi],
+        &[
+            "--bin".as_ref(),
+            bin.as_os_str(),
+            "--python".as_ref(),
+            py.as_os_str(),
+        ],
+        &[
+            ("SITE_PACKAGES", d.path().as_os_str()),
+            (
+                "ORT_DYLIB_PATH",
+                capi.join("libonnxruntime.so.1.31.1").as_os_str(),
+            ),
+        ],
+    );
+    assert!(
+        l["3"].starts_with("step 3 build-ort-cuda: not available: CUDAExecutionProvider does not start in an ONNX Runtime session: the session has ['CPUExecutionProvider'], not CUDAExecutionProvider"),
+        "{l:?}"
+    );
+    assert_eq!(
+        l["3c"],
+        "step 3c consume-ort-cuda: not available: step 3 did not run"
+    );
+}
