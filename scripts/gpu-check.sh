@@ -41,7 +41,7 @@ while [ $# -gt 0 ]; do
     --models) MODELS="$2"; shift 2 ;;
     --python) PY="$2"; shift 2 ;;
     --site) SITES="${SITES:+$SITES:}$2"; shift 2 ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
   esac
 done
