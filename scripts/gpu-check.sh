@@ -142,6 +142,7 @@ smi_gpus=0
   [ -n "$ORT_DIR" ] && ls -l "$ORT_DIR" 2>&1 | grep -E 'libonnxruntime'
   echo "library folders put on LD_LIBRARY_PATH: ${libdirs[*]:-none}"
   echo "TensorRT library: ${trt_lib:-none}"
+  command -v ldd >/dev/null || echo "ldd: not found (provider libraries are then checked by a Python session, or by the build, which registers providers with error_on_failure)"
   echo "ldconfig cache:"; (ldconfig -p 2>/dev/null | grep -E 'libnvinfer\.so|libnvonnxparser\.so|libcudart\.so|libcuda\.so' || echo "  none of libnvinfer, libnvonnxparser, libcudart, libcuda")
 } >"$OUT/0-probe.txt" 2>&1
 command -v nvidia-smi >/dev/null && smi_gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU [0-9]')"
