@@ -1,38 +1,47 @@
 #!/usr/bin/env bash
-# The GPU check (issue 19): one prepared run on a GPU host (an H200, no network, nothing
-# installed for us) of every GPU path trtcache has, in under 8 minutes. Everything it finds
-# goes under $OUT; $OUT/summary.txt has one line per step:
+# The GPU check (issues 19, 40): one prepared run on a GPU host (an H200, no network, nothing
+# installed for us) of every GPU path trtcache has, in under 8 minutes. It needs only the
+# trtcache binary and this script (`make gpu-bundle` carries both, with the models): Python,
+# ONNX Runtime, TensorRT and the CUDA libraries are used when the image has them. Everything
+# goes under $OUT; $OUT/summary.txt has one line per step, each exactly one of `ok (…)`,
+# `FAILED: why` or `not available: why` (everything the step lacks):
 #
-#   step 0 probe: ...                      what the image has (nvidia-smi, driver, onnxruntime,
-#                                          TensorRT)
-#   step 1 sku: ok|FAILED|not available: WHY          `trtcache sku --json` (cudarc)
-#   step 2 key-ort-cuda: ...                          `trtcache key --backend ort-cuda`
-#   step 3 build-ort-cuda: ...                        build + validate + a consumer on the GPU
-#   step 4 build-ort-tensorrt: ...                    the same with ONNX Runtime's TensorRT EP
-#   step 5 trt-native: ...                            the shim: parse, supports, build, run,
-#                                                     compare with ONNX Runtime CPU
-#   step 6 trt-backend: ...                           build --backend trt, inspect --trt,
-#                                                     export --triton-repo, deserialize
+#   step 0 probe              what the image has (nvidia-smi, onnxruntime, TensorRT, python)
+#   step 1 sku                `trtcache sku --json` against nvidia-smi's GPU list
+#   step 2 key-ort-cuda       `trtcache key --backend ort-cuda` on the examples
+#   step 3 build-ort-cuda     build + validate the examples, serve and warm them
+#   step 3c consume-ort-cuda  a Python consumer runs one on CUDAExecutionProvider
+#   step 4 / 4c               the same with ONNX Runtime's TensorRT EP
+#   step 5 trt-native         the shim through Python ctypes: parse, supports, build, run,
+#                             compare with ONNX Runtime CPU
+#   step 6 trt-backend        build --backend trt, the cache hit, inspect --trt, export
+#   step 6d trt-deserialize   the plan deserialized by TensorRT's Python runtime
 #
-#   OUT=DIR scripts/gpu-check.sh [--bin TRTCACHE] [--models DIR] [--python PY]
+#   OUT=DIR scripts/gpu-check.sh [--bin TRTCACHE] [--models DIR] [--python PY] [--site DIR]...
 #
-# Exit 0 when every step either passed or said precisely why it is not available; 1 when a
-# step that could run failed; 2 on bad usage. Inputs: the trtcache binary (default
-# target/release/trtcache), the example models (examples/models), a Python for the consumer
-# and the shim driver (PYTHON, else python3), the ONNX Runtime it has (or ORT_DYLIB_PATH), the
-# shim (TRTCACHE_TRT_SHIM, else libtrtcache_trt.so next to the binary) and TensorRT
-# (TENSORRT_ROOT or the loader's path). docs/trt.md says how to prepare a run.
+# Exit 0 when every step passed or said why it is not available; 1 when a step that could run
+# failed; 2 on bad usage. Inputs: the trtcache binary (default: `trtcache` beside scripts/, as
+# in the bundle, else target/release/trtcache), the example models (examples/models), a Python
+# (PYTHON, else python3; optional), ONNX Runtime (ORT_DYLIB_PATH, else the onnxruntime wheel
+# in a site-packages folder), TensorRT (TENSORRT_ROOT, the pip `tensorrt_libs` wheel layout, or
+# the loader's cache), the pip CUDA wheels (site-packages/nvidia/*/lib), and the shim
+# (TRTCACHE_TRT_SHIM, else libtrtcache_trt.so beside the binary). The site-packages folders
+# searched: --site / SITE_PACKAGES (colon-separated; when given, the only ones besides the
+# Python's own), else the Python's own, $VIRTUAL_ENV's, ./.venv's and the usual system ones.
 set -uo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="$here/target/release/trtcache"
+[ -x "$here/trtcache" ] && [ ! -d "$here/trtcache" ] && BIN="$here/trtcache"
 MODELS="$here/examples/models"
 PY="${PYTHON:-}"
+SITES="${SITE_PACKAGES:-}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) BIN="$2"; shift 2 ;;
     --models) MODELS="$2"; shift 2 ;;
     --python) PY="$2"; shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    --site) SITES="${SITES:+$SITES:}$2"; shift 2 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -41,6 +50,7 @@ done
 [ -d "$MODELS" ] || { echo "gpu-check: $MODELS is not a folder" >&2; exit 2; }
 mkdir -p "$OUT" || exit 2
 if [ -z "$PY" ]; then PY="$(command -v python3 || true)"; fi
+if [ -n "$PY" ] && ! "$PY" -c 'import sys' >/dev/null 2>&1; then PY_BROKEN="$PY"; PY=""; fi
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
 WORK="$(mktemp -d)"
@@ -57,55 +67,105 @@ bad() { say "step $1 $2: FAILED: $3"; failed=1; }
 run() { local secs="$1" log="$2"; shift 2; timeout --kill-after=5 "$secs" "$@" >"$OUT/$log" 2>&1; }
 # As `run`, stdout alone into $OUT/NAME.json and stderr into $OUT/NAME.log.
 runj() { local secs="$1" name="$2"; shift 2; timeout --kill-after=5 "$secs" "$@" >"$OUT/$name.json" 2>"$OUT/$name.log"; }
+# JSON fields without Python (trtcache's own, pretty-printed output): the first string value
+# of KEY, whether KEY is true anywhere, the largest number under KEY.
+jstr() { grep -o "\"$2\": *\"\([^\"\\\\]\|\\\\.\)*\"" "$1" 2>/dev/null | head -1 | sed 's/^"[^"]*": *"//; s/"$//; s/\\"/"/g; s/\\\\/\\/g'; }
+jlaststr() { grep -o "\"$2\": *\"\([^\"\\\\]\|\\\\.\)*\"" "$1" 2>/dev/null | tail -1 | sed 's/^"[^"]*": *"//; s/"$//; s/\\"/"/g; s/\\\\/\\/g'; }
+jtrue() { grep -q "\"$2\": *true" "$1" 2>/dev/null; }
+jmax() { grep -o "\"$2\": *[-0-9.eE+]*" "$1" 2>/dev/null | sed 's/.*: *//' | awk 'BEGIN{m=""} {if (m=="" || $1+0>m+0) m=$1} END{print m}'; }
+jcount() { grep -c "\"$2\":" "$1" 2>/dev/null || true; }
+# Whether the Python can import every module named.
+py_has() { [ -n "$PY" ] && "$PY" -c "import $1" >/dev/null 2>&1; }
+
+# --- where the wheels are: site-packages folders, without needing Python -----------------------
+sites=()
+add_site() { local d; for d in "$@"; do [ -d "$d" ] && [[ " ${sites[*]:-} " != *" $d "* ]] && sites+=("$d"); done; }
+if [ -n "$PY" ]; then
+  while IFS= read -r d; do add_site "$d"; done < <("$PY" -c 'import site,sys; print("\n".join(site.getsitepackages() + [site.getusersitepackages()] + [p for p in sys.path if p.endswith("-packages")]))' 2>/dev/null)
+fi
+if [ -n "$SITES" ]; then
+  IFS=: read -r -a given <<<"$SITES"; add_site "${given[@]}"
+else
+  shopt -s nullglob
+  add_site ${VIRTUAL_ENV:+"$VIRTUAL_ENV"/lib/python3*/site-packages} "$here"/.venv/lib/python3*/site-packages \
+    /usr/local/lib/python3*/dist-packages /usr/local/lib/python3*/site-packages /usr/lib/python3/dist-packages \
+    /usr/lib/python3*/site-packages /opt/conda/lib/python3*/site-packages "${HOME:-/nonexistent}"/.local/lib/python3*/site-packages
+  shopt -u nullglob
+fi
+# ONNX Runtime: ORT_DYLIB_PATH, else the first onnxruntime wheel's library.
+if [ -z "${ORT_DYLIB_PATH:-}" ]; then
+  for s in "${sites[@]}"; do
+    for f in "$s"/onnxruntime/capi/libonnxruntime.so.*; do [ -f "$f" ] && export ORT_DYLIB_PATH="$f" && break 2; done
+  done
+fi
+ORT_DIR=""; ORT_VERSION=""
+if [ -n "${ORT_DYLIB_PATH:-}" ] && [ -f "$ORT_DYLIB_PATH" ]; then
+  ORT_DIR="$(dirname "$ORT_DYLIB_PATH")"
+  ORT_VERSION="$(basename "$ORT_DYLIB_PATH" | sed -n 's/^libonnxruntime\.so\.\([0-9.]*\)$/\1/p')"
+fi
+NO_ORT="no ONNX Runtime library (ORT_DYLIB_PATH ${ORT_DYLIB_PATH:-unset}; no onnxruntime/capi/libonnxruntime.so.* in ${sites[*]:-no site-packages folder})"
+[ -n "$ORT_DIR" ] || unset ORT_DYLIB_PATH
+# The pip TensorRT and CUDA wheels keep their libraries in site-packages: put them on the
+# loader's path (TENSORRT_ROOT first).
+libdirs=()
+[ -n "${TENSORRT_ROOT:-}" ] && libdirs+=("$TENSORRT_ROOT/lib" "$TENSORRT_ROOT")
+for s in "${sites[@]}"; do
+  for d in "$s"/tensorrt_libs "$s"/tensorrt_cu*_libs "$s"/nvidia/*/lib "$s"/nvidia/*/*/lib; do
+    [ -d "$d" ] && libdirs+=("$d")
+  done
+done
+for d in "${libdirs[@]}"; do LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; done
+export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
+# TensorRT's library, as the loader would find it.
+trt_lib=""
+for d in "${libdirs[@]}"; do
+  for v in 10 11; do [ -z "$trt_lib" ] && [ -e "$d/libnvinfer.so.$v" ] && trt_lib="$d/libnvinfer.so.$v"; done
+done
+[ -z "$trt_lib" ] && trt_lib="$(ldconfig -p 2>/dev/null | grep -o -m1 'libnvinfer\.so\.1[01] ' | sed 's/ $/ (ldconfig)/')"
+NO_TRT="no TensorRT: libnvinfer.so.10 or .11 neither in \$TENSORRT_ROOT/lib (${TENSORRT_ROOT:-unset}), a pip tensorrt_libs folder, nor the ldconfig cache"
+NO_PY="no python3 (set PYTHON or --python)${PY_BROKEN:+: $PY_BROKEN does not run}"
 
 # --- step 0: what the image has ------------------------------------------------------------
+smi_gpus=0
 {
   echo "date: $(date -u +%FT%TZ)"; echo "host: $(uname -a)"; echo "trtcache: $("$BIN" --version 2>&1)"
   if command -v nvidia-smi >/dev/null; then
     nvidia-smi 2>&1
     nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv 2>&1
+    echo "nvidia-smi -L:"; nvidia-smi -L 2>&1
   else
     echo "nvidia-smi: not found"
   fi
-  if [ -n "$PY" ]; then
-    echo "python: $PY ($("$PY" --version 2>&1))"
-    "$PY" - <<'EOF' 2>&1
-try:
-    import onnxruntime as ort
-    print("onnxruntime", ort.__version__, ort.__file__, "providers:", ort.get_available_providers())
-except Exception as e:
-    print("onnxruntime: not importable:", e)
-try:
-    import tensorrt
-    print("tensorrt (python):", tensorrt.__version__)
-except Exception as e:
-    print("tensorrt (python): not importable:", e)
-EOF
-  else
-    echo "python: none (set PYTHON)"
-  fi
-  echo "TensorRT libraries:"; (ldconfig -p 2>/dev/null | grep -E 'libnvinfer\.so|libnvonnxparser\.so|libcudart\.so' || echo "  none in the ldconfig cache")
-  [ -n "${TENSORRT_ROOT:-}" ] && ls -l "$TENSORRT_ROOT"/lib 2>&1 | grep -E 'nvinfer|nvonnx' | head
-  echo "CUDA driver library:"; (ldconfig -p 2>/dev/null | grep -E 'libcuda\.so' || echo "  none in the ldconfig cache")
+  echo "python: ${PY:-none} ${PY:+($("$PY" --version 2>&1))}"
+  echo "site-packages searched: ${sites[*]:-none}"
+  echo "onnxruntime library: ${ORT_DYLIB_PATH:-none}"
+  [ -n "$ORT_DIR" ] && ls -l "$ORT_DIR" 2>&1 | grep -E 'libonnxruntime'
+  echo "library folders put on LD_LIBRARY_PATH: ${libdirs[*]:-none}"
+  echo "TensorRT library: ${trt_lib:-none}"
+  command -v ldd >/dev/null || echo "ldd: not found (provider libraries are then checked by a Python session, or by the build, which registers providers with error_on_failure)"
+  echo "ldconfig cache:"; (ldconfig -p 2>/dev/null | grep -E 'libnvinfer\.so|libnvonnxparser\.so|libcudart\.so|libcuda\.so' || echo "  none of libnvinfer, libnvonnxparser, libcudart, libcuda")
 } >"$OUT/0-probe.txt" 2>&1
-gpu_line="$(grep -m1 -E '^[^,]+, [0-9.]+, [0-9.]+' "$OUT/0-probe.txt" || true)"
-say "step 0 probe: ${gpu_line:-no nvidia-smi GPU line}; $(grep -m1 '^onnxruntime' "$OUT/0-probe.txt" || echo 'no python onnxruntime')"
+command -v nvidia-smi >/dev/null && smi_gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU [0-9]')"
+smi_names="$(nvidia-smi -L 2>/dev/null | grep '^GPU [0-9]' | sed 's/^GPU [0-9]*: //; s/ (UUID.*//' | sort | uniq -c | sed 's/^ *//' | tr '\n' ',' | sed 's/,$//')"
+ok 0 probe "nvidia-smi: $( [ "$smi_gpus" -gt 0 ] 2>/dev/null && echo "$smi_gpus GPU(s) ($smi_names)" || { command -v nvidia-smi >/dev/null && echo "no GPU listed" || echo "not found"; })\
+; $( [ -n "$ORT_DIR" ] && echo "onnxruntime ${ORT_VERSION:-?} at $ORT_DYLIB_PATH" || echo "no onnxruntime library")\
+; TensorRT: ${trt_lib:-none}; python: ${PY:-none}"
 
-# A JSON field through python when there is one, else a crude grep.
-json_get() { # FILE EXPR (python expression over `d`)
-  if [ -n "$PY" ]; then "$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); v=($2); print('' if v is None else v)" "$1" 2>/dev/null
-  else grep -o "\"$2\": *\"[^\"]*\"" "$1" | head -1 | sed 's/.*: *"//; s/"$//'; fi
-}
-
-# --- step 1: sku through cudarc --------------------------------------------------------------
+# --- step 1: the GPUs through trtcache (cudarc), against nvidia-smi's ---------------------------
 GPU=0
 if run 60 1-sku.json "$BIN" sku --json; then
-  n="$(json_get "$OUT/1-sku.json" "len(d.get('gpus', []))")"
+  n="$(jcount "$OUT/1-sku.json" uuid)"
   if [ "${n:-0}" -gt 0 ] 2>/dev/null; then
-    GPU=1; ok 1 sku "$n GPU(s): $(json_get "$OUT/1-sku.json" "d['sku']['name'] + ' cc ' + str(d['sku'].get('compute_capability'))")"
+    GPU=1
+    note=""; [ "$smi_gpus" != "$n" ] && note="; nvidia-smi lists $smi_gpus"
+    ok 1 sku "$n GPU(s): $(jlaststr "$OUT/1-sku.json" name) cc $(jlaststr "$OUT/1-sku.json" compute_capability)$note"
   else
-    why="$(json_get "$OUT/1-sku.json" "d.get('gpu_unavailable')")"
-    na 1 sku "no GPU through the CUDA driver (${why:-no reason given})"
+    why="$(jstr "$OUT/1-sku.json" gpu_unavailable)"
+    if [ "$smi_gpus" -gt 0 ] 2>/dev/null; then
+      bad 1 sku "nvidia-smi lists $smi_gpus GPU(s) but trtcache sees none through the CUDA driver (${why:-no reason given})"
+    else
+      na 1 sku "no GPU through the CUDA driver (${why:-no reason given})"
+    fi
   fi
 else
   bad 1 sku "trtcache sku --json exited $? (see 1-sku.json)"
@@ -125,37 +185,57 @@ else
   na 2 key-ort-cuda "$NO_GPU"
 fi
 
-# ONNX Runtime: the Python package's library, unless ORT_DYLIB_PATH is set.
-providers=""
-if [ -n "$PY" ]; then
-  providers="$("$PY" -c 'import onnxruntime as o; print(",".join(o.get_available_providers()))' 2>/dev/null || true)"
-  if [ -z "${ORT_DYLIB_PATH:-}" ]; then
-    lib="$("$PY" -c 'import onnxruntime,os,glob; d=os.path.join(os.path.dirname(onnxruntime.__file__),"capi"); print(sorted(glob.glob(d+"/libonnxruntime.so.*"))[0])' 2>/dev/null || true)"
-    [ -n "$lib" ] && export ORT_DYLIB_PATH="$lib"
+# Whether ONNX Runtime's provider PROVIDER (library libonnxruntime_providers_LIB.so) can load:
+# the library beside libonnxruntime, every library it needs found by the loader (ldd), and,
+# when the Python has onnxruntime, a session that really has the provider. Prints why not.
+provider_problem() { # PROVIDER LIB
+  local p="$1" lib="$ORT_DIR/libonnxruntime_providers_$2.so" missing
+  [ -n "$ORT_DIR" ] || { echo "$NO_ORT"; return; }
+  [ -f "$lib" ] || { echo "the image's onnxruntime has no $p (no $(basename "$lib") beside $ORT_DYLIB_PATH)"; return; }
+  if command -v ldd >/dev/null; then
+    missing="$(LD_LIBRARY_PATH="$ORT_DIR:$LD_LIBRARY_PATH" ldd "$lib" 2>&1 | grep 'not found' | sed 's/^[[:space:]]*//; s/ =>.*//' | sort -u | tr '\n' ' ' | sed 's/ $//')"
+    [ -n "$missing" ] && { echo "$p cannot load: $(basename "$lib") needs $missing (not found by the loader; LD_LIBRARY_PATH=$LD_LIBRARY_PATH)"; return; }
   fi
-fi
+  if py_has onnxruntime && [ "$GPU" = 1 ]; then
+    run 300 "provider-$2.txt" "$PY" - "$p" "$MODELS/tiny_encoder_static.onnx" <<'PYEOF' || { echo "$p does not start in an ONNX Runtime session: $(tail -1 "$OUT/provider-$2.txt")"; return; }
+import sys, onnxruntime as ort
+p, model = sys.argv[1], sys.argv[2]
+s = ort.InferenceSession(model, providers=[p])
+print("session providers:", s.get_providers())
+if p not in s.get_providers(): raise SystemExit(f"the session has {s.get_providers()}, not {p}")
+PYEOF
+  fi
+}
 
-# Builds every example with BACKEND, then serves them and has a consumer acquire one and run
-# it on the GPU provider.
+# Builds every example with BACKEND, then serves them and warms them through the daemon (step
+# STEP), then has a Python consumer acquire one and run it on PROVIDER (step STEPc).
 build_and_consume() { # STEP NAME BACKEND PROVIDER SECONDS
   local step="$1" name="$2" backend="$3" provider="$4" secs="$5" b m nb=0 nf=0
-  local cache="$WORK/cache-$backend"
+  local cache="$WORK/cache-$backend" cname="consume-$backend"
   for m in "${models[@]}"; do
     b="$(basename "$m" .onnx)"
     if run "$secs" "$step-build-$b.json" "$BIN" build --backend "$backend" --cache-dir "$cache" --json "$m"; then nb=$((nb + 1)); else nf=$((nf + 1)); fi
   done
-  if [ "$nf" != 0 ]; then bad "$step" "$name" "$nf of ${#models[@]} builds failed ($step-build-*.json)"; return; fi
-  cat >"$WORK/$backend.toml" <<EOF
+  if [ "$nf" != 0 ]; then
+    bad "$step" "$name" "$nf of ${#models[@]} builds failed ($step-build-*.json)"
+    na "${step}c" "$cname" "step $step failed"; return
+  fi
+  cat >"$WORK/$backend.toml" <<TOML
 models = "$MODELS"
 cache_dir = "$cache"
 socket = "$WORK/$backend.sock"
 backends = ["$backend"]
-EOF
+TOML
   "$BIN" serve --config "$WORK/$backend.toml" >"$OUT/$step-serve.log" 2>&1 &
   SERVE_PID=$!
   if ! run "$secs" "$step-warm.json" "$BIN" warm --config "$WORK/$backend.toml" --json --timeout "$secs"; then
     bad "$step" "$name" "$nb built, but warm through the daemon failed ($step-warm.json, $step-serve.log)"
-  elif PYTHONPATH="$here/clients/python" run 120 "$step-consumer.txt" "$PY" - "$WORK/$backend.sock" "$provider" <<'EOF'
+    na "${step}c" "$cname" "step $step failed"
+  else
+    ok "$step" "$name" "$nb models built and validated, served and warmed"
+    if ! py_has "numpy, onnxruntime"; then
+      na "${step}c" "$cname" "$( [ -n "$PY" ] && echo "$PY has no onnxruntime or numpy" || echo "$NO_PY")"
+    elif PYTHONPATH="$here/clients/python" run 120 "${step}c-consumer.txt" "$PY" - "$WORK/$backend.sock" "$provider" <<'PYEOF'
 import sys, numpy as np
 from trtcache_client import Client
 sock, provider = sys.argv[1], sys.argv[2]
@@ -166,55 +246,48 @@ assert sess.get_providers()[0] == provider, "the session fell back to " + sess.g
 feeds = {i.name: np.ones([d if isinstance(d, int) and d > 0 else 1 for d in i.shape], np.float32) for i in sess.get_inputs()}
 out = sess.run(None, feeds)
 print("ran:", [o.shape for o in out])
-EOF
-  then
-    ok "$step" "$name" "$nb models built and validated; a consumer ran tiny_encoder_static on $provider"
-  else
-    bad "$step" "$name" "$nb built and served, the consumer failed ($step-consumer.txt)"
+PYEOF
+    then
+      ok "${step}c" "$cname" "a consumer ran tiny_encoder_static on $provider"
+    else
+      bad "${step}c" "$cname" "the consumer failed: $(tail -1 "$OUT/${step}c-consumer.txt")"
+    fi
   fi
   kill "$SERVE_PID" 2>/dev/null; wait "$SERVE_PID" 2>/dev/null; SERVE_PID=""
 }
 
-# --- step 3: ort-cuda ------------------------------------------------------------------------
+# --- steps 3 and 3c: ort-cuda ----------------------------------------------------------------
 # Each step lists everything it lacks, not just the first thing.
 why=()
 [ "$GPU" != 1 ] && why+=("$NO_GPU")
-[ -z "$PY" ] && why+=("no python for the consumer (set PYTHON)")
-[ -n "$PY" ] && [[ ",$providers," != *",CUDAExecutionProvider,"* ]] && why+=("the image's onnxruntime has no CUDAExecutionProvider (providers: ${providers:-none})")
-if [ ${#why[@]} -gt 0 ]; then na 3 build-ort-cuda "$(join "${why[@]}")"
+p="$(provider_problem CUDAExecutionProvider cuda)"; [ -n "$p" ] && why+=("$p")
+if [ ${#why[@]} -gt 0 ]; then
+  na 3 build-ort-cuda "$(join "${why[@]}")"; na 3c consume-ort-cuda "step 3 did not run"
 else build_and_consume 3 build-ort-cuda ort-cuda CUDAExecutionProvider 150
 fi
 
-# TensorRT's library, as the loader would find it.
-trt_lib=""
-for d in ${TENSORRT_ROOT:+"$TENSORRT_ROOT/lib"} ${TENSORRT_ROOT:+"$TENSORRT_ROOT"}; do
-  [ -e "$d/libnvinfer.so.10" ] && trt_lib="$d/libnvinfer.so.10" && break
-done
-[ -z "$trt_lib" ] && ldconfig -p 2>/dev/null | grep -q 'libnvinfer\.so\.10 ' && trt_lib="libnvinfer.so.10 (ldconfig)"
-NO_TRT="no TensorRT: libnvinfer.so.10 neither in \$TENSORRT_ROOT/lib (${TENSORRT_ROOT:-unset}) nor in the ldconfig cache"
-
-# --- step 4: ort-tensorrt --------------------------------------------------------------------
+# --- steps 4 and 4c: ort-tensorrt -------------------------------------------------------------
 why=()
 [ "$GPU" != 1 ] && why+=("$NO_GPU")
 [ -z "$trt_lib" ] && why+=("$NO_TRT")
-[ -z "$PY" ] && why+=("no python for the consumer (set PYTHON)")
-[ -n "$PY" ] && [[ ",$providers," != *",TensorrtExecutionProvider,"* ]] && why+=("the image's onnxruntime has no TensorrtExecutionProvider (providers: ${providers:-none})")
-if [ ${#why[@]} -gt 0 ]; then na 4 build-ort-tensorrt "$(join "${why[@]}")"
-else
-  [ -n "${TENSORRT_ROOT:-}" ] && export LD_LIBRARY_PATH="$TENSORRT_ROOT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  build_and_consume 4 build-ort-tensorrt ort-tensorrt TensorrtExecutionProvider 200
+p="$(provider_problem TensorrtExecutionProvider tensorrt)"; [ -n "$p" ] && why+=("$p")
+if [ ${#why[@]} -gt 0 ]; then
+  na 4 build-ort-tensorrt "$(join "${why[@]}")"; na 4c consume-ort-tensorrt "step 4 did not run"
+else build_and_consume 4 build-ort-tensorrt ort-tensorrt TensorrtExecutionProvider 200
 fi
 
 # --- step 5: the native shim -----------------------------------------------------------------
 shim="${TRTCACHE_TRT_SHIM:-$(dirname "$BIN")/libtrtcache_trt.so}"
-why=()
-[ "$GPU" != 1 ] && why+=("$NO_GPU")
-[ -z "$trt_lib" ] && why+=("$NO_TRT")
-[ ! -f "$shim" ] && why+=("no shim at $shim (set TRTCACHE_TRT_SHIM, or see docs/trt.md to build one)")
-[ -z "$PY" ] && why+=("no python to drive the shim (set PYTHON)")
+shim_why=()
+[ "$GPU" != 1 ] && shim_why+=("$NO_GPU")
+[ -z "$trt_lib" ] && shim_why+=("$NO_TRT")
+[ ! -f "$shim" ] && shim_why+=("no shim at $shim (set TRTCACHE_TRT_SHIM, or see docs/trt.md to build one)")
+why=("${shim_why[@]}")
+if [ -z "$PY" ]; then why+=("$NO_PY: nothing to drive the shim")
+elif ! py_has "numpy, onnxruntime"; then why+=("$PY has no numpy or onnxruntime to drive the shim and compare")
+fi
 if [ ${#why[@]} -gt 0 ]; then na 5 trt-native "$(join "${why[@]}")"
 else
-  [ -n "${TENSORRT_ROOT:-}" ] && export LD_LIBRARY_PATH="$TENSORRT_ROOT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   # The shim's C API driven through ctypes: parse, supports, build with a timing cache, a
   # second build from that cache, load, inspect, run, compare with ONNX Runtime CPU.
   if run 150 5-trt-native.txt "$PY" - "$shim" "$MODELS/tiny_encoder_static.onnx" "$OUT/5-inspect.json" <<'EOF'
@@ -292,11 +365,13 @@ EOF
   fi
 fi
 
-# --- step 6: the trt backend through trtcache -------------------------------------------------
-# Same needs as step 5. build --backend trt (validated against ONNX Runtime CPU), the same
-# build again (a cache hit), inspect --trt (the parser's verdict beside the table's), export
-# --triton-repo, and the plan deserialized by TensorRT's own Python runtime when the image
-# has the `tensorrt` package.
+# --- steps 6 and 6d: the trt backend through trtcache -------------------------------------------
+# No Python needed: build --backend trt (validated against ONNX Runtime CPU), the same build
+# again (a cache hit), inspect --trt (the parser's verdict beside the table's), export
+# --triton-repo; then (6d) the plan deserialized by TensorRT's own Python runtime.
+why=("${shim_why[@]}")
+[ -z "$ORT_DIR" ] && why+=("$NO_ORT (the build validates against ONNX Runtime CPU)")
+step6=0
 if [ ${#why[@]} -gt 0 ]; then na 6 trt-backend "$(join "${why[@]}")"
 else
   export TRTCACHE_TRT_SHIM="$shim"
@@ -304,30 +379,30 @@ else
   if ! runj 300 6-build-trt "$BIN" build --backend trt --cache-dir "$c6" --json "$m6"; then
     bad 6 trt-backend "trtcache build --backend trt failed ($(tail -1 "$OUT/6-build-trt.log"))"
   elif ! runj 120 6-build-trt-again "$BIN" build --backend trt --cache-dir "$c6" --json "$m6" \
-      || [ "$(json_get "$OUT/6-build-trt-again.json" 'd["cache_hit"]')" != True ]; then
+      || ! jtrue "$OUT/6-build-trt-again.json" cache_hit; then
     bad 6 trt-backend "the second build was not a cache hit (6-build-trt-again.json)"
   elif ! runj 120 6-inspect-trt "$BIN" inspect --trt --json "$m6"; then
     bad 6 trt-backend "inspect --trt failed ($(tail -1 "$OUT/6-inspect-trt.log"))"
   elif ! run 60 6-export.txt "$BIN" export --triton-repo "$OUT/6-triton" --cache-dir "$c6"; then
     bad 6 trt-backend "export --triton-repo failed ($(tail -1 "$OUT/6-export.txt"))"
   else
-    plan="$(json_get "$OUT/6-build-trt.json" 'd["artifact"]["entry"]')"
-    err="$(json_get "$OUT/6-build-trt.json" 'max(o["max_abs"] for o in d["record"]["validation"]["outputs"])')"
-    dis="$(json_get "$OUT/6-inspect-trt.json" 'd["parser"]["disagreements"]')"
-    deser="no tensorrt Python package to deserialize with"
-    if "$PY" -c 'import tensorrt' 2>/dev/null; then
-      if run 120 6-deserialize.txt "$PY" - "$plan" <<'EOF'
+    step6=1
+    ok 6 trt-backend "built and validated (max abs error $(jmax "$OUT/6-build-trt.json" max_abs)), cache hit, inspect --trt: $(jmax "$OUT/6-inspect-trt.json" disagreements) disagreement(s), exported to 6-triton"
+  fi
+fi
+plan="$(jstr "$OUT/6-build-trt.json" entry)"
+if [ "$step6" != 1 ]; then na 6d trt-deserialize "step 6 did not pass"
+elif [ -z "$PY" ]; then na 6d trt-deserialize "$NO_PY"
+elif ! py_has tensorrt; then na 6d trt-deserialize "$PY has no tensorrt package"
+elif [ ! -f "$plan" ]; then bad 6d trt-deserialize "no plan at '$plan' (the artifact entry in 6-build-trt.json)"
+elif run 120 6d-deserialize.txt "$PY" - "$plan" <<'PYEOF'
 import sys, tensorrt as trt
 engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(open(sys.argv[1], "rb").read())
 if engine is None: raise SystemExit("deserialize_cuda_engine returned None")
 print("deserialized by tensorrt", trt.__version__, "with", engine.num_io_tensors, "I/O tensors")
-EOF
-      then deser="$(tail -1 "$OUT/6-deserialize.txt")"
-      else deser="FAILED to deserialize: $(tail -1 "$OUT/6-deserialize.txt")"; failed=1
-      fi
-    fi
-    ok 6 trt-backend "built and validated (max abs error $err), cache hit, inspect --trt: $dis disagreement(s), exported to 6-triton; $deser"
-  fi
+PYEOF
+then ok 6d trt-deserialize "$(tail -1 "$OUT/6d-deserialize.txt")"
+else bad 6d trt-deserialize "$(tail -1 "$OUT/6d-deserialize.txt")"
 fi
 
 say "gpu-check: $( [ "$failed" = 0 ] && echo 'no step failed' || echo 'some steps FAILED' ) (results in $OUT)"

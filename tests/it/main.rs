@@ -12,6 +12,7 @@ mod daemon_models;
 mod daemon_system;
 mod deploy;
 mod fuzz_regressions;
+mod gpu_check;
 mod half_outputs;
 mod keys;
 mod layering;
