@@ -10,7 +10,8 @@
 # repository; docs/trt.md says where they come from. Exit 0 when it compiles; the compiler's
 # output otherwise. CXX (default g++) picks the compiler, OUT_SO where the library goes
 # (default: a temp file, removed). With SHIM_NEEDED=1 the library also records its
-# dependencies (libnvinfer.so.MAJOR, libnvonnxparser.so.MAJOR, libcudart.so.12) by linking
+# dependencies (libnvinfer.so.MAJOR, libnvonnxparser.so.MAJOR, libcudart.so.CUDA_MAJOR, the
+# CUDA major read from the given CUDA headers' CUDART_VERSION) by linking
 # against empty stand-ins with those sonames, so a shim built here (without TensorRT's
 # libraries) loads them by itself on a GPU host.
 set -euo pipefail
@@ -37,15 +38,20 @@ trap '[ -n "$tmp" ] && rm -rf "$tmp"' EXIT
 # directly, 10.14+ through TRT_MAJOR_ENTERPRISE).
 read -r major minor patch < <(printf '#include <NvInferVersion.h>\nNV_TENSORRT_MAJOR NV_TENSORRT_MINOR NV_TENSORRT_PATCH\n' \
   | "${CXX:-g++}" -E -P -x c++ -isystem "$trt" - 2>/dev/null | tail -1) || true
-echo "check-trt-shim: TensorRT headers ${major:-?}.${minor:-?}.${patch:-?} in $trt; $("$cxx" --version | head -1)"
+# The CUDA runtime's major, from the CUDA headers given (CUDART_VERSION 12090 -> 12): the
+# soname the shim needs (libcudart.so.13 for a CUDA 13 host, .12 for CUDA 12).
+cudart=$(printf '#include <cuda_runtime_api.h>\nCUDART_VERSION\n' \
+  | "${CXX:-g++}" -E -P -x c++ "${incs[@]}" - 2>/dev/null | tail -1 | tr -dc '0-9') || true
+cuda_major=$(( ${cudart:-12000} / 1000 ))
+echo "check-trt-shim: TensorRT headers ${major:-?}.${minor:-?}.${patch:-?} in $trt; CUDA runtime headers ${cudart:-?} (libcudart.so.$cuda_major); $("$cxx" --version | head -1)"
 link=()
 if [ "${SHIM_NEEDED:-0}" = 1 ]; then
   stubs="$(mktemp -d)"; trap '[ -n "$tmp" ] && rm -rf "$tmp"; rm -rf "$stubs"' EXIT
   echo 'void trtcache_stub(void) {}' >"$stubs/stub.c"
-  for so in "libnvinfer.so.${major:-10}" "libnvonnxparser.so.${major:-10}" libcudart.so.12; do
+  for so in "libnvinfer.so.${major:-10}" "libnvonnxparser.so.${major:-10}" "libcudart.so.$cuda_major"; do
     "${CC:-cc}" -shared -fPIC "$stubs/stub.c" -Wl,-soname,"$so" -o "$stubs/$so"
   done
-  link=(-Wl,--no-as-needed -L"$stubs" -l:"libnvinfer.so.${major:-10}" -l:"libnvonnxparser.so.${major:-10}" -l:libcudart.so.12)
+  link=(-Wl,--no-as-needed -L"$stubs" -l:"libnvinfer.so.${major:-10}" -l:"libnvonnxparser.so.${major:-10}" -l:"libcudart.so.$cuda_major")
 fi
 set -x
 "$cxx" -std=c++17 -O1 -fPIC -shared -Wall -Wextra -Werror -Wno-deprecated-declarations \

@@ -117,7 +117,8 @@ impl fmt::Display for Missing {
             hints.push(format!(
                 "install TensorRT {major} (NVIDIA's packages: `apt install libnvinfer{major} \
                  libnvonnxparsers{major} libnvinfer-dev libnvonnxparsers-dev` from the CUDA \
-                 repository; or `pip install tensorrt-cu12` and set TENSORRT_ROOT to its \
+                 repository; or the wheel for the host's CUDA major, `pip install \
+                 'tensorrt-cu13=={major}.*'` (or tensorrt-cu12), and set TENSORRT_ROOT to its \
                  `tensorrt_libs` folder)"
             ));
         }

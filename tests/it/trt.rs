@@ -99,7 +99,7 @@ fn without_tensorrt_the_loader_says_exactly_what_is_missing() {
             msg.contains("apt install libnvinfer10 libnvonnxparsers10"),
             "{msg}"
         );
-        assert!(msg.contains("pip install tensorrt-cu12"), "{msg}");
+        assert!(msg.contains("pip install 'tensorrt-cu13==10.*'"), "{msg}");
     }
     // An explicit shim path is the only place looked at.
     let d = tempfile::tempdir().unwrap();

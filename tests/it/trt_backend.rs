@@ -154,7 +154,7 @@ fn without_tensorrt_build_exits_2_naming_tensorrt_and_how_to_install_it() {
         "cannot open shared object file",
         "the TensorRT shim libtrtcache_trt.so not found (looked at ",
         "apt install libnvinfer10 libnvonnxparsers10",
-        "pip install tensorrt-cu12",
+        "pip install 'tensorrt-cu13==10.*'",
         "TENSORRT_ROOT=DIR cargo build --release",
         "TRTCACHE_TRT_SHIM",
         "(docs/trt.md)",
