@@ -70,8 +70,12 @@ pub struct TensorFacts {
     /// Index into [`GraphFacts::dds`] of the data-dependent-shape origin this tensor's shape
     /// inherits, if any.
     pub dds: Option<usize>,
-    /// Produced by an initializer (not overridable by a graph input).
-    pub initializer: bool,
+    /// What TensorRT's ONNX parser imports as weights rather than as a tensor: an
+    /// initializer (not overridable by a graph input), or the output of a `Constant` node
+    /// (onnx-tensorrt's Constant importer returns weights). Inputs TensorRT requires "to be an
+    /// initializer" accept both; exporters (optimum at opset 18, onnxruntime-genai) write
+    /// reduction axes as Constant nodes.
+    pub weights: bool,
 }
 
 impl TensorFacts {
@@ -82,7 +86,7 @@ impl TensorFacts {
             class,
             value: None,
             dds: None,
-            initializer: false,
+            weights: false,
         }
     }
 
@@ -192,7 +196,7 @@ pub fn tensor_info(t: &TensorProto) -> TensorFacts {
         class: ValueClass::Constant,
         value: tensor_ints(t).map(|v| v.into_iter().map(SymDim::Known).collect()),
         dds: None,
-        initializer: true,
+        weights: true,
     }
 }
 

@@ -330,7 +330,9 @@ fn wire(
         for &v in nodes {
             for r in partition::reads(g, v) {
                 let producer = produced_in.get(r).copied();
-                if producer == Some(pi) || facts.get(r).is_some_and(|t| t.initializer) {
+                // Initializers (weights no node produces) are never a partition's input.
+                let initializer = producer.is_none() && facts.get(r).is_some_and(|t| t.weights);
+                if producer == Some(pi) || initializer {
                     continue;
                 }
                 if !in_seen.insert(r) {

@@ -325,9 +325,11 @@ impl<'a> RestrictCx<'a> {
             .is_some_and(|s| self.f.class(s) == ValueClass::Constant)
     }
 
-    fn is_init(&self, i: usize) -> bool {
+    /// Whether input `i` reaches TensorRT as weights: an initializer or a `Constant` node's
+    /// output (what the parser's "must be an initializer" checks accept).
+    fn is_weights(&self, i: usize) -> bool {
         self.input(i)
-            .is_some_and(|s| self.f.get(s).is_some_and(|t| t.initializer))
+            .is_some_and(|s| self.f.get(s).is_some_and(|t| t.weights))
     }
 
     fn out_used(&self, i: usize) -> bool {
@@ -453,7 +455,7 @@ fn build_time_inputs(cx: &RestrictCx<'_>, r: &mut Vec<String>) {
         "Dropout" => {
             if let Some(t) = cx.input(2) {
                 let ok =
-                    cx.is_init(2) && f.known_ints(t).is_some_and(|v| v.iter().all(|&x| x == 0));
+                    cx.is_weights(2) && f.known_ints(t).is_some_and(|v| v.iter().all(|&x| x == 0));
                 if !ok {
                     r.push(
                         "Dropout is_training must be an initializer whose value is False".into(),
@@ -463,7 +465,7 @@ fn build_time_inputs(cx: &RestrictCx<'_>, r: &mut Vec<String>) {
         }
         "ReduceL1" | "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp" | "ReduceMax"
         | "ReduceMean" | "ReduceMin" | "ReduceProd" | "ReduceSum" | "ReduceSumSquare"
-            if cx.input(1).is_some() && !cx.is_init(1) =>
+            if cx.input(1).is_some() && !cx.is_weights(1) =>
         {
             r.push(format!("{op} axes must be an initializer"));
         }
@@ -474,7 +476,7 @@ fn build_time_inputs(cx: &RestrictCx<'_>, r: &mut Vec<String>) {
                 }
             }
         }
-        "STFT" if !(cx.is_init(1) && (cx.input(2).is_none() || cx.is_init(2))) => {
+        "STFT" if !(cx.is_weights(1) && (cx.input(2).is_none() || cx.is_weights(2))) => {
             r.push("STFT frame_step and window must be initializers".into())
         }
         "EyeLike" => {
@@ -703,6 +705,36 @@ mod tests {
         );
         assert!(v[7].iter().any(|r| r.contains("only at I/O")), "{:?}", v[7]);
         assert!(v[8].is_empty(), "uint8 graph input into Cast: {:?}", v[8]);
+    }
+
+    /// optimum (opset 18) and onnxruntime-genai write reduction axes as `Constant` nodes;
+    /// TensorRT's parser imports a Constant's output as weights, which is what "axes must
+    /// be an initializer" asks. Axes from an initializer or a Constant pass; axes a graph
+    /// input or a computation gives do not.
+    #[test]
+    fn reduction_axes_from_a_constant_node_are_weights() {
+        let mut g = GraphBuilder::new("r");
+        g.input("x", Float32, &img())
+            .input("ax_in", crate::onnx::ElemType::Int64, &[1.into()])
+            .output("y", Float32, None)
+            .init(tensor_i64("ax_init", &[1], &[-1]));
+        g.node("Constant", &[], &["ax_const"])
+            .attribute
+            .push(attr::tensor("value", tensor_i64("v", &[1], &[-1])));
+        g.node("ReduceMean", &["x", "ax_const"], &["m1"]);
+        g.node("ReduceMean", &["x", "ax_init"], &["m2"]);
+        g.node("ReduceMean", &["x", "ax_in"], &["m3"]);
+        g.node("Identity", &["ax_const"], &["ax_copy"]);
+        g.node("ReduceSum", &["x", "ax_copy"], &["m4"]);
+        let v = verdicts(g);
+        let about_axes =
+            |r: &Vec<String>| r.iter().any(|s| s.contains("axes must be an initializer"));
+        assert!(!about_axes(&v[1]), "Constant axes: {:?}", v[1]);
+        assert!(!about_axes(&v[2]), "initializer axes: {:?}", v[2]);
+        assert!(about_axes(&v[3]), "graph-input axes: {:?}", v[3]);
+        // Anything computed, even from constants, is taken as a tensor (conservatively: only
+        // initializers and direct Constant outputs count as weights here).
+        assert!(about_axes(&v[5]), "Identity of a Constant: {:?}", v[5]);
     }
 
     #[test]

@@ -57,7 +57,7 @@ pub fn propagate_with<'a>(
             // An initializer that is also an input is only a default: callers may override it.
             info.class = ValueClass::DataDerived;
             info.value = None;
-            info.initializer = false;
+            info.weights = false;
         }
         f.tensors.insert(name, info);
     }
@@ -70,7 +70,7 @@ pub fn propagate_with<'a>(
                 class: ValueClass::DataDerived,
                 value: None,
                 dds: None,
-                initializer: false,
+                weights: false,
             },
         );
     }
@@ -132,6 +132,7 @@ fn step<'a>(g: &Graph<'a>, id: usize, node: &'a NodeProto, opset: i64, f: &mut G
         let declared = g.value_info.get(out.as_str());
         let mut info = merge(inferred, declared.copied());
         info.class = class;
+        info.weights = std_domain && op == "Constant";
         if class == ValueClass::DataDerived && !matches!(op, "Shape" | "Size") {
             info.value = None;
         }
@@ -324,7 +325,7 @@ fn merge(
         class: ValueClass::DataDerived,
         value: val,
         dds: None,
-        initializer: false,
+        weights: false,
     }
 }
 
