@@ -23,9 +23,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use trtcache::cache::{Record, SledStore, StagedArtifact, Status, Store, StoreOptions};
+use trtcache::cache::{Record, SledStore, StagedArtifact, Store, StoreOptions};
 use trtcache::fixtures::{model, tensor_f32, write, GraphBuilder};
-use trtcache::key::{hex, BackendId, KeyParts, ModelDigest, KEY_FORMAT};
 use trtcache::onnx::ElemType::Float32;
 use trtcache_client::{AcquireRequest, Client};
 
@@ -47,43 +46,7 @@ fn small(k: f32) -> trtcache::onnx::proto::ModelProto {
 
 /// A cache record no model names, with a 64-byte artifact of its own.
 fn record(n: u64) -> Record {
-    let mut seed = [0u8; 32];
-    seed[..8].copy_from_slice(&n.to_le_bytes());
-    seed[8] = 0xb5;
-    let parts = KeyParts {
-        format: KEY_FORMAT,
-        model: ModelDigest {
-            sha256: hex(&seed),
-            bytes: 1,
-            external: vec![],
-        },
-        opsets: Default::default(),
-        profile: None,
-        sku: Default::default(),
-        backend: BackendId {
-            name: trtcache::spec::Backend::OrtCpu,
-            versions: Default::default(),
-        },
-        precision: Default::default(),
-        options: Default::default(),
-    };
-    Record {
-        format: trtcache::cache::RECORD_FORMAT,
-        key: parts.key(),
-        parts,
-        status: Status::Ready,
-        artifact: None,
-        backend: trtcache::spec::Backend::OrtCpu,
-        providers: None,
-        partitions: None,
-        model_path: format!("synthetic{n}.onnx"),
-        build_ms: 1,
-        validation: None,
-        created: n,
-        last_used: n,
-        hits: 0,
-        provenance: trtcache::cache::Provenance::Built,
-    }
+    trtcache::fixtures::synthetic_record(n, 0xb5)
 }
 
 fn fill_cache(cache: &Path, stage: &Path, n: u64) -> Result<(), Error> {

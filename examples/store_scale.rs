@@ -13,47 +13,12 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use trtcache::cache::{Record, SledStore, StagedArtifact, Status, Store, StoreOptions};
+use trtcache::cache::{Record, SledStore, StagedArtifact, Store, StoreOptions};
+use trtcache::key::hex;
 use trtcache::key::memo::{DigestMemo, FileId};
-use trtcache::key::{hex, BackendId, KeyParts, ModelDigest, KEY_FORMAT};
 
 fn record(n: u64) -> Record {
-    let mut seed = [0u8; 32];
-    seed[..8].copy_from_slice(&n.to_le_bytes());
-    let parts = KeyParts {
-        format: KEY_FORMAT,
-        model: ModelDigest {
-            sha256: hex(&seed),
-            bytes: 1,
-            external: vec![],
-        },
-        opsets: Default::default(),
-        profile: None,
-        sku: Default::default(),
-        backend: BackendId {
-            name: trtcache::spec::Backend::OrtCpu,
-            versions: Default::default(),
-        },
-        precision: Default::default(),
-        options: Default::default(),
-    };
-    Record {
-        format: trtcache::cache::RECORD_FORMAT,
-        key: parts.key(),
-        parts,
-        status: Status::Ready,
-        artifact: None,
-        backend: trtcache::spec::Backend::OrtCpu,
-        providers: None,
-        partitions: None,
-        model_path: format!("m{n}.onnx"),
-        build_ms: 1,
-        validation: None,
-        created: n,
-        last_used: n,
-        hits: 0,
-        provenance: Default::default(),
-    }
+    trtcache::fixtures::synthetic_record(n, 0)
 }
 
 /// A staged artifact of one 64-byte file whose bytes depend on `n` (a distinct blob).

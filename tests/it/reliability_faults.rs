@@ -31,6 +31,22 @@ fn configure(d: &Daemon, top: &str, limits: &str) {
     .unwrap();
 }
 
+/// Moves the daemon's cache to `ROOT/store`, a folder of its own (the harness keeps the
+/// socket in `cache/`), so a test can delete the whole cache folder; returns its path.
+fn own_cache_folder(d: &Daemon) -> std::path::PathBuf {
+    let store = d.root.join("store");
+    let text = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(
+        d.config(),
+        text.replace(
+            &format!("cache_dir = {:?}", d.cache()),
+            &format!("cache_dir = {store:?}"),
+        ),
+    )
+    .unwrap();
+    store
+}
+
 /// Polls until `f` returns `Some` (panics with the daemon's log after `secs`).
 fn eventually<T>(d: &Daemon, secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let t0 = Instant::now();
@@ -201,17 +217,7 @@ fn external_data_that_cannot_fit_in_the_cache_fails_for_good_naming_the_file() {
 #[test]
 fn rm_rf_of_the_cache_under_a_running_daemon_opens_a_fresh_one() {
     let mut d = Daemon::new();
-    // The cache on its own (the harness keeps the socket in `cache/`).
-    let store = d.root.join("store");
-    let text = std::fs::read_to_string(d.config()).unwrap();
-    std::fs::write(
-        d.config(),
-        text.replace(
-            &format!("cache_dir = {:?}", d.cache()),
-            &format!("cache_dir = {store:?}"),
-        ),
-    )
-    .unwrap();
+    let store = own_cache_folder(&d);
     configure(&d, "", "cache_check_secs = 1");
     write(&models::tiny_encoder(false), &d.models().join("enc.onnx")).unwrap();
     d.start();
@@ -252,16 +258,7 @@ fn rm_rf_of_the_cache_under_a_running_daemon_opens_a_fresh_one() {
 #[test]
 fn after_rm_rf_the_models_are_warmed_again_without_an_acquire() {
     let mut d = Daemon::new();
-    let store = d.root.join("store");
-    let text = std::fs::read_to_string(d.config()).unwrap();
-    std::fs::write(
-        d.config(),
-        text.replace(
-            &format!("cache_dir = {:?}", d.cache()),
-            &format!("cache_dir = {store:?}"),
-        ),
-    )
-    .unwrap();
+    let store = own_cache_folder(&d);
     configure(&d, "", "cache_check_secs = 1\nready_recheck_secs = 1");
     write(&models::tiny_encoder(false), &d.models().join("enc.onnx")).unwrap();
     d.start();
@@ -293,16 +290,7 @@ fn after_rm_rf_the_models_are_warmed_again_without_an_acquire() {
 #[test]
 fn rm_rf_of_the_cache_during_a_build_stores_nothing_there_and_builds_again() {
     let mut d = Daemon::new();
-    let store = d.root.join("store");
-    let text = std::fs::read_to_string(d.config()).unwrap();
-    std::fs::write(
-        d.config(),
-        text.replace(
-            &format!("cache_dir = {:?}", d.cache()),
-            &format!("cache_dir = {store:?}"),
-        ),
-    )
-    .unwrap();
+    let store = own_cache_folder(&d);
     d.start();
     write(&slow_loop(1_000_000), &d.models().join("slow.onnx")).unwrap();
     d.wait_building(&mut d.client());
