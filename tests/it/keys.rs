@@ -531,3 +531,60 @@ fn human_output_lists_the_parts() {
         assert!(s.contains(want), "missing `{want}` in:\n{s}");
     }
 }
+
+/// The options each backend puts into a key, pinned as literal strings: a restructuring of the
+/// build stage that changed one of them would rebuild every user's cache (GPU backends
+/// included, whose keys cannot be computed through the binary on a host without a GPU).
+#[test]
+fn key_options_are_pinned_for_every_backend() {
+    use trtcache::build::{BuildOptions, OptLevel};
+    use trtcache::spec::{Backend, Precision};
+    let base = BuildOptions {
+        device_id: 0,
+        ..BuildOptions::default()
+    };
+    let variants: Vec<(&str, BuildOptions)> = vec![
+        ("default", base.clone()),
+        (
+            "variant",
+            BuildOptions {
+                precision: Precision::Fp16,
+                opt_level: OptLevel::Basic,
+                prepack: false,
+                specialize: false,
+                rewrite: false,
+                external_min_bytes: 1024,
+                trt_builder_level: 5,
+                trt_hardware_compat: trtcache::trt::HwCompat::SameComputeCapability,
+                trt_workspace_bytes: Some(1 << 30),
+                device_id: 1,
+                extra: [("label".to_string(), "x".to_string())].into(),
+                ..base.clone()
+            },
+        ),
+    ];
+    let mut got = String::new();
+    for (name, o) in &variants {
+        for b in [
+            Backend::OrtCpu,
+            Backend::OrtCuda,
+            Backend::OrtTensorRt,
+            Backend::Trt,
+        ] {
+            got += &format!("{name} {b}: {:?}\n", o.key_options(b));
+        }
+    }
+    let want = PINNED_KEY_OPTIONS;
+    assert_eq!(got, want, "key options changed:\n{got}");
+}
+
+/// What d3cc3ba put into keys (see `key_options_are_pinned_for_every_backend`).
+const PINNED_KEY_OPTIONS: &str = r#"default ort-cpu: {"external_min_bytes": "65536", "opt_level": "all", "prepack": "true", "rewrites": "static-if,stft-as-conv,hardswish,gelu,conv-affine,affine-conv,conv-integer-depthwise-float,conv-integer-uint8,dequantize-constants", "specialize": "true"}
+default ort-cuda: {"device_id": "0", "opt_level": "extended", "use_tf32": "false"}
+default ort-tensorrt: {"device_id": "0", "trt_builder_optimization_level": "3", "trt_ep_context_embed_mode": "1"}
+default trt: {"device_id": "0", "trt.builder_optimization_level": "3", "trt.hardware_compatibility": "none", "trt.precision": "fp32,no-tf32", "trt.workspace_bytes": "default"}
+variant ort-cpu: {"external_min_bytes": "1024", "label": "x", "opt_level": "basic", "prepack": "false", "rewrites": "none", "specialize": "false"}
+variant ort-cuda: {"device_id": "1", "label": "x", "opt_level": "basic", "use_tf32": "true"}
+variant ort-tensorrt: {"device_id": "1", "label": "x", "trt_builder_optimization_level": "5", "trt_ep_context_embed_mode": "1"}
+variant trt: {"device_id": "1", "label": "x", "trt.builder_optimization_level": "5", "trt.hardware_compatibility": "same-compute-capability", "trt.precision": "fp16", "trt.workspace_bytes": "1073741824"}
+"#;
