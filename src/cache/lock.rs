@@ -10,7 +10,7 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::StoreError;
+use super::store::StoreError;
 
 /// How long [`DirLock::acquire`] waits for a lock whose recorded owner is no longer alive.
 /// An owner killed while it was starting a child (a build worker between `fork` and `exec`)

@@ -101,7 +101,7 @@ impl fmt::Display for Missing {
                 .collect();
             parts.push(format!(
                 "the TensorRT shim {} not found (looked at {})",
-                super::loader::SHIM_FILE,
+                super::SHIM_FILE,
                 looked.join(", ")
             ));
         }
@@ -126,7 +126,7 @@ impl fmt::Display for Missing {
             hints.push(format!(
                 "build the shim with `TENSORRT_ROOT=DIR cargo build --release` (it lands next \
                  to the binary) or point {} at it",
-                super::loader::SHIM_ENV
+                super::SHIM_ENV
             ));
         }
         write!(

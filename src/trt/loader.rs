@@ -28,10 +28,7 @@ use super::error::{Missing, TrtError};
 use super::ffi::TrtShim;
 use super::TrtVersion;
 
-/// The shim's file name.
-pub const SHIM_FILE: &str = "libtrtcache_trt.so";
-/// Environment variable naming the shim's path.
-pub const SHIM_ENV: &str = "TRTCACHE_TRT_SHIM";
+pub use super::{SHIM_ENV, SHIM_FILE};
 /// Environment variable naming a TensorRT install (its `lib/` holds the libraries).
 pub const ROOT_ENV: &str = "TENSORRT_ROOT";
 /// TensorRT major versions the loader accepts (and, to report what is missing, tries in order).

@@ -35,6 +35,11 @@ pub use types::{
     SupportReport, TensorInfo, TrtVersion,
 };
 
+/// The shim's file name.
+pub const SHIM_FILE: &str = "libtrtcache_trt.so";
+/// Environment variable naming the shim's path.
+pub const SHIM_ENV: &str = "TRTCACHE_TRT_SHIM";
+
 /// The bindgen output over `include/trtcache_trt.h` (`build.rs`): constants, the C structs,
 /// and `TrtShim`, a struct of function pointers loaded from the shim by name.
 #[allow(

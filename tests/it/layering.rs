@@ -188,3 +188,94 @@ fn the_cycle_finder_finds_cycles() {
         [("a".to_string(), ["b".to_string()].into())].into();
     assert_eq!(cycle(&dag), None);
 }
+
+/// What the structure rules measure, for the crate at `root`: cycles per folder, files over
+/// 800 lines, functions over 150 lines without their reason.
+/// Cycles (folder, the files on it), big files, long functions.
+type Structure = (Vec<(String, Vec<String>)>, Vec<String>, Vec<String>);
+
+fn structure(root: &Path) -> Structure {
+    let g = crate::modgraph::Graph::of(root);
+    let big = g
+        .files
+        .iter()
+        .filter(|f| f.text.lines().count() > 800)
+        .map(|f| format!("{} ({} lines)", f.path.display(), f.text.lines().count()))
+        .collect();
+    let long = crate::modgraph::long_functions(&g.files, 150)
+        .into_iter()
+        .filter(|(_, _, _, reason)| !reason)
+        .map(|(p, name, n, _)| format!("{}::{name} ({n} lines)", p.display()))
+        .collect();
+    (g.folder_cycles(), big, long)
+}
+
+#[test]
+fn no_folder_has_an_import_cycle() {
+    let (cycles, _, _) = structure(&src());
+    assert!(
+        cycles.is_empty(),
+        "import cycles (folder: files): {cycles:#?}"
+    );
+}
+
+#[test]
+fn no_file_over_800_lines_and_no_function_over_150_without_its_reason() {
+    let (_, big, long) = structure(&src());
+    assert!(big.is_empty(), "files over 800 lines: {big:#?}");
+    assert!(
+        long.is_empty(),
+        "functions over 150 lines with no comment above saying why they are one piece: {long:#?}"
+    );
+}
+
+/// `LAYERING_SRC=/path/to/src cargo test --test it layering::print_structure -- --ignored
+/// --nocapture` prints the measures for any checkout (before/after counts).
+#[test]
+#[ignore]
+fn print_structure() {
+    let root = std::env::var_os("LAYERING_SRC").map_or_else(src, PathBuf::from);
+    let (cycles, big, long) = structure(&root);
+    println!("import cycles inside folders: {}", cycles.len());
+    for (folder, c) in &cycles {
+        println!("  {folder}: {}", c.join(" "));
+    }
+    println!("files over 800 lines: {}", big.len());
+    for b in &big {
+        println!("  {b}");
+    }
+    println!("functions over 150 lines without a reason: {}", long.len());
+    for l in &long {
+        println!("  {l}");
+    }
+}
+
+#[test]
+fn the_module_graph_sees_reexports_use_trees_and_inline_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = |p: &str, t: &str| {
+        let p = dir.path().join(p);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, t).unwrap();
+    };
+    w("lib.rs", "mod a;\nmod b;\nmod c;\n");
+    w("a/mod.rs", "mod x;\nmod y;\npub use x::X;\n");
+    w("a/x.rs", "use super::y::{Y, other::Z};\npub struct X;\n");
+    w("a/y.rs", "pub struct Y;\nfn f() { let _ = crate::a::X; }\n");
+    w("b.rs", "use crate::a::X;\n");
+    w("c.rs", "fn g() { crate::b::h(); }\n");
+    let g = crate::modgraph::Graph::of(dir.path());
+    let cycles = g.folder_cycles();
+    // y names X, which a re-exports from x: x ⇄ y is a cycle inside a/.
+    assert_eq!(
+        cycles,
+        vec![("a".to_string(), vec!["x".to_string(), "y".to_string()])]
+    );
+    w("a/y.rs", "pub struct Y;\n");
+    w("b.rs", "use crate::a::X;\nfn h() { crate::c::g(); }\n");
+    let cycles = crate::modgraph::Graph::of(dir.path()).folder_cycles();
+    assert_eq!(
+        cycles,
+        vec![("src".to_string(), vec!["b".to_string(), "c".to_string()])]
+    );
+}

@@ -16,6 +16,7 @@ mod gpu_check;
 mod half_outputs;
 mod keys;
 mod layering;
+mod modgraph;
 mod onnx_load;
 mod ops;
 mod readme;

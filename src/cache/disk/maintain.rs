@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use super::{hash_file, io, marker, write_durably, OpenReport, SledStore, StoreOptions};
 use crate::cache::lock::DirLock;
 use crate::cache::record::{Record, Status, StoredArtifact};
-use crate::cache::{now_secs, GcReport, RepairReport, Store, StoreError, VerifyReport};
+use crate::cache::store::{now_secs, GcReport, RepairReport, Store, StoreError, VerifyReport};
 use crate::key::CacheKey;
 
 /// The keys of the manifests under `records/` (file name `<key>.json`); names that are not a

@@ -13,7 +13,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::cache::StoreError;
+use crate::cache::store::StoreError;
 
 /// The marker's file name.
 pub const MARKER: &str = "CACHEDIR.TAG";
