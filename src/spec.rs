@@ -131,8 +131,9 @@ impl<'de> Deserialize<'de> for Backend {
     }
 }
 
-/// An execution provider, as ONNX Runtime names them in `--providers`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// An execution provider, as ONNX Runtime names them in `--providers`. Serialized (in
+/// `inspect --json`, partition manifests) by its short name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Provider {
     TensorRt,
     Cuda,
@@ -145,6 +146,15 @@ impl Provider {
             Provider::TensorRt => "tensorrt",
             Provider::Cuda => "cuda",
             Provider::Cpu => "cpu",
+        }
+    }
+
+    /// ONNX Runtime's own name of the provider (`TensorrtExecutionProvider`, …).
+    pub fn ort_name(self) -> &'static str {
+        match self {
+            Provider::TensorRt => "TensorrtExecutionProvider",
+            Provider::Cuda => "CUDAExecutionProvider",
+            Provider::Cpu => "CPUExecutionProvider",
         }
     }
 
@@ -161,6 +171,18 @@ impl Provider {
             "cpu" => Ok(Provider::Cpu),
             other => Err(SpecError::UnknownProvider(other.to_string())),
         }
+    }
+}
+
+impl std::fmt::Display for Provider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Serialize for Provider {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
     }
 }
 

@@ -21,6 +21,7 @@ use super::Analysis;
 use crate::onnx::load::external_ref;
 use crate::onnx::proto::{DataLocation, GraphProto, ModelProto, TensorProto, ValueInfoProto};
 use crate::onnx::Model;
+use crate::spec::Provider;
 
 /// Why a partition could not be exported.
 #[derive(Debug, thiserror::Error)]
@@ -49,7 +50,7 @@ pub struct Wire {
 #[derive(Clone, Debug, Serialize)]
 pub struct ManifestPart {
     pub id: usize,
-    pub provider: String,
+    pub provider: Provider,
     pub file: String,
     pub nodes: usize,
     pub inputs: Vec<Wire>,
@@ -214,7 +215,7 @@ pub fn export_subgraphs(
         std::fs::write(&path, m.encode_to_vec()).map_err(io(&path))?;
         parts.push(ManifestPart {
             id: p.id,
-            provider: p.provider.clone(),
+            provider: p.provider,
             file,
             nodes: p.node_ids.len(),
             inputs: p

@@ -235,14 +235,14 @@ pub fn analyse_full<'m>(model: &'m Model, opts: &Options) -> Result<Analysis<'m>
                 name: g.names[id].clone(),
                 op_type: node.op_type.clone(),
                 domain: node.domain.clone(),
-                provider: pname(fin).name().into(),
+                provider: pname(fin),
                 reasons: r,
             }
         })
         .collect();
     let (partitions, boundaries) = wire(&g, &facts, &sp, &pname);
     let capability = Capability {
-        providers: providers.iter().map(|p| p.name().to_string()).collect(),
+        providers: providers.clone(),
         trt_version: table.version.clone(),
         partitions,
         nodes,
@@ -354,7 +354,7 @@ fn wire(
         }
         parts.push(Partition {
             id: pi,
-            provider: prov.name().into(),
+            provider: prov,
             nodes: nodes.iter().map(|&v| g.names[v].clone()).collect(),
             inputs,
             outputs: Vec::new(),
@@ -496,7 +496,7 @@ mod tests {
         }
         let c = run(&model(g.build(), &[("", 17)]));
         assert_eq!(c.partitions.len(), 1, "every If is taken: one subgraph");
-        assert_eq!(c.partitions[0].provider, "tensorrt");
+        assert_eq!(c.partitions[0].provider, Provider::TensorRt);
     }
 
     /// What skl2onnx and onnxmltools write for a classifier with string labels: the labels
@@ -524,11 +524,11 @@ mod tests {
         g.node("Identity", &["probability_tensor"], &["probabilities"]);
         let c = run(&model(g.build(), &[("", 15), ("ai.onnx.ml", 1)]));
         let label = &c.nodes[1];
-        assert_eq!(label.provider, "cpu", "{label:?}");
+        assert_eq!(label.provider, Provider::Cpu, "{label:?}");
         let why = label.reasons.join("\n");
         assert!(why.contains("TensorRT has no string tensors"), "{why}");
         assert!(why.contains("CUDA provider has no string kernels"), "{why}");
-        assert_eq!(c.nodes[2].provider, "tensorrt", "{:?}", c.nodes[2]);
+        assert_eq!(c.nodes[2].provider, Provider::TensorRt, "{:?}", c.nodes[2]);
         // The CUDA-only list: the float copy goes to CUDA, the string copy still does not.
         let o = Options {
             providers: vec![Provider::Cuda],
@@ -545,7 +545,7 @@ mod tests {
             .attribute
             .push(attr::int("to", String.code().into()));
         let c = analyse(&load(&model(g.build(), &[("", 15)])), &o).unwrap();
-        let placed: Vec<&str> = c.nodes.iter().map(|n| n.provider.as_str()).collect();
+        let placed: Vec<&str> = c.nodes.iter().map(|n| n.provider.name()).collect();
         assert_eq!(placed, ["cpu", "cuda", "cpu"], "{:?}", c.nodes);
     }
 
@@ -571,7 +571,7 @@ mod tests {
             .output("o", Float32, None);
         top.graph.node.extend(body.node);
         let c = run(&model(top.build(), &[("", 17)]));
-        assert_ne!(c.nodes[0].provider, "tensorrt");
+        assert_ne!(c.nodes[0].provider, Provider::TensorRt);
         assert!(c.nodes[0]
             .reasons
             .iter()

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::spec::Provider;
 use serde::Serialize;
 
 pub use super::facts::DdsOrigin;
@@ -12,7 +13,7 @@ pub use super::facts::DdsOrigin;
 #[derive(Clone, Debug, Serialize)]
 pub struct Partition {
     pub id: usize,
-    pub provider: String,
+    pub provider: Provider,
     /// Node names in execution order.
     pub nodes: Vec<String>,
     /// Tensors read from outside the partition (initializers excluded).
@@ -31,7 +32,7 @@ pub struct NodeReport {
     pub name: String,
     pub op_type: String,
     pub domain: String,
-    pub provider: String,
+    pub provider: Provider,
     /// Why earlier providers declined it, and caveats of the provider that took it.
     pub reasons: Vec<String>,
 }
@@ -49,7 +50,7 @@ pub struct Boundary {
 /// The capability analysis of one model.
 #[derive(Clone, Debug, Serialize)]
 pub struct Capability {
-    pub providers: Vec<String>,
+    pub providers: Vec<Provider>,
     pub trt_version: String,
     pub partitions: Vec<Partition>,
     pub nodes: Vec<NodeReport>,
@@ -68,12 +69,12 @@ pub struct Declined {
 
 impl Capability {
     /// Number of nodes on `provider`.
-    pub fn count(&self, provider: &str) -> usize {
+    pub fn count(&self, provider: Provider) -> usize {
         self.nodes.iter().filter(|n| n.provider == provider).count()
     }
 
     /// Number of partitions on `provider`.
-    pub fn subgraphs(&self, provider: &str) -> usize {
+    pub fn subgraphs(&self, provider: Provider) -> usize {
         self.partitions
             .iter()
             .filter(|p| p.provider == provider)
@@ -83,19 +84,18 @@ impl Capability {
     /// "412 nodes: 398 TensorRT in 2 subgraphs, 9 CUDA, 5 CPU, 4 host↔device copies".
     pub fn summary(&self) -> String {
         let mut parts = Vec::new();
-        for p in &self.providers {
+        for &p in &self.providers {
             let c = self.count(p);
-            match p.as_str() {
-                "tensorrt" => {
+            match p {
+                Provider::TensorRt => {
                     let k = self.subgraphs(p);
                     parts.push(format!(
                         "{c} TensorRT in {k} subgraph{}",
                         if k == 1 { "" } else { "s" }
                     ))
                 }
-                "cuda" => parts.push(format!("{c} CUDA")),
-                "cpu" => parts.push(format!("{c} CPU")),
-                other => parts.push(format!("{c} {other}")),
+                Provider::Cuda => parts.push(format!("{c} CUDA")),
+                Provider::Cpu => parts.push(format!("{c} CPU")),
             }
         }
         let b = self.boundaries.len();
@@ -110,7 +110,7 @@ impl Capability {
     pub fn declined_by_trt(&self) -> Vec<Declined> {
         let mut rows: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
         for n in &self.nodes {
-            if n.provider == "tensorrt" {
+            if n.provider == Provider::TensorRt {
                 continue;
             }
             let reason = n

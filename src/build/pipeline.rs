@@ -649,16 +649,6 @@ fn over_tolerance(v: &ValidationReport, level: Option<OptLevel>) -> String {
     }
 }
 
-/// ONNX Runtime's name of an analysis provider.
-fn ort_provider_name(p: &str) -> String {
-    match p {
-        "tensorrt" => "TensorrtExecutionProvider".into(),
-        "cuda" => "CUDAExecutionProvider".into(),
-        "cpu" => "CPUExecutionProvider".into(),
-        other => other.to_string(),
-    }
-}
-
 /// Which provider runs what, as the capability analysis plans it for `backend`'s provider
 /// list: provider → top-level node count, and the provider of each partition in graph order.
 /// `None` (with a warning) when the analysis cannot run; a build never fails on it.
@@ -731,12 +721,12 @@ fn provider_plan(model: &Path, backend: Backend) -> Option<(BTreeMap<String, usi
     };
     let mut counts = BTreeMap::new();
     for n in &cap.nodes {
-        *counts.entry(ort_provider_name(&n.provider)).or_insert(0) += 1;
+        *counts.entry(n.provider.ort_name().to_string()).or_insert(0) += 1;
     }
     let parts = cap
         .partitions
         .iter()
-        .map(|p| ort_provider_name(&p.provider))
+        .map(|p| p.provider.ort_name().to_string())
         .collect();
     Some((counts, parts))
 }

@@ -3,6 +3,7 @@
 
 use super::output::{human_bytes, table, Style};
 use crate::analysis::Capability;
+use crate::spec::Provider;
 
 fn list(names: &[String], max: usize) -> String {
     let mut s = names
@@ -23,10 +24,14 @@ pub fn render(c: &Capability, st: Style) -> String {
         "\n{} (TensorRT {}; providers {})\n  {}\n",
         st.heading("capability"),
         c.trt_version,
-        c.providers.join(","),
+        c.providers
+            .iter()
+            .map(|p| p.name())
+            .collect::<Vec<_>>()
+            .join(","),
         c.summary()
     );
-    let declined = if c.providers.iter().any(|p| p == "tensorrt") {
+    let declined = if c.providers.contains(&Provider::TensorRt) {
         c.declined_by_trt()
     } else {
         Vec::new()
@@ -87,7 +92,7 @@ pub fn render(c: &Capability, st: Style) -> String {
             .map(|p| {
                 vec![
                     format!("#{}", p.id),
-                    p.provider.clone(),
+                    p.provider.to_string(),
                     format!("{} node(s)", p.nodes.len()),
                     list(&p.nodes, 3),
                 ]

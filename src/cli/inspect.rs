@@ -192,7 +192,7 @@ pub fn run(a: InspectArgs) -> anyhow::Result<ExitCode> {
 /// The `--trt` section: one row per node, disagreements marked.
 fn render_parser(p: &ParserReport, st: Style) -> String {
     let verdict = |v: Option<bool>| match v {
-        Some(true) => "tensorrt".to_string(),
+        Some(true) => Provider::TensorRt.name().to_string(),
         Some(false) => "unsupported".to_string(),
         None => "not in a subgraph".to_string(),
     };
@@ -216,7 +216,12 @@ fn render_parser(p: &ParserReport, st: Style) -> String {
             n.index.to_string(),
             n.name.clone(),
             n.op_type.clone(),
-            if n.table { "tensorrt" } else { "other" }.to_string(),
+            if n.table {
+                Provider::TensorRt.name()
+            } else {
+                "other"
+            }
+            .to_string(),
             verdict(n.parser),
             if n.disagree {
                 st.bad("DISAGREE")

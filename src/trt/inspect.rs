@@ -29,7 +29,7 @@ pub fn compare(cap: &Capability, report: &SupportReport) -> Vec<NodeVerdict> {
         .iter()
         .enumerate()
         .map(|(i, n)| {
-            let table = n.provider == crate::analysis::Provider::TensorRt.name();
+            let table = n.provider == crate::analysis::Provider::TensorRt;
             let p = parser.get(&i).copied();
             NodeVerdict {
                 index: i,

@@ -164,7 +164,14 @@ fn backend_names_are_spelled_only_in_spec() {
         if p.ends_with("spec.rs") {
             continue;
         }
-        for name in ["\"ort-cpu\"", "\"ort-cuda\"", "\"ort-tensorrt\"", "\"trt\""] {
+        // Backend names, and ONNX Runtime's provider names (`Provider::ort_name`).
+        for name in [
+            "\"ort-cpu\"",
+            "\"ort-cuda\"",
+            "\"ort-tensorrt\"",
+            "\"trt\"",
+            "ExecutionProvider\"",
+        ] {
             if code.contains(name) {
                 found.push(format!("{} {name}", p.display()));
             }

@@ -670,7 +670,10 @@ fn inspect_flags_where_the_parser_and_the_table_disagree() {
     let v = trtcache::trt::inspect::compare(&cap, &report);
     assert_eq!(v.len(), cap.nodes.len());
     for n in &v {
-        assert_eq!(n.table, cap.nodes[n.index].provider == "tensorrt");
+        assert_eq!(
+            n.table,
+            cap.nodes[n.index].provider == trtcache::spec::Provider::TensorRt
+        );
         let parser = match n.index {
             0 => Some(true),
             1 => Some(false),

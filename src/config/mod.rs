@@ -10,7 +10,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::spec::Backend;
 
+mod decode;
 pub mod remote;
+
+pub use decode::DecodeLimits;
 
 /// Default `external_min_bytes` (`BuildOptions::external_min_bytes`): 64 KiB. ONNX Runtime
 /// maps each external initializer with its own open and mmap, which costs more than copying a
@@ -261,8 +264,8 @@ pub enum LogFormat {
 
 impl Limits {
     /// The decode budget these limits set (see `decode_max_nodes`).
-    pub fn decode(&self) -> crate::onnx::DecodeLimits {
-        crate::onnx::DecodeLimits {
+    pub fn decode(&self) -> DecodeLimits {
+        DecodeLimits {
             max_nodes: self.decode_max_nodes,
             max_attributes: self.decode_max_attributes,
             max_tensors: self.decode_max_tensors,
@@ -311,7 +314,7 @@ pub fn physical_memory() -> Option<u64> {
 
 impl Default for Limits {
     fn default() -> Self {
-        let decode = crate::onnx::DecodeLimits::builtin();
+        let decode = DecodeLimits::builtin();
         Limits {
             build_concurrency: 1,
             build_timeout_secs: 3600,
@@ -720,7 +723,7 @@ mod tests {
     /// claims to list (a renamed or mistyped key there would otherwise only fail on a host).
     #[test]
     fn the_sample_config_parses_and_lists_the_defaults() {
-        let sample = include_str!("../systemd/config.toml");
+        let sample = include_str!("../../systemd/config.toml");
         let c = Config::from_toml(sample, Path::new("systemd/config.toml")).unwrap();
         assert_eq!(c.limits, Limits::default());
         let d = Config::default();
