@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Whether the ort-cpu artifact's prepacked weights pay off at session creation (BENCHMARKS.md,
-# daemon section): builds the BERT-sized encoder's artifact, then runs benches/prepack.py.
+# "Where the weights live"): builds the BERT-sized encoder's artifact, then runs benches/prepack.py.
 # Usage: benches/prepack.sh [RUNS]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,4 +1,4 @@
-//! Soak test of the daemon (RELIABILITY.md, "soak"): a real `trtcache serve` (the release
+//! Soak test of the daemon (RELIABILITY.md, "Long runs and scale"): a real `trtcache serve` (the release
 //! binary) on temp folders, client threads acquiring in a loop, a churn thread adding,
 //! replacing (by rename and by in-place copy) and removing models so builds keep running,
 //! and a sample every `--interval` seconds of throughput, acquire latency, the daemon's RSS

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Soak test (RELIABILITY.md, "10-minute soak"): a release daemon on temp folders, client
+# Soak test (RELIABILITY.md, "Long runs and scale"): a release daemon on temp folders, client
 # threads acquiring in a loop, churn adding/replacing/removing models, a table every
 # interval (throughput, acquire p50/p99, daemon RSS and descriptors, builds) and a verdict.
 # Not part of `make test`. Usage: benches/soak.sh [--minutes 10] [--clients 8] [--models 8]
