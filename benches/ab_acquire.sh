@@ -5,7 +5,7 @@
 # driver (`cargo build --release --bin trtcache --bench daemon`: deps/daemon-<hash>).
 set -euo pipefail
 OLD=${1:?usage: benches/ab_acquire.sh OLD_RELEASE_DIR [NEW_RELEASE_DIR]}; NEW=${2:-$PWD/target/release}
-W=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; rm -rf $W' EXIT
+W=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf $W' EXIT
 driver() { ls -t "$1"/deps/daemon-* | grep -v '\.d$' | head -1; }
 $(driver $NEW) models $W/models 4 >/dev/null
 for v in old new; do
