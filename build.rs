@@ -2,10 +2,11 @@
 //! the shim that implements it.
 //!
 //! 1. **Always**: bindgen over `include/trtcache_trt.h` writes `$OUT_DIR/trtcache_trt.rs`, the
-//!    Rust declarations `src/trt/ffi.rs` includes. They are generated as a struct of function
-//!    pointers loaded by name from the shim at run time (bindgen's dynamic-library mode with
-//!    every symbol required), so the header and the Rust side agree on every build, and the
-//!    binary never links TensorRT. Needs libclang (`apt install libclang-dev`).
+//!    Rust declarations that `src/trt/mod.rs` includes as the module `trt::ffi`. They are
+//!    generated as a struct of function pointers loaded by name from the shim at run time
+//!    (bindgen's dynamic-library mode with every symbol required), so the header and the Rust
+//!    side agree on every build, and the binary never links TensorRT. Needs libclang
+//!    (`apt install libclang-dev`).
 //! 2. **When TensorRT's headers are found** (`$TENSORRT_ROOT/include`, else
 //!    `/usr/include/x86_64-linux-gnu` or `/usr/include`) together with its libraries and the CUDA
 //!    runtime: compiles `shim/trtcache_trt.cpp` into `libtrtcache_trt.so` and places it next

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # A/B of the acquire path: two builds (e.g. an older commit's target/release and this one),
-# the same 4 models, a cache each, alternating rounds; prints bench_daemon's latency JSON for 32
-# saturating client threads and for 1 client. Each dir needs trtcache and examples/bench_daemon.
+# the same 4 models, a cache each, alternating rounds; prints benches/daemon.rs's latency JSON
+# for 32 saturating client threads and for 1 client. Each dir needs trtcache and the daemon
+# driver (`cargo build --release --bin trtcache --bench daemon`: deps/daemon-<hash>).
 set -euo pipefail
 OLD=${1:?usage: benches/ab_acquire.sh OLD_RELEASE_DIR [NEW_RELEASE_DIR]}; NEW=${2:-$PWD/target/release}
-W=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; rm -rf $W' EXIT
-$NEW/examples/bench_daemon models $W/models 4 >/dev/null
+W=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf $W' EXIT
+driver() { ls -t "$1"/deps/daemon-* | grep -v '\.d$' | head -1; }
+$(driver $NEW) models $W/models 4 >/dev/null
 for v in old new; do
   mkdir -p $W/$v/cache
   printf 'models = "%s"\ncache_dir = "%s"\nsocket = "%s"\n' $W/models $W/$v/cache $W/$v/cache/s.sock > $W/$v/config.toml
 done
 run() { # v bin
-  local v=$1 T=$2/trtcache B=$2/examples/bench_daemon
+  local v=$1 T=$2/trtcache B; B=$(driver $2)
   $T serve --config $W/$v/config.toml 2>/dev/null & local pid=$!
   until [ -S $W/$v/cache/s.sock ]; do sleep 0.05; done
   $T warm --config $W/$v/config.toml >/dev/null 2>&1

@@ -8,8 +8,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-100}
-cargo build --quiet --bin trtcache --example crash_uptime
+cargo build --quiet --bin trtcache --bench crash_uptime
+DRIVER=$(ls -t target/debug/deps/crash_uptime-* | grep -v '\.d$' | head -1)
 eval "$(scripts/ort-env.sh)"
 DIR=$(mktemp -d)
 trap 'rm -rf "$DIR"' EXIT
-./target/debug/examples/crash_uptime ./target/debug/trtcache "$ORT_DYLIB_PATH" "$DIR" "$N"
+"$DRIVER" ./target/debug/trtcache "$ORT_DYLIB_PATH" "$DIR" "$N"

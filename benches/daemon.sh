@@ -11,9 +11,9 @@ cd "$(dirname "$0")/.."
 RUNS=${1:-5}
 ONLY=${2:-all}
 eval "$(scripts/ort-env.sh)"
-cargo build --release --quiet --bin trtcache --example bench_daemon
+cargo build --release --quiet --bin trtcache --bench daemon
 T=$PWD/target/release/trtcache
-B=$PWD/target/release/examples/bench_daemon
+B=$PWD/$(ls -t target/release/deps/daemon-* | grep -v '\.d$' | head -1)
 W=$(mktemp -d)
 PID=
 cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null; wait 2>/dev/null; rm -rf "$W"; }
@@ -44,7 +44,7 @@ until [ -S "$W/cache/trtcache.sock" ]; do sleep 0.05; done
 "$T" warm --config "$W/config.toml" >/dev/null 2>&1
 : > "$W/lat1.jsonl"; : > "$W/lat32.jsonl"
 for _ in $(seq "$RUNS"); do "$B" latency "$W/cache/trtcache.sock" m0000 1 20000 | tee -a "$W/lat1.jsonl" >&2; done
-# 32 connections three ways (see examples/bench_daemon.rs): a thread each, saturating; one
+# 32 connections three ways (see benches/daemon.rs): a thread each, saturating; one
 # poll(2) thread, saturating; a thread each at 10,000 acquires/s in total (the rate).
 : > "$W/lat32poll.jsonl"; : > "$W/lat32paced.jsonl"
 for _ in $(seq "$RUNS"); do
@@ -112,7 +112,7 @@ $("$PY" benches/first_summary.py --probe < "$W/probe.jsonl")
 MD
 exit 0
 fi
-# One consumer process per measurement (see examples/bench_daemon.rs, first-inference). What
+# One consumer process per measurement (see benches/daemon.rs, first-inference). What
 # each process did before, untimed: nothing (`none`: its first ONNX Runtime session), a
 # session on an unrelated small model (`other`: ONNX Runtime's per-process set-up paid), or a
 # session on the raw model itself (`same`: the old design; it hands the own way glibc heap

@@ -5,7 +5,7 @@ WAY `via` = connect, acquire MODEL, `Artifact.session()` with the client's defau
 inference at [1, 16]; `own` = `onnxruntime.InferenceSession(RAW_MODEL)` with ONNX Runtime's
 defaults (ORT_ENABLE_ALL), one inference. ONNX Runtime's environment is created before the
 clock starts (both ways pay it alike). WARM is what the process did before, untimed: `none`,
-or a path: a session + run on that model. Prints one JSON line, like examples/bench_daemon.rs's
+or a path: a session + run on that model. Prints one JSON line, like benches/daemon.rs's
 first-inference mode.
 """
 import json

@@ -35,7 +35,7 @@ Which reading issue 14's targets use: the one with the client imported at start-
 times "a fresh raw session" against trtcache's path and names that path's overhead as
 "connect + acquire"; the client's import is a once-per-process cost of the same kind as
 `import onnxruntime`, which neither way's clock holds. The reading with the import in the
-clock is printed too, as the stricter one (BENCHMARKS.md "Stop 38").
+clock is printed too, as the stricter one (BENCHMARKS.md "Time to first inference").
 """
 import argparse
 import json

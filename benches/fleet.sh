@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fleet tier's numbers (BENCHMARKS.md, "Fleet tier"): a pull of a big artifact from a
+# The fleet tier's numbers (BENCHMARKS.md, "Fleet"): a pull of a big artifact from a
 # local S3 server (moto) against copying the same files on local disk, and what the tier adds
 # to a local cache hit (nothing: a hit never opens the tier, shown with a dead endpoint).
 #   benches/fleet.sh [DIR] [LAYERS]   # LAYERS of 2048x2048 fp32 weights: 25 = ~400 MiB

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fleet simulation (BENCHMARKS.md, "Fleet tier"): HOSTS hosts, each with its own cache, run the
+# Fleet simulation (BENCHMARKS.md, "Fleet"): HOSTS hosts, each with its own cache, run the
 # deploy step (`trtcache warm`, here without a daemon: the same engine) on the same 5 models
 # (4 small fixtures and big_weights.onnx of BIG_LAYERS 2048x2048 fp32 layers: 7 = 112 MiB) at
 # the same time: once sharing one bucket on a local moto S3 server, once each building alone.

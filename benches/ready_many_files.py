@@ -1,6 +1,5 @@
-"""The ready index against the socket for a model of many external-data files (issue 39: a
-model saved as 3,000 files took 23.6 ms to acquire through the index against 0.31 ms over
-the socket, the consumer stat'ing every file of the model).
+"""The ready index against the socket for a model of many external-data files (the consumer
+used to stat every file of the model on each acquire through the index).
 
     python benches/ready_many_files.py [--trtcache target/release/trtcache] [--files 3000]
         [--rounds 7] [--per-round 200] [--client clients/python] [--rust-bench DIR]
@@ -11,9 +10,10 @@ waits for its ready pointer, then times the Python client's acquire (`Client.acq
 artifact closed each time) through the index and over the socket (`ready_index=False`, one
 connection kept), in alternating rounds of PER_ROUND acquires so that machine noise hits both
 alike. Prints a Markdown table: median and spread of the per-round median per acquire, and
-the index's time relative to the socket's. With `--rust-bench DIR` (a folder holding
-`examples/bench_daemon`), the Rust client's `latency` mode runs too: `index` (the ready
-index) and `threads` with one client (the socket).
+the index's time relative to the socket's. With `--rust-bench DIR` (a profile folder such
+as target/release, holding the daemon driver `deps/daemon-<hash>` that `cargo build
+--release --bench daemon` writes), the Rust client's `latency` mode runs too: `index` (the
+ready index) and `threads` with one client (the socket).
 """
 
 import argparse
@@ -126,7 +126,8 @@ def main() -> None:
             m = statistics.median(v)
             print("| %s | %.3f | %.3f | %.3f | %.2fx |" % (name, m, min(v), max(v), m / base))
         if a.rust_bench:
-            b = os.path.join(a.rust_bench, "examples/bench_daemon")
+            drivers = [p for p in glob.glob(os.path.join(a.rust_bench, "deps", "daemon-*")) if not p.endswith(".d")]
+            b = max(drivers, key=os.path.getmtime)
             for how in ("index", "threads"):
                 out = subprocess.run([b, "latency", sock, "many", "1", str(a.per_round * a.rounds), how],
                                      capture_output=True, text=True)

@@ -11,13 +11,14 @@ cd "$(dirname "$0")/.."
 SIZES=${1:-10,1000,10000,100000}
 PROFILE=${2:-debug}
 if [ "$PROFILE" = release ]; then
-  cargo build --release --quiet --example store_scale
+  cargo build --release --quiet --bench store_scale
 else
-  cargo build --quiet --example store_scale
+  cargo build --quiet --bench store_scale
 fi
+DRIVER=$(ls -t target/$PROFILE/deps/store_scale-* | grep -v '\.d$' | head -1)
 BASE=/dev/shm
 [ -d "$BASE" ] || BASE=${TMPDIR:-/tmp}
 DIR=$(mktemp -d "$BASE/store_scale.XXXXXX")
 trap 'rm -rf "$DIR"' EXIT
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); cache on $BASE"
-"./target/$PROFILE/examples/store_scale" "$DIR" "$SIZES" 200
+"$DRIVER" "$DIR" "$SIZES" 200

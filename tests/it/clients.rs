@@ -282,7 +282,7 @@ print("typed ok")
 /// the client loads none of `json`, `socket` (nor `_socket`, `_json`), `threading`,
 /// `dataclasses`, nor its own `errors`, `watch`, `_wire`, `_codec` and `_files` modules until
 /// they are needed (the import is part of every consumer's
-/// first inference; BENCHMARKS.md, issue 14).
+/// first inference; BENCHMARKS.md, "Time to first inference").
 #[test]
 fn python_client_codec_matches_json_and_its_import_stays_lean() {
     let script = r#"

@@ -83,6 +83,13 @@ fn stats(v: &mut [f64]) -> (f64, f64) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).is_none_or(|a| a.starts_with('-')) {
+        // `cargo bench` and `cargo test --all-targets` run every bench target, with `--bench`
+        // or the test harness's flags: nothing to measure (benches/store_scale.sh drives this
+        // one).
+        eprintln!("usage: store_scale DIR SIZES [BATCH] (see benches/store_scale.sh)");
+        return;
+    }
     if args.len() < 3 {
         eprintln!("usage: store_scale DIR SIZES [BATCH]");
         std::process::exit(2);

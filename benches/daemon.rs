@@ -31,6 +31,11 @@
 //! - `bert DIR [small|base]` — write a BERT encoder to `DIR/bert.onnx`: `small` (the default,
 //!   `BertConfig::small()`: 4 layers, hidden 256, ~11 M parameters) or `base`
 //!   (`BertConfig::base()`: BERT-base's shape, 12 layers, hidden 768, ~110 M parameters).
+//!
+//! Also driven by `benches/prepack.sh` (`bert`), `benches/ab_acquire.sh` and
+//! `benches/ready_many_files.py` (`latency`). A bench target without the test harness: the
+//! scripts build it with `cargo build --release --bench daemon` and run
+//! `target/release/deps/daemon-<hash>` with a mode.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -195,6 +200,13 @@ fn latency_index(socket: &str, model: &str, per: usize) -> Result<(), Box<dyn st
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().is_none_or(|m| m.starts_with('-')) {
+        // `cargo bench` and `cargo test --all-targets` run every bench target, with `--bench`
+        // or the test harness's flags and no mode: nothing to measure (benches/daemon.sh
+        // drives this one).
+        eprintln!("usage: daemon MODE ARGS... (modes: the header of benches/daemon.rs)");
+        return Ok(());
+    }
     let a = |i: usize| {
         args.get(i)
             .cloned()

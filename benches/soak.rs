@@ -1,4 +1,4 @@
-//! Soak test of the daemon (RELIABILITY.md, "soak"): a real `trtcache serve` (the release
+//! Soak test of the daemon (RELIABILITY.md, "Long runs and scale"): a real `trtcache serve` (the release
 //! binary) on temp folders, client threads acquiring in a loop, a churn thread adding,
 //! replacing (by rename and by in-place copy) and removing models so builds keep running,
 //! and a sample every `--interval` seconds of throughput, acquire latency, the daemon's RSS
@@ -9,11 +9,13 @@
 //! trend. Exit status 1 when any of that fails.
 //!
 //! ```text
-//! benches/soak.sh --minutes 10            # builds the release binary and this example
-//! cargo run --release --example soak -- --minutes 10 [--clients 8] [--models 8]
-//!     [--interval 10] [--sample 25] [--cache-mib 128] [--trtcache target/release/trtcache]
-//!     [--keep DIR]
+//! benches/soak.sh --minutes 10 [--clients 8] [--models 8] [--interval 10] [--sample 25]
+//!     [--cache-mib 128] [--keep DIR]   # builds the release binary and this driver, runs it
 //! ```
+//!
+//! The driver itself takes the same flags and `--trtcache BIN` (default: the `trtcache` in the
+//! profile folder above its own). Without any of its flags (as `cargo bench` and `cargo test
+//! --all-targets` run every bench target) it prints where its usage is and exits.
 //!
 //! Needs ONNX Runtime (`eval "$(scripts/ort-env.sh)"` sets `ORT_DYLIB_PATH`). Linux only
 //! (reads `/proc/PID/status` and `/proc/PID/fd`).
@@ -53,10 +55,26 @@ fn args() -> Res<Args> {
             .parent()
             .and_then(Path::parent)
             .map(|d| d.join("trtcache"))
-            .ok_or("no trtcache next to this example")?,
+            .ok_or("no trtcache in the profile folder above this driver")?,
         keep: None,
         cache_mib: 128,
     };
+    const FLAGS: [&str; 8] = [
+        "--minutes",
+        "--clients",
+        "--models",
+        "--interval",
+        "--sample",
+        "--trtcache",
+        "--keep",
+        "--cache-mib",
+    ];
+    if !std::env::args().any(|k| FLAGS.contains(&k.as_str())) {
+        // `cargo bench` and `cargo test --all-targets` run every bench target, with `--bench`
+        // or the test harness's flags: no soak then (benches/soak.sh always passes a flag).
+        println!("see the docs at the top of benches/soak.rs (benches/soak.sh runs it)");
+        std::process::exit(0);
+    }
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
         let mut v = || it.next().ok_or(format!("{k} needs a value"));
@@ -70,7 +88,7 @@ fn args() -> Res<Args> {
             "--keep" => a.keep = Some(v()?.into()),
             "--cache-mib" => a.cache_mib = v()?.parse()?,
             "-h" | "--help" => {
-                println!("see the docs at the top of examples/soak.rs");
+                println!("see the docs at the top of benches/soak.rs");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other}").into()),
