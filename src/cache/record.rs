@@ -116,13 +116,13 @@ pub struct ValidationReport {
 /// `limits.thread_probe_max_run_ms` and a build with ORT's default thread count.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ThreadProbe {
-    /// Fastest run, in microseconds, with ONNX Runtime's default pool (medians before
-    /// stop 32: a busy machine biased them towards one thread).
+    /// Fastest run, in microseconds, with ONNX Runtime's default pool (older records hold
+    /// medians, which a busy machine biased towards one thread).
     pub default_us: f64,
     /// Fastest run, in microseconds, on one thread.
     pub single_us: f64,
-    /// Runs timed each way (9 to 50 while 100 ms last: `build::validate::PROBE_MAX_RUNS`;
-    /// always 9 before stop 35).
+    /// Runs timed each way (9 to 50 while 100 ms last: `PROBE_MAX_RUNS`; always 9 in older
+    /// records).
     pub runs: u32,
     /// One thread suits the artifact ([`ThreadProbe::single_suits`], and at the scaled
     /// inputs too when [`ThreadProbe::scaled`] was needed): consumers are told
@@ -149,7 +149,7 @@ pub struct ScaledProbe {
     pub default_us: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub single_us: Option<f64>,
-    /// Runs timed each way (absent when not timed, and in records before stop 35: 9).
+    /// Runs timed each way (absent when not timed; 9 in older records).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runs: Option<u32>,
     /// Why it was not timed, or stopped: a free dimension that is not a batch, no batch to
@@ -212,8 +212,8 @@ pub struct PrepackProbe {
     /// Fastest runs (with prepacking, without) of a second pair of fresh sessions, timed
     /// only when the first pair's favour skipping prepacking, which then needs both pairs'
     /// ([`PrepackProbe::unpacked_suits`] on each): one pair's fastest runs move by up to
-    /// ~10 % from the next pair's in the same process. Absent otherwise, and in records
-    /// before stop 36.
+    /// ~10 % from the next pair's in the same process. Absent otherwise, and in older
+    /// records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confirm_run_us: Option<[f64; 2]>,
     /// The session without prepacking passed the artifact's validation too (same inputs,

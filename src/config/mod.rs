@@ -165,7 +165,7 @@ pub struct Limits {
     /// Threads serving the socket (the async runtime's workers). Everything slow (planning,
     /// building, hashing, the store) runs on separate blocking threads, so one thread serves
     /// tens of thousands of acquires a second; more threads add cross-thread wake-ups that
-    /// lengthen the tail when consumers share the cores (BENCHMARKS.md, stop 10).
+    /// lengthen the tail when consumers share the cores (BENCHMARKS.md, "Daemon overhead").
     pub io_threads: usize,
     /// Memory bound of a build worker process (`RLIMIT_DATA`: heap and private mappings), in
     /// bytes; 0 means three quarters of this machine's memory. A build that needs more fails

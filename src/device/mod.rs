@@ -1,4 +1,4 @@
-//! The device SKU an artifact is built for: GPU (name, compute capability, SMs, memory,
+//! Stage 4: the device SKU an artifact is built for: GPU (name, compute capability, SMs, memory,
 //! driver) through cudarc's dynamic loading, or, without a driver or GPU, the CPU (vendor,
 //! model, the ISA flags that change kernels).
 //!

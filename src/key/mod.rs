@@ -1,4 +1,4 @@
-//! Stage 4: cache keys. A key is SHA-256 over a versioned, canonical encoding of everything an
+//! Stage 6: cache keys. A key is SHA-256 over a versioned, canonical encoding of everything an
 //! artifact depends on ([`KeyParts`]): the model's content digest (graph bytes plus every
 //! external-data file), opset imports, the shape profile, the device SKU, the backend with its
 //! library versions, the precision and every build option. Never a path, file name or mtime.

@@ -1,4 +1,4 @@
-//! The fleet tier: artifacts shared between hosts through S3-compatible object storage.
+//! Stage 9, the fleet tier: artifacts shared between hosts through S3-compatible object storage.
 //!
 //! Layout under `s3://BUCKET/PREFIX`: `blobs/sha256/<digest>` (content-addressed files,
 //! multipart for big ones; an overwrite writes identical bytes), `manifests/<key>` (one signed

@@ -1,4 +1,4 @@
-//! The native TensorRT backend's own parts: the bound C API (`include/trtcache_trt.h`), the
+//! Stage 5: the native TensorRT backend's own parts: the bound C API (`include/trtcache_trt.h`), the
 //! run-time loader of the shim that implements it, a safe wrapper over it, and what a `trt`
 //! artifact is made of (`engine.plan` plus `engine.json`), its key parts, the shared timing
 //! cache per (GPU SKU, TensorRT version) and the Triton model-repository export.

@@ -286,3 +286,87 @@ fn the_module_graph_sees_reexports_use_trees_and_inline_paths() {
         vec![("src".to_string(), vec!["b".to_string(), "c".to_string()])]
     );
 }
+
+#[test]
+fn one_module_file_convention_folder_mod_rs() {
+    let mut both = Vec::new();
+    let mut stack = vec![src()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                if p.with_extension("rs").is_file() {
+                    both.push(p.display().to_string());
+                }
+                stack.push(p);
+            }
+        }
+    }
+    assert!(
+        both.is_empty(),
+        "a folder module's file is FOLDER/mod.rs, not FOLDER.rs beside it: {both:?}"
+    );
+}
+
+/// The stage order of docs/architecture.md (its `stages:` line): a top-level module imports
+/// only the stages to its left and the leaves; the leaves import only the leaves the line
+/// `leaves:` lets them.
+#[test]
+fn stages_import_only_earlier_stages_and_leaves() {
+    let doc = std::fs::read_to_string(src().join("../docs/architecture.md")).unwrap();
+    let line = |tag: &str| -> String {
+        doc.lines()
+            .find_map(|l| l.trim().strip_prefix(tag).map(str::to_string))
+            .unwrap_or_else(|| panic!("docs/architecture.md has no `{tag}` line"))
+    };
+    let stages: Vec<String> = line("stages:")
+        .split('→')
+        .map(|s| s.trim().to_string())
+        .collect();
+    let leaves = line("leaves:");
+    // `leaves:     spec (nothing)   config → spec   libs → config   rng (nothing)`
+    let mut leaf_allows: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let words: Vec<&str> = leaves.split_whitespace().collect();
+    let mut i = 0;
+    while i < words.len() {
+        let name = words[i].to_string();
+        let mut allowed = Vec::new();
+        if words.get(i + 1) == Some(&"→") {
+            allowed.push(words[i + 2].to_string());
+            i += 3;
+        } else {
+            i += 2; // "(nothing)"
+        }
+        leaf_allows.insert(name, allowed);
+    }
+    let test_kit = ["fixtures", "fuzzing"];
+    let root = src();
+    let mut bad = Vec::new();
+    for (p, code) in sources(&root) {
+        let me = module_of(&root, &p);
+        if me == "lib" || test_kit.contains(&me.as_str()) {
+            continue;
+        }
+        for u in uses(&code, "crate::") {
+            if u == me {
+                continue;
+            }
+            let ok = if let Some(allowed) = leaf_allows.get(&me) {
+                allowed.iter().any(|a| a == u)
+            } else if let Some(at) = stages.iter().position(|s| *s == me) {
+                leaf_allows.contains_key(u) || stages[..at].iter().any(|s| s == u)
+            } else {
+                bad.push(format!(
+                    "{me} is neither a stage nor a leaf in docs/architecture.md"
+                ));
+                continue;
+            };
+            if !ok {
+                bad.push(format!("{} imports {u}", p.display()));
+            }
+        }
+    }
+    bad.sort();
+    bad.dedup();
+    assert!(bad.is_empty(), "against the documented order: {bad:#?}");
+}
