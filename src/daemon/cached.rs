@@ -329,6 +329,7 @@ impl CachedEngine {
                 built_at: record.created,
                 dir_fd_index: None,
                 session_hints: session_hints(record),
+                runtime: record.parts.backend.versions.clone(),
             },
             paths,
             stamps,

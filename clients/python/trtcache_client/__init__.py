@@ -67,6 +67,7 @@ if TYPE_CHECKING:
         ProviderUnavailable,
         ResponseTooLarge,
         ShuttingDown,
+        RuntimeUnavailable,
         Timeout,
         TrtcacheError,
         UnexpectedResponse,
@@ -118,6 +119,7 @@ _ERROR_NAMES = (
     "ProviderUnavailable",
     "ResponseTooLarge",
     "ShuttingDown",
+    "RuntimeUnavailable",
     "Timeout",
     "TrtcacheError",
     "UnexpectedResponse",
@@ -479,7 +481,38 @@ def _trusted_index(socket_path: str) -> Optional[Tuple[int, int]]:
         return None
 
 
-def _from_index(socket_path: str, model: str) -> Optional[Artifact]:
+def _onnxruntime_version() -> Optional[str]:
+    """The version of the ``onnxruntime`` this process imported, else of the one an import
+    would find, read from its ``__init__.py`` without importing it (``importlib.metadata``
+    takes ~170 ms); None when there is none."""
+    import sys
+
+    mod = sys.modules.get("onnxruntime")
+    v = getattr(mod, "__version__", None) if mod is not None else None
+    if isinstance(v, str) and v:
+        return v
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("onnxruntime")
+        if spec is None or not spec.origin:
+            return None
+        with open(spec.origin, encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("__version__"):
+                    v = line.split("=", 1)[1].strip().strip("\"'")
+                    return v or None
+    except (OSError, ImportError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _runtime_line(runtime: Dict[str, str]) -> str:
+    """A runtime as the ready index writes it: ``lib=version`` pairs, sorted, comma-joined."""
+    return ",".join("%s=%s" % (k, runtime[k]) for k in sorted(runtime))
+
+
+def _from_index(socket_path: str, model: str, runtime: Optional[Dict[str, str]] = None) -> Optional[Artifact]:
     """The artifact the daemon's ready index (``<socket>.ready/<model>``) names, its files
     opened and checked; None when there is no pointer or any check fails, and the caller asks
     over the socket. Checks (docs/protocol.md, "The ready index"): the folder, the pointer,
@@ -546,6 +579,12 @@ def _from_index(socket_path: str, model: str) -> Optional[Artifact]:
         return None
     if not files or meta is None or "dir" not in fields:
         return None
+    if runtime and "runtime" in fields:
+        # Built for another runtime than this consumer's: ask the socket, which serves (or
+        # builds) the artifact for ours. A pointer without the line predates runtimes.
+        have = dict(p.split("=", 1) for p in fields["runtime"].split(",") if "=" in p)
+        if any(have.get(k) != v for k, v in runtime.items()):
+            return None
     try:
         d = os.open(fields["dir"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except (OSError, ValueError):
@@ -619,12 +658,37 @@ class Client:
         timeout: Optional[float] = None,
         max_response: int = DEFAULT_MAX_RESPONSE,
         ready_index: bool = True,
+        runtime: Union[str, Dict[str, str], None] = "auto",
     ) -> None:
         self.path: str = os.fspath(socket_path or os.environ.get("TRTCACHE_SOCKET") or DEFAULT_SOCKET)
         self.timeout: Optional[float] = timeout
         self.max_response: int = int(max_response)
         self.ready_index: bool = bool(ready_index)
+        self._runtime_arg = runtime
+        self._runtime: Optional[Dict[str, str]] = None
+        self._runtime_known = False
         self._ch: Optional["Channel"] = None
+
+    @property
+    def runtime(self) -> Optional[Dict[str, str]]:
+        """The runtime ``acquire`` asks artifacts for (``{"onnxruntime": "1.31.1"}``), or None
+        for the daemon's current runtime. ``runtime="auto"`` (the default) is the
+        ``onnxruntime`` this process imported, else the one it would import (found without
+        importing it); a version string names ONNX Runtime's; a dict names each library;
+        None sends nothing (what clients before this option did)."""
+        if not self._runtime_known:
+            arg = self._runtime_arg
+            if arg == "auto":
+                v = _onnxruntime_version()
+                self._runtime = {"onnxruntime": v} if v else None
+            elif isinstance(arg, str):
+                self._runtime = {"onnxruntime": arg} if arg else None
+            elif isinstance(arg, dict):
+                self._runtime = {str(k): str(v) for k, v in arg.items()} or None
+            else:
+                self._runtime = None
+            self._runtime_known = True
+        return self._runtime
 
     def _channel(self) -> "Channel":
         """The socket side (``trtcache_client._wire``), loaded on first use."""
@@ -671,11 +735,12 @@ class Client:
         this one, or a long wait ends as :class:`ConnectionTimeout`. The default variant
         comes from the ready index when the daemon published it there
         (``Artifact.from_index``)."""
+        runtime = self.runtime
         if self.ready_index and profile is None and backend is None and version is None:
-            art = _from_index(self.path, model)
+            art = _from_index(self.path, model, runtime)
             if art is not None:
                 return art
-        return self._channel().acquire(model, profile, backend, wait, timeout, version)
+        return self._channel().acquire(model, profile, backend, wait, timeout, version, runtime)
 
     def list(self) -> List[Json]:
         """Every model with versions and per-variant state."""

@@ -6,7 +6,7 @@ docs/protocol.md. :class:`trtcache_client.Client` is the API; this is its transp
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import os
 
@@ -268,9 +268,12 @@ class Channel:
         return dict(self._expect(self._call({"op": "status", "model": model})[0], "status", "model"))
 
     def acquire(self, model: str, profile: Optional[str], backend: Optional[str], wait: bool,
-                timeout: Optional[float], version: Optional[int]) -> Artifact:
+                timeout: Optional[float], version: Optional[int],
+                runtime: Optional[Dict[str, str]] = None) -> Artifact:
         """``Client.acquire`` over the socket."""
         req: Json = {"op": "acquire", "model": model, "wait": bool(wait), "dir_fd": True}
+        if runtime:
+            req["runtime"] = dict(runtime)
         if profile is not None:
             req["profile"] = profile
         if backend is not None:

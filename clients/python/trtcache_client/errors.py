@@ -28,6 +28,7 @@ __all__ = [
     "Busy",
     "IdleTimeout",
     "ShuttingDown",
+    "RuntimeUnavailable",
     "Internal",
     "ConnectionFailed",
     "ConnectionTimeout",
@@ -152,6 +153,15 @@ class ShuttingDown(_Coded):
     code = "shutting_down"
 
 
+class RuntimeUnavailable(_Coded):
+    """The consumer's runtime (its ``onnxruntime`` version, sent with ``acquire``) is not one
+    the daemon has a library for: it can neither serve nor build an artifact for it. Add the
+    library to the daemon's ``[runtimes]`` (docs/daemon.md, "Upgrading the runtime"), or pass
+    ``runtime=None`` to take the daemon's current runtime's artifact."""
+
+    code = "runtime_unavailable"
+
+
 class Internal(_Coded):
     """An error on the daemon's side (I/O, a bug)."""
 
@@ -223,6 +233,7 @@ BY_CODE: Dict[str, Type[_Coded]] = {
         Busy,
         IdleTimeout,
         ShuttingDown,
+        RuntimeUnavailable,
         Internal,
         ConnectionFailed,
         ResponseTooLarge,

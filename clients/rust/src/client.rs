@@ -160,6 +160,7 @@ pub struct Client {
     max_response: u32,
     broken: bool,
     resets: u64,
+    runtime: Option<crate::protocol::Runtime>,
 }
 
 /// The connection's socket, for callers that multiplex many connections with `poll`/`epoll`
@@ -197,6 +198,7 @@ impl Client {
             max_response: DEFAULT_MAX_RESPONSE,
             broken: false,
             resets: 0,
+            runtime: None,
         };
         c.hello()?;
         Ok(c)
@@ -389,9 +391,27 @@ impl Client {
         }
     }
 
+    /// The runtime this client's acquires ask artifacts for when a request names none
+    /// ([`AcquireRequest::runtime`]): e.g. `Runtime::onnxruntime("1.31.1")`, or, with the
+    /// `ort` feature once ort is initialized, `Runtime::from_ort_info(ort::info())`. `None`
+    /// (the default): the daemon's current runtime.
+    pub fn set_runtime(&mut self, runtime: Option<crate::protocol::Runtime>) {
+        self.runtime = runtime;
+    }
+
+    /// The runtime set with [`Client::set_runtime`].
+    pub fn runtime(&self) -> Option<&crate::protocol::Runtime> {
+        self.runtime.as_ref()
+    }
+
     /// Acquires a ready artifact, waiting for a build when `req.wait` is set; with
-    /// `req.dir_fd` the artifact's directory comes too (see [`Artifact::dir`]).
+    /// `req.dir_fd` the artifact's directory comes too (see [`Artifact::dir`]). A request
+    /// without a runtime asks for the client's ([`Client::set_runtime`]).
     pub fn acquire(&mut self, req: &AcquireRequest) -> Result<Artifact, ClientError> {
+        let mut req = req.clone();
+        if req.runtime.is_none() {
+            req.runtime = self.runtime.clone();
+        }
         match self.call(&Request::Acquire(req.clone()))? {
             (Response::Artifact { metadata }, fds) => {
                 let n = metadata.files.len();
@@ -428,7 +448,7 @@ impl Client {
     /// daemon's ready index without a round trip when the daemon published the artifact
     /// there and every check holds ([`crate::ready::acquire`]); otherwise over the socket.
     pub fn acquire_model(&mut self, model: &str) -> Result<Artifact, ClientError> {
-        if let Some(a) = crate::ready::acquire(&self.path, model) {
+        if let Some(a) = crate::ready::acquire_for(&self.path, model, self.runtime.as_ref()) {
             return Ok(a);
         }
         self.acquire(&AcquireRequest {

@@ -135,6 +135,79 @@ pub struct AcquireRequest {
     /// daemon that predates this field ignores it and sends no directory.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub dir_fd: bool,
+    /// The runtime the consumer will run the artifact with. The daemon then serves the
+    /// artifact built for exactly that runtime (building it when none exists and the runtime
+    /// is one it has), and never one built for another version; it answers
+    /// [`ErrorCode::RuntimeUnavailable`] when it has no such runtime. Absent: the daemon's
+    /// current runtime (what a consumer that does not say always got).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<Runtime>,
+}
+
+/// A consumer's runtime: the library versions an artifact must have been built with for it.
+/// A field left out matches any version of that library.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Runtime {
+    /// ONNX Runtime's version, e.g. `1.31.1` (`onnxruntime.__version__`; Rust: the loaded
+    /// library's, [`Runtime::from_ort_info`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub onnxruntime: Option<String>,
+    /// TensorRT's version, e.g. `10.16.0` (`trt` artifacts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensorrt: Option<String>,
+}
+
+impl Runtime {
+    /// An ONNX Runtime consumer of `version`.
+    pub fn onnxruntime(version: impl Into<String>) -> Self {
+        Runtime {
+            onnxruntime: Some(version.into()),
+            tensorrt: None,
+        }
+    }
+
+    /// The ONNX Runtime version in ONNX Runtime's build-info string (`ort::info()`:
+    /// `ORT Build Info: git-branch=rel-1.31.1, …`), if it names one.
+    pub fn from_ort_info(info: &str) -> Option<Self> {
+        let v = info.split("git-branch=rel-").nth(1)?;
+        let v: String = v
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '.')
+            .collect();
+        let v = v.trim_end_matches('.');
+        (v.split('.').count() >= 2 && !v.is_empty()).then(|| Self::onnxruntime(v))
+    }
+
+    /// Whether an artifact built with library `versions` (its key's backend versions, e.g.
+    /// `{"onnxruntime": "1.31.1"}`) is for this runtime: every version this runtime names
+    /// is the artifact's. An artifact that does not record a library this runtime names
+    /// does not match.
+    pub fn matches(&self, versions: &std::collections::BTreeMap<String, String>) -> bool {
+        let want = [
+            ("onnxruntime", self.onnxruntime.as_deref()),
+            ("tensorrt", self.tensorrt.as_deref()),
+        ];
+        want.iter().all(|(lib, v)| match v {
+            None => true,
+            Some(v) => versions.get(*lib).map(String::as_str) == Some(*v),
+        })
+    }
+
+    /// `onnxruntime 1.30.0`, `tensorrt 10.16.0`, or `any runtime`.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(v) = &self.onnxruntime {
+            parts.push(format!("onnxruntime {v}"));
+        }
+        if let Some(v) = &self.tensorrt {
+            parts.push(format!("tensorrt {v}"));
+        }
+        if parts.is_empty() {
+            "any runtime".into()
+        } else {
+            parts.join(", ")
+        }
+    }
 }
 
 fn yes() -> bool {
@@ -151,6 +224,7 @@ impl Default for AcquireRequest {
             wait: yes(),
             timeout_ms: None,
             dir_fd: false,
+            runtime: None,
         }
     }
 }
@@ -387,6 +461,9 @@ pub enum ErrorCode {
     IdleTimeout,
     /// The daemon is shutting down.
     ShuttingDown,
+    /// The request named a runtime (`AcquireRequest::runtime`) the daemon has no library
+    /// for, so it can neither serve nor build an artifact for it.
+    RuntimeUnavailable,
     /// Anything else (I/O on the daemon's side, a bug).
     Internal,
 }
@@ -409,6 +486,7 @@ impl ErrorCode {
         ErrorCode::Busy,
         ErrorCode::IdleTimeout,
         ErrorCode::ShuttingDown,
+        ErrorCode::RuntimeUnavailable,
         ErrorCode::Internal,
     ];
 
@@ -430,6 +508,7 @@ impl ErrorCode {
             ErrorCode::Busy => "busy",
             ErrorCode::IdleTimeout => "idle_timeout",
             ErrorCode::ShuttingDown => "shutting_down",
+            ErrorCode::RuntimeUnavailable => "runtime_unavailable",
             ErrorCode::Internal => "internal",
         }
     }
@@ -671,6 +750,11 @@ pub struct ArtifactMeta {
     /// Python client's `session()` applies them unless given `sess_options`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_hints: Option<SessionHints>,
+    /// The runtime libraries the artifact was built and validated with (its key's backend
+    /// versions, e.g. `{"onnxruntime": "1.31.1"}`): a consumer on another version must not
+    /// use it ([`Runtime::matches`]). Empty from a daemon that predates the field.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub runtime: std::collections::BTreeMap<String, String>,
 }
 
 /// Session options the build measured to suit an artifact ([`ArtifactMeta::session_hints`]).
@@ -914,5 +998,63 @@ mod tests {
         for good in ["resnet50", "tiny_encoder", "bert-base.v2"] {
             assert!(valid_model_name(good), "{good:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod runtime_tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn a_runtime_matches_only_artifacts_built_with_its_versions() {
+        let built = |v: &str| BTreeMap::from([("onnxruntime".to_string(), v.to_string())]);
+        let rt = Runtime::onnxruntime("1.31.1");
+        assert!(rt.matches(&built("1.31.1")));
+        assert!(!rt.matches(&built("1.30.0")));
+        assert!(
+            !rt.matches(&BTreeMap::new()),
+            "an artifact that records no version"
+        );
+        assert!(
+            Runtime::default().matches(&built("1.30.0")),
+            "names nothing"
+        );
+        let trt = Runtime {
+            tensorrt: Some("10.16.0".into()),
+            ..Runtime::onnxruntime("1.31.1")
+        };
+        let mut v = built("1.31.1");
+        assert!(!trt.matches(&v));
+        v.insert("tensorrt".into(), "10.16.0".into());
+        assert!(trt.matches(&v));
+        assert_eq!(trt.describe(), "onnxruntime 1.31.1, tensorrt 10.16.0");
+    }
+
+    #[test]
+    fn the_version_comes_from_ort_build_info() {
+        let info = "ORT Build Info: git-branch=rel-1.31.1, git-commit-id=abc, build type=Release";
+        assert_eq!(
+            Runtime::from_ort_info(info),
+            Some(Runtime::onnxruntime("1.31.1"))
+        );
+        assert_eq!(
+            Runtime::from_ort_info("ORT Build Info: git-branch=main"),
+            None
+        );
+        assert_eq!(Runtime::from_ort_info("git-branch=rel-1."), None);
+    }
+
+    #[test]
+    fn an_acquire_without_a_runtime_is_the_old_wire_format() {
+        let req = AcquireRequest {
+            model: "m".into(),
+            ..Default::default()
+        };
+        let json = serde_json::to_string(&req).unwrap();
+        assert!(!json.contains("runtime"), "{json}");
+        let back: AcquireRequest =
+            serde_json::from_str(r#"{"model":"m","runtime":{"onnxruntime":"1.30.0"}}"#).unwrap();
+        assert_eq!(back.runtime, Some(Runtime::onnxruntime("1.30.0")));
     }
 }

@@ -186,6 +186,14 @@ impl ReadyPointer {
         if m.session_hints.as_ref().and_then(|h| h.disable_prepacking) == Some(true) {
             let _ = writeln!(out, "prepack\t0");
         }
+        if !m.runtime.is_empty() {
+            // `lib=version` pairs, sorted: a consumer checks its runtime without parsing JSON.
+            let pairs: Vec<String> = m.runtime.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            if pairs.iter().any(|p| !plain(p) || p.contains(',')) {
+                return None;
+            }
+            let _ = writeln!(out, "runtime\t{}", pairs.join(","));
+        }
         let _ = writeln!(out, "dir\t{dir}");
         for f in &self.files {
             let _ = writeln!(
@@ -349,6 +357,17 @@ fn trusted_index(socket: &Path) -> Option<(std::fs::File, u32)> {
 /// pointer or any check fails: then ask over the socket ([`crate::Client::acquire_model`]
 /// does both).
 pub fn acquire(socket: &Path, model: &str) -> Option<crate::Artifact> {
+    acquire_for(socket, model, None)
+}
+
+/// [`acquire`] for a consumer on `runtime`: `None` also when the pointer's artifact was
+/// built for another runtime ([`crate::protocol::Runtime::matches`]), so the caller asks the
+/// socket, which serves the artifact built for `runtime`.
+pub fn acquire_for(
+    socket: &Path,
+    model: &str,
+    runtime: Option<&crate::protocol::Runtime>,
+) -> Option<crate::Artifact> {
     use std::io::Read;
     use std::os::unix::fs::MetadataExt;
     if !crate::protocol::valid_model_name(model) {
@@ -364,6 +383,11 @@ pub fn acquire(socket: &Path, model: &str) -> Option<crate::Artifact> {
     f.read_to_string(&mut text).ok()?;
     drop(f);
     let p = ReadyPointer::parse(&text).ok()?;
+    if let Some(rt) = runtime {
+        if !p.metadata.runtime.is_empty() && !rt.matches(&p.metadata.runtime) {
+            return None;
+        }
+    }
     let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
     for s in &p.sources {
         match s.stamp {
