@@ -1,8 +1,8 @@
-//! Stage 8, serving: a tokio daemon that watches the model repository (`repo`, `watch`),
+//! Stage 8, serving: a tokio daemon that watches the model repository (`repo`, `folder_watch`),
 //! keeps every model's artifacts built through the [`engine::Engine`] with a single-flight
 //! build queue (`queue`), and hands them to local processes over a Unix socket (`server`)
 //! speaking [`trtcache_client::protocol`]. `service` holds the state between them; `systemd`
-//! does readiness, watchdog and socket activation; `watchers` streams a model's artifact
+//! does readiness, watchdog and socket activation; `watch_stream` streams a model's artifact
 //! changes to subscribed clients. Shutdown happens in one place, [`serve`]:
 //! a watch channel that the accept loop, the watcher and the queue all observe.
 
@@ -19,8 +19,8 @@ pub(crate) mod server;
 pub(crate) mod service;
 mod socket;
 pub(crate) mod systemd;
-pub(crate) mod watch;
-mod watchers;
+pub(crate) mod folder_watch;
+mod watch_stream;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -236,7 +236,7 @@ async fn serve_async(mut cfg: Config, reload: Reload) -> Result<Ending, ServeErr
     } else {
         ready::retire(&socket_path);
     }
-    let n = watch::initial(&svc, root.clone()).await?;
+    let n = folder_watch::initial(&svc, root.clone()).await?;
     if let Some(l) = metrics_listener {
         let addr = l.local_addr().map_err(ServeError::Runtime)?;
         tracing::info!(%addr, "metrics listener: /metrics, /healthz, /readyz");
@@ -247,7 +247,7 @@ async fn serve_async(mut cfg: Config, reload: Reload) -> Result<Ending, ServeErr
         "READY=1\nSTATUS=serving {n} models\nMAINPID={}",
         std::process::id()
     ));
-    tokio::spawn(watch::run(svc.clone(), root, stop_rx.clone()));
+    tokio::spawn(folder_watch::run(svc.clone(), root, stop_rx.clone()));
     tokio::spawn(heartbeat(svc.clone(), stop_rx.clone()));
     let ending = Arc::new(std::sync::Mutex::new(None::<Ending>));
     tokio::spawn(signals(stop_tx.clone(), reload, ending.clone()));

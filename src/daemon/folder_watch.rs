@@ -1,4 +1,5 @@
-//! The repository watcher. notify events are only hints (a `mv` into the folder gives only a
+//! The repository watcher: the one on the model folder (`super::watch_stream` is the
+//! other, the socket's `watch` event stream to subscribed clients). notify events are only hints (a `mv` into the folder gives only a
 //! rename event and events can be dropped), so an event marks the paths it names dirty. Once
 //! it has been quiet for the debounce, the models those paths may belong to are scanned (a
 //! path's top-level name and its prefixes before a `.`, and the models that name the path as

@@ -1,5 +1,5 @@
 //! Watch subscriptions (`watch` requests): long-running consumers hear when a model's ready
-//! artifact changes instead of polling `status`. (`super::watch` is the other watcher: the
+//! artifact changes instead of polling `status`. (`super::folder_watch` is the other watcher: the
 //! one on the model folder.)
 //!
 //! Enters: [`WatchEvent`]s that [`super::service::Service`] publishes, always with its state

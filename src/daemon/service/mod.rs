@@ -26,7 +26,7 @@ use super::engine::{Engine, Handout, ModelEntry, Planned, Selection};
 use super::metrics::Durations;
 use super::queue::{JobStatus, Queue};
 use super::repo::{RepoModel, Snapshot};
-use super::watchers::{model_event, Announced, Change, VariantId, Watchers};
+use super::watch_stream::{model_event, Announced, Change, VariantId, Watchers};
 use crate::config::Config;
 use crate::key::memo::FileId;
 use crate::spec::{Backend, CacheKey};
@@ -58,7 +58,7 @@ struct State {
     /// When each ready artifact's use was last passed on to the store ([`Engine::touch`]).
     touched: HashMap<CacheKey, Instant>,
     /// Every file of every model's fingerprint, and the models made of it: which models a
-    /// changed path may have changed (`watch`), without a look at the others.
+    /// changed path may have changed (`folder_watch`), without a look at the others.
     sources: BTreeMap<PathBuf, BTreeSet<String>>,
     /// The models whose plans name each key, with how many of their plans do: who hears of
     /// a key's change, and whether an artifact is still anyone's. Kept with `plans`, so a
@@ -208,8 +208,8 @@ pub struct Service {
     generation: AtomicU64,
     /// Bounds concurrent `plan` calls (`limits.plan_concurrency`).
     plan_slots: tokio::sync::Semaphore,
-    /// Skipped repository entries already warned about (`watch`).
-    pub(super) warned: super::watch::Warned,
+    /// Skipped repository entries already warned about (`folder_watch`).
+    pub(super) warned: super::folder_watch::Warned,
     /// Serialises `rescan` requests.
     pub(super) rescanning: tokio::sync::Mutex<()>,
     /// Records artifact uses off the acquire path.
