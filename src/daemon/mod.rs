@@ -1,5 +1,5 @@
 //! Stage 8, serving: a tokio daemon that watches the model repository (`repo`, `folder_watch`),
-//! keeps every model's artifacts built through the [`engine::Engine`] with a single-flight
+//! keeps every model's artifacts built through the [`build_cache::BuildCache`] with a single-flight
 //! build queue (`queue`), and hands them to local processes over a Unix socket (`server`)
 //! speaking [`trtcache_client::protocol`]. `service` holds the state between them; `systemd`
 //! does readiness, watchdog and socket activation; `watch_stream` streams a model's artifact
@@ -9,7 +9,7 @@
 pub(crate) mod cached;
 mod conn;
 mod dispatch;
-pub(crate) mod engine;
+pub(crate) mod build_cache;
 mod http;
 pub mod metrics;
 pub(crate) mod queue;
@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use crate::config::Config;
 pub use conn::parse as parse_request;
-use engine::{Engine, EngineError};
+use build_cache::{BuildCache, BuildCacheError};
 
 /// Errors that stop the daemon from starting.
 #[derive(Debug, thiserror::Error)]
@@ -42,7 +42,7 @@ pub enum ServeError {
     #[error(transparent)]
     Scan(#[from] repo::ScanError),
     #[error("opening the cache")]
-    Engine(#[from] EngineError),
+    BuildCache(#[from] BuildCacheError),
     #[error("socket {path}: {message}")]
     Socket { path: PathBuf, message: String },
     #[error("metrics listener {addr} (metrics_listen)")]
@@ -56,8 +56,8 @@ pub enum ServeError {
 }
 
 /// The build+cache stage the daemon (and `trtcache warm`/`status` without a daemon) runs
-/// with: [`cached::CachedEngine`] over the cache directory.
-pub fn open_engine(cfg: &Config) -> Result<Arc<dyn Engine>, EngineError> {
+/// with: [`cached::DiskBuildCache`] over the cache directory.
+pub fn open_build_cache(cfg: &Config) -> Result<Arc<dyn BuildCache>, BuildCacheError> {
     Ok(Arc::new(cached::open(cfg)?))
 }
 
@@ -99,16 +99,16 @@ pub fn warm_in_process(
         let root = repo::canonical_root(&cfg.models)
             .map_err(|e| WarmError::Failed(format!("{}: {e}", cfg.models.display())))?;
         let c2 = cfg.clone();
-        let engine = tokio::task::spawn_blocking(move || open_engine(&c2))
+        let cache = tokio::task::spawn_blocking(move || open_build_cache(&c2))
             .await
             .map_err(|e| WarmError::Failed(e.to_string()))?
-            .map_err(WarmError::Engine)?;
+            .map_err(WarmError::BuildCache)?;
         let svc = service::Service::new(
             Config {
                 models: root.clone(),
                 ..cfg.clone()
             },
-            engine,
+            cache,
         );
         tokio::spawn(svc.queue.clone().run());
         let r = root.clone();
@@ -130,7 +130,7 @@ pub fn warm_in_process(
             .map_err(|e| WarmError::Failed(e.to_string()))?
             .map_err(|(code, m)| WarmError::Request { code, message: m })?;
         svc.queue.close(grace).await;
-        let e = svc.engine.clone();
+        let e = svc.build_cache.clone();
         if let Ok(Err(err)) = tokio::task::spawn_blocking(move || e.flush()).await {
             tracing::warn!(error = %err, "flushing the cache failed");
         }
@@ -144,7 +144,7 @@ pub fn warm_in_process(
 #[derive(Debug, thiserror::Error)]
 pub enum WarmError {
     #[error("opening the cache: {0}")]
-    Engine(#[source] EngineError),
+    BuildCache(#[source] BuildCacheError),
     #[error("{code}: {message}")]
     Request {
         code: trtcache_client::protocol::ErrorCode,
@@ -180,7 +180,7 @@ async fn serve_async(mut cfg: Config, reload: Reload) -> Result<Ending, ServeErr
     })?;
     cfg.models = root.clone();
     let c2 = cfg.clone();
-    let engine = tokio::task::spawn_blocking(move || open_engine(&c2))
+    let cache = tokio::task::spawn_blocking(move || open_build_cache(&c2))
         .await
         .map_err(|e| ServeError::Runtime(std::io::Error::other(e)))??;
     let (std_listener, remove_at_exit) = match systemd::listener().map_err(ServeError::Runtime)? {
@@ -208,7 +208,7 @@ async fn serve_async(mut cfg: Config, reload: Reload) -> Result<Ending, ServeErr
         // Validated when the configuration was loaded.
         _ => None,
     };
-    let svc = service::Service::new(cfg.clone(), engine);
+    let svc = service::Service::new(cfg.clone(), cache);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(svc.queue.clone().run());
     if cfg.ready_index {
@@ -286,7 +286,7 @@ async fn serve_async(mut cfg: Config, reload: Reload) -> Result<Ending, ServeErr
     svc.queue
         .close(Duration::from_secs(cfg.limits.shutdown_grace_secs))
         .await;
-    let e = svc.engine.clone();
+    let e = svc.build_cache.clone();
     match tokio::task::spawn_blocking(move || e.flush()).await {
         Ok(Err(err)) => tracing::warn!(error = %err, "flushing the cache failed"),
         Err(err) => tracing::warn!(error = %err, "flush task failed"),

@@ -22,7 +22,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use super::engine::{Layout, ModelEntry};
+use super::build_cache::{Layout, ModelEntry};
 
 /// What the watcher compares of each file a model version is made of, sorted by path.
 pub type Fingerprint = Vec<FileStamp>;

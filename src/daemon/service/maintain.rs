@@ -17,9 +17,9 @@ use crate::spec::CacheKey;
 
 impl Service {
     fn store(&self) -> Result<Arc<dyn Store>, Failure> {
-        self.engine
+        self.build_cache
             .store()
-            .ok_or_else(|| fail(ErrorCode::Internal, "this daemon's engine has no cache"))
+            .ok_or_else(|| fail(ErrorCode::Internal, "this daemon's build cache has no store"))
     }
 
     fn cache_dir(&self) -> String {

@@ -1,7 +1,7 @@
 //! The daemon's state and the operations requests map to: the served model set (from
 //! repository snapshots), each variant's plan, the ready-artifact map, and the acquire / list /
 //! build logic on top of the [`Queue`]. Socket I/O lives in `server`; this module only deals
-//! in protocol types and engine artifacts. Every change of what a model serves is published
+//! in protocol types and build-cache artifacts. Every change of what a model serves is published
 //! to watchers ([`Watchers`]) from here, with the state lock held: `announce` for a variant
 //! (ready, evicted, failed), `register` for a whole model (changed, removed).
 //! `maintain` serves the cache commands against the
@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use trtcache_client::protocol::*;
 
-use super::engine::{Engine, Handout, ModelEntry, Planned, Selection};
+use super::build_cache::{BuildCache, Handout, ModelEntry, Planned, Selection};
 use super::metrics::Durations;
 use super::queue::{JobStatus, Queue};
 use super::repo::{RepoModel, Snapshot};
@@ -35,7 +35,7 @@ use crate::spec::{Backend, CacheKey};
 pub type Failure = (ErrorCode, String);
 
 fn fail(code: ErrorCode, msg: impl Into<String>) -> Failure {
-    (code, super::engine::bounded_reason(&msg.into()))
+    (code, super::build_cache::bounded_reason(&msg.into()))
 }
 
 struct ModelState {
@@ -55,7 +55,7 @@ struct ModelState {
 struct State {
     models: BTreeMap<String, ModelState>,
     ready: HashMap<CacheKey, Handout>,
-    /// When each ready artifact's use was last passed on to the store ([`Engine::touch`]).
+    /// When each ready artifact's use was last passed on to the store ([`BuildCache::touch`]).
     touched: HashMap<CacheKey, Instant>,
     /// Every file of every model's fingerprint, and the models made of it: which models a
     /// changed path may have changed (`folder_watch`), without a look at the others.
@@ -194,7 +194,7 @@ pub struct Counters {
 /// Shared daemon state.
 pub struct Service {
     pub cfg: Config,
-    pub engine: Arc<dyn Engine>,
+    pub build_cache: Arc<dyn BuildCache>,
     pub queue: Arc<Queue>,
     pub counters: Counters,
     /// Acquire latency by outcome (the metrics' histogram).
@@ -216,7 +216,7 @@ pub struct Service {
     toucher: Toucher,
     /// The ready index, when the daemon publishes one (`serve`, `ready_index = true`).
     pub ready_index: OnceLock<Arc<super::ready::ReadyIndex>>,
-    /// The engine's cache generation the ready artifacts belong to ([`Engine::generation`]).
+    /// The build cache's cache generation the ready artifacts belong to ([`BuildCache::generation`]).
     cache_generation: AtomicU64,
 }
 
@@ -227,13 +227,13 @@ pub struct Service {
 struct Toucher(Option<std::sync::mpsc::Sender<CacheKey>>);
 
 impl Toucher {
-    fn start(engine: Arc<dyn Engine>) -> Toucher {
+    fn start(cache: Arc<dyn BuildCache>) -> Toucher {
         let (tx, rx) = std::sync::mpsc::channel::<CacheKey>();
         let started = std::thread::Builder::new()
             .name("trtcache-touch".into())
             .spawn(move || {
                 for key in rx {
-                    engine.touch(&key);
+                    cache.touch(&key);
                 }
             });
         match started {
@@ -253,21 +253,21 @@ impl Toucher {
 }
 
 impl Service {
-    pub fn new(cfg: Config, engine: Arc<dyn Engine>) -> Arc<Self> {
+    pub fn new(cfg: Config, cache: Arc<dyn BuildCache>) -> Arc<Self> {
         let plan_slots = match cfg.limits.plan_concurrency {
             0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
             n => n,
         };
         let queue = Queue::new(
-            engine.clone(),
+            cache.clone(),
             cfg.limits.build_concurrency,
             Duration::from_secs(cfg.limits.build_timeout_secs),
         );
-        let toucher = Toucher::start(engine.clone());
+        let toucher = Toucher::start(cache.clone());
         Arc::new(Service {
             watchers: Watchers::new(&cfg.limits),
             cfg,
-            engine,
+            build_cache: cache,
             queue,
             counters: Counters::default(),
             acquire_seconds: Durations::acquires(),
@@ -284,13 +284,13 @@ impl Service {
         })
     }
 
-    /// When the engine opened a fresh cache (its folder was deleted under the daemon), every
+    /// When the build cache opened a fresh cache (its folder was deleted under the daemon), every
     /// artifact remembered as ready may be gone with it: forget them all (an acquire looks
     /// each up again), let the ready index look at every model, and warm every planned
     /// variant again in the fresh cache. One atomic load when nothing happened; called on
     /// every acquire, status and ready-index pass.
     pub fn catch_up_with_the_cache(self: &Arc<Self>) {
-        let g = self.engine.generation();
+        let g = self.build_cache.generation();
         if self.cache_generation.swap(g, Ordering::SeqCst) == g {
             return;
         }
@@ -330,7 +330,7 @@ impl Service {
         profile: Option<String>,
         backend: Option<Backend>,
     ) -> Selection {
-        let variants = self.engine.variants(entry, &self.cfg.backends);
+        let variants = self.build_cache.variants(entry, &self.cfg.backends);
         let backend = backend
             .or_else(|| variants.selections.first().map(|v| v.backend))
             .unwrap_or(self.cfg.backends[0]);
@@ -469,7 +469,7 @@ impl Service {
         let Some(entry) = self.entry(name, None).ok() else {
             return;
         };
-        for sel in self.engine.variants(&entry, &self.cfg.backends).selections {
+        for sel in self.build_cache.variants(&entry, &self.cfg.backends).selections {
             if let Ok(p) = self.planned(&entry, &sel).await {
                 if self.ready_artifact(&p).await.is_none() {
                     self.submit_tracked(&p);
@@ -548,7 +548,7 @@ impl Service {
         // made-up backends or profiles must not grow this map (those fail before any hashing).
         let keep = r.is_ok()
             || self
-                .engine
+                .build_cache
                 .variants(entry, &self.cfg.backends)
                 .selections
                 .contains(sel);
@@ -601,11 +601,11 @@ impl Service {
 
     /// Plans a variant on the blocking pool, bounded by the planning slots.
     async fn plan_uncached(&self, entry: &ModelEntry, sel: &Selection) -> Result<Planned, Failure> {
-        let engine = self.engine.clone();
+        let cache = self.build_cache.clone();
         let (e, s) = (entry.clone(), sel.clone());
         // The semaphore is never closed, so acquiring only waits.
         let _slot = self.plan_slots.acquire().await.ok();
-        let planned = tokio::task::spawn_blocking(move || engine.plan(&e, &s))
+        let planned = tokio::task::spawn_blocking(move || cache.plan(&e, &s))
             .await
             .map_err(|e| fail(ErrorCode::Internal, e.to_string()))?;
         match &planned {
@@ -779,7 +779,7 @@ impl Service {
         Ok((self.model_status(m, &st), self.watchers.subscribe()))
     }
 
-    /// A ready artifact from memory or, failing that, from the engine's store.
+    /// A ready artifact from memory or, failing that, from the build cache's store.
     async fn ready_artifact(&self, p: &Planned) -> Option<Handout> {
         {
             let mut st = self.lock();
@@ -788,9 +788,9 @@ impl Service {
                 return Some(a);
             }
         }
-        let engine = self.engine.clone();
+        let cache = self.build_cache.clone();
         let pc = p.clone();
-        match tokio::task::spawn_blocking(move || engine.lookup(&pc)).await {
+        match tokio::task::spawn_blocking(move || cache.lookup(&pc)).await {
             Ok(Ok(Some(a))) => {
                 let mut st = self.lock();
                 st.remember_ready(p.key, a.clone());
@@ -811,7 +811,7 @@ impl Service {
         a.paths.iter().map(File::open).collect()
     }
 
-    /// Whether the opened files are still the ones the engine last checked (one `fstat`
+    /// Whether the opened files are still the ones the build cache last checked (one `fstat`
     /// each): a write, truncation or replacement since changes the stamp.
     fn unchanged(&self, a: &Handout, files: &[File]) -> Result<(), String> {
         if a.stamps.is_empty() {
@@ -883,7 +883,7 @@ impl Service {
         let sel = self.selection_for(&entry, req.profile.clone(), backend);
         let planned = self.planned(&entry, &sel).await?;
         let mut hit = true;
-        // A file changed under the daemon is never handed out: the engine re-checks it (a
+        // A file changed under the daemon is never handed out: the build cache re-checks it (a
         // full hash), quarantining it when damaged, and the loop builds or serves again.
         let mut rechecks = 0;
         let (artifact, mut files) = loop {
@@ -1047,7 +1047,7 @@ impl Service {
         let version = served.map(|e| e.version).unwrap_or(0);
         let variants = served
             .map(|e| {
-                self.engine
+                self.build_cache
                     .variants(e, &self.cfg.backends)
                     .selections
                     .into_iter()
@@ -1072,8 +1072,8 @@ impl Service {
             version,
             versions: m.repo.versions.keys().copied().collect(),
             layout: match m.repo.layout {
-                super::engine::Layout::Flat => "flat".into(),
-                super::engine::Layout::Triton => "triton".into(),
+                super::build_cache::Layout::Flat => "flat".into(),
+                super::build_cache::Layout::Triton => "triton".into(),
             },
             variants,
         }
@@ -1136,7 +1136,7 @@ impl Service {
             // The model's variants (its sidecar's backends and profiles), narrowed to the
             // requested backend; a backend none of them uses is built with the defaults.
             let mut sels: Vec<Selection> = self
-                .engine
+                .build_cache
                 .variants(&e, &self.cfg.backends)
                 .selections
                 .into_iter()
@@ -1288,8 +1288,8 @@ impl Service {
             let was_ready = self.lock().forget_ready(&k);
             self.ready_changed();
             self.queue.forget_failure(&k);
-            let engine = self.engine.clone();
-            let gone = tokio::task::spawn_blocking(move || engine.evict(&k))
+            let cache = self.build_cache.clone();
+            let gone = tokio::task::spawn_blocking(move || cache.evict(&k))
                 .await
                 .map_err(|e| fail(ErrorCode::Internal, e.to_string()))?
                 .map_err(|e| fail(ErrorCode::Internal, e.to_string()))?;
@@ -1318,16 +1318,16 @@ impl Service {
             let st = self.lock();
             (st.models.len() as u64, st.ready.len() as u64)
         };
-        let remote = self.engine.remote_stats().unwrap_or_default();
+        let remote = self.build_cache.remote_stats().unwrap_or_default();
         Stats {
             remote_hits: remote.remote_hits,
             remote_misses: remote.remote_misses,
             remote_uploads: remote.remote_uploads,
             remote_rejected: remote.remote_rejected,
             remote_errors: remote.remote_errors,
-            remote_down: self.engine.remote_down(),
+            remote_down: self.build_cache.remote_down(),
             acquire_errors: self.counters.acquire_errors.load(Ordering::Relaxed),
-            evictions: self.engine.evictions(),
+            evictions: self.build_cache.evictions(),
             evictions_requested: self.counters.evictions_requested.load(Ordering::Relaxed),
             hits: self.counters.hits.load(Ordering::Relaxed),
             fast_hits: self.counters.fast_hits.load(Ordering::Relaxed),

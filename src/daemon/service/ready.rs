@@ -21,7 +21,7 @@ use std::time::{Instant, SystemTime};
 use trtcache_client::ready::{ReadyFile, ReadyPointer, ReadySource};
 
 use super::{Service, State, TOUCH_EVERY};
-use crate::daemon::engine::{Handout, Layout, ModelEntry, Selection};
+use crate::daemon::build_cache::{Handout, Layout, ModelEntry, Selection};
 use crate::daemon::repo::FileStamp;
 use crate::spec::CacheKey;
 
