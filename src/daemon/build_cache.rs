@@ -258,6 +258,8 @@ impl BuildCacheError {
 pub trait BuildCache: Send + Sync + 'static {
     /// The selections built in the background for a model (one per configured backend and
     /// per profile the model declares) and its default profile, from one read of its sidecar.
+    /// The daemon calls it when a model is registered (on the blocking pool) and keeps the
+    /// result with the model's state, so no request reads the sidecar.
     fn variants(&self, model: &ModelEntry, backends: &[Backend]) -> Variants;
     /// Key and plan for a model file and a selection; blocking (hashes the file).
     fn plan(&self, model: &ModelEntry, sel: &Selection) -> Result<Planned, BuildCacheError>;

@@ -14,7 +14,8 @@ use tokio::sync::{mpsc, watch};
 use trtcache_client::protocol::*;
 
 use super::conn::{error, Connection, Peer};
-use super::service::{Failure, Service};
+use super::failure::Failure;
+use super::service::Service;
 
 /// Whether the connection goes on after a request.
 #[derive(Debug, PartialEq, Eq)]
@@ -90,9 +91,10 @@ impl Session {
                 },
                 StatsFormat::Prometheus => {
                     let svc = self.svc.clone();
-                    // Reads every model's variants (their sidecars): off the socket's thread.
+                    // A series per model and state: off the socket's thread.
                     let text = tokio::task::spawn_blocking(move || {
-                        super::metrics::encode(&svc, super::metrics::Format::Prometheus)
+                        let snap = svc.metrics_snapshot();
+                        super::metrics::encode(snap, super::metrics::Format::Prometheus)
                     })
                     .await;
                     match text {

@@ -6,10 +6,12 @@
 //! changes to subscribed clients. Shutdown happens in one place, [`serve`]:
 //! a watch channel that the accept loop, the watcher and the queue all observe.
 
+pub(crate) mod build_cache;
 pub(crate) mod cached;
 mod conn;
 mod dispatch;
-pub(crate) mod build_cache;
+mod failure;
+pub(crate) mod folder_watch;
 mod http;
 pub mod metrics;
 pub(crate) mod queue;
@@ -19,7 +21,6 @@ pub(crate) mod server;
 pub(crate) mod service;
 mod socket;
 pub(crate) mod systemd;
-pub(crate) mod folder_watch;
 mod watch_stream;
 
 use std::path::{Path, PathBuf};
@@ -27,8 +28,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
-pub use conn::parse as parse_request;
 use build_cache::{BuildCache, BuildCacheError};
+pub use conn::parse as parse_request;
 
 /// Errors that stop the daemon from starting.
 #[derive(Debug, thiserror::Error)]
@@ -43,8 +44,8 @@ pub enum ServeError {
     Scan(#[from] repo::ScanError),
     #[error("opening the cache")]
     BuildCache(#[from] BuildCacheError),
-    #[error("socket {path}: {message}")]
-    Socket { path: PathBuf, message: String },
+    #[error(transparent)]
+    Socket(#[from] socket::SocketError),
     #[error("metrics listener {addr} (metrics_listen)")]
     Metrics {
         addr: std::net::SocketAddr,
@@ -59,13 +60,6 @@ pub enum ServeError {
 /// with: [`cached::DiskBuildCache`] over the cache directory.
 pub fn open_build_cache(cfg: &Config) -> Result<Arc<dyn BuildCache>, BuildCacheError> {
     Ok(Arc::new(cached::open(cfg)?))
-}
-
-fn socket_err(path: &Path, message: impl Into<String>) -> ServeError {
-    ServeError::Socket {
-        path: path.to_path_buf(),
-        message: message.into(),
-    }
 }
 
 /// The socket file this daemon bound (none when systemd passed the listener): removed, if it
@@ -117,7 +111,8 @@ pub fn warm_in_process(
             .await
             .map_err(|e| WarmError::Failed(e.to_string()))?
             .map_err(|e| WarmError::Failed(e.to_string()))?;
-        svc.register(snapshot.into_values().collect(), Vec::new());
+        svc.register(snapshot.into_values().collect(), Vec::new())
+            .await;
         let (tx, mut rx) = tokio::sync::mpsc::channel(64);
         let s2 = svc.clone();
         let req = req.clone();
@@ -220,14 +215,21 @@ async fn serve_async(mut cfg: Config, reload: Reload) -> Result<Ending, ServeErr
                     0 => None,
                     s => Some(Duration::from_secs(s)),
                 };
+                let s = svc.clone();
+                let wanted = move |full| {
+                    s.catch_up_with_the_cache();
+                    s.ready_pointers(full)
+                };
                 tokio::spawn(ready::publish(
-                    svc.clone(),
                     idx.clone(),
+                    wanted,
                     recheck,
                     stop_rx.clone(),
                 ));
                 let poll = Duration::from_millis(cfg.limits.ready_hits_poll_ms.max(1));
-                tokio::spawn(ready::count_opens(svc.clone(), idx, poll, stop_rx.clone()));
+                let s = svc.clone();
+                let hit = move |key| s.fast_hit(key);
+                tokio::spawn(ready::count_opens(idx, hit, poll, stop_rx.clone()));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "no ready index; every acquire goes over the socket")
@@ -294,7 +296,7 @@ async fn serve_async(mut cfg: Config, reload: Reload) -> Result<Ending, ServeErr
     }
     tracing::info!("stopped");
     if let Some(why) = fatal.lock().unwrap_or_else(|p| p.into_inner()).take() {
-        return Err(socket_err(&cfg.socket, why));
+        return Err(socket::socket_err(&cfg.socket, why).into());
     }
     let ending = *ending.lock().unwrap_or_else(|p| p.into_inner());
     Ok(ending.unwrap_or(Ending::Stopped))

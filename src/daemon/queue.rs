@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify, Semaphore};
 use trtcache_client::protocol::ErrorCode;
 
-use super::build_cache::{CancelToken, BuildCache, BuildCacheError, Handout, Planned, Prefetch};
+use super::build_cache::{BuildCache, BuildCacheError, CancelToken, Handout, Planned, Prefetch};
 use crate::key::CacheKey;
 
 /// A job's state as waiters see it.

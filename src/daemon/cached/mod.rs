@@ -359,7 +359,8 @@ fn dim_json(d: &Dim) -> serde_json::Value {
 /// Inputs and outputs of a `trt` artifact's engine, from its metadata (`engine.json`, whose
 /// digest of the plan is checked): dynamic dimensions are -1.
 fn engine_io_of(dir: &Path) -> Result<(Vec<TensorInfo>, Vec<TensorInfo>), BuildCacheError> {
-    let meta = crate::trt::artifact::read_meta(dir).map_err(|e| BuildCacheError::Invalid(e.into()))?;
+    let meta =
+        crate::trt::artifact::read_meta(dir).map_err(|e| BuildCacheError::Invalid(e.into()))?;
     let info = |t: &crate::trt::TensorInfo| TensorInfo {
         name: t.name.clone(),
         dtype: crate::onnx::ElemType::from_code(t.dtype.onnx_code())
@@ -771,8 +772,9 @@ pub fn open(cfg: &crate::config::Config) -> Result<DiskBuildCache, BuildCacheErr
     .with_rewrite(cfg.rewrite);
     Ok(match &cfg.remote {
         Some(r) => {
-            let tier = crate::remote::RemoteTier::open(r)
-                .map_err(|e| BuildCacheError::Runtime(format!("remote tier {}: {e}", r.url).into()))?;
+            let tier = crate::remote::RemoteTier::open(r).map_err(|e| {
+                BuildCacheError::Runtime(format!("remote tier {}: {e}", r.url).into())
+            })?;
             tier.probe_in_background();
             cache.with_remote(tier)
         }
