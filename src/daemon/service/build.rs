@@ -64,8 +64,8 @@ impl Service {
             let mut sels: Vec<Selection> = variants
                 .selections
                 .iter()
-                .cloned()
                 .filter(|s| backend.is_none_or(|b| s.backend == b))
+                .cloned()
                 .collect();
             if sels.is_empty() {
                 if let Some(b) = backend {

@@ -75,9 +75,8 @@ impl Service {
                 m.variants
                     .selections
                     .iter()
-                    .cloned()
                     .map(|sel| match m.plans.get(&(version, sel.clone())) {
-                        Some(p) => self.variant_status(p, &sel, st),
+                        Some(p) => self.variant_status(p, sel, st),
                         None => VariantStatus {
                             profile: sel.profile.clone().unwrap_or_else(|| "default".into()),
                             backend: sel.backend.to_string(),
