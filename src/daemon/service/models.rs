@@ -21,9 +21,9 @@ use crate::daemon::watch_stream::model_event;
 use crate::spec::Backend;
 
 impl Service {
-    /// When the build cache opened a fresh cache (its folder was deleted under the daemon), every
-    /// artifact remembered as ready may be gone with it: forget them all (an acquire looks
-    /// each up again), let the ready index look at every model, and warm every planned
+    /// When the build cache opened its cache folder afresh (it was deleted under the daemon),
+    /// every artifact remembered as ready may be gone with it: forget them all (an acquire
+    /// looks each up again), let the ready index look at every model, and warm every planned
     /// variant again in the fresh cache. One atomic load when nothing happened; called on
     /// every acquire, status and ready-index pass.
     pub fn catch_up_with_the_cache(self: &Arc<Self>) {
