@@ -150,7 +150,7 @@ kill "$PID"; wait "$PID" || true; PID=
 FIRST=$("$PY" benches/first_summary.py < "$W/first.jsonl")
 if [ "$ONLY" = first ]; then
 cat <<MD
-Machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), no GPU; engine: CachedEngine (ort-cpu).
+Machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), no GPU; build cache: DiskBuildCache (ort-cpu).
 Command: BERT=$BERT ${CPU:+CPU=$CPU }benches/daemon.sh $RUNS first ($RUNS runs; one process per measurement).
 
 $FIRST
@@ -158,7 +158,7 @@ MD
 exit 0
 fi
 cat <<MD
-Machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), no GPU; engine: CachedEngine (ort-cpu).
+Machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), no GPU; build cache: DiskBuildCache (ort-cpu).
 Command: benches/daemon.sh $RUNS (medians of $RUNS runs).
 
 | measure | median | target |

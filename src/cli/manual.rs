@@ -5,9 +5,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{Args, CommandFactory};
-
-use super::Cli;
+use clap::Args;
 
 /// Print a shell completion script on stdout, e.g.
 /// `trtcache completions bash > /etc/bash_completion.d/trtcache`.
@@ -25,16 +23,16 @@ pub struct ManArgs {
     pub command: Option<String>,
 }
 
-pub fn completions(a: CompletionsArgs) -> anyhow::Result<ExitCode> {
-    let mut cmd = Cli::command();
+/// `cmd`: the whole command line's definition (`Cli::command()`).
+pub fn completions(a: CompletionsArgs, mut cmd: clap::Command) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     clap_complete::generate(a.shell, &mut cmd, "trtcache", &mut out);
     out.flush().context("writing the completions")?;
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn man(a: ManArgs) -> anyhow::Result<ExitCode> {
-    let mut cmd = Cli::command();
+/// `cmd`: the whole command line's definition (`Cli::command()`).
+pub fn man(a: ManArgs, mut cmd: clap::Command) -> anyhow::Result<ExitCode> {
     cmd.build();
     let page = match &a.command {
         None => cmd,

@@ -5,6 +5,7 @@ mod build;
 mod cache;
 mod capability;
 mod export;
+mod failure;
 mod health;
 mod inspect;
 pub(crate) mod key;
@@ -22,7 +23,7 @@ mod warm;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// trtcache: build TensorRT engines once, cache them by content, hand them to every process.
 #[derive(Debug, Parser)]
@@ -116,7 +117,7 @@ pub enum Command {
 
 impl Command {
     /// Whether the command was asked for JSON output; its errors are then JSON too
-    /// ([`output::report_error`]).
+    /// ([`failure::report_error`]).
     pub fn json(&self) -> bool {
         match self {
             Command::Inspect(a) => a.json,
@@ -144,7 +145,7 @@ impl Command {
     }
 }
 
-pub use output::report_error;
+pub use failure::report_error;
 
 /// Runs one subcommand; the exit code is the command's verdict (errors are `Err`).
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -188,7 +189,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Push(a) => remote::push(a),
         Command::Pull(a) => remote::pull(*a),
         Command::Remote(c) => remote::remote(c),
-        Command::Completions(a) => manual::completions(a),
-        Command::Man(a) => manual::man(a),
+        Command::Completions(a) => manual::completions(a, Cli::command()),
+        Command::Man(a) => manual::man(a, Cli::command()),
     }
 }

@@ -1,6 +1,6 @@
 //! `trtcache warm` (the deploy step: every model ready and validated, or a non-zero exit) and
 //! `trtcache status`. Both talk to the running daemon when its socket answers; otherwise they
-//! work in-process against the cache directory through the same engine the daemon uses.
+//! work in-process against the cache directory through the same build cache the daemon uses.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -480,7 +480,7 @@ pub fn status(a: StatusArgs) -> anyhow::Result<ExitCode> {
 
 fn local_status(cfg: &Config, only: Option<&str>) -> anyhow::Result<Vec<ModelStatus>> {
     super::cache::require_cache(&cfg.cache_dir)?;
-    let engine = crate::daemon::open_engine(cfg).context("opening the cache")?;
+    let cache = crate::daemon::open_build_cache(cfg).context("opening the cache")?;
     let snapshot = repo::scan_with(&cfg.models, cfg.follow_symlinks_outside_repo)
         .with_context(|| format!("scanning {}", cfg.models.display()))?;
     if let Some(n) = only {
@@ -497,7 +497,7 @@ fn local_status(cfg: &Config, only: Option<&str>) -> anyhow::Result<Vec<ModelSta
     {
         let Some(entry) = m.served() else { continue };
         let mut variants = Vec::new();
-        for sel in engine.variants(entry, &cfg.backends).selections {
+        for sel in cache.variants(entry, &cfg.backends).selections {
             let mut v = VariantStatus {
                 profile: sel.profile.clone().unwrap_or_else(|| "default".into()),
                 backend: sel.backend.to_string(),
@@ -508,10 +508,10 @@ fn local_status(cfg: &Config, only: Option<&str>) -> anyhow::Result<Vec<ModelSta
                 phase: None,
                 origin: None,
             };
-            match engine.plan(entry, &sel) {
+            match cache.plan(entry, &sel) {
                 Ok(p) => {
                     v.key = Some(p.key.hex());
-                    if let Some(h) = engine.lookup(&p).ok().flatten() {
+                    if let Some(h) = cache.lookup(&p).ok().flatten() {
                         v.state = VariantState::Ready;
                         v.origin = Some(h.origin);
                     }

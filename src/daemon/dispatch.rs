@@ -2,7 +2,7 @@
 //! the framing. Mini-redis's `Command::apply` is the model: [`Session::apply`] checks the
 //! handshake, the shutdown state and permissions, runs the request against the [`Service`]
 //! and writes its answer (an acquire's descriptors, a build's progress frames, a watch's
-//! events through [`super::watchers::stream`]).
+//! events through [`super::watch_stream::stream`]).
 //!
 //! Enters: a parsed [`Request`] from [`super::conn`]. Leaves: response frames on the
 //! connection, and a [`Flow`] saying whether the connection goes on.
@@ -14,7 +14,8 @@ use tokio::sync::{mpsc, watch};
 use trtcache_client::protocol::*;
 
 use super::conn::{error, Connection, Peer};
-use super::service::{Failure, Service};
+use super::failure::Failure;
+use super::service::Service;
 
 /// Whether the connection goes on after a request.
 #[derive(Debug, PartialEq, Eq)]
@@ -90,9 +91,10 @@ impl Session {
                 },
                 StatsFormat::Prometheus => {
                     let svc = self.svc.clone();
-                    // Reads every model's variants (their sidecars): off the socket's thread.
+                    // A series per model and state: off the socket's thread.
                     let text = tokio::task::spawn_blocking(move || {
-                        super::metrics::encode(&svc, super::metrics::Format::Prometheus)
+                        let snap = svc.metrics_snapshot();
+                        super::metrics::encode(snap, super::metrics::Format::Prometheus)
                     })
                     .await;
                     match text {
@@ -103,7 +105,7 @@ impl Session {
                 }
             }),
             Request::Watch { model } => return self.watch(&model, conn).await,
-            Request::Rescan => super::watch::rescan(&self.svc, self.svc.cfg.models.clone())
+            Request::Rescan => super::folder_watch::rescan(&self.svc, self.svc.cfg.models.clone())
                 .await
                 .map(Response::Rescanned)
                 .map_err(|e| (ErrorCode::Internal, e.to_string())),
@@ -242,7 +244,7 @@ impl Session {
             .await
             .is_ok()
         {
-            super::watchers::stream(conn, rx, model, wait_true(self.shutdown.clone())).await;
+            super::watch_stream::stream(conn, rx, model, wait_true(self.shutdown.clone())).await;
         }
         tracing::info!(uid = self.peer.uid, model, "watch ended");
         drop(slot);

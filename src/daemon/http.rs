@@ -172,7 +172,11 @@ async fn answer(
                 Some(a) if a.contains("application/openmetrics-text") => Format::OpenMetrics,
                 _ => Format::Prometheus,
             };
-            match blocking(svc, move |svc| metrics::encode(svc, format)).await {
+            match blocking(svc, move |svc| {
+                metrics::encode(svc.metrics_snapshot(), format)
+            })
+            .await
+            {
                 Some(Ok(body)) => text(StatusCode::OK, format.content_type(), body),
                 _ => text(
                     StatusCode::INTERNAL_SERVER_ERROR,

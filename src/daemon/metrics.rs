@@ -2,10 +2,9 @@
 //! request (`format: prometheus`) and for the HTTP listener's `/metrics` (`super::http`),
 //! and the readiness rule `/readyz` and `trtcache health --ready` share.
 //!
-//! Enters: the service's counters ([`Service::stats`]), its two duration histograms
-//! ([`Durations`], observed where acquires and builds end) and every model's variant states
-//! ([`Service::list`]), read at each scrape. Leaves: Prometheus text (0.0.4) or OpenMetrics
-//! text. Per-model series are capped at `limits.metrics_max_models` model labels (in name
+//! Enters: a [`Snapshot`] the service takes at each scrape: its counters, its two duration
+//! histograms ([`Durations`], observed where acquires and builds end) and every model's
+//! variant states. Leaves: Prometheus text (0.0.4) or OpenMetrics text. Per-model series are capped at `limits.metrics_max_models` model labels (in name
 //! order); the other models are summed under `model="/other"` (no model name has a `/`).
 
 use std::time::Duration;
@@ -19,8 +18,6 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
 use trtcache_client::protocol::{ModelStatus, Stats, VariantState};
-
-use super::service::Service;
 
 /// The label value the models beyond the cap are summed under.
 pub const OTHER_MODELS: &str = "/other";
@@ -91,9 +88,24 @@ impl Format {
     }
 }
 
-/// Every metric, read from the service now. Blocking (it reads each model's sidecar to know
-/// its variants): the HTTP listener calls it on the blocking pool.
-pub fn encode(svc: &Service, format: Format) -> Result<String, std::fmt::Error> {
+/// What one scrape reads, taken from the service at once (`Service::metrics_snapshot`).
+#[derive(Debug)]
+pub struct Snapshot {
+    /// The counters.
+    pub stats: Stats,
+    /// Every model's status (its variants' states).
+    pub models: Vec<ModelStatus>,
+    /// `limits.metrics_max_models`.
+    pub max_models: usize,
+    /// Acquire latency by outcome (shares its counts with the service's).
+    pub acquire_seconds: Durations,
+    /// Build time by outcome (shares its counts with the queue's).
+    pub build_seconds: Durations,
+}
+
+/// Every metric of `snap`. Its cost grows with the models (a series per model and state):
+/// the socket and the HTTP listener call it on the blocking pool.
+pub fn encode(snap: Snapshot, format: Format) -> Result<String, std::fmt::Error> {
     let mut reg = Registry::with_prefix("trtcache");
     reg.register(
         "build",
@@ -104,18 +116,18 @@ pub fn encode(svc: &Service, format: Format) -> Result<String, std::fmt::Error> 
         "acquire_duration",
         "Acquire latency by outcome (hit: served from the cache, miss: waited for a build, error)",
         Unit::Seconds,
-        svc.acquire_seconds.0.clone(),
+        snap.acquire_seconds.0,
     );
     reg.register_with_unit(
         "build_duration",
         "Build time by outcome (ok, failed, cancelled), validation included",
         Unit::Seconds,
-        svc.queue.build_seconds.0.clone(),
+        snap.build_seconds.0,
     );
-    reg.register_collector(Box::new(Snapshot {
-        stats: svc.stats(),
-        models: svc.list(),
-        max_models: svc.cfg.limits.metrics_max_models,
+    reg.register_collector(Box::new(Counts {
+        stats: snap.stats,
+        models: snap.models,
+        max_models: snap.max_models,
     }));
     let mut out = String::new();
     match format {
@@ -125,9 +137,9 @@ pub fn encode(svc: &Service, format: Format) -> Result<String, std::fmt::Error> 
     Ok(out)
 }
 
-/// The counters and states of one scrape.
+/// The counters and states of one scrape, as a collector.
 #[derive(Debug)]
-struct Snapshot {
+struct Counts {
     stats: Stats,
     models: Vec<ModelStatus>,
     max_models: usize,
@@ -164,7 +176,7 @@ fn family<M: EncodeMetric>(
     Ok(())
 }
 
-impl Collector for Snapshot {
+impl Collector for Counts {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s = &self.stats;
         let c = ConstCounter::new;
@@ -263,7 +275,7 @@ impl Collector for Snapshot {
     }
 }
 
-impl Snapshot {
+impl Counts {
     /// `variants{state}` over every model, and `model_variants{model,state}` per model up to
     /// the cap, the rest summed under [`OTHER_MODELS`].
     fn states(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
@@ -409,7 +421,7 @@ mod tests {
 
     fn snapshot_text(models: Vec<ModelStatus>, max_models: usize) -> String {
         let mut reg = Registry::with_prefix("trtcache");
-        reg.register_collector(Box::new(Snapshot {
+        reg.register_collector(Box::new(Counts {
             stats: Stats {
                 hits: 7,
                 misses: 2,

@@ -1,15 +1,17 @@
-//! Stage 8, serving: a tokio daemon that watches the model repository (`repo`, `watch`),
-//! keeps every model's artifacts built through the [`engine::Engine`] with a single-flight
+//! Stage 8, serving: a tokio daemon that watches the model repository (`repo`, `folder_watch`),
+//! keeps every model's artifacts built through the [`build_cache::BuildCache`] with a single-flight
 //! build queue (`queue`), and hands them to local processes over a Unix socket (`server`)
 //! speaking [`trtcache_client::protocol`]. `service` holds the state between them; `systemd`
-//! does readiness, watchdog and socket activation; `watchers` streams a model's artifact
+//! does readiness, watchdog and socket activation; `watch_stream` streams a model's artifact
 //! changes to subscribed clients. Shutdown happens in one place, [`serve`]:
 //! a watch channel that the accept loop, the watcher and the queue all observe.
 
+pub(crate) mod build_cache;
 pub(crate) mod cached;
 mod conn;
 mod dispatch;
-pub(crate) mod engine;
+mod failure;
+pub(crate) mod folder_watch;
 mod http;
 pub mod metrics;
 pub(crate) mod queue;
@@ -19,16 +21,15 @@ pub(crate) mod server;
 pub(crate) mod service;
 mod socket;
 pub(crate) mod systemd;
-pub(crate) mod watch;
-mod watchers;
+mod watch_stream;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
+use build_cache::{BuildCache, BuildCacheError};
 pub use conn::parse as parse_request;
-use engine::{Engine, EngineError};
 
 /// Errors that stop the daemon from starting.
 #[derive(Debug, thiserror::Error)]
@@ -42,9 +43,9 @@ pub enum ServeError {
     #[error(transparent)]
     Scan(#[from] repo::ScanError),
     #[error("opening the cache")]
-    Engine(#[from] EngineError),
-    #[error("socket {path}: {message}")]
-    Socket { path: PathBuf, message: String },
+    BuildCache(#[from] BuildCacheError),
+    #[error(transparent)]
+    Socket(#[from] socket::SocketError),
     #[error("metrics listener {addr} (metrics_listen)")]
     Metrics {
         addr: std::net::SocketAddr,
@@ -56,16 +57,9 @@ pub enum ServeError {
 }
 
 /// The build+cache stage the daemon (and `trtcache warm`/`status` without a daemon) runs
-/// with: [`cached::CachedEngine`] over the cache directory.
-pub fn open_engine(cfg: &Config) -> Result<Arc<dyn Engine>, EngineError> {
+/// with: [`cached::DiskBuildCache`] over the cache directory.
+pub fn open_build_cache(cfg: &Config) -> Result<Arc<dyn BuildCache>, BuildCacheError> {
     Ok(Arc::new(cached::open(cfg)?))
-}
-
-fn socket_err(path: &Path, message: impl Into<String>) -> ServeError {
-    ServeError::Socket {
-        path: path.to_path_buf(),
-        message: message.into(),
-    }
 }
 
 /// The socket file this daemon bound (none when systemd passed the listener): removed, if it
@@ -99,16 +93,16 @@ pub fn warm_in_process(
         let root = repo::canonical_root(&cfg.models)
             .map_err(|e| WarmError::Failed(format!("{}: {e}", cfg.models.display())))?;
         let c2 = cfg.clone();
-        let engine = tokio::task::spawn_blocking(move || open_engine(&c2))
+        let cache = tokio::task::spawn_blocking(move || open_build_cache(&c2))
             .await
             .map_err(|e| WarmError::Failed(e.to_string()))?
-            .map_err(WarmError::Engine)?;
+            .map_err(WarmError::BuildCache)?;
         let svc = service::Service::new(
             Config {
                 models: root.clone(),
                 ..cfg.clone()
             },
-            engine,
+            cache,
         );
         tokio::spawn(svc.queue.clone().run());
         let r = root.clone();
@@ -117,7 +111,8 @@ pub fn warm_in_process(
             .await
             .map_err(|e| WarmError::Failed(e.to_string()))?
             .map_err(|e| WarmError::Failed(e.to_string()))?;
-        svc.register(snapshot.into_values().collect(), Vec::new());
+        svc.register(snapshot.into_values().collect(), Vec::new())
+            .await;
         let (tx, mut rx) = tokio::sync::mpsc::channel(64);
         let s2 = svc.clone();
         let req = req.clone();
@@ -130,7 +125,7 @@ pub fn warm_in_process(
             .map_err(|e| WarmError::Failed(e.to_string()))?
             .map_err(|(code, m)| WarmError::Request { code, message: m })?;
         svc.queue.close(grace).await;
-        let e = svc.engine.clone();
+        let e = svc.build_cache.clone();
         if let Ok(Err(err)) = tokio::task::spawn_blocking(move || e.flush()).await {
             tracing::warn!(error = %err, "flushing the cache failed");
         }
@@ -144,7 +139,7 @@ pub fn warm_in_process(
 #[derive(Debug, thiserror::Error)]
 pub enum WarmError {
     #[error("opening the cache: {0}")]
-    Engine(#[source] EngineError),
+    BuildCache(#[source] BuildCacheError),
     #[error("{code}: {message}")]
     Request {
         code: trtcache_client::protocol::ErrorCode,
@@ -180,7 +175,7 @@ async fn serve_async(mut cfg: Config, reload: Reload) -> Result<Ending, ServeErr
     })?;
     cfg.models = root.clone();
     let c2 = cfg.clone();
-    let engine = tokio::task::spawn_blocking(move || open_engine(&c2))
+    let cache = tokio::task::spawn_blocking(move || open_build_cache(&c2))
         .await
         .map_err(|e| ServeError::Runtime(std::io::Error::other(e)))??;
     let (std_listener, remove_at_exit) = match systemd::listener().map_err(ServeError::Runtime)? {
@@ -208,7 +203,7 @@ async fn serve_async(mut cfg: Config, reload: Reload) -> Result<Ending, ServeErr
         // Validated when the configuration was loaded.
         _ => None,
     };
-    let svc = service::Service::new(cfg.clone(), engine);
+    let svc = service::Service::new(cfg.clone(), cache);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(svc.queue.clone().run());
     if cfg.ready_index {
@@ -220,14 +215,21 @@ async fn serve_async(mut cfg: Config, reload: Reload) -> Result<Ending, ServeErr
                     0 => None,
                     s => Some(Duration::from_secs(s)),
                 };
+                let s = svc.clone();
+                let wanted = move |full| {
+                    s.catch_up_with_the_cache();
+                    s.ready_pointers(full)
+                };
                 tokio::spawn(ready::publish(
-                    svc.clone(),
                     idx.clone(),
+                    wanted,
                     recheck,
                     stop_rx.clone(),
                 ));
                 let poll = Duration::from_millis(cfg.limits.ready_hits_poll_ms.max(1));
-                tokio::spawn(ready::count_opens(svc.clone(), idx, poll, stop_rx.clone()));
+                let s = svc.clone();
+                let hit = move |key| s.fast_hit(key);
+                tokio::spawn(ready::count_opens(idx, hit, poll, stop_rx.clone()));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "no ready index; every acquire goes over the socket")
@@ -236,7 +238,7 @@ async fn serve_async(mut cfg: Config, reload: Reload) -> Result<Ending, ServeErr
     } else {
         ready::retire(&socket_path);
     }
-    let n = watch::initial(&svc, root.clone()).await?;
+    let n = folder_watch::initial(&svc, root.clone()).await?;
     if let Some(l) = metrics_listener {
         let addr = l.local_addr().map_err(ServeError::Runtime)?;
         tracing::info!(%addr, "metrics listener: /metrics, /healthz, /readyz");
@@ -247,7 +249,7 @@ async fn serve_async(mut cfg: Config, reload: Reload) -> Result<Ending, ServeErr
         "READY=1\nSTATUS=serving {n} models\nMAINPID={}",
         std::process::id()
     ));
-    tokio::spawn(watch::run(svc.clone(), root, stop_rx.clone()));
+    tokio::spawn(folder_watch::run(svc.clone(), root, stop_rx.clone()));
     tokio::spawn(heartbeat(svc.clone(), stop_rx.clone()));
     let ending = Arc::new(std::sync::Mutex::new(None::<Ending>));
     tokio::spawn(signals(stop_tx.clone(), reload, ending.clone()));
@@ -286,7 +288,7 @@ async fn serve_async(mut cfg: Config, reload: Reload) -> Result<Ending, ServeErr
     svc.queue
         .close(Duration::from_secs(cfg.limits.shutdown_grace_secs))
         .await;
-    let e = svc.engine.clone();
+    let e = svc.build_cache.clone();
     match tokio::task::spawn_blocking(move || e.flush()).await {
         Ok(Err(err)) => tracing::warn!(error = %err, "flushing the cache failed"),
         Err(err) => tracing::warn!(error = %err, "flush task failed"),
@@ -294,7 +296,7 @@ async fn serve_async(mut cfg: Config, reload: Reload) -> Result<Ending, ServeErr
     }
     tracing::info!("stopped");
     if let Some(why) = fatal.lock().unwrap_or_else(|p| p.into_inner()).take() {
-        return Err(socket_err(&cfg.socket, why));
+        return Err(socket::socket_err(&cfg.socket, why).into());
     }
     let ending = *ending.lock().unwrap_or_else(|p| p.into_inner());
     Ok(ending.unwrap_or(Ending::Stopped))

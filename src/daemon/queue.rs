@@ -6,11 +6,11 @@
 //! run on tokio's blocking pool; their outcome reaches waiters through a `watch` channel per
 //! job.
 //!
-//! With a fleet tier ([`Engine::prefetch_concurrency`] above 0) a new job first asks the
+//! With a fleet tier ([`BuildCache::prefetch_concurrency`] above 0) a new job first asks the
 //! bucket, holding no build slot (bounded apart, by the tier's own concurrency): a fetched
 //! artifact finishes the job without a build; another host's build lease is waited on by
 //! polling, no longer than the least expiry the lease claimed (capped at `lease_secs` by the
-//! engine), then the job is built here. A cancelled job stops polling at its next step.
+//! build cache), then the job is built here. A cancelled job stops polling at its next step.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify, Semaphore};
 use trtcache_client::protocol::ErrorCode;
 
-use super::engine::{CancelToken, Engine, EngineError, Handout, Planned, Prefetch};
+use super::build_cache::{BuildCache, BuildCacheError, CancelToken, Handout, Planned, Prefetch};
 use crate::key::CacheKey;
 
 /// A job's state as waiters see it.
@@ -78,12 +78,12 @@ pub struct Queue {
     inner: Mutex<Inner>,
     wake: Notify,
     slots: Arc<Semaphore>,
-    /// Bounds the fleet tier's steps ([`Engine::prefetch`]); `None` without a tier.
+    /// Bounds the fleet tier's steps ([`BuildCache::prefetch`]); `None` without a tier.
     prefetch_slots: Option<Arc<Semaphore>>,
     /// This queue, for the prefetch tasks `submit` starts.
     me: std::sync::Weak<Queue>,
     timeout: Duration,
-    engine: Arc<dyn Engine>,
+    build_cache: Arc<dyn BuildCache>,
     pub stats: QueueStats,
     /// Build time by outcome (the metrics' histogram).
     pub build_seconds: super::metrics::Durations,
@@ -92,8 +92,8 @@ pub struct Queue {
 
 impl Queue {
     /// A queue running at most `concurrency` builds, each for at most `timeout`.
-    pub fn new(engine: Arc<dyn Engine>, concurrency: usize, timeout: Duration) -> Arc<Self> {
-        let prefetch = engine.prefetch_concurrency();
+    pub fn new(cache: Arc<dyn BuildCache>, concurrency: usize, timeout: Duration) -> Arc<Self> {
+        let prefetch = cache.prefetch_concurrency();
         Arc::new_cyclic(|me| Queue {
             inner: Mutex::new(Inner::default()),
             wake: Notify::new(),
@@ -101,7 +101,7 @@ impl Queue {
             prefetch_slots: (prefetch > 0).then(|| Arc::new(Semaphore::new(prefetch))),
             me: me.clone(),
             timeout,
-            engine,
+            build_cache: cache,
             stats: QueueStats::default(),
             build_seconds: super::metrics::Durations::builds(),
             idle: Notify::new(),
@@ -196,8 +196,8 @@ impl Queue {
             let step = {
                 // Never closed; a slot per step, so a lease wait holds none while it sleeps.
                 let _slot = slots.acquire().await.ok();
-                let (engine, j) = (self.engine.clone(), job.clone());
-                tokio::task::spawn_blocking(move || engine.prefetch(&j.planned)).await
+                let (cache, j) = (self.build_cache.clone(), job.clone());
+                tokio::task::spawn_blocking(move || cache.prefetch(&j.planned)).await
             };
             match step {
                 Ok(Prefetch::Ready(h)) => return self.fetched(&job, h),
@@ -374,11 +374,11 @@ impl Queue {
         let started = Instant::now();
         job.tx.send_replace(JobStatus::Running("building"));
         tracing::info!(model = %job.planned.model.name, key = %key, backend = %job.planned.selection.backend, "build started");
-        let engine = self.engine.clone();
+        let cache = self.build_cache.clone();
         let j = job.clone();
         let handle = tokio::task::spawn_blocking(move || {
             let tx = j.tx.clone();
-            let r = engine.build(&j.planned, &j.cancel, &|p| {
+            let r = cache.build(&j.planned, &j.cancel, &|p| {
                 tx.send_replace(JobStatus::Running(p.as_str()));
             });
             // A build allocates and frees hundreds of MiB (ONNX Runtime sessions, model
@@ -397,9 +397,9 @@ impl Queue {
             Ok(Ok(r)) => r.map_err(|e| {
                 // Storage trouble is the machine's; a cancelled or changed build never ran
                 // to an answer: none of them is remembered as the model's failure.
-                transient = matches!(e, EngineError::Storage(_));
+                transient = matches!(e, BuildCacheError::Storage(_));
                 let msg = match e {
-                    EngineError::Cancelled => "the build was cancelled".into(),
+                    BuildCacheError::Cancelled => "the build was cancelled".into(),
                     ref e => e.to_string(),
                 };
                 (e.code(), msg)
@@ -414,7 +414,7 @@ impl Queue {
                 ))
             }
         };
-        let result = result.map_err(|(code, msg)| (code, super::engine::bounded_reason(&msg)));
+        let result = result.map_err(|(code, msg)| (code, super::build_cache::bounded_reason(&msg)));
         // A build that was cancelled and then failed failed because of the cancellation:
         // never memoise that.
         let result = match result {
@@ -482,26 +482,26 @@ impl Queue {
 
 #[cfg(test)]
 mod tests {
-    //! Queue semantics (order, single flight, memo) with an engine whose builds wait for a
+    //! Queue semantics (order, single flight, memo) with a build cache whose builds wait for a
     //! release token, so the order in which the queue starts them is observable.
     use std::sync::mpsc;
 
     use super::*;
-    use crate::daemon::engine::{BuildPhase, Layout, ModelEntry, Selection, Variants};
+    use crate::daemon::build_cache::{BuildPhase, Layout, ModelEntry, Selection, Variants};
 
-    struct GateEngine {
+    struct GateCache {
         started: Mutex<Vec<String>>,
         release: Mutex<mpsc::Receiver<()>>,
     }
 
-    impl Engine for GateEngine {
+    impl BuildCache for GateCache {
         fn variants(&self, _: &ModelEntry, _: &[crate::spec::Backend]) -> Variants {
             Variants::default()
         }
-        fn plan(&self, _: &ModelEntry, _: &Selection) -> Result<Planned, EngineError> {
-            Err(EngineError::Runtime("unused".into()))
+        fn plan(&self, _: &ModelEntry, _: &Selection) -> Result<Planned, BuildCacheError> {
+            Err(BuildCacheError::Runtime("unused".into()))
         }
-        fn lookup(&self, _: &Planned) -> Result<Option<Handout>, EngineError> {
+        fn lookup(&self, _: &Planned) -> Result<Option<Handout>, BuildCacheError> {
             Ok(None)
         }
         fn build(
@@ -509,14 +509,14 @@ mod tests {
             p: &Planned,
             _: &CancelToken,
             _: &dyn Fn(BuildPhase),
-        ) -> Result<Handout, EngineError> {
+        ) -> Result<Handout, BuildCacheError> {
             self.started.lock().unwrap().push(p.model.name.clone());
             let _ = self.release.lock().unwrap().recv();
-            Err(EngineError::Invalid(
+            Err(BuildCacheError::Invalid(
                 format!("{} does not build", p.model.name).into(),
             ))
         }
-        fn evict(&self, _: &CacheKey) -> Result<bool, EngineError> {
+        fn evict(&self, _: &CacheKey) -> Result<bool, BuildCacheError> {
             Ok(false)
         }
     }
@@ -553,14 +553,14 @@ mod tests {
     #[tokio::test]
     async fn client_builds_go_first_one_build_per_key_and_failures_are_memoised() {
         let (tx, rx) = mpsc::channel();
-        let engine = Arc::new(GateEngine {
+        let cache = Arc::new(GateCache {
             started: Mutex::new(Vec::new()),
             release: Mutex::new(rx),
         });
-        let q = Queue::new(engine.clone(), 1, Duration::from_secs(60));
+        let q = Queue::new(cache.clone(), 1, Duration::from_secs(60));
         tokio::spawn(q.clone().run());
         let a = q.submit(&planned("a", 1), false).unwrap();
-        while engine.started.lock().unwrap().is_empty() {
+        while cache.started.lock().unwrap().is_empty() {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let b = q.submit(&planned("b", 2), false).unwrap();
@@ -576,38 +576,38 @@ mod tests {
             let (code, _) = done(rx).await.unwrap_err();
             assert_eq!(code, ErrorCode::BuildFailed);
         }
-        assert_eq!(*engine.started.lock().unwrap(), ["a", "d", "c", "b"]);
+        assert_eq!(*cache.started.lock().unwrap(), ["a", "d", "c", "b"]);
         assert_eq!(q.stats.failures.load(Ordering::SeqCst), 4);
         // Memoised: no new build, the failure comes back at once.
         let (code, msg) = q.submit(&planned("b", 2), true).unwrap_err();
         assert_eq!(code, ErrorCode::BuildFailed);
         assert!(msg.contains("b does not build"), "{msg}");
-        assert_eq!(engine.started.lock().unwrap().len(), 4);
+        assert_eq!(cache.started.lock().unwrap().len(), 4);
         // Same key, other validation settings (a golden-only sidecar appeared): built again.
         let mut changed = planned("b", 2);
         changed.validation = 1;
         let again = q.submit(&changed, true).unwrap();
         tx.send(()).unwrap();
         done(again).await.unwrap_err();
-        assert_eq!(engine.started.lock().unwrap().len(), 5);
+        assert_eq!(cache.started.lock().unwrap().len(), 5);
         assert!(
             q.submit(&changed, true).is_err(),
             "memoised under the new settings"
         );
-        assert_eq!(engine.started.lock().unwrap().len(), 5);
+        assert_eq!(cache.started.lock().unwrap().len(), 5);
     }
 
     /// Fails with a storage error first (a full disk), then as a broken model.
-    struct FullDiskEngine(Mutex<u32>);
+    struct FullDiskCache(Mutex<u32>);
 
-    impl Engine for FullDiskEngine {
+    impl BuildCache for FullDiskCache {
         fn variants(&self, _: &ModelEntry, _: &[crate::spec::Backend]) -> Variants {
             Variants::default()
         }
-        fn plan(&self, _: &ModelEntry, _: &Selection) -> Result<Planned, EngineError> {
-            Err(EngineError::Runtime("unused".into()))
+        fn plan(&self, _: &ModelEntry, _: &Selection) -> Result<Planned, BuildCacheError> {
+            Err(BuildCacheError::Runtime("unused".into()))
         }
-        fn lookup(&self, _: &Planned) -> Result<Option<Handout>, EngineError> {
+        fn lookup(&self, _: &Planned) -> Result<Option<Handout>, BuildCacheError> {
             Ok(None)
         }
         fn build(
@@ -615,23 +615,23 @@ mod tests {
             _: &Planned,
             _: &CancelToken,
             _: &dyn Fn(BuildPhase),
-        ) -> Result<Handout, EngineError> {
+        ) -> Result<Handout, BuildCacheError> {
             let mut n = self.0.lock().unwrap();
             *n += 1;
             Err(match *n {
-                1 => EngineError::Storage("no space left on the file system holding /c".into()),
-                _ => EngineError::Invalid("broken model".into()),
+                1 => BuildCacheError::Storage("no space left on the file system holding /c".into()),
+                _ => BuildCacheError::Invalid("broken model".into()),
             })
         }
-        fn evict(&self, _: &CacheKey) -> Result<bool, EngineError> {
+        fn evict(&self, _: &CacheKey) -> Result<bool, BuildCacheError> {
             Ok(false)
         }
     }
 
     #[tokio::test]
     async fn storage_failures_are_reported_but_not_memoised() {
-        let engine = Arc::new(FullDiskEngine(Mutex::new(0)));
-        let q = Queue::new(engine.clone(), 1, Duration::from_secs(60));
+        let cache = Arc::new(FullDiskCache(Mutex::new(0)));
+        let q = Queue::new(cache.clone(), 1, Duration::from_secs(60));
         tokio::spawn(q.clone().run());
         let p = planned("a", 1);
         let (code, msg) = done(q.submit(&p, true).unwrap()).await.unwrap_err();
@@ -642,22 +642,22 @@ mod tests {
         // The next request builds again; a model failure is memoised as before.
         let (_, msg) = done(q.submit(&p, true).unwrap()).await.unwrap_err();
         assert_eq!(msg, "broken model");
-        assert_eq!(*engine.0.lock().unwrap(), 2);
+        assert_eq!(*cache.0.lock().unwrap(), 2);
         assert!(q.submit(&p, true).is_err(), "memoised");
-        assert_eq!(*engine.0.lock().unwrap(), 2);
+        assert_eq!(*cache.0.lock().unwrap(), 2);
     }
 
     #[tokio::test]
     async fn cancelling_a_queued_job_answers_its_waiters() {
         let (tx, rx) = mpsc::channel();
-        let engine = Arc::new(GateEngine {
+        let cache = Arc::new(GateCache {
             started: Mutex::new(Vec::new()),
             release: Mutex::new(rx),
         });
-        let q = Queue::new(engine.clone(), 1, Duration::from_secs(60));
+        let q = Queue::new(cache.clone(), 1, Duration::from_secs(60));
         tokio::spawn(q.clone().run());
         let a = q.submit(&planned("a", 1), false).unwrap();
-        while engine.started.lock().unwrap().is_empty() {
+        while cache.started.lock().unwrap().is_empty() {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let b = q.submit(&planned("b", 2), false).unwrap();
@@ -665,7 +665,7 @@ mod tests {
         assert_eq!(done(b).await.unwrap_err().0, ErrorCode::Cancelled);
         tx.send(()).unwrap();
         done(a).await.unwrap_err();
-        assert_eq!(*engine.started.lock().unwrap(), ["a"]);
+        assert_eq!(*cache.started.lock().unwrap(), ["a"]);
         assert!(
             q.failure(&CacheKey([2; 32])).is_none(),
             "a cancellation is not a failure"
@@ -675,20 +675,20 @@ mod tests {
     #[tokio::test]
     async fn a_cancelled_running_job_is_replaced_not_joined() {
         let (tx, rx) = mpsc::channel();
-        let engine = Arc::new(GateEngine {
+        let cache = Arc::new(GateCache {
             started: Mutex::new(Vec::new()),
             release: Mutex::new(rx),
         });
-        let q = Queue::new(engine.clone(), 2, Duration::from_secs(60));
+        let q = Queue::new(cache.clone(), 2, Duration::from_secs(60));
         tokio::spawn(q.clone().run());
         let old = q.submit(&planned("a", 1), false).unwrap();
-        while engine.started.lock().unwrap().is_empty() {
+        while cache.started.lock().unwrap().is_empty() {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         // The file is replaced by identical bytes: same key, the old build is cancelled.
         q.cancel(&CacheKey([1; 32]));
         let new = q.submit(&planned("a", 1), false).unwrap();
-        while engine.started.lock().unwrap().len() < 2 {
+        while cache.started.lock().unwrap().len() < 2 {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         tx.send(()).unwrap();
@@ -696,7 +696,7 @@ mod tests {
         assert_eq!(done(old).await.unwrap_err().0, ErrorCode::Cancelled);
         assert_eq!(done(new).await.unwrap_err().0, ErrorCode::BuildFailed);
         assert_eq!(
-            engine.started.lock().unwrap().len(),
+            cache.started.lock().unwrap().len(),
             2,
             "the replacement job ran"
         );

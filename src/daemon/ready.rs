@@ -1,10 +1,12 @@
 //! The ready index (`<socket>.ready/`, format and the consumer's checks in
 //! [`trtcache_client::ready`]): one pointer file per model whose default artifact is ready,
 //! so that a local consumer opens it without a round trip on the socket. This module owns the
-//! folder: it empties it at start, keeps it equal to what [`Service::ready_pointers`] says
-//! (rewritten with a rename when a pointer changes, removed when an artifact stops being
-//! served or a file of its model changes), empties it again at shutdown, and counts every
-//! open of a pointer (an inotify watch) as a hit of its artifact ([`Service::fast_hit`]).
+//! folder: it empties it at start, keeps it equal to the [`Wanted`] pointers it is handed on
+//! each pass (rewritten with a rename when a pointer changes, removed when an artifact stops
+//! being served or a file of its model changes), empties it again at shutdown, and reports
+//! every open of a pointer (an inotify watch) as a hit of its artifact. It knows nothing of
+//! the service: the daemon hands [`publish`] a function that returns the pointers (the
+//! service's `ready_pointers`) and [`count_opens`] one that counts a hit.
 //!
 //! Who may write it: only the daemon's user, who owns the socket. Consumers trust the folder
 //! only when it is a real folder owned by the socket's owner that nobody else may write, and
@@ -23,9 +25,10 @@
 //! A pointer that cannot be written, or a folder that cannot be made, is logged when that
 //! first happens and when it ends, never once per pass.
 //!
-//! Enters: the socket path, the service, repository events. Leaves: files in the folder, hits.
+//! Enters: the socket path, [`Wanted`] pointers, repository events. Leaves: files in the
+//! folder, the keys of opened pointers.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::AsRawFd;
@@ -36,10 +39,26 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use trtcache_client::protocol::valid_model_name;
-use trtcache_client::ready::{ready_dir, ReadySource, READY_LOCK};
+use trtcache_client::ready::{ready_dir, ReadyPointer, ReadySource, READY_LOCK};
 
-use super::service::{DefaultSelections, Published as Wanted, Service};
 use crate::spec::CacheKey;
+
+/// A model's pointer as the daemon wants it published, and what the daemon checks for it.
+pub struct Wanted {
+    pub key: CacheKey,
+    /// What consumers read (its `sources`: the bounded set they check).
+    pub pointer: ReadyPointer,
+    /// Every file of the model (and the paths that must stay absent), as scanned.
+    pub watched: Vec<ReadySource>,
+}
+
+/// Wanted pointers by model name.
+pub type Pointers = BTreeMap<String, Wanted>;
+
+/// One pass's pointers (see [`publish`]): with `full`, every model's; else only those of the
+/// models whose pointer may have changed since the last pass, with their names as the scope
+/// (a model in the scope without a pointer has none now).
+pub type Scoped = (Option<BTreeSet<String>>, Pointers);
 
 /// Prefix of a pointer being written (hidden: never a model name, never counted). The rest
 /// of its name is a number, so that every valid model name (up to 255 bytes, the file
@@ -574,35 +593,33 @@ fn clear_dir(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Keeps the index equal to the state until `stop`: after every change signal (bursts are
-/// taken together) and every `recheck` (`limits.ready_recheck_secs`; `None`: only on
-/// changes).
-pub async fn publish(
-    svc: Arc<Service>,
+/// Keeps the index equal to what `wanted` returns until `stop`: after every change signal
+/// (bursts are taken together) and every `recheck` (`limits.ready_recheck_secs`; `None`:
+/// only on changes). `wanted(full)` runs on the blocking pool (it may stat model folders).
+pub async fn publish<F>(
     idx: Arc<ReadyIndex>,
+    wanted: F,
     recheck: Option<Duration>,
     mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    let mut sels = DefaultSelections::new();
+) where
+    F: Fn(bool) -> Scoped + Send + Sync + 'static,
+{
+    let wanted = Arc::new(wanted);
     // The first pass and the periodic recheck look at every model; a change signal, at the
-    // models the service marked (see `Service::ready_pointers`).
+    // models marked since the last pass.
     let mut full = true;
     loop {
         let pass = {
-            let (svc, idx) = (svc.clone(), idx.clone());
-            let mut s = std::mem::take(&mut sels);
+            let (wanted, idx) = (wanted.clone(), idx.clone());
             tokio::task::spawn_blocking(move || {
-                svc.catch_up_with_the_cache();
-                let (scope, pointers) = svc.ready_pointers(&mut s, full);
+                let (scope, pointers) = wanted(full);
                 let want = pointers.into_iter().collect();
-                let again = idx.reconcile(want, scope.as_ref()) && scope.is_some();
-                (s, again)
+                idx.reconcile(want, scope.as_ref()) && scope.is_some()
             })
         };
         let mut retry_full = false;
         match pass.await {
-            Ok((s, again)) => {
-                sels = s;
+            Ok(again) => {
                 if again {
                     full = true;
                     continue;
@@ -626,7 +643,7 @@ pub async fn publish(
     }
 }
 
-/// Counts every open of a pointer as a hit of the artifact it names, until `stop`. Opens of
+/// Reports every open of a pointer to `hit` with the key it names, until `stop`. Opens of
 /// temp files and of the folder itself are not hits; an overflowing event queue loses some
 /// counts (logged), never correctness. A folder deleted by hand ends its watch; the watch is
 /// added again once the publisher has made the folder again.
@@ -641,8 +658,8 @@ pub async fn publish(
 /// closes are watched too: a consumer's open and close alternate and each open stays one
 /// event; two opens of one pointer at the same moment (before either closes) may count once.
 pub async fn count_opens(
-    svc: Arc<Service>,
     idx: Arc<ReadyIndex>,
+    hit: impl Fn(CacheKey),
     poll: Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -714,7 +731,7 @@ pub async fn count_opens(
                     continue;
                 };
                 if let Some(key) = idx.key_of(name) {
-                    svc.fast_hit(key);
+                    hit(key);
                 }
             }
         }

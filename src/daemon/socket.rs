@@ -15,8 +15,22 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch as tokio_watch};
 
-use super::{socket_err, ServeError};
 use crate::config::Config;
+
+/// The socket could not be bound, set up or kept (the daemon does not start, or stops).
+#[derive(Debug, thiserror::Error)]
+#[error("socket {path}: {message}")]
+pub struct SocketError {
+    pub path: PathBuf,
+    pub message: String,
+}
+
+pub(super) fn socket_err(path: &Path, message: impl Into<String>) -> SocketError {
+    SocketError {
+        path: path.to_path_buf(),
+        message: message.into(),
+    }
+}
 
 /// A socket file by identity: what [`bind`] created.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,7 +53,7 @@ impl SocketId {
 /// Binds the configured socket path: refuses when a live daemon answers there, replaces a
 /// stale socket file, then applies the mode and group. Returns the listener and the file's
 /// identity.
-pub fn bind(cfg: &Config) -> Result<(std::os::unix::net::UnixListener, SocketId), ServeError> {
+pub fn bind(cfg: &Config) -> Result<(std::os::unix::net::UnixListener, SocketId), SocketError> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     let path = &cfg.socket;
     if let Some(dir) = path.parent() {
@@ -65,7 +79,7 @@ pub fn bind(cfg: &Config) -> Result<(std::os::unix::net::UnixListener, SocketId)
         .map_err(|e| socket_err(path, e.to_string()))?;
     // From here on a failure (mode, group) removes the file again: a failed start leaves
     // no socket behind for clients to find.
-    let setup = || -> Result<SocketId, ServeError> {
+    let setup = || -> Result<SocketId, SocketError> {
         let id = SocketId::at(path).map_err(|e| socket_err(path, e.to_string()))?;
         let mode = cfg
             .socket_mode_bits()

@@ -364,3 +364,74 @@ fn the_daemon_serves_float16_outputs_a_fusion_moves_by_a_step() {
     assert!(reason.contains("over tolerance"), "{reason}");
     assert!(d.stop());
 }
+
+/// A model's sidecar is read when the watcher brings the model in (on the blocking pool) and
+/// kept with its state: an acquire reads no sidecar. Rewritten into something that does not
+/// parse and not yet settled by the watcher (a debounce far longer than the test, no periodic
+/// rescan), the sidecar changes nothing: acquires are served with the plan of the settled
+/// one (a daemon that parsed the sidecar on every acquire planned a selection without the
+/// profile and failed). Once a `rescan` settles it, the model is what the new sidecar says.
+#[test]
+fn an_acquire_reads_no_sidecar_until_the_watcher_brings_its_change() {
+    use trtcache::fixtures::models;
+    use trtcache_client::protocol::AcquireRequest;
+    let mut d = Daemon::new();
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(
+        d.config(),
+        cfg.replace("debounce_ms = 150", "debounce_ms = 600000")
+            .replace("rescan_secs = 2", "rescan_secs = 0"),
+    )
+    .unwrap();
+    // Every file with a modification time an hour back, so that a rescan takes the model as
+    // settled without waiting a debounce.
+    let age = |p: &std::path::Path| {
+        std::fs::File::options()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_modified(std::time::SystemTime::now() - Duration::from_secs(3600))
+            .unwrap()
+    };
+    let graph = d.models().join("fixed.onnx");
+    write(&models::tiny_encoder(false), &graph).unwrap();
+    age(&graph);
+    let sidecar = d.models().join("fixed.trtcache.toml");
+    std::fs::write(&sidecar, "[profiles.serve]\nopt = \"x:1x6x64\"\n").unwrap();
+    age(&sidecar);
+    d.start();
+    d.wait_settled(&["fixed"]);
+    // Over the socket (the ready index would answer a plain `acquire_model` without it).
+    let acquire = |d: &Daemon| {
+        d.client().acquire(&AcquireRequest {
+            model: "fixed".into(),
+            ..Default::default()
+        })
+    };
+    let art = acquire(&d).unwrap();
+    assert_eq!(art.metadata.profile, "serve");
+    let key = art.metadata.key.clone();
+
+    std::fs::write(&sidecar, "[profiles.serve\nnot toml").unwrap();
+    age(&sidecar);
+    for _ in 0..3 {
+        let art = acquire(&d).unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+        assert_eq!(
+            (art.metadata.profile.as_str(), art.metadata.key.as_str()),
+            ("serve", key.as_str())
+        );
+    }
+    let status = d.client().status("fixed").unwrap();
+    assert_eq!(status.variants.len(), 1, "{status:?}");
+    assert_eq!(status.variants[0].profile, "serve", "{status:?}");
+
+    // Settled by a rescan: the model is planned from the sidecar it has now, which does not
+    // parse, so it serves nothing.
+    let report = d.client().rescan().unwrap();
+    assert!(
+        report.models.iter().any(|m| m.name == "fixed" && m.settled),
+        "{report:?}"
+    );
+    assert!(acquire(&d).is_err(), "{}", d.log());
+    assert!(d.stop());
+}

@@ -1,16 +1,16 @@
-//! The fleet tier's step of [`CachedEngine`] (its [`Engine::prefetch`]): asked by the
+//! The fleet tier's step of [`DiskBuildCache`] (its [`BuildCache::prefetch`]): asked by the
 //! queue before a job may take a build slot. Fetches (checked in the build worker), or says
 //! another host holds the key's build lease; the request and key parts of a waiting key are
 //! kept between polls.
 
 use trtcache_client::protocol::Origin;
 
-use super::super::engine::{Planned, Prefetch};
-use super::CachedEngine;
+use super::super::build_cache::{Planned, Prefetch};
+use super::DiskBuildCache;
 use crate::cache::{Lookup, Store};
 
-impl CachedEngine {
-    /// [`Engine::prefetch`]: one step of the fleet tier for `planned`, on the repository's
+impl DiskBuildCache {
+    /// [`BuildCache::prefetch`]: one step of the fleet tier for `planned`, on the repository's
     /// file (no snapshot: the tier's key check compares the parts with the planned key).
     pub(super) fn remote_step(&self, planned: &Planned) -> Prefetch {
         let Some(tier) = self.remote.as_ref() else {

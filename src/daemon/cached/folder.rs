@@ -1,4 +1,4 @@
-//! The cache folder a [`super::CachedEngine`] serves from, and what it opened there: the
+//! The cache folder a [`super::DiskBuildCache`] serves from, and what it opened there: the
 //! store and the builders over it. An operator's `rm -rf CACHE` (or a folder moved or
 //! replaced) under a running daemon would otherwise leave it writing into deleted files
 //! without lock or index, recreating a folder without an index the next start refuses (a
@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
-use super::super::engine::EngineError;
+use super::super::build_cache::BuildCacheError;
 use super::store_err;
 use crate::build::{Builder, WorkerLimits};
 use crate::cache::{SledStore, Store, StoreOptions};
@@ -71,7 +71,7 @@ impl CacheFolder {
         ort_library: Option<&Path>,
         worker: WorkerLimits,
         max_bytes: u64,
-    ) -> Result<Arc<CacheFolder>, EngineError> {
+    ) -> Result<Arc<CacheFolder>, BuildCacheError> {
         let ort_library = ort_library.map(Path::to_path_buf);
         let opened = open_once(dir, &ort_library, &worker, max_bytes, false)?;
         Ok(Arc::new(CacheFolder {
@@ -93,12 +93,12 @@ impl CacheFolder {
         self.max_bytes
     }
 
-    /// Fresh caches opened since the first ([`super::Engine::generation`]).
+    /// Fresh caches opened since the first ([`super::BuildCache::generation`]).
     pub(super) fn generation(&self) -> u64 {
         self.generation.load(Ordering::SeqCst)
     }
 
-    /// Checks the folder every `every` on a thread of its own, for as long as the engine
+    /// Checks the folder every `every` on a thread of its own, for as long as the build cache
     /// lives, so that an idle daemon notices too.
     pub(super) fn watch(self: &Arc<Self>, every: Duration) {
         let weak: Weak<CacheFolder> = Arc::downgrade(self);
@@ -214,7 +214,7 @@ fn open_once(
     worker: &WorkerLimits,
     max_bytes: u64,
     again: bool,
-) -> Result<Opened, EngineError> {
+) -> Result<Opened, BuildCacheError> {
     let opts = StoreOptions {
         max_bytes: Some(max_bytes),
     };

@@ -18,7 +18,7 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use super::super::engine::{EngineError, ModelEntry};
+use super::super::build_cache::{BuildCacheError, ModelEntry};
 use crate::cache::StoreError;
 use crate::key::memo::FileId;
 use crate::onnx::Model;
@@ -34,11 +34,11 @@ fn identity<'a>(files: impl IntoIterator<Item = &'a Path>) -> Vec<Option<FileId>
 
 /// Copies a model's graph and external-data files into `dir` (see the module docs) and
 /// returns the copy's graph path. Files are read with plain reads; a file that changes while
-/// it is copied is reported as [`EngineError::Changed`] (the key check would catch the mixed
+/// it is copied is reported as [`BuildCacheError::Changed`] (the key check would catch the mixed
 /// copy anyway).
-pub(super) fn snapshot(model: &ModelEntry, dir: &Path) -> Result<PathBuf, EngineError> {
+pub(super) fn snapshot(model: &ModelEntry, dir: &Path) -> Result<PathBuf, BuildCacheError> {
     let changed = |why: String| {
-        EngineError::Changed(
+        BuildCacheError::Changed(
             format!("`{}` changed since it was planned ({why})", model.name).into(),
         )
     };
@@ -56,7 +56,7 @@ pub(super) fn snapshot(model: &ModelEntry, dir: &Path) -> Result<PathBuf, Engine
     // read-only or failing file system, the folder deleted) is the cache's condition,
     // reported as such and never remembered as the model's failure.
     let full = |what: &Path, e: io::Error| {
-        EngineError::Storage(
+        BuildCacheError::Storage(
             format!(
                 "staging a copy of {} for the build: {}",
                 what.display(),
@@ -79,7 +79,7 @@ pub(super) fn snapshot(model: &ModelEntry, dir: &Path) -> Result<PathBuf, Engine
         match copy_sparse(&f.path, &to, free_bytes(dir)) {
             Ok(()) => {}
             Err(Staging::TooBig { data, free }) => {
-                return Err(EngineError::Invalid(
+                return Err(BuildCacheError::Invalid(
                     format!(
                         "{}: staging a copy for the build needs {data} bytes (the file's data, holes left out) but the cache's file system has {free} bytes free ({}); free space there or give the cache a larger file system",
                         f.path.display(),

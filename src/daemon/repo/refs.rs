@@ -16,7 +16,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
-use super::FileStamp;
+use super::stamp::FileStamp;
 
 /// Remembered answers, by graph path: the stamp they were read at and the files.
 type Memo = HashMap<PathBuf, (FileStamp, Vec<PathBuf>)>;

@@ -7,19 +7,25 @@
 //!
 //! Enters: the request's fields. Leaves: protocol reports, or a typed failure.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use trtcache_client::protocol::{CacheGcReport, CacheVerifyReport, ErrorCode};
 
-use super::{fail, Failure, Service};
+use super::Service;
 use crate::cache::{KeyPrefixError, Store};
+use crate::daemon::failure::{fail, Failure};
+use crate::daemon::watch_stream::Change;
 use crate::spec::CacheKey;
 
 impl Service {
     fn store(&self) -> Result<Arc<dyn Store>, Failure> {
-        self.engine
-            .store()
-            .ok_or_else(|| fail(ErrorCode::Internal, "this daemon's engine has no cache"))
+        self.build_cache.store().ok_or_else(|| {
+            fail(
+                ErrorCode::Internal,
+                "this daemon's build cache has no store",
+            )
+        })
     }
 
     fn cache_dir(&self) -> String {
@@ -45,6 +51,49 @@ impl Service {
         }
         drop(st);
         self.ready_changed();
+    }
+
+    /// Evicts a model's artifacts (every plan of every version) or one key.
+    pub async fn evict(&self, model: Option<&str>, key: Option<&str>) -> Result<u64, Failure> {
+        let mut keys = Vec::new();
+        if let Some(k) = key {
+            keys.push(CacheKey::parse(k).map_err(|e| fail(ErrorCode::BadRequest, e.to_string()))?);
+        }
+        if let Some(m) = model {
+            self.entry(m, None)?;
+            let st = self.lock();
+            if let Some(ms) = st.models.get(m) {
+                keys.extend(
+                    ms.plans
+                        .values()
+                        .filter_map(|p| p.as_ref().ok().map(|p| p.key)),
+                );
+            }
+        }
+        let mut removed = 0;
+        for k in keys {
+            let was_ready = self.lock().forget_ready(&k);
+            self.ready_changed();
+            self.queue.forget_failure(&k);
+            let cache = self.build_cache.clone();
+            let gone = tokio::task::spawn_blocking(move || cache.evict(&k))
+                .await
+                .map_err(|e| fail(ErrorCode::Internal, e.to_string()))?
+                .map_err(|e| fail(ErrorCode::Internal, e.to_string()))?;
+            if was_ready || gone {
+                // After the store forgot it: a watcher that acquires on this event gets a
+                // fresh build, not the evicted files.
+                self.announce(&mut self.lock(), k, Change::Evicted);
+            }
+            if gone {
+                tracing::info!(key = %k, model = ?model, "evicted by request");
+            }
+            removed += gone as u64;
+        }
+        self.counters
+            .evictions_requested
+            .fetch_add(removed, Ordering::Relaxed);
+        Ok(removed)
     }
 
     /// Every record, as `trtcache ls --json` prints it.

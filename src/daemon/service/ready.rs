@@ -1,45 +1,32 @@
-//! What the ready index ([`super::super::ready`]) publishes: for every model, the artifact a
+//! What the ready index ([`crate::daemon::ready`]) publishes: for every model, the artifact a
 //! plain acquire (no profile, backend or version named) would hand out right now without
-//! waiting, as a [`ReadyPointer`]; and the count of consumers who opened one
-//! ([`Service::fast_hit`]), which the store's LRU order sees like any other hit.
+//! waiting, as a [`ReadyPointer`] in a plain [`Wanted`] the index is handed; and the count of
+//! consumers who opened one ([`Service::fast_hit`]), which the store's LRU order sees like
+//! any other hit.
 //!
 //! A pointer names a bounded set of the model's files for consumers to check (its graph, its
 //! sidecar or the sidecar's absence, Triton's `config.pbtxt`, its folder): a consumer's
 //! checks cost the same for a model of one file and one of 3,000 external-data files. Every
 //! other file of the model (external data, whatever the scan fingerprinted) is the daemon's
-//! to check: [`Published::watched`] lists them all, the index is written only while each
+//! to check: [`Wanted::watched`] lists them all, the index is written only while each
 //! still has the scanned stamp, and a repository event on one of them removes the pointer at
 //! once (`ReadyIndex::touched`), before the watcher settles the change.
 //!
 //! Enters: the state (models, plans, ready artifacts). Leaves: pointers by model name.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime};
 
 use trtcache_client::ready::{ReadyFile, ReadyPointer, ReadySource};
 
-use super::{Service, State, TOUCH_EVERY};
-use crate::daemon::engine::{Handout, Layout, ModelEntry, Selection};
+use super::state::{ModelState, State};
+use super::{Service, TOUCH_EVERY};
+use crate::daemon::build_cache::{Handout, Layout, ModelEntry, Selection};
+use crate::daemon::ready::{Scoped, Wanted};
 use crate::daemon::repo::FileStamp;
 use crate::spec::CacheKey;
-
-/// A model's pointer and what the daemon checks for it ([`Service::ready_pointers`]).
-pub struct Published {
-    pub key: CacheKey,
-    /// What consumers read (its `sources`: the bounded set they check).
-    pub pointer: ReadyPointer,
-    /// Every file of the model (and the paths that must stay absent), as scanned.
-    pub watched: Vec<ReadySource>,
-}
-
-/// Pointers by model name.
-pub type Pointers = BTreeMap<String, Published>;
-
-/// Each model's default selection, by the model generation it was computed for
-/// ([`Service::ready_pointers`] reads a model's sidecar only when the model changed).
-pub type DefaultSelections = HashMap<String, (u64, Selection)>;
 
 fn ns(t: SystemTime) -> Option<i128> {
     t.duration_since(SystemTime::UNIX_EPOCH)
@@ -133,26 +120,24 @@ fn pointer(entry: &ModelEntry, a: &Handout, sources: Vec<ReadySource>) -> Option
 
 impl Service {
     /// Every model's pointer: its served version's default variant when that is planned and
-    /// ready. `sels` keeps the default selections between calls. With `full` false, only the
-    /// models whose pointer may have changed since the last call are looked at, and their
-    /// names come back as the scope (a model in it without a pointer has none now): a build
-    /// costs the index what its models need, not a pass over the repository.
-    pub fn ready_pointers(
-        &self,
-        sels: &mut DefaultSelections,
-        full: bool,
-    ) -> (Option<BTreeSet<String>>, Pointers) {
+    /// ready. With `full` false, only the models whose pointer may have changed since the
+    /// last call are looked at, and their names come back as the scope (a model in it without
+    /// a pointer has none now): a build costs the index what its models need, not a pass over
+    /// the repository. Blocking: it stats model folders.
+    pub fn ready_pointers(&self, full: bool) -> Scoped {
         let root = self.cfg.models.clone();
         let (scope, models) = {
             let mut st = self.lock();
             let dirty = std::mem::take(&mut st.ready_dirty);
-            let one = |(name, m): (&String, &super::ModelState)| {
+            // The default selection, from what the model serves (kept with its state).
+            let one = |(name, m): (&String, &ModelState)| {
                 let entry = m.repo.served()?.clone();
                 let sources: Option<Vec<ReadySource>> =
                     m.repo.fingerprint.iter().map(source).collect();
-                Some((name.clone(), m.generation, entry, sources?))
+                let sel = self.selection_for(&m.variants, None, None);
+                Some((name.clone(), sel, entry, sources?))
             };
-            let models: Vec<(String, u64, ModelEntry, Vec<ReadySource>)> = if full {
+            let models: Vec<(String, Selection, ModelEntry, Vec<ReadySource>)> = if full {
                 st.models.iter().filter_map(one).collect()
             } else {
                 dirty
@@ -163,27 +148,8 @@ impl Service {
             };
             ((!full).then_some(dirty), models)
         };
-        // (A set: a pass over 100,000 models once compared every pair of names here.)
-        let have: std::collections::HashSet<&str> =
-            models.iter().map(|(n, ..)| n.as_str()).collect();
-        match &scope {
-            None => sels.retain(|name, _| have.contains(name.as_str())),
-            Some(names) => {
-                for n in names.iter().filter(|n| !have.contains(n.as_str())) {
-                    sels.remove(n);
-                }
-            }
-        }
         let mut todo = Vec::with_capacity(models.len());
-        for (name, generation, entry, mut sources) in models {
-            let sel = match sels.get(&name) {
-                Some((g, sel)) if *g == generation => sel.clone(),
-                _ => {
-                    let sel = self.selection_for(&entry, None, None);
-                    sels.insert(name.clone(), (generation, sel.clone()));
-                    sel
-                }
-            };
+        for (name, sel, entry, mut sources) in models {
             if entry.sidecar.is_none() {
                 sources.push(ReadySource {
                     path: sidecar_path(&root, &entry),
@@ -219,7 +185,7 @@ impl Service {
             if let Some(pointer) = pointer(&entry, a, checked) {
                 out.insert(
                     name,
-                    Published {
+                    Wanted {
                         key: p.key,
                         pointer,
                         watched,

@@ -16,60 +16,18 @@
 
 mod pbtxt;
 mod refs;
+mod skipped;
+mod stamp;
+
+pub use skipped::{Skipped, Warned};
+pub use stamp::{FileStamp, Fingerprint};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use super::engine::{Layout, ModelEntry};
-
-/// What the watcher compares of each file a model version is made of, sorted by path.
-pub type Fingerprint = Vec<FileStamp>;
-
-/// One file's size, mtime, ctime and mode. ctime and mode are in it so that a `chmod` (a
-/// model that was unreadable made readable) counts as a change and the model is planned
-/// again, though its content and mtime are the same.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct FileStamp {
-    pub path: PathBuf,
-    pub size: u64,
-    pub mtime: Option<SystemTime>,
-    pub ctime_ns: i128,
-    pub mode: u32,
-}
-
-impl FileStamp {
-    /// The stamp of `p` (following links, as the build reads it); `None` when it cannot be
-    /// stat'ed.
-    pub fn of(p: &Path) -> Option<FileStamp> {
-        use std::os::unix::fs::MetadataExt;
-        let m = fs::metadata(p).ok()?;
-        Some(FileStamp {
-            path: p.to_path_buf(),
-            size: m.len(),
-            mtime: m.modified().ok(),
-            ctime_ns: m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
-            mode: m.mode(),
-        })
-    }
-
-    /// The stamp of a file a model names that does not exist (yet): no time, no mode.
-    pub fn missing(p: &Path) -> FileStamp {
-        FileStamp {
-            path: p.to_path_buf(),
-            size: 0,
-            mtime: None,
-            ctime_ns: 0,
-            mode: 0,
-        }
-    }
-
-    /// Whether this is [`FileStamp::missing`]'s.
-    pub fn is_missing(&self) -> bool {
-        self.mtime.is_none() && self.mode == 0
-    }
-}
+use super::build_cache::{Layout, ModelEntry};
 
 /// One model with every version present.
 #[derive(Clone, Debug, PartialEq)]
@@ -110,13 +68,6 @@ impl RepoModel {
 
 /// A scan of the whole repository, by name.
 pub type Snapshot = BTreeMap<String, RepoModel>;
-
-/// An entry of the repository that is not (part of) a model, and why.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Skipped {
-    pub path: PathBuf,
-    pub reason: String,
-}
 
 /// Everything one scan found.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -1,8 +1,8 @@
 //! Watch subscriptions (`watch` requests): long-running consumers hear when a model's ready
-//! artifact changes instead of polling `status`. (`super::watch` is the other watcher: the
+//! artifact changes instead of polling `status`. (`super::folder_watch` is the other watcher: the
 //! one on the model folder.)
 //!
-//! Enters: [`WatchEvent`]s that [`super::service::Service`] publishes, always with its state
+//! Enters: [`WatchEvent`]s that the service publishes, always with its state
 //! lock held, from the one place each kind of change happens (`announce` for a variant
 //! becoming ready, evicted or failed; `register` for a model changed or removed), onto one
 //! tokio broadcast channel. Leaves: `watch_event` frames on each subscribed connection,
@@ -22,7 +22,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use trtcache_client::protocol::*;
 
 use super::conn::{error, Connection};
-use super::service::Failure;
+use super::failure::Failure;
 use crate::config::Limits;
 use crate::spec::CacheKey;
 

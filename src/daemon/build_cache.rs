@@ -1,8 +1,9 @@
-//! What the daemon needs from the build and cache stages, as one small trait. The daemon owns
-//! the repository, the queue and the socket; an [`Engine`] owns keys, builds, validation and
-//! storage. Models enter as [`ModelEntry`] (a file in the repository) plus a [`Selection`]
-//! (profile/backend/precision); they leave as a [`Handout`]: wire metadata plus the paths
-//! of its files, graph first. Every method blocks (hashing, building, fsync): the daemon calls
+//! What the daemon needs from the build and cache stages, as one small trait: [`BuildCache`]
+//! (it plans keys, looks artifacts up, builds and stores them; it is not a TensorRT engine).
+//! The daemon owns the repository, the queue and the socket; a [`BuildCache`] owns keys,
+//! builds, validation and storage. Models enter as [`ModelEntry`] (a file in the repository)
+//! plus a [`Selection`] (profile/backend/precision); they leave as a [`Handout`]: wire
+//! metadata plus the paths of its files, graph first. Every method blocks (hashing, building, fsync): the daemon calls
 //! them through `spawn_blocking`.
 
 use std::path::PathBuf;
@@ -86,17 +87,17 @@ pub struct Handout {
     /// The files, graph first, then external data.
     pub paths: Vec<PathBuf>,
     /// Identity of each file (same order) when its content was last known good; empty when
-    /// the engine does not track it. The daemon compares the descriptors it is about to hand
-    /// out against these (one `fstat` each) and asks the engine again on any difference. A
+    /// the build cache does not track it. The daemon compares the descriptors it is about to hand
+    /// out against these (one `fstat` each) and asks the build cache again on any difference. A
     /// write always changes device, inode, size, mtime or ctime (ctime cannot be set back
     /// from user space); bit rot on the medium changes none of them, which is what hashing
-    /// (`trtcache verify`, and the engine's check when it loads an artifact) is for.
+    /// (`trtcache verify`, and the build cache's check when it loads an artifact) is for.
     pub stamps: Vec<FileId>,
     /// Where it came from (`status` shows it).
     pub origin: Origin,
 }
 
-/// What the fleet tier answers before a local build ([`Engine::prefetch`]), asked without a
+/// What the fleet tier answers before a local build ([`BuildCache::prefetch`]), asked without a
 /// build slot.
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)] // one per step of a job
@@ -188,15 +189,15 @@ pub fn bounded_reason(s: &str) -> String {
     format!("{}{CUT}{}", &clean[..head], &clean[tail..])
 }
 
-/// The cause behind an [`EngineError`]: the build, plan, key or store stage's own typed error
+/// The cause behind a [`BuildCacheError`]: the build, plan, key or store stage's own typed error
 /// (downcast to it), or a message.
 pub type Cause = Box<dyn std::error::Error + Send + Sync>;
 
 /// Errors of the build and cache stages as the daemon sees them: a class (what the daemon
 /// does about it) over the stage's typed cause.
 #[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    /// The selection names a profile or backend this model or engine does not have.
+pub enum BuildCacheError {
+    /// The selection names a profile or backend this model or build cache does not have.
     #[error("{0}")]
     NotFound(Cause),
     /// The model cannot be built or failed validation (memoised until it changes).
@@ -223,17 +224,17 @@ pub enum EngineError {
     },
 }
 
-impl EngineError {
+impl BuildCacheError {
     /// The wire's code for this error: the one mapping the queue, the socket and `warm` use.
     pub fn code(&self) -> ErrorCode {
         match self {
-            EngineError::NotFound(_) => ErrorCode::NotFound,
+            BuildCacheError::NotFound(_) => ErrorCode::NotFound,
             // A changed model is planned again, as a cancelled build is asked again.
-            EngineError::Cancelled | EngineError::Changed(_) => ErrorCode::Cancelled,
-            EngineError::Invalid(_)
-            | EngineError::Runtime(_)
-            | EngineError::Storage(_)
-            | EngineError::Io { .. } => ErrorCode::BuildFailed,
+            BuildCacheError::Cancelled | BuildCacheError::Changed(_) => ErrorCode::Cancelled,
+            BuildCacheError::Invalid(_)
+            | BuildCacheError::Runtime(_)
+            | BuildCacheError::Storage(_)
+            | BuildCacheError::Io { .. } => ErrorCode::BuildFailed,
         }
     }
 
@@ -242,26 +243,28 @@ impl EngineError {
     pub fn transient(&self) -> bool {
         matches!(
             self,
-            EngineError::Storage(_) | EngineError::Cancelled | EngineError::Changed(_)
+            BuildCacheError::Storage(_) | BuildCacheError::Cancelled | BuildCacheError::Changed(_)
         )
     }
 
     /// Wraps an I/O error with its path.
     pub fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
         let path = path.into();
-        move |error| EngineError::Io { path, error }
+        move |error| BuildCacheError::Io { path, error }
     }
 }
 
 /// The build and cache stages, seen from the daemon.
-pub trait Engine: Send + Sync + 'static {
+pub trait BuildCache: Send + Sync + 'static {
     /// The selections built in the background for a model (one per configured backend and
     /// per profile the model declares) and its default profile, from one read of its sidecar.
+    /// The daemon calls it when a model is registered (on the blocking pool) and keeps the
+    /// result with the model's state, so no request reads the sidecar.
     fn variants(&self, model: &ModelEntry, backends: &[Backend]) -> Variants;
     /// Key and plan for a model file and a selection; blocking (hashes the file).
-    fn plan(&self, model: &ModelEntry, sel: &Selection) -> Result<Planned, EngineError>;
+    fn plan(&self, model: &ModelEntry, sel: &Selection) -> Result<Planned, BuildCacheError>;
     /// A ready, validated artifact for this key, after cheap integrity checks.
-    fn lookup(&self, planned: &Planned) -> Result<Option<Handout>, EngineError>;
+    fn lookup(&self, planned: &Planned) -> Result<Option<Handout>, BuildCacheError>;
     /// Builds, validates and stores; observes `cancel`; reports phases through `progress`.
     /// Leaves no temporary files behind, whether it succeeds, fails or is cancelled.
     fn build(
@@ -269,13 +272,13 @@ pub trait Engine: Send + Sync + 'static {
         planned: &Planned,
         cancel: &CancelToken,
         progress: &dyn Fn(BuildPhase),
-    ) -> Result<Handout, EngineError>;
+    ) -> Result<Handout, BuildCacheError>;
     /// Why the fleet tier is unreachable, while it is (see
     /// [`crate::remote::RemoteTier::down`]).
     fn remote_down(&self) -> Option<String> {
         None
     }
-    /// How many [`Engine::prefetch`] calls may run at once; 0 (the default): the engine has
+    /// How many [`BuildCache::prefetch`] calls may run at once; 0 (the default): the build cache has
     /// no fleet tier and the queue never calls it.
     fn prefetch_concurrency(&self) -> usize {
         0
@@ -288,8 +291,8 @@ pub trait Engine: Send + Sync + 'static {
         Prefetch::Build
     }
     /// Removes one artifact; whether it existed.
-    fn evict(&self, key: &CacheKey) -> Result<bool, EngineError>;
-    /// The fleet tier's counters, when the engine has a tier.
+    fn evict(&self, key: &CacheKey) -> Result<bool, BuildCacheError>;
+    /// The fleet tier's counters, when the build cache has a tier.
     fn remote_stats(&self) -> Option<crate::remote::RemoteStats> {
         None
     }
@@ -301,19 +304,19 @@ pub trait Engine: Send + Sync + 'static {
     /// store's least-recently-used eviction sees it (the daemon calls it at most every
     /// few seconds per key).
     fn touch(&self, _key: &CacheKey) {}
-    /// The store behind the engine, for cache maintenance (`ls`, `rm`, `gc`, `verify`)
-    /// while the daemon holds the cache's lock; `None` when the engine has none.
+    /// The store behind the build cache, for cache maintenance (`ls`, `rm`, `gc`, `verify`)
+    /// while the daemon holds the cache's lock; `None` when the build cache has none.
     fn store(&self) -> Option<Arc<dyn crate::cache::Store>> {
         None
     }
-    /// How many times the engine's cache was opened afresh since it started (the folder was
+    /// How many times the build cache's folder was opened afresh since it started (the folder was
     /// deleted or replaced under the daemon; see `cached`): when it grows, every artifact the
     /// daemon remembers as ready may be gone, and is looked up again before it is trusted.
     fn generation(&self) -> u64 {
         0
     }
     /// Flushes the store (called on shutdown).
-    fn flush(&self) -> Result<(), EngineError> {
+    fn flush(&self) -> Result<(), BuildCacheError> {
         Ok(())
     }
 }

@@ -1,4 +1,4 @@
-//! `CachedEngine`: the daemon's [`Engine`] over the build and cache stages. Keys come from
+//! `DiskBuildCache`: the daemon's [`BuildCache`] over the build and cache stages. Keys come from
 //! [`Builder::key_parts`](crate::build::Builder::key_parts) (the code path of `trtcache key`
 //! and `trtcache build`, so the three agree for the same model, sidecar and options), builds
 //! from [`Builder::build_watched`](crate::build::Builder::build_watched) (build, validate
@@ -27,7 +27,7 @@ use trtcache_client::protocol::{
     ArtifactFile, ArtifactMeta, Origin, SessionHints, TensorInfo, Validation,
 };
 
-use super::engine::*;
+use super::build_cache::*;
 use crate::build::{runtime, BuildError, BuildJob, BuildOptions, Watch};
 use crate::cache::{Lookup, Record, Served, Status, Store, StoreError};
 use crate::key::memo::FileId;
@@ -40,8 +40,8 @@ use stage::snapshot;
 
 mod fleet;
 
-/// The real engine (see the module docs).
-pub struct CachedEngine {
+/// The real build cache (see the module docs).
+pub struct DiskBuildCache {
     /// The cache folder, its store and the builders over it (opened again when the folder
     /// is deleted or replaced under the daemon).
     cache: Arc<CacheFolder>,
@@ -69,9 +69,9 @@ pub struct CachedEngine {
         std::sync::Mutex<std::collections::HashMap<CacheKey, (BuildJob, crate::key::KeyParts)>>,
 }
 
-impl std::fmt::Debug for CachedEngine {
+impl std::fmt::Debug for DiskBuildCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CachedEngine")
+        f.debug_struct("DiskBuildCache")
             .field("cache", &self.cache.dir())
             .field("max_bytes", &self.cache.max_bytes())
             .finish()
@@ -79,39 +79,39 @@ impl std::fmt::Debug for CachedEngine {
 }
 
 /// The store failing (full, I/O) is the machine's condition, never the model's.
-fn store_err(e: StoreError) -> EngineError {
-    EngineError::Storage(e.into())
+fn store_err(e: StoreError) -> BuildCacheError {
+    BuildCacheError::Storage(e.into())
 }
 
 /// How a build-stage error reaches the daemon: cancellations and changed files are not
 /// memoised as failures; a model ONNX Runtime cannot build or that fails validation is.
-fn build_err(e: BuildError) -> EngineError {
+fn build_err(e: BuildError) -> BuildCacheError {
     match e {
-        BuildError::Cancelled => EngineError::Cancelled,
-        BuildError::Changed(m) => EngineError::Changed(m.into()),
+        BuildError::Cancelled => BuildCacheError::Cancelled,
+        BuildError::Changed(m) => BuildCacheError::Changed(m.into()),
         // A model file that vanished or cannot be read while it is hashed: planned again.
-        BuildError::Key(crate::key::KeyError::Io { .. }) => EngineError::Changed(e.into()),
+        BuildError::Key(crate::key::KeyError::Io { .. }) => BuildCacheError::Changed(e.into()),
         // The store failing (a full disk, an I/O error) says nothing about the model.
-        BuildError::Store(_) => EngineError::Storage(e.into()),
+        BuildError::Store(_) => BuildCacheError::Storage(e.into()),
         BuildError::Runtime(_)
         | BuildError::ProviderMissing { .. }
         | BuildError::Key(_)
-        | BuildError::WorkerUnavailable(_) => EngineError::Runtime(e.into()),
-        BuildError::Trt(ref t) if t.is_host_problem() => EngineError::Runtime(e.into()),
-        BuildError::Io { path, source } => EngineError::Io {
+        | BuildError::WorkerUnavailable(_) => BuildCacheError::Runtime(e.into()),
+        BuildError::Trt(ref t) if t.is_host_problem() => BuildCacheError::Runtime(e.into()),
+        BuildError::Io { path, source } => BuildCacheError::Io {
             path,
             error: source,
         },
         // A worker that crashed or was killed at its limits (or killed from outside more
         // often than `limits.worker_kill_retries` allows), an artifact bigger than the whole
         // cache: the model's failure.
-        BuildError::Killed(_) | BuildError::TooLarge { .. } => EngineError::Invalid(e.into()),
+        BuildError::Killed(_) | BuildError::TooLarge { .. } => BuildCacheError::Invalid(e.into()),
         BuildError::Ort { .. }
         | BuildError::Model { .. }
         | BuildError::Validation(_)
         | BuildError::Trt(_)
         | BuildError::Worker(_)
-        | BuildError::Crashed(_) => EngineError::Invalid(e.into()),
+        | BuildError::Crashed(_) => BuildCacheError::Invalid(e.into()),
     }
 }
 
@@ -135,24 +135,24 @@ fn validation_fingerprint(model: &ModelEntry, plan: &Plan) -> u64 {
 /// An error of a build from the staged copy (`CACHE/tmp/build-…/NAME.onnx`) as it would read
 /// for the repository's file: paths inside the staging folder become the model folder's.
 /// Storage errors keep their paths: they are about the cache's own file system.
-fn name_the_original(e: EngineError, staged: &Path, model: &Path) -> EngineError {
+fn name_the_original(e: BuildCacheError, staged: &Path, model: &Path) -> BuildCacheError {
     let folder = model.parent().unwrap_or(Path::new("."));
     let inside = format!("{}/", staged.display());
     let outside = format!("{}/", folder.display());
     let cause = |c: Cause| -> Cause { format!("{c}").replace(&inside, &outside).into() };
     match e {
-        EngineError::NotFound(c) => EngineError::NotFound(cause(c)),
-        EngineError::Invalid(c) => EngineError::Invalid(cause(c)),
-        EngineError::Changed(c) => EngineError::Changed(cause(c)),
-        EngineError::Runtime(c) => EngineError::Runtime(cause(c)),
-        EngineError::Io { path, error } => EngineError::Io {
+        BuildCacheError::NotFound(c) => BuildCacheError::NotFound(cause(c)),
+        BuildCacheError::Invalid(c) => BuildCacheError::Invalid(cause(c)),
+        BuildCacheError::Changed(c) => BuildCacheError::Changed(cause(c)),
+        BuildCacheError::Runtime(c) => BuildCacheError::Runtime(cause(c)),
+        BuildCacheError::Io { path, error } => BuildCacheError::Io {
             path: match path.strip_prefix(staged) {
                 Ok(rest) if !rest.as_os_str().is_empty() => folder.join(rest),
                 _ => path,
             },
             error,
         },
-        e @ (EngineError::Storage(_) | EngineError::Cancelled) => e,
+        e @ (BuildCacheError::Storage(_) | BuildCacheError::Cancelled) => e,
     }
 }
 
@@ -166,7 +166,7 @@ fn profile_args(model: &ModelEntry, profile: Option<&str>) -> ProfileArgs {
     }
 }
 
-impl CachedEngine {
+impl DiskBuildCache {
     /// Opens the cache at `cache_dir` (taking its lock: one owner per cache), loads ONNX
     /// Runtime (once per process, from `ort_library` else the documented search), and evicts
     /// down to `max_bytes` if a smaller limit was configured since the last run. `trt` is
@@ -177,21 +177,21 @@ impl CachedEngine {
         external_min_bytes: u64,
         limits: &crate::config::Limits,
         trt: &crate::config::TrtSettings,
-    ) -> Result<Self, EngineError> {
+    ) -> Result<Self, BuildCacheError> {
         // Checked by the config's validation; refused here too for library callers.
         crate::trt::HwCompat::parse(&trt.hardware_compatibility)
-            .map_err(|e| EngineError::Invalid(format!("[trt] {e}").into()))?;
+            .map_err(|e| BuildCacheError::Invalid(format!("[trt] {e}").into()))?;
         let cache = CacheFolder::open(
             cache_dir,
             ort_library,
             limits.worker(),
             limits.cache_size_bytes,
         )?;
-        runtime::load(ort_library).map_err(|e| EngineError::Runtime(e.into()))?;
+        runtime::load(ort_library).map_err(|e| BuildCacheError::Runtime(e.into()))?;
         if limits.cache_check_secs > 0 {
             cache.watch(std::time::Duration::from_secs(limits.cache_check_secs));
         }
-        Ok(CachedEngine {
+        Ok(DiskBuildCache {
             cache,
             external_min_bytes,
             rewrite: true,
@@ -217,16 +217,16 @@ impl CachedEngine {
         &self,
         model: &ModelEntry,
         sel: &Selection,
-    ) -> Result<(BuildJob, Plan), EngineError> {
+    ) -> Result<(BuildJob, Plan), BuildCacheError> {
         // Read, not mapped: a repository file truncated in place would fault a map.
-        let m = Model::read(&model.path).map_err(|e| EngineError::Invalid(e.into()))?;
+        let m = Model::read(&model.path).map_err(|e| BuildCacheError::Invalid(e.into()))?;
         let args = profile_args(model, sel.profile.as_deref());
         let inputs = ModelInputs::of(&m);
         let plan = resolve(&model.path, &inputs, &args, Some(sel.precision))
             .and_then(|plan| crate::plan::check_backend(&plan, &inputs, sel.backend).map(|()| plan))
             .map_err(|e| match e {
-                crate::plan::PlanError::NoSuchProfile { .. } => EngineError::NotFound(e.into()),
-                e => EngineError::Invalid(format!("{}: {e}", model.path.display()).into()),
+                crate::plan::PlanError::NoSuchProfile { .. } => BuildCacheError::NotFound(e.into()),
+                e => BuildCacheError::Invalid(format!("{}: {e}", model.path.display()).into()),
             })?;
         drop(m);
         let mut req = BuildJob::from_plan(
@@ -257,9 +257,9 @@ impl CachedEngine {
         record: &Record,
         served: &Served,
         origin: Origin,
-    ) -> Result<Handout, EngineError> {
+    ) -> Result<Handout, BuildCacheError> {
         let Some(stored) = &record.artifact else {
-            return Err(EngineError::Invalid("record has no artifact".into()));
+            return Err(BuildCacheError::Invalid("record has no artifact".into()));
         };
         let (inputs, outputs) = if record.backend.is_onnx() {
             io_of(&served.entry)?
@@ -283,7 +283,7 @@ impl CachedEngine {
                 bytes: f.bytes,
             });
             let p = served.dir.join(&f.name);
-            let m = std::fs::metadata(&p).map_err(EngineError::io(&p))?;
+            let m = std::fs::metadata(&p).map_err(BuildCacheError::io(&p))?;
             stamps.push(FileId::from_meta(&m));
             paths.push(p);
         }
@@ -359,8 +359,9 @@ fn dim_json(d: &Dim) -> serde_json::Value {
 
 /// Inputs and outputs of a `trt` artifact's engine, from its metadata (`engine.json`, whose
 /// digest of the plan is checked): dynamic dimensions are -1.
-fn engine_io_of(dir: &Path) -> Result<(Vec<TensorInfo>, Vec<TensorInfo>), EngineError> {
-    let meta = crate::trt::artifact::read_meta(dir).map_err(|e| EngineError::Invalid(e.into()))?;
+fn engine_io_of(dir: &Path) -> Result<(Vec<TensorInfo>, Vec<TensorInfo>), BuildCacheError> {
+    let meta =
+        crate::trt::artifact::read_meta(dir).map_err(|e| BuildCacheError::Invalid(e.into()))?;
     let info = |t: &crate::trt::TensorInfo| TensorInfo {
         name: t.name.clone(),
         dtype: crate::onnx::ElemType::from_code(t.dtype.onnx_code())
@@ -375,10 +376,10 @@ fn engine_io_of(dir: &Path) -> Result<(Vec<TensorInfo>, Vec<TensorInfo>), Engine
 }
 
 /// Inputs (initializers excluded) and outputs of the artifact's graph.
-fn io_of(entry: &Path) -> Result<(Vec<TensorInfo>, Vec<TensorInfo>), EngineError> {
-    let m = Model::load(entry).map_err(|e| EngineError::Invalid(e.into()))?;
+fn io_of(entry: &Path) -> Result<(Vec<TensorInfo>, Vec<TensorInfo>), BuildCacheError> {
+    let m = Model::load(entry).map_err(|e| BuildCacheError::Invalid(e.into()))?;
     let Some(g) = m.proto.graph.as_ref() else {
-        return Err(EngineError::Invalid(
+        return Err(BuildCacheError::Invalid(
             format!("{}: artifact has no graph", entry.display()).into(),
         ));
     };
@@ -403,7 +404,7 @@ fn io_of(entry: &Path) -> Result<(Vec<TensorInfo>, Vec<TensorInfo>), EngineError
     ))
 }
 
-impl Engine for CachedEngine {
+impl BuildCache for DiskBuildCache {
     /// One selection per sidecar profile × backend: the sidecar's backends when it lists any,
     /// else `backends` (the daemon's configured ones, `ort-cpu` by default); the default
     /// profile when the sidecar declares none; the sidecar's precision.
@@ -450,7 +451,7 @@ impl Engine for CachedEngine {
         }
     }
 
-    fn plan(&self, model: &ModelEntry, sel: &Selection) -> Result<Planned, EngineError> {
+    fn plan(&self, model: &ModelEntry, sel: &Selection) -> Result<Planned, BuildCacheError> {
         let (req, plan) = self.request(model, sel)?;
         let parts = self
             .cache
@@ -478,7 +479,7 @@ impl Engine for CachedEngine {
     /// byte checked against the record. A mismatch, or files missing or of the wrong size,
     /// quarantines the entry (files moved to `quarantine/`) and answers `None`: the daemon
     /// rebuilds it.
-    fn lookup(&self, planned: &Planned) -> Result<Option<Handout>, EngineError> {
+    fn lookup(&self, planned: &Planned) -> Result<Option<Handout>, BuildCacheError> {
         let o = self.cache.opened();
         let quarantine = |why: &str| {
             tracing::warn!(key = %planned.key, %why, "stored artifact damaged: quarantined, will rebuild");
@@ -535,10 +536,10 @@ impl Engine for CachedEngine {
         planned: &Planned,
         cancel: &CancelToken,
         progress: &dyn Fn(BuildPhase),
-    ) -> Result<Handout, EngineError> {
+    ) -> Result<Handout, BuildCacheError> {
         progress(BuildPhase::Building);
         if cancel.is_cancelled() {
-            return Err(EngineError::Cancelled);
+            return Err(BuildCacheError::Cancelled);
         }
         // A build whose cache folder is deleted or replaced under it is stopped before it
         // stores anything (its worker killed), and built once more in the fresh cache.
@@ -555,7 +556,7 @@ impl Engine for CachedEngine {
             match r {
                 Err(e) if !cancel.is_cancelled() && !self.cache.intact(&o) => {
                     if again {
-                        return Err(EngineError::Storage(
+                        return Err(BuildCacheError::Storage(
                             format!(
                                 "the cache folder {} was deleted or replaced during the build ({e})",
                                 self.cache.dir().display()
@@ -587,7 +588,7 @@ impl Engine for CachedEngine {
         self.remote_step(planned)
     }
 
-    fn evict(&self, key: &CacheKey) -> Result<bool, EngineError> {
+    fn evict(&self, key: &CacheKey) -> Result<bool, BuildCacheError> {
         self.cache.opened().store.remove(key).map_err(store_err)
     }
 
@@ -610,14 +611,14 @@ impl Engine for CachedEngine {
         }
     }
 
-    fn flush(&self) -> Result<(), EngineError> {
+    fn flush(&self) -> Result<(), BuildCacheError> {
         // Hit counters are written lazily; make them durable at shutdown.
         self.cache.current().store.flush().map_err(store_err)
     }
 }
 
-impl CachedEngine {
-    /// [`Engine::build`] from the staged copy in `staging` (errors name the copy; the
+impl DiskBuildCache {
+    /// [`BuildCache::build`] from the staged copy in `staging` (errors name the copy; the
     /// caller maps them back to the repository's file).
     fn build_staged(
         &self,
@@ -626,7 +627,7 @@ impl CachedEngine {
         staging: tempfile::TempDir,
         cancel: &CancelToken,
         progress: &dyn Fn(BuildPhase),
-    ) -> Result<Handout, EngineError> {
+    ) -> Result<Handout, BuildCacheError> {
         let copy = snapshot(&planned.model, staging.path())?;
         let entry = ModelEntry {
             path: copy,
@@ -636,8 +637,8 @@ impl CachedEngine {
         let (req, _) = self
             .request(&entry, &planned.selection)
             .map_err(|e| match e {
-                EngineError::Runtime(_) | EngineError::Io { .. } => e,
-                other => EngineError::Changed(
+                BuildCacheError::Runtime(_) | BuildCacheError::Io { .. } => e,
+                other => BuildCacheError::Changed(
                     format!(
                         "`{}` no longer plans as it did ({other})",
                         planned.model.name
@@ -691,7 +692,7 @@ impl CachedEngine {
             // with the model, so this must not be remembered as its failure (the soak found
             // keys failed for good this way); waiters are told to ask again.
             (None, why) if outcome.record.status == crate::cache::Status::Ready => {
-                Err(EngineError::Changed(
+                Err(BuildCacheError::Changed(
                     format!(
                         "the artifact of `{}` was removed right after its build ({}); ask again",
                         planned.model.name,
@@ -700,7 +701,7 @@ impl CachedEngine {
                     .into(),
                 ))
             }
-            (None, why) => Err(EngineError::Invalid(
+            (None, why) => Err(BuildCacheError::Invalid(
                 why.clone()
                     .unwrap_or_else(|| "the artifact is not servable".into())
                     .into(),
@@ -709,7 +710,7 @@ impl CachedEngine {
     }
 }
 
-impl CachedEngine {
+impl DiskBuildCache {
     /// [`Builder::build_watched`](crate::build::Builder::build_watched), tried again (at most `limits.worker_kill_retries` times)
     /// when its worker was killed by a SIGKILL the daemon did not send: the kernel's OOM
     /// killer under host pressure or an admin says nothing about the model the first time.
@@ -760,9 +761,9 @@ impl CachedEngine {
     }
 }
 
-/// The cache directory's engine for a daemon config.
-pub fn open(cfg: &crate::config::Config) -> Result<CachedEngine, EngineError> {
-    let engine = CachedEngine::open(
+/// The cache directory's build cache for a daemon config.
+pub fn open(cfg: &crate::config::Config) -> Result<DiskBuildCache, BuildCacheError> {
+    let cache = DiskBuildCache::open(
         &cfg.cache_dir,
         cfg.ort_library.as_deref(),
         cfg.external_min_bytes,
@@ -772,11 +773,12 @@ pub fn open(cfg: &crate::config::Config) -> Result<CachedEngine, EngineError> {
     .with_rewrite(cfg.rewrite);
     Ok(match &cfg.remote {
         Some(r) => {
-            let tier = crate::remote::RemoteTier::open(r)
-                .map_err(|e| EngineError::Runtime(format!("remote tier {}: {e}", r.url).into()))?;
+            let tier = crate::remote::RemoteTier::open(r).map_err(|e| {
+                BuildCacheError::Runtime(format!("remote tier {}: {e}", r.url).into())
+            })?;
             tier.probe_in_background();
-            engine.with_remote(tier)
+            cache.with_remote(tier)
         }
-        None => engine,
+        None => cache,
     })
 }

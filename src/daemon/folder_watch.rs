@@ -1,4 +1,5 @@
-//! The repository watcher. notify events are only hints (a `mv` into the folder gives only a
+//! The repository watcher: the one on the model folder (`super::watch_stream` is the
+//! other, the socket's `watch` event stream to subscribed clients). notify events are only hints (a `mv` into the folder gives only a
 //! rename event and events can be dropped), so an event marks the paths it names dirty. Once
 //! it has been quiet for the debounce, the models those paths may belong to are scanned (a
 //! path's top-level name and its prefixes before a `.`, and the models that name the path as
@@ -134,29 +135,6 @@ fn scope_of(svc: &Service, root: &Path, pending: &Mutex<Pending>) -> Scope {
     scope
 }
 
-/// Skipped entries already warned about, so that a rescan every few seconds does not repeat
-/// the same warning: each is logged when it first appears (again after it went away).
-#[derive(Default)]
-pub struct Warned(std::sync::Mutex<BTreeSet<repo::Skipped>>);
-
-impl Warned {
-    /// Warns about what is new in `skipped`; a full scan's list replaces what was seen (an
-    /// entry fixed and broken again is news again), a targeted scan's adds to it.
-    fn report(&self, skipped: &[repo::Skipped], full: bool) {
-        let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        for s in skipped.iter().filter(|s| !seen.contains(*s)) {
-            // `?`: the path quoted and escaped, so no control character in a file name reaches
-            // the log (or a terminal following it) raw.
-            tracing::warn!(path = ?s.path, "skipped: {}", s.reason);
-        }
-        if full {
-            *seen = skipped.iter().cloned().collect();
-        } else {
-            seen.extend(skipped.iter().cloned());
-        }
-    }
-}
-
 /// One scan of `scope` on the blocking pool; its skipped entries are warned about once.
 async fn scan_scope(
     svc: &Service,
@@ -204,7 +182,7 @@ fn quiet_for(m: &RepoModel, d: Duration) -> bool {
 pub async fn initial(svc: &Arc<Service>, root: PathBuf) -> Result<usize, repo::ScanError> {
     let s = scan_full(svc, root).await?.models;
     let (changed, removed) = svc.diff_all(&s);
-    Ok(svc.apply(changed, removed))
+    Ok(svc.apply(changed, removed).await)
 }
 
 /// A `rescan` request: scans now, takes in every model whose files have settled (unchanged
@@ -224,7 +202,7 @@ pub async fn rescan(
     let (settled, changed): (Vec<RepoModel>, Vec<RepoModel>) =
         changed.into_iter().partition(|m| quiet_for(m, debounce));
     if !settled.is_empty() {
-        svc.apply(settled, Vec::new());
+        svc.apply(settled, Vec::new()).await;
     }
     let last = if changed.is_empty() && removed.is_empty() {
         first
@@ -240,7 +218,7 @@ pub async fn rescan(
             .filter(|n| !second.models.contains_key(n))
             .collect();
         if !stable.is_empty() || !gone.is_empty() {
-            svc.apply(stable, gone);
+            svc.apply(stable, gone).await;
         }
         second
     };
@@ -362,7 +340,7 @@ pub async fn run(svc: Arc<Service>, root: PathBuf, mut shutdown: watch::Receiver
         let (settled, changed): (Vec<RepoModel>, Vec<RepoModel>) =
             changed.into_iter().partition(|m| quiet_for(m, debounce));
         if !settled.is_empty() {
-            svc.apply(settled, Vec::new());
+            svc.apply(settled, Vec::new()).await;
         }
         if changed.is_empty() && removed.is_empty() {
             continue;
@@ -405,7 +383,7 @@ pub async fn run(svc: Arc<Service>, root: PathBuf, mut shutdown: watch::Receiver
             dirty = true;
         }
         if !stable.is_empty() || !gone.is_empty() {
-            svc.apply(stable, gone);
+            svc.apply(stable, gone).await;
         }
     }
 }
