@@ -12,8 +12,12 @@ use crate::spec::Backend;
 
 mod decode;
 pub mod remote;
+mod runtimes;
+mod trt;
 
 pub use decode::DecodeLimits;
+pub use runtimes::RuntimesConfig;
+pub use trt::TrtSettings;
 
 /// Default `external_min_bytes` (`BuildOptions::external_min_bytes`): 64 KiB. ONNX Runtime
 /// maps each external initializer with its own open and mmap, which costs more than copying a
@@ -103,51 +107,6 @@ pub struct Config {
     /// runtime"): every model gets artifacts for each in the background before the switch.
     #[serde(default)]
     pub runtimes: RuntimesConfig,
-}
-
-/// The incoming runtimes: libraries other than the current one (`ort_library`, the TensorRT
-/// the shim finds) that the daemon builds every model's artifacts for, each in a worker that
-/// loads only that library, at a lower priority than any current-runtime build or acquire.
-/// A consumer that names one of their versions in its acquire is served its artifact; the
-/// switch is `ort_library = <one of these>` and a reload, not a rebuild.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RuntimesConfig {
-    /// ONNX Runtime shared libraries (`…/libonnxruntime.so.1.32.0`), each checked like
-    /// `ort_library` (owned by root or the daemon's user, not writable by others).
-    pub onnxruntime: Vec<PathBuf>,
-    /// Seconds a runtime a consumer asked for keeps its artifacts out of the first round
-    /// of gc (default 7 days); the current and incoming runtimes always do.
-    #[serde(default = "default_keep_used_secs")]
-    pub keep_used_secs: u64,
-}
-
-fn default_keep_used_secs() -> u64 {
-    7 * 24 * 3600
-}
-
-/// The `trt` backend's builder settings for the daemon (`trtcache build` has them as flags:
-/// `--trt-hardware-compat`, `--trt-workspace`, `--trt-opt-level`). All are key parts.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TrtSettings {
-    /// `none` (the engine runs on the GPU model it was built on), `ampere-plus` or
-    /// `same-compute-capability`.
-    pub hardware_compatibility: String,
-    /// Builder workspace limit in bytes; 0 keeps TensorRT's default (the device's memory).
-    pub workspace_bytes: u64,
-    /// Builder optimization level, 0–5 (also used by `ort-tensorrt`).
-    pub builder_optimization_level: u8,
-}
-
-impl Default for TrtSettings {
-    fn default() -> Self {
-        Self {
-            hardware_compatibility: "none".into(),
-            workspace_bytes: 0,
-            builder_optimization_level: 3,
-        }
-    }
 }
 
 /// Every limit the daemon enforces.
@@ -510,10 +469,7 @@ impl Default for Config {
             limits: Limits::default(),
             trt: TrtSettings::default(),
             remote: None,
-            runtimes: RuntimesConfig {
-                onnxruntime: Vec::new(),
-                keep_used_secs: default_keep_used_secs(),
-            },
+            runtimes: RuntimesConfig::default(),
         }
     }
 }
@@ -779,6 +735,21 @@ mod tests {
         }
         let shown = toml::to_string(&Config::default()).unwrap();
         assert!(!shown.contains("ort_dylib"), "{shown}");
+    }
+
+    #[test]
+    fn runtimes_default_to_none_incoming_and_a_week_of_keeping() {
+        let c = Config::from_toml("models = \"/m\"", Path::new("x")).unwrap();
+        assert!(c.runtimes.onnxruntime.is_empty());
+        assert_eq!(c.runtimes.keep_used_secs, 7 * 24 * 3600);
+        let c = Config::from_toml(
+            "[runtimes]\nonnxruntime = [\"/o/libonnxruntime.so.1.32.0\"]\n",
+            Path::new("x"),
+        )
+        .unwrap();
+        assert_eq!(c.runtimes.keep_used_secs, 7 * 24 * 3600);
+        assert_eq!(c.runtimes.onnxruntime.len(), 1);
+        assert!(Config::from_toml("[runtimes]\nonnxruntimes = []", Path::new("x")).is_err());
     }
 
     #[test]
