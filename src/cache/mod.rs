@@ -39,5 +39,6 @@ pub use record::{
 
 pub use store::{
     free_bytes, is_no_space, now_secs, parse_size, resolve_key, GcReport, KeyPrefixError, Lookup,
-    RepairReport, Served, Store, StoreError, VerifyReport, DIGEST_MEMO, DIGEST_MEMO_JOURNAL,
+    RepairReport, RuntimeKeep, Served, Store, StoreError, VerifyReport, DIGEST_MEMO,
+    DIGEST_MEMO_JOURNAL,
 };

@@ -150,8 +150,31 @@ pub trait Store: Send + Sync {
     /// Re-hashes every artifact; mismatches are quarantined and their records made
     /// unservable.
     fn verify(&self) -> Result<VerifyReport, StoreError>;
-    /// Evicts least-recently-used entries until the artifacts fit in `max_bytes`.
+    /// Evicts least-recently-used entries until the artifacts fit in `max_bytes`: first
+    /// those built for no runtime of [`Store::keep_runtimes`], then the rest.
     fn gc(&self, max_bytes: u64, dry_run: bool) -> Result<GcReport, StoreError>;
+    /// The runtimes whose artifacts gc (and the size limit) evicts last: the daemon's
+    /// current and incoming runtimes and those consumers used recently. Empty (the default):
+    /// plain least-recently-used order.
+    fn keep_runtimes(&self, _keep: RuntimeKeep) {}
+}
+
+/// Runtime versions whose artifacts are evicted last: library (`onnxruntime`, `tensorrt`) →
+/// versions. A record is kept when, for every library of its key's backend versions that
+/// this names, its version is one of those listed ([`RuntimeKeep::keeps`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RuntimeKeep(pub std::collections::BTreeMap<String, std::collections::BTreeSet<String>>);
+
+impl RuntimeKeep {
+    /// Whether an artifact built with library `versions` is of a kept runtime (always, when
+    /// nothing is kept).
+    pub fn keeps(&self, versions: &std::collections::BTreeMap<String, String>) -> bool {
+        versions.iter().all(|(lib, v)| {
+            self.0
+                .get(lib)
+                .is_none_or(|kept| kept.is_empty() || kept.contains(v))
+        })
+    }
 }
 
 /// Why a key given by a person (`trtcache rm KEY`) names no single entry.

@@ -384,10 +384,14 @@ impl SledStore {
             .collect();
         rep.evicted.extend(quarantined.iter().cloned());
         records.retain(|r| !matches!(r.status, Status::Quarantined { .. }));
-        records.sort_by(|a, b| {
-            a.last_used
-                .cmp(&b.last_used)
-                .then(a.created.cmp(&b.created))
+        // Artifacts of runtimes nobody keeps first, then least recently used.
+        let keep = self.usage().keep().clone();
+        records.sort_by_cached_key(|r| {
+            (
+                keep.keeps(&r.parts.backend.versions),
+                r.last_used,
+                r.created,
+            )
         });
         // A running total (not a recount per candidate, which made a large gc quadratic).
         let mut remaining = super::usage::Usage::of(&records);

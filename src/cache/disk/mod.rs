@@ -26,7 +26,9 @@ use sha2::{Digest, Sha256};
 use super::files;
 use super::lock::DirLock;
 use super::record::{Record, StagedArtifact, Status, StoredArtifact, StoredFile, RECORD_FORMAT};
-use super::store::{now_secs, GcReport, Lookup, Served, Store, StoreError, VerifyReport};
+use super::store::{
+    now_secs, GcReport, Lookup, RuntimeKeep, Served, Store, StoreError, VerifyReport,
+};
 use crate::key::{hex, CacheKey};
 
 mod maintain;
@@ -239,7 +241,8 @@ impl SledStore {
     /// Builds the in-memory accounting from the whole index (at open, after repair).
     fn recount(&mut self) -> Result<(), StoreError> {
         let all = self.all_records()?;
-        *self.usage.get_mut().unwrap_or_else(|p| p.into_inner()) = usage::Usage::of(&all);
+        let u = self.usage.get_mut().unwrap_or_else(|p| p.into_inner());
+        *u = usage::Usage::keeping(&all, u.keep().clone());
         Ok(())
     }
 
@@ -667,6 +670,10 @@ impl Store for SledStore {
 
     fn gc(&self, max_bytes: u64, dry_run: bool) -> Result<GcReport, StoreError> {
         self.collect(max_bytes, dry_run)
+    }
+
+    fn keep_runtimes(&self, keep: RuntimeKeep) {
+        self.usage().set_keep(keep);
     }
 }
 

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::key::{BackendId, KeyParts, ModelDigest, KEY_FORMAT};
+use std::collections::BTreeSet;
 
 pub(super) fn record(n: u8, last_used: u64) -> Record {
     let parts = KeyParts {
@@ -175,6 +176,71 @@ fn gc_evicts_least_recently_used_first() {
     let left: Vec<_> = s.list().unwrap().into_iter().map(|r| r.key).collect();
     assert_eq!(left, vec![recs[0].key]);
     assert_eq!(blobs(s.root()), 1);
+}
+
+/// A record of `n` built with ONNX Runtime `ort`, last used at `used`.
+fn record_for(n: u8, used: u64, ort: &str) -> Record {
+    let mut r = record(n, used);
+    r.parts
+        .backend
+        .versions
+        .insert("onnxruntime".into(), ort.into());
+    r.key = r.parts.key();
+    r
+}
+
+#[test]
+fn gc_and_the_size_limit_evict_runtimes_nobody_keeps_first() {
+    use crate::cache::store::RuntimeKeep;
+    let d = tempfile::tempdir().unwrap();
+    let s = SledStore::open(&d.path().join("c"), StoreOptions::default()).unwrap();
+    // Oldest first: 1.31.1 (used at 10), 1.30.0 (used at 50), 1.32.0 (used at 20).
+    let mut recs = Vec::new();
+    for (n, used, ort) in [(0u8, 10, "1.31.1"), (1, 50, "1.30.0"), (2, 20, "1.32.0")] {
+        let a = artifact(&d.path().join(format!("a{n}")), &[n; 100]);
+        recs.push(s.put(record_for(n, used, ort), Some(&a)).unwrap());
+    }
+    let one = recs[0].bytes();
+    // Plain LRU without a keep set: the two oldest go.
+    let dry = s.gc(one, true).unwrap();
+    assert_eq!(dry.evicted, vec![recs[0].key.hex(), recs[2].key.hex()]);
+    // Current 1.31.1 and incoming 1.32.0 kept: 1.30.0 goes first although used last.
+    let keep = RuntimeKeep(
+        [(
+            "onnxruntime".to_string(),
+            ["1.31.1".to_string(), "1.32.0".to_string()].into(),
+        )]
+        .into(),
+    );
+    s.keep_runtimes(keep);
+    let dry = s.gc(2 * one, true).unwrap();
+    assert_eq!(dry.evicted, vec![recs[1].key.hex()]);
+    // The size limit at put follows the same order.
+    let s = {
+        drop(s);
+        SledStore::open(
+            &d.path().join("c"),
+            StoreOptions {
+                max_bytes: Some(3 * one),
+            },
+        )
+        .unwrap()
+    };
+    s.keep_runtimes(RuntimeKeep(
+        [(
+            "onnxruntime".to_string(),
+            ["1.31.1".to_string(), "1.32.0".to_string()].into(),
+        )]
+        .into(),
+    ));
+    let a = artifact(&d.path().join("a3"), &[3; 100]);
+    s.put(record_for(3, 60, "1.32.0"), Some(&a)).unwrap();
+    let left: BTreeSet<_> = s.list().unwrap().into_iter().map(|r| r.key).collect();
+    assert!(!left.contains(&recs[1].key), "1.30.0's artifact went first");
+    assert!(
+        left.contains(&recs[0].key),
+        "the oldest kept runtime's stays"
+    );
 }
 
 #[test]

@@ -8,6 +8,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use crate::cache::record::{Record, Status};
+use crate::cache::store::RuntimeKeep;
 use crate::key::CacheKey;
 
 /// A key's contribution, as last set.
@@ -15,8 +16,13 @@ use crate::key::CacheKey;
 struct KeyUse {
     digest: Option<String>,
     ready: bool,
-    /// `(last_used, created)`: the LRU order of [`super::maintain`]'s gc.
-    when: (u64, u64),
+    /// `(kept, last_used, created)`: the eviction order of [`super::maintain`]'s gc:
+    /// artifacts of runtimes not kept ([`RuntimeKeep`]) first, then least recently used.
+    when: (bool, u64, u64),
+    /// The artifact's runtime versions, to place it again when the kept runtimes change.
+    versions: std::collections::BTreeMap<String, String>,
+    /// Whether it is in the eviction order (an artifact that is not quarantined).
+    in_lru: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -34,14 +40,26 @@ pub(super) struct Usage {
     keys: HashMap<CacheKey, KeyUse>,
     blobs: HashMap<String, BlobUse>,
     total: u64,
-    /// Records with an artifact that are not quarantined, oldest use first.
-    lru: BTreeSet<((u64, u64), CacheKey)>,
+    /// Records with an artifact that are not quarantined, in eviction order.
+    lru: BTreeSet<((bool, u64, u64), CacheKey)>,
+    keep: RuntimeKeep,
 }
 
 impl Usage {
     /// The accounting of `records` (the whole index).
     pub(super) fn of<'a>(records: impl IntoIterator<Item = &'a Record>) -> Usage {
-        let mut u = Usage::default();
+        Self::keeping(records, RuntimeKeep::default())
+    }
+
+    /// [`Usage::of`] with `keep`'s runtimes evicted last.
+    pub(super) fn keeping<'a>(
+        records: impl IntoIterator<Item = &'a Record>,
+        keep: RuntimeKeep,
+    ) -> Usage {
+        let mut u = Usage {
+            keep,
+            ..Usage::default()
+        };
         for r in records {
             u.set(r.key, Some(r));
         }
@@ -83,8 +101,10 @@ impl Usage {
             }
             a.digest.clone()
         });
-        let when = (r.last_used, r.created);
-        if digest.is_some() && !matches!(r.status, Status::Quarantined { .. }) {
+        let versions = r.parts.backend.versions.clone();
+        let when = (self.keep.keeps(&versions), r.last_used, r.created);
+        let in_lru = digest.is_some() && !matches!(r.status, Status::Quarantined { .. });
+        if in_lru {
             self.lru.insert((when, key));
         }
         self.keys.insert(
@@ -93,6 +113,8 @@ impl Usage {
                 digest,
                 ready,
                 when,
+                versions,
+                in_lru,
             },
         );
     }
@@ -112,6 +134,26 @@ impl Usage {
             .get(except)
             .is_some_and(|k| k.digest.as_deref() == Some(digest));
         b.named > usize::from(mine)
+    }
+
+    /// Evicts the artifacts of runtimes not in `keep` first from now on.
+    pub(super) fn set_keep(&mut self, keep: RuntimeKeep) {
+        if keep == self.keep {
+            return;
+        }
+        self.keep = keep;
+        self.lru.clear();
+        for (key, k) in self.keys.iter_mut() {
+            k.when.0 = self.keep.keeps(&k.versions);
+            if k.in_lru {
+                self.lru.insert((k.when, *key));
+            }
+        }
+    }
+
+    /// The runtimes evicted last.
+    pub(super) fn keep(&self) -> &RuntimeKeep {
+        &self.keep
     }
 
     /// The least recently used record holding an artifact.
