@@ -17,6 +17,7 @@ pub mod metrics;
 pub(crate) mod queue;
 mod ready;
 pub(crate) mod repo;
+pub(crate) mod runtimes;
 pub(crate) mod server;
 pub(crate) mod service;
 mod socket;
