@@ -507,6 +507,7 @@ fn local_status(cfg: &Config, only: Option<&str>) -> anyhow::Result<Vec<ModelSta
                 reason: None,
                 phase: None,
                 origin: None,
+                runtime: None,
             };
             match cache.plan(entry, &sel) {
                 Ok(p) => {

@@ -60,6 +60,10 @@ pub struct Selection {
     pub backend: Backend,
     /// Precision.
     pub precision: Precision,
+    /// The incoming ONNX Runtime version it is built for (`None`: the current runtime); see
+    /// `daemon::runtimes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
 }
 
 /// A model and selection resolved to a cache key.
@@ -318,6 +322,25 @@ pub trait BuildCache: Send + Sync + 'static {
     /// Flushes the store (called on shutdown).
     fn flush(&self) -> Result<(), BuildCacheError> {
         Ok(())
+    }
+    /// The runtimes this build cache builds for (the current one and the incoming ones);
+    /// `None` (the default): only the one it was opened with, and a selection naming another
+    /// cannot be planned.
+    fn runtimes(&self) -> Option<crate::daemon::runtimes::Runtimes> {
+        None
+    }
+    /// Adds an incoming runtime (`warm --runtime`); whether it was new.
+    fn add_runtime(
+        &self,
+        rt: crate::daemon::runtimes::OrtRuntime,
+    ) -> Result<bool, BuildCacheError> {
+        Err(BuildCacheError::Invalid(
+            format!(
+                "this build cache builds for one runtime only; cannot add onnxruntime {}",
+                rt.version
+            )
+            .into(),
+        ))
     }
 }
 

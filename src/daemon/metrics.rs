@@ -414,6 +414,7 @@ mod tests {
                     reason: None,
                     phase: None,
                     origin: None,
+                    runtime: None,
                 })
                 .collect(),
         }

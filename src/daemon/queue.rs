@@ -47,6 +47,9 @@ struct Inner {
     jobs: HashMap<CacheKey, Arc<Job>>,
     client: VecDeque<CacheKey>,
     background: VecDeque<CacheKey>,
+    /// Background builds for an incoming runtime: taken only when no client or current-
+    /// runtime background build waits.
+    prewarm: VecDeque<CacheKey>,
     /// Keys whose build failed, with the [`Planned::validation`] fingerprint the failure was
     /// found under: a plan with another fingerprint (golden inputs added or changed) builds
     /// again.
@@ -56,6 +59,21 @@ struct Inner {
     /// builds again.
     transient: HashMap<CacheKey, (ErrorCode, String)>,
     closed: bool,
+}
+
+impl Inner {
+    /// Puts a job in its lane: a client's first, then background builds for the current
+    /// runtime, then those for an incoming runtime (never ahead of a current-runtime build).
+    fn enqueue(&mut self, job: &Job) {
+        let key = job.planned.key;
+        if job.client.load(Ordering::SeqCst) {
+            self.client.push_back(key);
+        } else if job.planned.selection.runtime.is_some() {
+            self.prewarm.push_back(key);
+        } else {
+            self.background.push_back(key);
+        }
+    }
 }
 
 /// Counters the queue maintains (read by `stats`).
@@ -145,9 +163,13 @@ impl Queue {
         {
             if client && !job.client.swap(true, Ordering::SeqCst) {
                 // Promote a waiting background job.
-                if let Some(i) = g.background.iter().position(|k| *k == planned.key) {
-                    g.background.remove(i);
-                    g.client.push_back(planned.key);
+                let g = &mut *g;
+                for lane in [&mut g.background, &mut g.prewarm] {
+                    if let Some(i) = lane.iter().position(|k| *k == planned.key) {
+                        lane.remove(i);
+                        g.client.push_back(planned.key);
+                        break;
+                    }
                 }
             }
             return Ok(job.tx.subscribe());
@@ -162,11 +184,7 @@ impl Queue {
         g.jobs.insert(planned.key, job.clone());
         let fleet = self.prefetch_slots.clone().zip(self.me.upgrade());
         if fleet.is_none() {
-            if client {
-                g.client.push_back(planned.key);
-            } else {
-                g.background.push_back(planned.key);
-            }
+            g.enqueue(&job);
         }
         drop(g);
         match fleet {
@@ -225,11 +243,7 @@ impl Queue {
         if job.cancel.is_cancelled() || !g.jobs.get(&key).is_some_and(|j| Arc::ptr_eq(j, &job)) {
             return;
         }
-        if job.client.load(Ordering::SeqCst) {
-            g.client.push_back(key);
-        } else {
-            g.background.push_back(key);
-        }
+        g.enqueue(&job);
         drop(g);
         self.wake.notify_one();
     }
@@ -283,6 +297,7 @@ impl Queue {
                     g.jobs.remove(key);
                     g.client.retain(|k| k != key);
                     g.background.retain(|k| k != key);
+                    g.prewarm.retain(|k| k != key);
                     self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
                     j.tx.send_replace(JobStatus::Done(Err((
                         ErrorCode::Cancelled,
@@ -300,7 +315,7 @@ impl Queue {
     /// Builds waiting for a slot.
     pub fn depth(&self) -> u64 {
         let g = self.lock();
-        (g.client.len() + g.background.len()) as u64
+        (g.client.len() + g.background.len() + g.prewarm.len()) as u64
     }
 
     /// Stops accepting jobs and cancels every one; returns once no build runs or `grace`
@@ -334,7 +349,11 @@ impl Queue {
     fn next(&self) -> Option<Arc<Job>> {
         let mut g = self.lock();
         loop {
-            let key = g.client.pop_front().or_else(|| g.background.pop_front())?;
+            let key = g
+                .client
+                .pop_front()
+                .or_else(|| g.background.pop_front())
+                .or_else(|| g.prewarm.pop_front())?;
             if let Some(j) = g.jobs.get(&key) {
                 return Some(j.clone());
             }
@@ -534,6 +553,7 @@ mod tests {
                 profile: None,
                 backend: crate::spec::Backend::OrtCpu,
                 precision: Default::default(),
+                runtime: None,
             },
             profile: "default".into(),
             key: CacheKey([k; 32]),
@@ -548,6 +568,40 @@ mod tests {
             }
             rx.changed().await.unwrap();
         }
+    }
+
+    /// A background build for an incoming runtime (pre-warm) waits behind every current-
+    /// runtime build, background ones included, until a client asks for it.
+    #[tokio::test]
+    async fn incoming_runtime_builds_wait_behind_current_ones_until_a_client_asks() {
+        let (tx, rx) = mpsc::channel();
+        let cache = Arc::new(GateCache {
+            started: Mutex::new(Vec::new()),
+            release: Mutex::new(rx),
+        });
+        let q = Queue::new(cache.clone(), 1, Duration::from_secs(60));
+        tokio::spawn(q.clone().run());
+        let incoming = |name: &str, k: u8| {
+            let mut p = planned(name, k);
+            p.selection.runtime = Some("1.32.0".into());
+            p
+        };
+        let a = q.submit(&planned("a", 1), false).unwrap();
+        while cache.started.lock().unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let pre1 = q.submit(&incoming("pre1", 2), false).unwrap();
+        let pre2 = q.submit(&incoming("pre2", 3), false).unwrap();
+        let b = q.submit(&planned("b", 4), false).unwrap();
+        let _pre2 = q.submit(&incoming("pre2", 3), true).unwrap(); // a consumer on 1.32.0
+        assert_eq!(q.depth(), 3);
+        for _ in 0..4 {
+            tx.send(()).unwrap();
+        }
+        for rx in [a, pre1, pre2, b] {
+            done(rx).await.unwrap_err();
+        }
+        assert_eq!(*cache.started.lock().unwrap(), ["a", "pre2", "b", "pre1"]);
     }
 
     #[tokio::test]

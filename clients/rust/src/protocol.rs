@@ -587,6 +587,10 @@ pub struct VariantStatus {
     /// local cache, or fetched from the fleet tier. Absent from daemons that predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<Origin>,
+    /// The incoming ONNX Runtime version this variant is built for (docs/daemon.md,
+    /// "Upgrading the runtime"); absent for the daemon's current runtime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
 }
 
 /// Where a ready artifact came from.

@@ -439,6 +439,7 @@ impl BuildCache for DiskBuildCache {
                     profile: p.clone(),
                     backend: *b,
                     precision,
+                    runtime: None,
                 });
             }
         }

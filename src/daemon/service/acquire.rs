@@ -92,7 +92,22 @@ impl Service {
     ) -> Result<(ArtifactMeta, Vec<File>, bool), Failure> {
         let (entry, variants) = self.entry_and_variants(&req.model, req.version)?;
         let backend = wire_backend(req.backend.as_deref())?;
-        let sel = self.selection_for(&variants, req.profile.clone(), backend);
+        let mut sel = self.selection_for(&variants, req.profile.clone(), backend);
+        // The runtime the consumer runs: its own artifact, never another version's.
+        if let Some(want) = &req.runtime {
+            sel.runtime = match self.build_cache.runtimes() {
+                Some(rts) => rts
+                    .serving(Some(want))
+                    .map_err(|e| fail(ErrorCode::RuntimeUnavailable, e.to_string()))?,
+                None => None,
+            };
+            if sel.runtime.is_some() && sel.backend == crate::spec::Backend::Trt {
+                return Err(fail(
+                    ErrorCode::RuntimeUnavailable,
+                    "`trt` artifacts are built for the current TensorRT only; incoming runtimes are ONNX Runtime libraries".to_string(),
+                ));
+            }
+        }
         let planned = self.planned(&entry, &sel).await?;
         let mut hit = true;
         // A file changed under the daemon is never handed out: the build cache re-checks it (a

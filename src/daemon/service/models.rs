@@ -79,7 +79,30 @@ impl Service {
             profile: profile.or_else(|| variants.default_profile.clone()),
             backend,
             precision,
+            runtime: None,
         }
+    }
+
+    /// A model's variants followed by the same variants for each incoming ONNX Runtime
+    /// (`ort-*` backends; the `trt` backend's incoming TensorRT is not a runtime of this
+    /// set): what is built in the background and what `status` lists.
+    pub(super) fn with_incoming(&self, variants: &Variants) -> Vec<Selection> {
+        let mut all = variants.selections.clone();
+        if let Some(rts) = self.build_cache.runtimes() {
+            for rt in rts.incoming() {
+                all.extend(
+                    variants
+                        .selections
+                        .iter()
+                        .filter(|s| s.backend != Backend::Trt)
+                        .map(|s| Selection {
+                            runtime: Some(rt.version.clone()),
+                            ..s.clone()
+                        }),
+                );
+            }
+        }
+        all
     }
 
     /// Applies changed models (new or modified) and removed names from the watcher: cancels

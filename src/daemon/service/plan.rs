@@ -26,7 +26,9 @@ impl Service {
         let Some((entry, variants)) = self.entry_and_variants(name, None).ok() else {
             return;
         };
-        for sel in variants.selections {
+        // The current runtime's variants first; the incoming runtimes' ride the queue's
+        // lowest lane, behind every current-runtime build.
+        for sel in self.with_incoming(&variants) {
             if let Ok(p) = self.planned(&entry, &sel).await {
                 if self.ready_artifact(&p).await.is_none() {
                     self.submit_tracked(&p);

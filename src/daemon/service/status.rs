@@ -33,6 +33,7 @@ impl Service {
             reason: None,
             phase: None,
             origin: None,
+            runtime: sel.runtime.clone(),
         };
         match p {
             Err((_, msg)) => {
@@ -72,8 +73,7 @@ impl Service {
         let version = served.map(|e| e.version).unwrap_or(0);
         let variants = served
             .map(|_| {
-                m.variants
-                    .selections
+                self.with_incoming(&m.variants)
                     .iter()
                     .map(|sel| match m.plans.get(&(version, sel.clone())) {
                         Some(p) => self.variant_status(p, sel, st),
@@ -86,6 +86,7 @@ impl Service {
                             reason: None,
                             phase: Some("planning".into()),
                             origin: None,
+                            runtime: sel.runtime.clone(),
                         },
                     })
                     .collect()
