@@ -11,6 +11,8 @@ trtcache's defaults on them with a second, larger input shape.
     .venv/bin/python scripts/corpus/exporters.py check DEST --trtcache BIN [--json OUT] [--md OUT]
     # the big (> 2 GiB) model is made and checked last, then deleted (disk is limited):
     .venv/bin/python scripts/corpus/exporters.py big DEST --trtcache BIN [--json OUT]
+    # one summary (JSON) and markdown table from both
+    .venv/bin/python scripts/corpus/exporters.py report CHECK.json BIG.json --json ALL.json --md ALL.md
 
 Steps of `make` (each model is DEST/<name>/ with model.onnx and its external data, feed.pkl
 (a realistic feed), expected.pkl (ONNX Runtime, optimizations off), golden.npz and
@@ -561,48 +563,16 @@ ENV = dict(os.environ, NO_COLOR="1", RUST_LOG="error")
 ATOL, RTOL, ULPS = 1e-4, 1e-3, 8
 
 
-def float_step(elem, mag):
-    mant, min_exp = {"float16": (10, -14), "bfloat16": (7, -126)}[elem]
-    m = abs(mag)
-    e = int(np.floor(np.log2(m))) if np.isfinite(m) and m > 0 else min_exp
-    return 2.0 ** (max(e, min_exp) - mant)
-
-
 def half_outputs(path):
-    """src/onnx/resolution.rs `half_outputs`: output -> float16/bfloat16 when the output is
-    one, or a float32/float64 output a Cast makes from one."""
-    import onnx
-    from onnx import TensorProto as T
+    from run import half_outputs as h
 
-    g = onnx.load(path, load_external_data=False).graph
-    types = {}
-    for v in list(g.value_info) + list(g.input):
-        if v.type.HasField("tensor_type"):
-            types[v.name] = v.type.tensor_type.elem_type
-    for t in g.initializer:
-        types[t.name] = t.data_type
-    prod = {o: n for n in g.node for o in n.output}
-    half = {T.FLOAT16: "float16", T.BFLOAT16: "bfloat16"}
-    out = {}
-    for o in g.output:
-        et = o.type.tensor_type.elem_type if o.type.HasField("tensor_type") else 0
-        if et in half:
-            out[o.name] = half[et]
-            continue
-        if et not in (T.FLOAT, T.DOUBLE):
-            continue
-        n = prod.get(o.name)
-        if n is None or n.op_type != "Cast" or n.domain not in ("",) or not n.input:
-            continue
-        src = n.input[0]
-        code = types.get(src)
-        if code is None:
-            p = prod.get(src)
-            if p is not None and p.op_type == "Cast" and p.domain == "":
-                code = next((a.i for a in p.attribute if a.name == "to"), None)
-        if code in half:
-            out[o.name] = half[code]
-    return out
+    return h(path)
+
+
+def float_step(elem, mag):
+    from run import float_step as f
+
+    return f(elem, mag)
 
 
 def compare(ref, got, half):
@@ -647,7 +617,7 @@ def run_both(model, artifact, feed):
     return None, None
 
 
-def check_one(d, trtcache, cache, timeout):
+def check_one(d, trtcache, cache, timeout, memory_limit=None):
     name = os.path.basename(d)
     model = os.path.join(d, "model.onnx")
     meta = json.load(open(os.path.join(d, "meta.json")))
@@ -660,6 +630,9 @@ def check_one(d, trtcache, cache, timeout):
         res["ort_error"] = str(e).splitlines()[0][:300]
     t0 = time.monotonic()
     cmd = [trtcache, "build", model, "--json", "--no-sidecar", "--cache-dir", cache]
+    if memory_limit:
+        # the build worker's bound (default: 3/4 of the machine), on a shared machine
+        cmd += ["--memory-limit", memory_limit]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV)
     except subprocess.TimeoutExpired:
@@ -767,8 +740,13 @@ def summary(results):
     served = [r for r in results if r.get("served")]
     matched = [r for r in served if r.get("match_at_validation_shape")]
     caught = [r for r in served if r.get("match_at_larger_shape") is False]
+    # issue 41's first number: served and matching, or refused only where ONNX Runtime
+    # itself cannot run the model
+    ok = len(matched) + sum(1 for r in results if not r.get("served") and r.get("ort_runs") is False)
     return {
         "models": n,
+        "ok": ok,
+        "ok_pct": round(100 * ok / n, 1) if n else 0,
         "served": len(served),
         "served_pct": round(100 * len(served) / n, 1) if n else 0,
         "matched_at_validation_shape": len(matched),
@@ -789,7 +767,7 @@ def check(a):
     with tempfile.TemporaryDirectory(dir=a.tmp) as tmp:
         cache = os.path.join(tmp, "cache")
         for t in tests:
-            r = check_one(os.path.join(a.dest, t), a.trtcache, cache, a.timeout)
+            r = check_one(os.path.join(a.dest, t), a.trtcache, cache, a.timeout, a.memory_limit)
             results.append(r)
             print(json.dumps(r), flush=True)
     out = {"summary": summary(results), "results": results}
@@ -837,12 +815,26 @@ def big(a):
     json.dump(meta, open(os.path.join(d, "meta.json"), "w"), indent=1)
     print(f"wrote {name}: {os.path.getsize(os.path.join(d, 'table.bin')) / 1e9:.2f} GB", flush=True)
     with tempfile.TemporaryDirectory(dir=a.tmp) as tmp:
-        r = check_one(d, a.trtcache, os.path.join(tmp, "cache"), a.timeout)
+        r = check_one(d, a.trtcache, os.path.join(tmp, "cache"), a.timeout, a.memory_limit)
     print(json.dumps(r), flush=True)
     if a.json:
         json.dump(r, open(a.json, "w"), indent=1)
     if not a.keep:
         shutil.rmtree(d)
+
+
+def report(a):
+    """One summary and table from `check` and `big` JSON files."""
+    results = []
+    for f in a.files:
+        j = json.load(open(f))
+        results += j["results"] if "results" in j else [j]
+    out = {"summary": summary(results), "results": results}
+    if a.json:
+        json.dump(out, open(a.json, "w"), indent=1)
+    if a.md:
+        open(a.md, "w").write(md_table(results))
+    print(json.dumps(out["summary"], indent=1))
 
 
 def main():
@@ -862,8 +854,13 @@ def main():
         c.add_argument("--timeout", type=int, default=1800)
         c.add_argument("--tmp", help="folder for the temporary cache (default: $TMPDIR)")
         c.add_argument("--keep", action="store_true", help="big: keep the model")
+        c.add_argument("--memory-limit", help="trtcache build --memory-limit (e.g. 8G on a shared machine)")
+    r = sub.add_parser("report", help="merge check/big JSON files into one summary and table")
+    r.add_argument("files", nargs="+")
+    r.add_argument("--json")
+    r.add_argument("--md")
     a = ap.parse_args()
-    {"make": make, "check": check, "big": big}[a.cmd](a)
+    {"make": make, "check": check, "big": big, "report": report}[a.cmd](a)
 
 
 if __name__ == "__main__":
