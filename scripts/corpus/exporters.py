@@ -20,12 +20,13 @@ meta.json: exporter, package versions, the sizes and value rules of its inputs):
   optimum   optimum-onnx `main_export` from local random-init transformers models: a Llama
             decoder with past (text-generation-with-past), a T5 encoder-decoder
             (text2text-generation-with-past: encoder, decoder, decoder with past, the merged
-            decoder), BERT feature extraction;
+            decoder), a Whisper encoder-decoder with past (automatic-speech-recognition-with-past),
+            a ViT image classifier, BERT feature extraction;
   genai     onnxruntime-genai's model builder on the local Llama: int4/int8/fp16/fp32, CPU
             and CUDA targets (GroupQueryAttention, MatMulNBits, SimplifiedLayerNormalization);
   diffusers a tiny UNet2DConditionModel and AutoencoderKL decoder through torch.onnx.export,
             TorchScript (dynamo=False) and dynamo=True exporters;
-  fp16      float16 conversions of the BERT and the UNet: onnxconverter-common and
+  fp16      float16 conversions of the BERT, the UNet, the ViT and the Whisper encoder: onnxconverter-common and
             onnxruntime.transformers' float16, keep_io_types True and False;
   hummingbird  scikit-learn trees through hummingbird-ml (gemm, tree_trav, perf_tree_trav).
 `big` writes a model with a 2.29 GB initializer in external data (a Gather table).
@@ -98,7 +99,7 @@ def dims_of(vi, sizes):
             shape.append(sizes[(vi.name, k)])
         elif p in sizes:
             shape.append(sizes[p])
-        elif p and re.fullmatch(r"[\w\s+\-*]+", p):
+        elif p and re.fullmatch(r"[\w\s+\-*/]+", p):
             try:
                 shape.append(int(eval(p, {}, {k2: v for k2, v in sizes.items() if isinstance(k2, str)})))
             except Exception:
@@ -284,6 +285,41 @@ def bert_source(dest):
     return d
 
 
+def whisper_source(dest):
+    import torch
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    d = os.path.join(dest, SRC, "whisper")
+    if os.path.exists(os.path.join(d, "tokenizer.json")):
+        return d
+    torch.manual_seed(0)
+    c = WhisperConfig(vocab_size=256, num_mel_bins=16, d_model=64, encoder_layers=2, decoder_layers=2,
+                      encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                      max_source_positions=32, max_target_positions=64, decoder_start_token_id=1, pad_token_id=0,
+                      bos_token_id=1, eos_token_id=2, begin_suppress_tokens=None, suppress_tokens=None)
+    WhisperForConditionalGeneration(c).save_pretrained(d)
+    tokenizer_to(d, 256)
+    from transformers import WhisperFeatureExtractor
+
+    WhisperFeatureExtractor(feature_size=16).save_pretrained(d)
+    return d
+
+
+def vit_source(dest):
+    import torch
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+    d = os.path.join(dest, SRC, "vit")
+    if os.path.exists(os.path.join(d, "preprocessor_config.json")):
+        return d
+    torch.manual_seed(0)
+    c = ViTConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=128, num_labels=10)
+    ViTForImageClassification(c).save_pretrained(d)
+    ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(d)
+    return d
+
+
 # ---------------------------------------------------------------- steps
 
 OPT_PKGS = ("optimum-onnx", "optimum", "transformers")
@@ -302,7 +338,17 @@ def optimum_models(dest, only):
         ("opt_llama_past", llama_source, "text-generation-with-past", {}),
         ("opt_t5", t5_source, "text2text-generation-with-past", {}),
         ("opt_bert", bert_source, "feature-extraction", {}),
+        ("opt_whisper", whisper_source, "automatic-speech-recognition-with-past", {"nb_max_frames": 64}),
+        ("opt_vit", vit_source, "image-classification", {}),
     ]
+    # Sizes the weights fix: Whisper's encoder takes exactly 2 x max_source_positions frames
+    # of num_mel_bins features; the ViT's patch Conv fixes its channels (3), its position
+    # embeddings its image side (optimum declares all three free).
+    fixed = {"opt_whisper": ["encoder_sequence_length", "feature_size", "input_features#1", "input_features#2"],
+             "opt_vit": ["pixel_values#1", "pixel_values#2", "pixel_values#3"]}
+    sizes = {"opt_whisper": dict(LM, encoder_sequence_length=64, feature_size=16,
+                                 **{"encoder_sequence_length / 2": 32}),
+             "opt_vit": {**LM, ("pixel_values", 1): 3, ("pixel_values", 2): 32, ("pixel_values", 3): 32}}
     for name, src, task, kw in jobs:
         if only and not any(only.search(n) for n in (name, name + "_x")):
             continue
@@ -315,8 +361,8 @@ def optimum_models(dest, only):
             n = name if len(files) == 1 else f"{name}_{f[:-5]}"
             if only and not only.search(n):
                 continue
-            save(dest, n, os.path.join(out, f), f"optimum-onnx main_export task={task} ({f})", LM,
-                 {"__vocab__": 256}, OPT_PKGS)
+            save(dest, n, os.path.join(out, f), f"optimum-onnx main_export task={task} ({f})", sizes.get(name, LM),
+                 {"__vocab__": 256}, OPT_PKGS, fixed=fixed.get(name, ()))
 
 
 GENAI = [("int4", "cpu"), ("int8", "cpu"), ("fp32", "cpu"), ("int4", "cuda"), ("fp16", "cuda"), ("fp16", "cpu")]
@@ -457,8 +503,12 @@ def fp16_models(dest, only):
 
     unet = {("sample", 0): 2, ("sample", 2): 32, ("sample", 3): 32, ("timestep", 0): 2,
             ("encoder_hidden_states", 0): 2, ("encoder_hidden_states", 1): 16}
-    bases = [("opt_bert", LM, {"__vocab__": 256}), ("diffusers_unet_ts", unet, {"timestep": "uniform:0:1000"})]
-    for base, sizes, rules in bases:
+    bases = [("opt_bert", LM, {"__vocab__": 256}, ()), ("diffusers_unet_ts", unet, {"timestep": "uniform:0:1000"}, ()),
+             ("opt_vit", {("pixel_values", 0): 2, ("pixel_values", 1): 3, ("pixel_values", 2): 32,
+                          ("pixel_values", 3): 32}, {}, ["pixel_values#1", "pixel_values#2", "pixel_values#3"]),
+             ("opt_whisper_encoder_model", {"batch_size": 2, "feature_size": 16, "encoder_sequence_length": 64}, {},
+              ["feature_size", "encoder_sequence_length", "input_features#1", "input_features#2"])]
+    for base, sizes, rules, fixed in bases:
         p = os.path.join(dest, base, "model.onnx")
         if not os.path.exists(p):
             print(f"fp16: {base} missing, skipped", flush=True)
@@ -481,7 +531,7 @@ def fp16_models(dest, only):
                     label = f"onnxruntime.transformers.float16.convert_float_to_float16(keep_io_types={keep})"
                 out = os.path.join(dest, SRC, name + ".onnx")
                 onnx.save(m16, out)
-                save(dest, name, out, f"{label} of {base}", sizes, rules, ("onnxconverter-common",))
+                save(dest, name, out, f"{label} of {base}", sizes, rules, ("onnxconverter-common",), fixed=fixed)
 
 
 def hummingbird_models(dest, only):
