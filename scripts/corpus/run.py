@@ -19,7 +19,8 @@ Per test (a folder with model.onnx, feed.pkl, expected.pkl, optionally golden.np
      (the analysis's inference) matches the shape ONNX Runtime produced (`shape-mismatch`
      otherwise). --export-only runs only this step after the reference.
 Floats compare with |a - e| <= atol + rtol |e| (default atol 1e-4, rtol 1e-3, trtcache's
-fp32 tolerance); integers, bools and strings exactly; maps key by key; sequences item by
+fp32 tolerance), and float16/bfloat16 outputs (or float32 ones a Cast makes from them) also
+within --ulps (8) steps of their type at max(|e|, rms(e)), trtcache's rule for them; integers, bools and strings exactly; maps key by key; sequences item by
 item. Exit status 0 when every test ORT runs passes every step.
 """
 import argparse
@@ -63,8 +64,59 @@ def feed_for(sess, feed):
     return {k: ortify(v) for k, v in feed.items() if k in names}
 
 
-def same(a, e, atol, rtol, path="out"):
-    """None when `a` matches `e`, else a short reason."""
+ULPS = 8  # trtcache's default `ulps` (src/spec.rs DEFAULT_HALF_ULPS)
+
+
+def float_step(elem, mag):
+    """One step of a float16/bfloat16 value of magnitude `mag` (src/spec.rs `float_step`)."""
+    mant, min_exp = {"float16": (10, -14), "bfloat16": (7, -126)}[elem]
+    m = abs(mag)
+    e = int(np.floor(np.log2(m))) if np.isfinite(m) and m > 0 else min_exp
+    return 2.0 ** (max(e, min_exp) - mant)
+
+
+def half_outputs(path):
+    """src/onnx/resolution.rs `half_outputs`: output -> float16/bfloat16 when the output is
+    one, or a float32/float64 output a Cast makes from one."""
+    import onnx
+    from onnx import TensorProto as T
+
+    g = onnx.load(path, load_external_data=False).graph
+    types = {}
+    for v in list(g.value_info) + list(g.input):
+        if v.type.HasField("tensor_type"):
+            types[v.name] = v.type.tensor_type.elem_type
+    for t in g.initializer:
+        types[t.name] = t.data_type
+    prod = {o: n for n in g.node for o in n.output}
+    half = {T.FLOAT16: "float16", T.BFLOAT16: "bfloat16"}
+    out = {}
+    for o in g.output:
+        et = o.type.tensor_type.elem_type if o.type.HasField("tensor_type") else 0
+        if et in half:
+            out[o.name] = half[et]
+            continue
+        if et not in (T.FLOAT, T.DOUBLE):
+            continue
+        n = prod.get(o.name)
+        if n is None or n.op_type != "Cast" or n.domain not in ("",) or not n.input:
+            continue
+        src = n.input[0]
+        code = types.get(src)
+        if code is None:
+            p = prod.get(src)
+            if p is not None and p.op_type == "Cast" and p.domain == "":
+                code = next((a.i for a in p.attribute if a.name == "to"), None)
+        if code in half:
+            out[o.name] = half[code]
+    return out
+
+
+def same(a, e, atol, rtol, path="out", half=None, ulps=ULPS):
+    """None when `a` matches `e`, else a short reason. A float16/bfloat16 output (or one
+    `half` names: a float32 output a Cast makes from one) also passes within `ulps` steps of
+    its half type at max(|e|, rms(e)), as trtcache's validation does (src/spec.rs
+    `Tolerance::half_bound`)."""
     if e is None or a is None:
         return None if a is None and e is None else f"{path}: one side is None"
     if isinstance(e, dict):
@@ -73,7 +125,7 @@ def same(a, e, atol, rtol, path="out"):
         if set(a) != set(e):
             return f"{path}: keys differ"
         for k in e:
-            r = same(a[k], e[k], atol, rtol, f"{path}[{k!r}]")
+            r = same(a[k], e[k], atol, rtol, f"{path}[{k!r}]", half, ulps)
             if r:
                 return r
         return None
@@ -81,7 +133,7 @@ def same(a, e, atol, rtol, path="out"):
         if not isinstance(a, list) or len(a) != len(e):
             return f"{path}: sequence length differs"
         for i, (x, y) in enumerate(zip(a, e)):
-            r = same(x, y, atol, rtol, f"{path}[{i}]")
+            r = same(x, y, atol, rtol, f"{path}[{i}]", half, ulps)
             if r:
                 return r
         return None
@@ -95,7 +147,17 @@ def same(a, e, atol, rtol, path="out"):
         np.seterr(all="ignore")
         both_nan = np.isnan(af) & np.isnan(ef)
         eq = af == ef
-        close = np.abs(af - ef) <= atol + rtol * np.abs(ef)
+        bound = atol + rtol * np.abs(ef)
+        half = half or {"float16": "float16", "bfloat16": "bfloat16"}.get(e.dtype.name)
+        if half and e.dtype.kind == "f" and ulps:
+            finite = np.isfinite(ef)
+            scale = float(np.sqrt(np.mean(ef[finite] ** 2))) if finite.any() else 0.0
+            mag = np.maximum(np.where(finite, np.abs(ef), 0.0), scale)
+            mant, min_exp = {"float16": (10, -14), "bfloat16": (7, -126)}[half]
+            with np.errstate(divide="ignore"):
+                exp = np.where(mag > 0, np.floor(np.log2(np.where(mag > 0, mag, 1.0))), min_exp)
+            bound = np.maximum(bound, ulps * 2.0 ** (np.maximum(exp, min_exp) - mant))
+        close = np.abs(af - ef) <= bound
         bad = ~(both_nan | eq | close)
         if bad.any():
             d = np.abs(af - ef)[bad]
@@ -109,11 +171,12 @@ def same(a, e, atol, rtol, path="out"):
     return None if np.array_equal(a, e) else f"{path}: values differ"
 
 
-def compare_all(got, expected, atol, rtol):
+def compare_all(got, expected, atol, rtol, halves=None, ulps=ULPS):
+    """`halves`: per output, the half type whose resolution it has (`half_outputs`), or None."""
     if len(got) != len(expected):
         return f"{len(got)} outputs, expected {len(expected)}"
     for i, (g, e) in enumerate(zip(got, expected)):
-        r = same(g, e, atol, rtol, f"output {i}")
+        r = same(g, e, atol, rtol, f"output {i}", (halves or [None] * len(expected))[i], ulps)
         if r:
             return r
     return None
@@ -333,7 +396,8 @@ def one(t, a, cache):
     except Exception as e:
         res.update(cls="artifact-error", why=first_line(str(e)))
         return res
-    r = compare_all(got, expected, a.atol, a.rtol)
+    halves = [half_outputs(model).get(n) for n in out_names]
+    r = compare_all(got, expected, a.atol, a.rtol, halves, a.ulps)
     if r:
         exact = stft_exact(model, j["artifact"]["entry"], feed, out_names, got, expected, a.atol, a.rtol)
         if not exact:
@@ -360,7 +424,8 @@ def export_step(res, model, feed, expected, out_names, a):
         except Exception as e:
             res.update(cls="partition-error", why=first_line(str(e)))
             return res
-        r = compare_all(got, expected, a.atol, a.rtol)
+        halves = [half_outputs(model).get(n) for n in out_names]
+        r = compare_all(got, expected, a.atol, a.rtol, halves, a.ulps)
         if r:
             res.update(cls="partition-mismatch", why=r)
             return res
@@ -383,6 +448,8 @@ def main():
     ap.add_argument("--cache-dir")
     ap.add_argument("--atol", type=float, default=1e-4)
     ap.add_argument("--rtol", type=float, default=1e-3)
+    ap.add_argument("--ulps", type=float, default=ULPS,
+                    help="float16/bfloat16 outputs also pass within this many steps of their type (trtcache's --ulps)")
     ap.add_argument("--timeout", type=float, default=600)
     a = ap.parse_args()
     only = re.compile(a.only) if a.only else None
