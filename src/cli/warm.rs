@@ -44,6 +44,14 @@ pub struct WarmArgs {
     /// that copied nothing, or a wrong --models).
     #[arg(long)]
     pub allow_empty: bool,
+    /// Build for this ONNX Runtime library (`…/libonnxruntime.so.1.32.0`) instead of the
+    /// current one: the deploy step before a runtime upgrade. Through a running daemon it is
+    /// an admin request, and the library joins the daemon's incoming runtimes (pre-built in
+    /// the background from then on, served to consumers that say they run it). Exits 0 only
+    /// when every model has a validated artifact for it. docs/daemon.md, "Upgrading the
+    /// runtime".
+    #[arg(long, value_name = "LIBRARY")]
+    pub runtime: Option<std::path::PathBuf>,
     /// Print the results as JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -168,6 +176,15 @@ pub fn warm(a: WarmArgs) -> anyhow::Result<ExitCode> {
         timeout_ms: deadline
             .map(|d| d.saturating_duration_since(Instant::now()).as_millis() as u64),
         paths: files.iter().map(|f| f.display().to_string()).collect(),
+        runtime: a
+            .runtime
+            .as_deref()
+            .map(|r| {
+                std::path::absolute(r)
+                    .with_context(|| format!("resolving {}", r.display()))
+                    .map(|p| p.display().to_string())
+            })
+            .transpose()?,
     };
     let mut results = if req.models.is_empty() && req.paths.is_empty() {
         // An empty request means "every model" on the wire: never send it.
@@ -242,6 +259,7 @@ fn not_built(model: &str, reason: &str) -> BuildResult {
         code: Some(ErrorCode::Timeout),
         reason: Some(reason.into()),
         seconds: 0.0,
+        runtime: None,
     }
 }
 

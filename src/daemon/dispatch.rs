@@ -188,13 +188,17 @@ impl Session {
 
     /// Building from a path (outside the repository) is an admin request too.
     fn admin_for_paths(&self, b: &BuildRequest) -> Result<(), Failure> {
-        if b.paths.is_empty() || self.peer.is_admin() {
+        if (b.paths.is_empty() && b.runtime.is_none()) || self.peer.is_admin() {
             return Ok(());
         }
         tracing::warn!(uid = self.peer.uid, "build from a path refused");
         Err((
             ErrorCode::PermissionDenied,
-            "building from a path needs root or the daemon's user; others name models in the repository".into(),
+            if b.runtime.is_some() {
+                "building for another runtime needs root or the daemon's user (the daemon's workers load the library)".into()
+            } else {
+                "building from a path needs root or the daemon's user; others name models in the repository".into()
+            },
         ))
     }
 

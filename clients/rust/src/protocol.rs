@@ -247,6 +247,11 @@ pub struct BuildRequest {
     /// `NAME.trtcache.toml` next to the file is used. Progress and results name the path.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub paths: Vec<String>,
+    /// Admin: an ONNX Runtime library (absolute path) to build the models for instead of the
+    /// current runtime, added to the daemon's incoming runtimes (`trtcache warm --runtime`,
+    /// docs/daemon.md "Upgrading the runtime"). The daemon's workers load it, hence admin only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
 }
 
 /// Output format of [`Request::Stats`].
@@ -819,6 +824,9 @@ pub struct BuildResult {
     /// Wall time of this variant's build (0 when cached).
     #[serde(default)]
     pub seconds: f64,
+    /// The incoming ONNX Runtime version it was built for; absent for the current runtime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
 }
 
 /// Daemon counters.

@@ -52,6 +52,10 @@ impl Service {
         }
 
         let backend = wire_backend(req.backend.as_deref())?;
+        let runtime = match &req.runtime {
+            Some(path) => Some(self.add_runtime(path).await?),
+            None => None,
+        };
         let limit = req
             .timeout_ms
             .map(Duration::from_millis)
@@ -72,6 +76,13 @@ impl Service {
                     sels.push(self.selection_for(&variants, None, Some(b)));
                 }
             }
+            if let Some(v) = &runtime {
+                // An ONNX Runtime library serves the `ort-*` backends only.
+                sels.retain(|s| s.backend != crate::spec::Backend::Trt);
+                for s in &mut sels {
+                    s.runtime = Some(v.clone());
+                }
+            }
             for sel in sels {
                 let svc = self.clone();
                 let ev = events.clone();
@@ -90,6 +101,39 @@ impl Service {
             }
         }
         Ok(out)
+    }
+
+    /// Adds the ONNX Runtime library at `path` to the incoming runtimes (found and
+    /// trust-checked on the blocking pool); its version. Its models are then pre-built in the
+    /// background too, as for a configured one.
+    async fn add_runtime(self: &Arc<Self>, path: &str) -> Result<String, Failure> {
+        let p = std::path::PathBuf::from(path);
+        if !p.is_absolute() {
+            return Err(fail(
+                ErrorCode::BadRequest,
+                format!("runtime `{path}`: an absolute path to libonnxruntime.so.*"),
+            ));
+        }
+        let rt = tokio::task::spawn_blocking(move || {
+            crate::daemon::runtimes::OrtRuntime::locate(Some(&p))
+        })
+        .await
+        .map_err(|e| fail(ErrorCode::Internal, e.to_string()))?
+        .map_err(|e| fail(ErrorCode::BadRequest, format!("runtime {path}: {e}")))?;
+        let version = rt.version.clone();
+        match self.build_cache.add_runtime(rt) {
+            Ok(true) => {
+                tracing::info!(%version, library = %path, "incoming runtime added");
+                let names: Vec<String> = self.lock().models.keys().cloned().collect();
+                for name in names {
+                    let svc = self.clone();
+                    tokio::spawn(async move { svc.warm_model(&name).await });
+                }
+            }
+            Ok(false) => {}
+            Err(e) => return Err(fail(ErrorCode::BadRequest, e.to_string())),
+        }
+        Ok(version)
     }
 
     pub(super) async fn build_one(
@@ -119,6 +163,7 @@ impl Service {
             code: None,
             reason: None,
             seconds: 0.0,
+            runtime: sel.runtime.clone(),
         };
         let _ = events.send(emit("planning")).await;
         let planned = if outside {
