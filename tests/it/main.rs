@@ -30,6 +30,7 @@ mod reliability_races;
 mod reliability_store;
 mod reliability_worker;
 mod remote;
+mod runtimes;
 mod remote_faults;
 mod support;
 mod trt;
