@@ -329,6 +329,8 @@ pub trait BuildCache: Send + Sync + 'static {
     fn runtimes(&self) -> Option<crate::daemon::runtimes::Runtimes> {
         None
     }
+    /// Tells the store which runtimes gc evicts last (before a gc; after runtimes change).
+    fn refresh_keep(&self) {}
     /// Adds an incoming runtime (`warm --runtime`); whether it was new.
     fn add_runtime(
         &self,

@@ -143,6 +143,31 @@ impl Runtimes {
     }
 }
 
+/// What gc keeps last in `store`: `rts`'s current and incoming versions, and those of
+/// artifacts a consumer used within `keep_used_secs` (0: none kept for use alone).
+pub fn keep_in(
+    store: &dyn crate::cache::Store,
+    rts: &Runtimes,
+    keep_used_secs: u64,
+) -> RuntimeKeep {
+    let mut used = Vec::new();
+    if keep_used_secs > 0 {
+        let since = crate::cache::now_secs().saturating_sub(keep_used_secs);
+        match store.list() {
+            Ok(records) => used.extend(
+                records
+                    .iter()
+                    .filter(|r| r.last_used >= since)
+                    .filter_map(|r| r.parts.backend.versions.get("onnxruntime").cloned()),
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "listing the cache for the runtimes in use failed; keeping the current and incoming ones only")
+            }
+        }
+    }
+    rts.keep(used)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

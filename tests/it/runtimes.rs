@@ -53,7 +53,11 @@ fn current_version() -> String {
 /// A Python consumer: acquires each model through the Python client (`runtime="auto"`: the
 /// onnxruntime it imports), runs one inference, and prints `model key runtime-version`.
 /// `pythonpath`: the incoming runtime's folder, for a consumer on it.
-fn consumer(d: &Daemon, models: &[&str], pythonpath: Option<&Path>) -> Vec<(String, String, String)> {
+fn consumer(
+    d: &Daemon,
+    models: &[&str],
+    pythonpath: Option<&Path>,
+) -> Vec<(String, String, String)> {
     let script = r#"
 import sys
 sys.path.insert(0, sys.argv[1])
@@ -93,7 +97,10 @@ for m in sys.argv[3:]:
         .map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
             assert_eq!(f.len(), 4, "{l}");
-            assert_eq!(f[2], f[3], "served an artifact built for another runtime: {l}");
+            assert_eq!(
+                f[2], f[3],
+                "served an artifact built for another runtime: {l}"
+            );
             (f[0].to_string(), f[1].to_string(), f[2].to_string())
         })
         .collect()
@@ -131,7 +138,12 @@ fn a_runtime_upgrade_is_prebuilt_served_without_builds_and_kept_by_gc() {
     // The deploy step: every model pre-built for the incoming runtime.
     let out = cli(
         &d,
-        &["warm", "--json", "--runtime", incoming_lib.to_str().unwrap()],
+        &[
+            "warm",
+            "--json",
+            "--runtime",
+            incoming_lib.to_str().unwrap(),
+        ],
     );
     assert!(
         out.status.success(),
@@ -150,7 +162,10 @@ fn a_runtime_upgrade_is_prebuilt_served_without_builds_and_kept_by_gc() {
     let st = d.client().list().unwrap();
     for m in &st {
         let runtimes: Vec<Option<String>> = m.variants.iter().map(|v| v.runtime.clone()).collect();
-        assert!(runtimes.contains(&None) && runtimes.contains(&Some(new.clone())), "{m:?}");
+        assert!(
+            runtimes.contains(&None) && runtimes.contains(&Some(new.clone())),
+            "{m:?}"
+        );
         assert!(m
             .variants
             .iter()
@@ -161,7 +176,11 @@ fn a_runtime_upgrade_is_prebuilt_served_without_builds_and_kept_by_gc() {
     let built = builds(&d);
     let after = consumer(&d, &names, Some(&incoming_dir));
     assert!(after.iter().all(|(_, _, v)| *v == new), "{after:?}");
-    assert_eq!(builds(&d), built, "an acquire on the new runtime built something");
+    assert_eq!(
+        builds(&d),
+        built,
+        "an acquire on the new runtime built something"
+    );
     for ((m, k_old, _), (_, k_new, _)) in before.iter().zip(&after) {
         assert_ne!(k_old, k_new, "{m}: one key for two runtimes");
     }
@@ -209,7 +228,11 @@ except t.RuntimeUnavailable as e:
     assert_eq!(switched, after);
     // gc down to one runtime's worth: the old runtime's artifacts go first.
     let out = cli(&d, &["gc", "--json", "--dry-run", "--max-size", "1"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let gc = support::json(&out);
     let evicted: Vec<String> = gc["evicted"]
         .as_array()

@@ -67,6 +67,10 @@ pub struct DiskBuildCache {
     /// each poll does not read and plan the model again.
     waiting:
         std::sync::Mutex<std::collections::HashMap<CacheKey, (BuildJob, crate::key::KeyParts)>>,
+    /// The current and incoming ONNX Runtime libraries (`daemon::runtimes`).
+    runtimes: std::sync::Mutex<crate::daemon::runtimes::Runtimes>,
+    /// `[runtimes] keep_used_secs`.
+    keep_used_secs: u64,
 }
 
 impl std::fmt::Debug for DiskBuildCache {
@@ -188,6 +192,8 @@ impl DiskBuildCache {
             limits.cache_size_bytes,
         )?;
         runtime::load(ort_library).map_err(|e| BuildCacheError::Runtime(e.into()))?;
+        let current = crate::daemon::runtimes::OrtRuntime::locate(ort_library)
+            .map_err(|e| BuildCacheError::Runtime(e.into()))?;
         if limits.cache_check_secs > 0 {
             cache.watch(std::time::Duration::from_secs(limits.cache_check_secs));
         }
@@ -202,6 +208,11 @@ impl DiskBuildCache {
             worker_kill_retries: limits.worker_kill_retries,
             remote: None,
             waiting: Default::default(),
+            runtimes: std::sync::Mutex::new(
+                crate::daemon::runtimes::Runtimes::resolve(current, &[])
+                    .map_err(|e| BuildCacheError::Runtime(e.into()))?,
+            ),
+            keep_used_secs: crate::config::RuntimesConfig::default().keep_used_secs,
         })
     }
 
@@ -616,6 +627,42 @@ impl BuildCache for DiskBuildCache {
         // Hit counters are written lazily; make them durable at shutdown.
         self.cache.current().store.flush().map_err(store_err)
     }
+
+    fn runtimes(&self) -> Option<crate::daemon::runtimes::Runtimes> {
+        Some(
+            self.runtimes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        )
+    }
+
+    fn add_runtime(
+        &self,
+        rt: crate::daemon::runtimes::OrtRuntime,
+    ) -> Result<bool, BuildCacheError> {
+        let added = self
+            .runtimes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .add(rt)
+            .map_err(|e| BuildCacheError::Invalid(e.into()))?;
+        if added {
+            self.refresh_keep();
+        }
+        Ok(added)
+    }
+
+    fn refresh_keep(&self) {
+        let rts = self
+            .runtimes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let store = self.cache.current().store.clone();
+        let keep = crate::daemon::runtimes::keep_in(&*store, &rts, self.keep_used_secs);
+        store.keep_runtimes(keep);
+    }
 }
 
 impl DiskBuildCache {
@@ -755,6 +802,26 @@ impl DiskBuildCache {
         }
     }
 
+    /// Builds for the incoming runtimes of `[runtimes]` too (each located and trust-checked
+    /// now), and tells the store which runtimes gc evicts last.
+    pub fn with_runtimes(
+        mut self,
+        cfg: &crate::config::RuntimesConfig,
+    ) -> Result<Self, BuildCacheError> {
+        {
+            let mut rts = self.runtimes.lock().unwrap_or_else(|p| p.into_inner());
+            let current = rts.current.clone();
+            *rts = crate::daemon::runtimes::Runtimes::resolve(current, &cfg.onnxruntime)
+                .map_err(|e| BuildCacheError::Invalid(e.into()))?;
+            for rt in rts.incoming() {
+                tracing::info!(version = %rt.version, library = %rt.path.display(), "incoming runtime: every model is pre-built for it in the background");
+            }
+        }
+        self.keep_used_secs = cfg.keep_used_secs;
+        self.refresh_keep();
+        Ok(self)
+    }
+
     /// Whether builds apply the graph rewrites (config `rewrite`; on when not called).
     pub fn with_rewrite(mut self, on: bool) -> Self {
         self.rewrite = on;
@@ -771,7 +838,8 @@ pub fn open(cfg: &crate::config::Config) -> Result<DiskBuildCache, BuildCacheErr
         &cfg.limits,
         &cfg.trt,
     )?
-    .with_rewrite(cfg.rewrite);
+    .with_rewrite(cfg.rewrite)
+    .with_runtimes(&cfg.runtimes)?;
     Ok(match &cfg.remote {
         Some(r) => {
             let tier = crate::remote::RemoteTier::open(r).map_err(|e| {

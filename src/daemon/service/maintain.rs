@@ -136,8 +136,13 @@ impl Service {
 
     /// Evicts least-recently-used entries down to `max_bytes` (or says which it would).
     pub async fn cache_gc(&self, max_bytes: u64, dry_run: bool) -> Result<CacheGcReport, Failure> {
+        let cache = self.build_cache.clone();
         let r = self
-            .on_store(move |s| s.gc(max_bytes, dry_run).map_err(internal))
+            .on_store(move |s| {
+                // The runtimes in use now (current, incoming, recently used) are evicted last.
+                cache.refresh_keep();
+                s.gc(max_bytes, dry_run).map_err(internal)
+            })
             .await?;
         if !dry_run {
             self.forget_ready(r.evicted.iter().filter_map(|k| CacheKey::parse(k).ok()));
