@@ -427,7 +427,11 @@ fn render_results(results: &[BuildResult], st: Style) -> String {
         };
         rows.push(vec![
             r.model.clone(),
-            r.backend.clone(),
+            match &r.runtime {
+                // Built for an incoming runtime (`warm --runtime`).
+                Some(v) => format!("{} (onnxruntime {v})", r.backend),
+                None => r.backend.clone(),
+            },
             r.profile.clone(),
             state,
             r.key
