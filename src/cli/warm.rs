@@ -577,7 +577,10 @@ fn render_status(models: &[ModelStatus], st: Style) -> String {
             rows.push(vec![
                 m.name.clone(),
                 m.version.to_string(),
-                v.backend.clone(),
+                match &v.runtime {
+                    Some(rt) => format!("{} (onnxruntime {rt})", v.backend),
+                    None => v.backend.clone(),
+                },
                 v.profile.clone(),
                 state,
                 v.key
