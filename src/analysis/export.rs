@@ -69,17 +69,36 @@ pub struct Manifest {
 
 /// The typed `ValueInfoProto` of `name`: its declaration when complete, else the facts'
 /// tensor type, else the type [`super::types`] found (sequences, maps, optionals, body
-/// outputs).
+/// outputs). Weights (an initializer, a `Constant`'s output) take the facts' type, exact
+/// from the data, over a declaration: an exporter's `value_info` can be wrong about them
+/// (onnxruntime-genai declares a 4-element shape Constant as a scalar), and a partition
+/// input declared that way does not load ("shape input must be 1D").
 fn value_info(
     name: &str,
     facts: &GraphFacts,
     declared: Option<&ValueInfoProto>,
     found: &Types<'_>,
 ) -> Option<ValueInfoProto> {
+    let known = |t: &TensorFacts| t.dtype.filter(|d| d.code() != 0);
+    let exact = facts.get(name).filter(|t| {
+        t.weights
+            && known(t).is_some()
+            && t.shape
+                .as_ref()
+                .is_some_and(|s| s.iter().all(|d| d.known().is_some()))
+    });
+    if let Some(t) = exact {
+        if let Some(dt) = known(t) {
+            return Some(ValueInfoProto {
+                name: name.to_string(),
+                r#type: Some(types::tensor(dt, t.shape.as_deref())),
+                ..Default::default()
+            });
+        }
+    }
     if let Some(d) = declared.filter(|d| d.r#type.as_ref().is_some_and(types::complete)) {
         return Some(d.clone());
     }
-    let known = |t: &TensorFacts| t.dtype.filter(|d| d.code() != 0);
     let r#type = match facts.get(name).and_then(|t| Some((known(t)?, t))) {
         Some((dt, t)) => types::tensor(dt, t.shape.as_deref()),
         None => found.get(name)?.clone(),

@@ -129,7 +129,18 @@ fn step<'a>(g: &Graph<'a>, id: usize, node: &'a NodeProto, opset: i64, f: &mut G
             continue;
         }
         let inferred = outs.get_mut(slot).and_then(|o| o.take());
-        let declared = g.value_info.get(out.as_str());
+        // A Constant's type and shape are its tensor's, exactly: a declaration that says
+        // otherwise is the exporter's mistake (onnxruntime-genai declares a 4-element shape
+        // Constant as a scalar), not a reason to believe it.
+        let exact = std_domain
+            && op == "Constant"
+            && inferred.as_ref().is_some_and(|o| {
+                o.dtype.is_some()
+                    && o.shape
+                        .as_ref()
+                        .is_some_and(|s| s.iter().all(|d| d.known().is_some()))
+            });
+        let declared = g.value_info.get(out.as_str()).filter(|_| !exact);
         let mut info = merge(inferred, declared.copied());
         info.class = class;
         info.weights = std_domain && op == "Constant";

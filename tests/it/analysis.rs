@@ -352,6 +352,27 @@ for k, v in expected.items():
 print(len(man["order"]), len(expected))
 "#;
 
+/// A shape Constant that the model's own `value_info` declares as a scalar (as
+/// onnxruntime-genai's builder does), feeding a Reshape that lands in another partition: the
+/// partition's input must carry the Constant's real shape, or it does not load.
+fn misdeclared_constant() -> trtcache::onnx::proto::ModelProto {
+    use trtcache::fixtures::{attr, model, tensor_i64, value_info, GraphBuilder};
+    use trtcache::onnx::ElemType::{Float32, Int64};
+    let mut g = GraphBuilder::new("misdeclared_constant");
+    g.input("x", Float32, &[2.into(), 6.into()])
+        .output("y", Float32, Some(&[3.into(), 4.into()]));
+    g.node("Relu", &["x"], &["r"]);
+    g.node("Constant", &[], &["shape"])
+        .attribute
+        .push(attr::tensor("value", tensor_i64("", &[2], &[3, -1])));
+    g.node("Reshape", &["r", "shape"], &["y"]);
+    let mut m = model(g.build(), &[("", 17)]);
+    if let Some(graph) = m.graph.as_mut() {
+        graph.value_info.push(value_info("shape", Int64, Some(&[])));
+    }
+    m
+}
+
 #[test]
 fn exported_partitions_reproduce_the_full_model() {
     let dir = tempfile::tempdir().unwrap();
@@ -368,6 +389,11 @@ fn exported_partitions_reproduce_the_full_model() {
     ));
     cases.push(("enc".into(), models::tiny_encoder(false), vec![]));
     cases.push(("if_loop".into(), models::if_loop(), vec![]));
+    cases.push((
+        "misdeclared_constant".into(),
+        misdeclared_constant(),
+        vec!["--trt-exclude", "Reshape", "--providers", "tensorrt,cpu"],
+    ));
     cases.push((
         "enc_split".into(),
         models::tiny_encoder(false),
