@@ -169,9 +169,10 @@ impl CancelToken {
 pub const MAX_REASON_BYTES: usize = 1024;
 
 /// A failure reason as the daemon keeps and sends it: control characters (terminal escapes
-/// included) replaced by spaces, cut to [`MAX_REASON_BYTES`] at character boundaries by
-/// dropping its middle: the head says what failed, the tail is where build errors say what
-/// to do about it ("Fix: declare a shape profile …"), the middle is ONNX Runtime's quotes.
+/// included) replaced by spaces, cut to [`MAX_REASON_BYTES`] by dropping its middle at word
+/// boundaries (never inside a word, when a space is near): the head says what failed, the
+/// tail is where build errors say what to do about it ("Fix: declare a shape profile …"),
+/// the middle is ONNX Runtime's quotes.
 pub fn bounded_reason(s: &str) -> String {
     let clean: String = s
         .chars()
@@ -182,15 +183,23 @@ pub fn bounded_reason(s: &str) -> String {
     }
     const CUT: &str = " … ";
     let budget = MAX_REASON_BYTES - CUT.len();
+    // How far a cut may move to land on a space instead of inside a word.
+    const SLACK: usize = 48;
     let mut head = budget * 3 / 5;
     while !clean.is_char_boundary(head) {
         head -= 1;
+    }
+    if let Some(sp) = clean[..head].rfind(' ').filter(|&i| head - i <= SLACK) {
+        head = sp;
     }
     let mut tail = clean.len() - (budget - head);
     while !clean.is_char_boundary(tail) {
         tail += 1;
     }
-    format!("{}{CUT}{}", &clean[..head], &clean[tail..])
+    if let Some(sp) = clean[tail..].find(' ').filter(|&i| i <= SLACK) {
+        tail += sp + 1;
+    }
+    format!("{}{CUT}{}", clean[..head].trim_end(), &clean[tail..])
 }
 
 /// The cause behind a [`BuildCacheError`]: the build, plan, key or store stage's own typed error
@@ -361,5 +370,13 @@ mod tests {
             "the tail survives"
         );
         assert_eq!(bounded_reason("short"), "short");
+        // Words are never cut when a space is near: every word of the result is whole.
+        let words: Vec<String> = (0..2000).map(|i| format!("word{i}")).collect();
+        let text = words.join(" ");
+        let r = bounded_reason(&text);
+        assert!(r.len() <= MAX_REASON_BYTES, "{}", r.len());
+        for w in r.split(' ').filter(|w| *w != "…") {
+            assert!(words.iter().any(|x| x == w), "`{w}` was cut");
+        }
     }
 }
