@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ort::session::builder::GraphOptimizationLevel;
-use trtcache::build::{cpu, runtime, BuildJob, Builder, OptLevel};
+use trtcache::builder::{cpu, runtime, BuildJob, Builder, OptLevel};
 use trtcache::cache::{SledStore, StoreOptions};
 use trtcache::fixtures::{bert, models, write, write_external};
 use trtcache::onnx::proto::ModelProto;
@@ -220,7 +220,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let nodes_raw = node_count(&trtcache::onnx::Model::load(path)?.proto);
             let nodes_art = node_count(&trtcache::onnx::Model::load(entry)?.proto);
             let opts = req.options.clone();
-            let backend = trtcache::build::backend(trtcache::spec::Backend::OrtCpu);
+            let backend = trtcache::builder::backend(trtcache::spec::Backend::OrtCpu);
             // Warm the page cache and ORT's lazy init once for both.
             drop(cpu::open_raw(
                 rt,

@@ -1,7 +1,7 @@
 //! `CachedEngine`: the daemon's [`Engine`] over the build and cache stages. Keys come from
-//! [`Builder::key_parts`](crate::build::Builder::key_parts) (the code path of `trtcache key`
+//! [`Builder::key_parts`](crate::builder::Builder::key_parts) (the code path of `trtcache key`
 //! and `trtcache build`, so the three agree for the same model, sidecar and options), builds
-//! from [`Builder::build_watched`](crate::build::Builder::build_watched) (build, validate
+//! from [`Builder::build_watched`](crate::builder::Builder::build_watched) (build, validate
 //! against the original model, store), lookups from the
 //! [`SledStore`](crate::cache::SledStore) with its cheap integrity checks (a failed,
 //! quarantined or incomplete entry is never served).
@@ -28,7 +28,7 @@ use trtcache_client::protocol::{
 };
 
 use super::engine::*;
-use crate::build::{runtime, BuildError, BuildJob, BuildOptions, Watch};
+use crate::builder::{runtime, BuildError, BuildJob, BuildOptions, Watch};
 use crate::cache::{Lookup, Record, Served, Status, Store, StoreError};
 use crate::key::memo::FileId;
 use crate::onnx::facts::{elem_type_of, shape_of, Dim};
@@ -709,7 +709,7 @@ impl CachedEngine {
 }
 
 impl CachedEngine {
-    /// [`Builder::build_watched`](crate::build::Builder::build_watched), tried again (at most `limits.worker_kill_retries` times)
+    /// [`Builder::build_watched`](crate::builder::Builder::build_watched), tried again (at most `limits.worker_kill_retries` times)
     /// when its worker was killed by a SIGKILL the daemon did not send: the kernel's OOM
     /// killer under host pressure or an admin says nothing about the model the first time.
     /// A worker killed on every try fails the model, saying how often.
@@ -721,7 +721,7 @@ impl CachedEngine {
         step: &dyn Fn(&str),
         watch: Watch,
         progress: &dyn Fn(BuildPhase),
-    ) -> Result<crate::build::BuildOutcome, BuildError> {
+    ) -> Result<crate::builder::BuildOutcome, BuildError> {
         let mut kills = 0u32;
         loop {
             match o.snap_builder.build_watched(req, step, watch) {

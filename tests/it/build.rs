@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::Value;
-use trtcache::build::{runtime, BuildJob, Builder, Source};
+use trtcache::builder::{runtime, BuildJob, Builder, Source};
 use trtcache::cache::{Lookup, SledStore, Status, Store, StoreOptions};
 use trtcache::fixtures::{bert, models, write};
 use trtcache::spec::Backend;

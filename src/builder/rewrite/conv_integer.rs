@@ -346,7 +346,7 @@ fn bytes8(t: &TensorProto) -> Option<Vec<i64>> {
     ) {
         return None;
     }
-    crate::build::dequantize::inline_ints(t)
+    crate::builder::dequantize::inline_ints(t)
 }
 
 /// Removes the constants named in `unread` (initializers and `Constant` nodes).
