@@ -18,7 +18,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ort::session::builder::GraphOptimizationLevel;
-use trtcache::builder::{cpu, runtime, BuildJob, Builder, OptLevel};
+use trtcache::builder::ort::open_raw;
+use trtcache::builder::{runtime, BuildJob, Builder, OptLevel};
 use trtcache::cache::{SledStore, StoreOptions};
 use trtcache::fixtures::{bert, models, write, write_external};
 use trtcache::onnx::proto::ModelProto;
@@ -222,7 +223,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let opts = req.options.clone();
             let backend = trtcache::builder::backend(trtcache::spec::Backend::OrtCpu);
             // Warm the page cache and ORT's lazy init once for both.
-            drop(cpu::open_raw(
+            drop(open_raw(
                 rt,
                 path,
                 GraphOptimizationLevel::All,
@@ -234,7 +235,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             for _ in 0..runs {
                 raw.push(time_ms(&mut || {
                     drop(
-                        cpu::open_raw(rt, path, GraphOptimizationLevel::All, threads)
+                        open_raw(rt, path, GraphOptimizationLevel::All, threads)
                             .expect("raw session"),
                     )
                 }));

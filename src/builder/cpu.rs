@@ -133,20 +133,6 @@ fn prepare(m: &Model, rewrite: bool) -> (Option<Vec<u8>>, Vec<String>) {
 #[derive(Debug, Clone, Copy)]
 pub struct OrtCpu;
 
-fn base_builder(
-    rt: &Runtime,
-    model: &Path,
-    threads: usize,
-) -> Result<ort::session::builder::SessionBuilder, BuildError> {
-    let b = Session::builder(&rt.env).map_err(|e| BuildError::ort("session options", model, e))?;
-    if threads > 0 {
-        b.with_intra_threads(threads)
-            .map_err(|e| BuildError::ort("intra-op threads", model, e))
-    } else {
-        Ok(b)
-    }
-}
-
 /// What [`optimize`] builds from: the model's path, or its re-encoded bytes
 /// ([`initializers_as_constants`]), and the dimensions to fix ([`fixed_dims`]).
 struct Source<'a> {
@@ -178,7 +164,7 @@ fn optimize(
 ) -> Result<(), BuildError> {
     let (model, entry) = (src.model, out.join(ENTRY));
     let stage = "optimize (ort-cpu)";
-    let mut b = base_builder(rt, model, opts.threads)?;
+    let mut b = crate::builder::ort::base_builder(rt, model, opts.threads)?;
     if opts.opt_level == super::OptLevel::All && !tracing::enabled!(tracing::Level::DEBUG) {
         // ORT warns that a level-All model is specific to this environment; the key pins
         // the SKU and the ORT version, so the warning is expected, not actionable.
@@ -486,7 +472,7 @@ impl BackendImpl for OrtCpu {
             } else {
                 Scale::Batch(
                     validate::scaled_shapes(&session, &report.shapes, cfg),
-                    super::vocab::known_values(model),
+                    super::validate::vocab::known_values(model),
                 )
             };
             let probe = probe_threads(rt, &entry, &mut session, &inputs, scale, cfg, cap);
@@ -603,7 +589,7 @@ fn open_artifact_with(
     threads: usize,
     prepack: bool,
 ) -> Result<Session, BuildError> {
-    let mut b = base_builder(rt, entry, threads)?
+    let mut b = crate::builder::ort::base_builder(rt, entry, threads)?
         .with_optimization_level(GraphOptimizationLevel::Disable)
         .map_err(|e| BuildError::ort("open artifact", entry, e))?
         .with_config_entry("session.prepack.enable_parallel", "1")
@@ -766,7 +752,7 @@ enum Scale {
     /// the values the graph names for its inputs ([`super::vocab`]) to fill them with.
     Batch(
         Result<(i64, validate::Shapes), String>,
-        BTreeMap<String, super::vocab::Known>,
+        BTreeMap<String, super::validate::vocab::Known>,
     ),
 }
 
@@ -847,7 +833,7 @@ fn time_scaled(
     pooled: &mut Session,
     single: &mut Session,
     entry: &Path,
-    known: &BTreeMap<String, super::vocab::Known>,
+    known: &BTreeMap<String, super::validate::vocab::Known>,
     cfg: &validate::ValidationConfig,
     cap: Duration,
 ) -> Result<(), BuildError> {
@@ -875,19 +861,6 @@ fn time_scaled(
     Ok(())
 }
 
-/// A session on the original model the way a user would create one without trtcache.
-pub fn open_raw(
-    rt: &Runtime,
-    model: &Path,
-    level: GraphOptimizationLevel,
-    threads: usize,
-) -> Result<Session, BuildError> {
-    base_builder(rt, model, threads)?
-        .with_optimization_level(level)
-        .map_err(|e| BuildError::ort("open model", model, e))?
-        .commit_from_file(model)
-        .map_err(|e| BuildError::ort("open model", model, e))
-}
 
 #[cfg(test)]
 mod tests {

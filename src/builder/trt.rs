@@ -24,7 +24,8 @@ use ort::session::Session;
 use ort::value::TensorElementType as T;
 
 use super::validate::{validate_with, Inputs, Outs, ValidationConfig};
-use super::{values, BackendImpl, BuildError, BuildOptions, Runtime, StagedArtifact};
+use super::validate::values;
+use super::{BackendImpl, BuildError, BuildOptions, Runtime, StagedArtifact};
 use crate::cache::ValidationReport;
 use crate::spec::Backend;
 use crate::trt::artifact::{self, EngineMeta, META_FILE, PLAN_FILE};

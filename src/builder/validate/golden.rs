@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::BuildError;
+use crate::builder::BuildError;
 
 /// Typed array data.
 #[derive(Clone, Debug, PartialEq)]

@@ -30,7 +30,7 @@ pub(crate) enum Known {
 
 /// [`known`] of the model at `path`; empty when it does not load (the reference session's
 /// own error then says why).
-pub(super) fn known_values(path: &std::path::Path) -> BTreeMap<String, Known> {
+pub(crate) fn known_values(path: &std::path::Path) -> BTreeMap<String, Known> {
     match Model::load(path) {
         Ok(m) => known(m.graph()),
         Err(e) => {

@@ -1,0 +1,8 @@
+//! The backends: one trait ([`BackendImpl`]: check, build, open, validate) and the one place
+//! that maps a [`crate::spec::Backend`] to its implementation ([`backend`]).
+
+pub(crate) mod backend;
+pub(crate) mod select;
+
+pub use backend::BackendImpl;
+pub use select::backend;
