@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 
+use super::backends::ort_cpu::passes;
 use super::{validate, BackendImpl, BuildError, BuildOptions, Runtime, StagedArtifact};
 use crate::cache::{PrepackProbe, ScaledProbe, ThreadProbe};
 use crate::onnx::facts::Dim;
@@ -108,7 +109,7 @@ pub fn initializers_as_constants(m: &Model) -> Option<crate::onnx::proto::ModelP
 }
 
 /// What ONNX Runtime optimizes when it is not the model's file as it is: the model with
-/// [`initializers_as_constants`] and, when `rewrite` is on, [`rewrite::apply`]'s rewrites,
+/// [`initializers_as_constants`] and, when `rewrite` is on, [`passes::apply`]'s rewrites,
 /// encoded; and the rewrites applied, one line each. `(None, [])` when nothing changes, and
 /// always for a model with external data (it must be read from its path).
 fn prepare(m: &Model, rewrite: bool) -> (Option<Vec<u8>>, Vec<String>) {
@@ -118,7 +119,7 @@ fn prepare(m: &Model, rewrite: bool) -> (Option<Vec<u8>>, Vec<String>) {
     }
     let constants = initializers_as_constants(m);
     let rewritten = if rewrite {
-        super::rewrite::apply(constants.as_ref().unwrap_or(&m.proto))
+        passes::apply(constants.as_ref().unwrap_or(&m.proto))
     } else {
         None
     };
@@ -262,11 +263,17 @@ fn compact_saved(rt: &Runtime, entry: &Path, opts: &BuildOptions) -> Result<(), 
     }
 }
 
-/// The saved graph with the constant `DequantizeLinear`s ONNX Runtime left folded into float
-/// constants ([`dequantize`](super::dequantize)), written in place with the data file
-/// appended to; both restored, and `None`, when ORT will not open the result (which
-/// validation would otherwise refuse). The report's line when it folded any.
-fn fold_saved(rt: &Runtime, out: &Path, opts: &BuildOptions) -> Result<Option<String>, BuildError> {
+/// The saved graph after one [`passes::Phase::Saved`] pass (`dequantize-constants`: the
+/// constant `DequantizeLinear`s ONNX Runtime left folded into float constants), written in
+/// place with the data file appended to; both restored, and `None`, when ORT will not open
+/// the result (which validation would otherwise refuse). The report's line when it changed
+/// anything.
+fn fold_saved(
+    rt: &Runtime,
+    out: &Path,
+    opts: &BuildOptions,
+    pass: passes::SavedPass,
+) -> Result<Option<String>, BuildError> {
     use prost::Message;
     let (entry, data) = (out.join(ENTRY), out.join(DATA));
     let io = |path: &Path| {
@@ -279,7 +286,7 @@ fn fold_saved(rt: &Runtime, out: &Path, opts: &BuildOptions) -> Result<Option<St
     };
     let data_len = std::fs::metadata(&data).ok().map(|m| m.len());
     let min = usize::try_from(opts.external_min_bytes).unwrap_or(usize::MAX);
-    let line = super::dequantize::fold(&mut proto, out, DATA, min).map_err(io(&data));
+    let line = pass(&mut proto, out, DATA, min).map_err(io(&data));
     let restore = || -> Result<(), BuildError> {
         std::fs::write(&entry, &saved).map_err(io(&entry))?;
         match data_len {
@@ -406,7 +413,9 @@ impl BackendImpl for OrtCpu {
             }
         }
         if opts.rewrite {
-            rewrites.extend(fold_saved(rt, out, opts)?);
+            for (_, pass) in passes::saved() {
+                rewrites.extend(fold_saved(rt, out, opts, pass)?);
+            }
         }
         compact_saved(rt, &out.join(ENTRY), opts)?;
         Ok(StagedArtifact {
@@ -457,7 +466,7 @@ impl BackendImpl for OrtCpu {
             if let Some(mut exact) = exact_report(rt, model, artifact, opts, cfg, &mut session)? {
                 exact.reference = Some(format!(
                     "{}; against ONNX Runtime's run of the model as given: {}",
-                    super::rewrite::EXACT_REFERENCE,
+                    passes::EXACT_REFERENCE,
                     report.worst()
                 ));
                 report = exact;
@@ -510,7 +519,7 @@ impl BackendImpl for OrtCpu {
 }
 
 /// For a rewritten artifact over tolerance against the model as given: the report against
-/// [`rewrite::exact_reference`](super::rewrite::exact_reference) (the rewritten ops computed
+/// [`passes::exact_reference`] (the rewritten ops computed
 /// in float64; written next to the staging directory for the comparison and removed after)
 /// when the artifact passes that, naming that reference; `None` when it does not either (the
 /// pipeline then builds without rewrites) or there is no such reference.
@@ -528,7 +537,7 @@ fn exact_report(
         message: e.to_string(),
     })?;
     let base = initializers_as_constants(&m);
-    let Some(exact) = super::rewrite::exact_reference(base.as_ref().unwrap_or(&m.proto)) else {
+    let Some(exact) = passes::exact_reference(base.as_ref().unwrap_or(&m.proto)) else {
         return Ok(None);
     };
     drop(m);
@@ -560,7 +569,7 @@ fn exact_report(
     if !report.passed {
         return Ok(None);
     }
-    report.reference = Some(super::rewrite::EXACT_REFERENCE.into());
+    report.reference = Some(passes::EXACT_REFERENCE.into());
     Ok(Some(report))
 }
 

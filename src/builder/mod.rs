@@ -16,13 +16,11 @@
 pub mod backends;
 pub(crate) mod compact;
 pub mod cpu;
-pub(crate) mod dequantize;
 pub mod error;
 pub(crate) mod gpu;
 pub mod options;
 pub mod ort;
 pub(crate) mod pipeline;
-pub mod rewrite;
 pub mod trt;
 pub mod validate;
 pub mod worker;

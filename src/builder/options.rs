@@ -225,7 +225,7 @@ impl BuildOptions {
                 );
                 m.insert("specialize".into(), self.specialize.to_string());
                 let rewrites = if self.rewrite {
-                    super::rewrite::REWRITES.join(",")
+                    super::backends::ort_cpu::passes::key_list()
                 } else {
                     "none".into()
                 };

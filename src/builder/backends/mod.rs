@@ -2,6 +2,7 @@
 //! that maps a [`crate::spec::Backend`] to its implementation ([`backend`]).
 
 pub(crate) mod backend;
+pub mod ort_cpu;
 pub(crate) mod select;
 
 pub use backend::BackendImpl;

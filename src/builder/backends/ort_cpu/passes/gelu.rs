@@ -36,11 +36,11 @@ pub(super) fn gelu(proto: &ModelProto, applied: &mut Vec<String>) -> Option<Mode
     if !g.node.iter().any(|n| std(n) && n.op_type == "Erf") {
         return None;
     }
-    let consts = super::Constants::of(g);
+    let consts = super::graph::Constants::of(g);
     let scalar = |name: &str| consts.scalar(g, name);
-    let uses = super::read_counts(g);
+    let uses = super::graph::read_counts(g);
     let once = |name: &str| uses.get(name) == Some(&1);
-    let (producer, reader) = (super::producers(g), super::readers(g));
+    let (producer, reader) = (super::graph::producers(g), super::graph::readers(g));
     // The one node reading `name` (read once, by a top-level node) when it is a two-input
     // `op`: (node, its other input).
     let next = |name: &str, op: &str| -> Option<(usize, &str)> {
@@ -150,7 +150,7 @@ pub(super) fn gelu(proto: &ModelProto, applied: &mut Vec<String>) -> Option<Mode
         };
         dropped.extend(f.drop.iter().copied().filter(|&d| d != f.last));
     }
-    super::remove_nodes(graph, &dropped);
+    super::graph::remove_nodes(graph, &dropped);
     applied.push(format!(
         "gelu: {} x·½·(1 + erf(x/√2)) as com.microsoft.Gelu",
         found.len()

@@ -51,7 +51,7 @@ pub(super) fn static_if(proto: &ModelProto, applied: &mut Vec<String>) -> Option
     if !has_if(proto.graph.as_ref()?) {
         return None;
     }
-    let opset = super::std_opset(proto);
+    let opset = super::graph::std_opset(proto);
     let mut model: Option<ModelProto> = None;
     for _ in 0..MAX_ROUNDS {
         let current = model.as_ref().unwrap_or(proto);
@@ -306,7 +306,7 @@ fn defined<'a>(g: &'a GraphProto, out: &mut HashSet<&'a str>) {
 fn drop_unread(g: &mut GraphProto) {
     loop {
         let keep: Vec<bool> = {
-            let reads = super::read_counts(g);
+            let reads = super::graph::read_counts(g);
             g.node
                 .iter()
                 .map(|n| {

@@ -41,11 +41,11 @@ pub(super) fn affine_conv<'a>(
         return None;
     }
     let std = |n: &NodeProto| matches!(n.domain.as_str(), "" | "ai.onnx");
-    let consts = super::Constants::of(g);
-    let producer = super::producers(g);
+    let consts = super::graph::Constants::of(g);
+    let producer = super::graph::producers(g);
     let tensor = |name: &str| consts.tensor(g, name);
     let scalar = |name: &str| consts.scalar(g, name);
-    let uses = super::read_counts(g);
+    let uses = super::graph::read_counts(g);
     let once = |name: &str| uses.get(name) == Some(&1);
     // The node producing `name` when `name` feeds nothing else and the node is `op` with one
     // output reading a finite one-element float32 constant: (node, the other input, value).
@@ -92,7 +92,7 @@ pub(super) fn affine_conv<'a>(
             _ => continue,
         };
         let Some(m) = tensor(w)
-            .filter(|t| t.dims.len() >= 3 && super::inline_floats(t).is_some())
+            .filter(|t| t.dims.len() >= 3 && super::graph::inline_floats(t).is_some())
             .map(|t| t.dims[0])
         else {
             continue;
@@ -102,7 +102,7 @@ pub(super) fn affine_conv<'a>(
         }
         if let Some(b) = b {
             let ok = tensor(b)
-                .is_some_and(|t| t.dims.as_slice() == [m] && super::inline_floats(t).is_some());
+                .is_some_and(|t| t.dims.as_slice() == [m] && super::graph::inline_floats(t).is_some());
             if !ok {
                 continue;
             }
@@ -142,7 +142,7 @@ pub(super) fn affine_conv<'a>(
     }
     let mut model = proto.clone();
     let graph = model.graph.as_mut()?;
-    let mut names = super::Names::of(graph);
+    let mut names = super::graph::Names::of(graph);
     let mut dropped = HashSet::new();
     for f in &found {
         let w = graph.node[f.conv].input[1].clone();
@@ -150,15 +150,15 @@ pub(super) fn affine_conv<'a>(
         // Each output channel's weight sum, before the scale.
         let sums: Vec<f32> = {
             let t = consts.tensor(graph, &w)?;
-            let v = super::inline_floats(t)?;
+            let v = super::graph::inline_floats(t)?;
             let per = v.len() / usize::try_from(t.dims[0]).ok()?.max(1);
             v.chunks(per.max(1)).map(|c| c.iter().sum()).collect()
         };
         let (a, b) = (f.a, f.b);
-        let m = super::scale(graph, &consts, &w, |_, v| v * a)?;
+        let m = super::graph::scale(graph, &consts, &w, |_, v| v * a)?;
         match bias {
             Some(bias) if b != 0.0 => {
-                super::scale(graph, &consts, &bias, |k, v| v + b * sums[k])?;
+                super::graph::scale(graph, &consts, &bias, |k, v| v + b * sums[k])?;
             }
             None if b != 0.0 => {
                 let name = format!("{}_bias", names.prefix(&graph.node[f.conv].output[0]));
@@ -168,7 +168,7 @@ pub(super) fn affine_conv<'a>(
                     data_type: ElemType::Float32.code(),
                     ..Default::default()
                 };
-                super::set_floats(&mut t, sums.iter().map(|s| b * s));
+                super::graph::set_floats(&mut t, sums.iter().map(|s| b * s));
                 graph.initializer.push(t);
                 graph.node[f.conv].input.push(name);
             }
@@ -177,7 +177,7 @@ pub(super) fn affine_conv<'a>(
         graph.node[f.conv].input[0] = f.input.clone();
         dropped.extend(f.drop.iter().copied());
     }
-    super::remove_nodes(graph, &dropped);
+    super::graph::remove_nodes(graph, &dropped);
     applied.push(format!(
         "affine-conv: {} scalar Mul/Add before a Conv folded into its weights and bias",
         found.len()
@@ -256,7 +256,7 @@ mod tests {
             .initializer
             .iter()
             .find(|t| t.name == name);
-        super::super::inline_floats(t.unwrap()).unwrap()
+        super::super::graph::inline_floats(t.unwrap()).unwrap()
     }
 
     #[test]

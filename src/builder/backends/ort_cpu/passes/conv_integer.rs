@@ -59,8 +59,8 @@ pub(super) fn conv_integer(proto: &ModelProto, applied: &mut Vec<String>) -> Opt
     if !g.node.iter().any(|n| std(n) && n.op_type == "ConvInteger") {
         return None;
     }
-    let consts = super::Constants::of(g);
-    let uses = super::read_counts(g);
+    let consts = super::graph::Constants::of(g);
+    let uses = super::graph::read_counts(g);
     let once = |name: &str| uses.get(name) == Some(&1);
     let mut found = Vec::new();
     for (i, n) in g.node.iter().enumerate() {
@@ -107,7 +107,7 @@ pub(super) fn conv_integer(proto: &ModelProto, applied: &mut Vec<String>) -> Opt
     }
     let mut model = proto.clone();
     let graph = model.graph.as_mut()?;
-    let mut names = super::Names::of(graph);
+    let mut names = super::graph::Names::of(graph);
     let mut unread: HashSet<String> = HashSet::new();
     let count = found.len();
     for f in found {
@@ -163,10 +163,10 @@ pub(super) fn depthwise_float(proto: &ModelProto, applied: &mut Vec<String>) -> 
     }) {
         return None;
     }
-    let consts = super::Constants::of(g);
-    let uses = super::read_counts(g);
+    let consts = super::graph::Constants::of(g);
+    let uses = super::graph::read_counts(g);
     let once = |name: &str| uses.get(name) == Some(&1);
-    let producer = super::producers(g);
+    let producer = super::graph::producers(g);
     let mut found = Vec::new();
     for (i, n) in g.node.iter().enumerate() {
         if !std(n)
@@ -250,7 +250,7 @@ pub(super) fn depthwise_float(proto: &ModelProto, applied: &mut Vec<String>) -> 
     }
     let mut model = proto.clone();
     let graph = model.graph.as_mut()?;
-    let mut names = super::Names::of(graph);
+    let mut names = super::graph::Names::of(graph);
     let mut unread: HashSet<String> = HashSet::new();
     let count = found.len();
     let mut by_node: std::collections::HashMap<usize, Vec<NodeProto>> = Default::default();
@@ -299,7 +299,7 @@ pub(super) fn depthwise_float(proto: &ModelProto, applied: &mut Vec<String>) -> 
         if let Some(z) = &zero {
             dq_in.push(z);
         }
-        let mut float_conv = super::node("Conv", &[&xf, &w], &yf, Vec::new());
+        let mut float_conv = super::graph::node("Conv", &[&xf, &w], &yf, Vec::new());
         // Conv and ConvInteger share their attributes (pads, strides, dilations, group, ...).
         float_conv.attribute = conv
             .attribute
@@ -307,16 +307,16 @@ pub(super) fn depthwise_float(proto: &ModelProto, applied: &mut Vec<String>) -> 
             .filter(|a| a.r#type != AttributeType::Graph as i32)
             .cloned()
             .collect();
-        let cast = super::node(
+        let cast = super::graph::node(
             "Cast",
             &[&yf],
             &conv.output[0],
-            vec![super::int("to", ElemType::Int32.code() as i64)],
+            vec![super::graph::int("to", ElemType::Int32.code() as i64)],
         );
         by_node.insert(
             f.conv,
             vec![
-                super::node("DequantizeLinear", &dq_in, &xf, Vec::new()),
+                super::graph::node("DequantizeLinear", &dq_in, &xf, Vec::new()),
                 float_conv,
                 cast,
             ],
@@ -346,7 +346,7 @@ fn bytes8(t: &TensorProto) -> Option<Vec<i64>> {
     ) {
         return None;
     }
-    crate::builder::dequantize::inline_ints(t)
+    super::graph::inline_ints(t)
 }
 
 /// Removes the constants named in `unread` (initializers and `Constant` nodes).

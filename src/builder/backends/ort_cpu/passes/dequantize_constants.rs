@@ -36,6 +36,7 @@ use crate::onnx::load::{external_ref, numel};
 use crate::onnx::proto::{
     DataLocation, GraphProto, ModelProto, NodeProto, StringStringEntryProto, TensorProto,
 };
+use super::graph::{decode_ints, inline_floats, inline_ints, int_width};
 use crate::onnx::ElemType;
 
 /// What this rewrite is called in the key and the report.
@@ -268,65 +269,10 @@ fn ints(t: &TensorProto, dir: &Path) -> Option<Vec<i64>> {
     decode_ints(ty, &bytes_of(t, dir, n.checked_mul(int_width(ty)?)?)?, n)
 }
 
-/// The values of an inline integer constant (int8, uint8, int16, uint16, int32; raw or
-/// `int32_data`), one per element of its shape; `None` for another type, external data, a
-/// value out of its type's range or a size mismatch.
-pub(crate) fn inline_ints(t: &TensorProto) -> Option<Vec<i64>> {
-    let ty = ElemType::from_code(t.data_type);
-    let width = int_width(ty)?;
-    if t.data_location == DataLocation::External as i32 || !t.external_data.is_empty() {
-        return None;
-    }
-    let n = usize::try_from(numel(&t.dims)?).ok()?;
-    if !t.raw_data.is_empty() {
-        return decode_ints(ty, &t.raw_data, n);
-    }
-    let bits = 8 * width as u32;
-    let (lo, hi) = match ty {
-        ElemType::Uint8 | ElemType::Uint16 => (0, (1i64 << bits) - 1),
-        _ => (-(1i64 << (bits - 1)), (1i64 << (bits - 1)) - 1),
-    };
-    let v: Vec<i64> = t.int32_data.iter().map(|&v| i64::from(v)).collect();
-    (v.len() == n && v.iter().all(|x| (lo..=hi).contains(x))).then_some(v)
-}
-
-/// Bytes per element of the integer types [`inline_ints`] reads.
-fn int_width(ty: ElemType) -> Option<usize> {
-    match ty {
-        ElemType::Int8 | ElemType::Uint8 => Some(1),
-        ElemType::Int16 | ElemType::Uint16 => Some(2),
-        ElemType::Int32 => Some(4),
-        _ => None,
-    }
-}
-
-/// `n` little-endian values of `ty` from `raw`; `None` when it does not hold exactly `n`.
-fn decode_ints(ty: ElemType, raw: &[u8], n: usize) -> Option<Vec<i64>> {
-    if raw.len() != n.checked_mul(int_width(ty)?)? {
-        return None;
-    }
-    Some(match ty {
-        ElemType::Int8 => raw.iter().map(|&b| i64::from(b as i8)).collect(),
-        ElemType::Uint8 => raw.iter().map(|&b| i64::from(b)).collect(),
-        ElemType::Int16 => raw
-            .chunks_exact(2)
-            .map(|c| i64::from(i16::from_le_bytes([c[0], c[1]])))
-            .collect(),
-        ElemType::Uint16 => raw
-            .chunks_exact(2)
-            .map(|c| i64::from(u16::from_le_bytes([c[0], c[1]])))
-            .collect(),
-        _ => raw
-            .chunks_exact(4)
-            .map(|c| i64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])))
-            .collect(),
-    })
-}
-
 /// A float32 constant's values, inline or in its external file in `dir`.
 fn floats(t: &TensorProto, dir: &Path) -> Option<Vec<f32>> {
     if t.data_location != DataLocation::External as i32 {
-        return super::rewrite::inline_floats(t);
+        return inline_floats(t);
     }
     let n = usize::try_from(numel(&t.dims)?).ok()?;
     let raw = bytes_of(t, dir, n.checked_mul(4)?)?;

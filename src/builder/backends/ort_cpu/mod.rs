@@ -1,0 +1,3 @@
+//! The `ort-cpu` backend's room: its graph passes ([`passes`]).
+
+pub mod passes;
