@@ -14,14 +14,12 @@
 //! `error_on_failure`, never ort's silent CPU fallback.
 
 pub mod backends;
-pub(crate) mod compact;
-pub mod cpu;
 pub mod error;
-pub(crate) mod gpu;
+pub(crate) mod job;
 pub mod options;
 pub mod ort;
 pub(crate) mod pipeline;
-pub mod trt;
+pub(crate) mod stage;
 pub mod validate;
 pub mod worker;
 
@@ -30,5 +28,6 @@ pub use crate::cache::StagedArtifact;
 pub use backends::{backend, BackendImpl};
 pub use error::BuildError;
 pub use options::{BuildOptions, OptLevel, DEFAULT_EXTERNAL_MIN_BYTES};
-pub use pipeline::{BuildJob, BuildOutcome, Builder, Source, Watch};
+pub use job::{BuildJob, BuildOutcome, Source};
+pub use pipeline::{Builder, Watch};
 pub use worker::WorkerLimits;

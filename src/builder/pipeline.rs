@@ -1,6 +1,7 @@
-//! The build pipeline: key → store lookup → build → validate → store. [`BuildJob::from_plan`]
-//! is the one mapping of a resolved [`Plan`] to a request (the CLI's `build` and the daemon
-//! both use it). Single flight is the daemon's build queue; across processes the cache lock.
+//! The build pipeline: key → store lookup → build → validate → store. It names no backend:
+//! a backend's build, validation runner and fallback ladder come through
+//! [`BackendImpl`](super::BackendImpl). Single flight is the daemon's build queue; across
+//! processes the cache lock.
 //!
 //! Enters: a [`BuildJob`]. Leaves: a [`BuildOutcome`] with the stored record and, when it
 //! is servable, the artifact's paths. Progress goes to a caller-supplied callback.
@@ -10,87 +11,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::validate::ValidationConfig;
+use super::backends::{backend, Failure};
+use super::job::{BuildJob, BuildOutcome, Source};
+use super::stage::{disk_full, Built};
 use super::worker::{self, WorkerLimits};
-use super::{backend, runtime, BuildError, BuildOptions, OptLevel, StagedArtifact};
-use crate::cache::{
-    now_secs, Lookup, Record, Served, Status, Store, ValidationReport, RECORD_FORMAT,
-};
+use super::{runtime, OptLevel, StagedArtifact};
+use super::BuildError;
+use crate::cache::{now_secs, Lookup, Record, Status, Store, ValidationReport, RECORD_FORMAT};
 use crate::key::{self, DigestOptions, KeyInput, KeyParts};
 use crate::onnx::Model;
-use crate::plan::Plan;
 use crate::spec::{Backend, CacheKey};
-
-/// What to build.
-#[derive(Clone, Debug)]
-pub struct BuildJob {
-    pub model: PathBuf,
-    pub backend: Backend,
-    pub options: BuildOptions,
-    pub validation: ValidationConfig,
-    /// Rebuild even when a record exists (a failed one, or to refresh).
-    pub force: bool,
-}
-
-impl BuildJob {
-    pub fn new(model: impl Into<PathBuf>, backend: Backend) -> Self {
-        Self {
-            model: model.into(),
-            backend,
-            options: BuildOptions::default(),
-            validation: ValidationConfig::default(),
-            force: false,
-        }
-    }
-
-    /// The request for `model` as `plan` resolved it: the plan's profile, precision,
-    /// `specialize` (unless `options` turned it off), tolerance and golden settings;
-    /// everything else from `options`. The one mapping of a plan to a build, for
-    /// `trtcache build` and the daemon alike (flags that override the plan's validation
-    /// settings are applied to the result by the CLI).
-    pub fn from_plan(
-        model: impl Into<PathBuf>,
-        backend: Backend,
-        plan: &Plan,
-        options: BuildOptions,
-    ) -> Self {
-        Self {
-            model: model.into(),
-            backend,
-            options: options.for_plan(plan),
-            validation: ValidationConfig {
-                seed: plan.golden.seed,
-                int_range: (plan.golden.int_range[0], plan.golden.int_range[1]),
-                tolerance: Some(plan.tolerance),
-                golden: plan.golden.npz.clone(),
-                ..ValidationConfig::default()
-            },
-            force: false,
-        }
-    }
-}
-
-/// Where the outcome came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Source {
-    /// Built by this call.
-    Built,
-    /// Found in the store.
-    Cached,
-}
-
-/// The result of [`Builder::build`].
-#[derive(Clone, Debug)]
-pub struct BuildOutcome {
-    pub key: CacheKey,
-    pub source: Source,
-    pub record: Record,
-    /// Set when the record is servable.
-    pub served: Option<Served>,
-    /// Why it is not servable, when it is not.
-    pub unservable: Option<String>,
-}
 
 /// Called between steps with a short description (for progress output).
 pub type ProgressFn<'a> = &'a dyn Fn(&str);
@@ -264,7 +194,7 @@ impl Builder {
         out: &Path,
         progress: ProgressFn,
         watch: &Watch,
-    ) -> Result<worker::Built, BuildError> {
+    ) -> Result<Built, BuildError> {
         match &self.worker {
             Some(limits) => {
                 let job = worker::Job {
@@ -329,7 +259,7 @@ impl Builder {
         out: &Path,
         progress: &ProgressFn,
         watch: &Watch,
-    ) -> Result<worker::Built, BuildError> {
+    ) -> Result<Built, BuildError> {
         let backend = backend(req.backend);
         let started = Instant::now();
         let artifact = match backend.build(rt, &req.model, &req.options, out) {
@@ -344,7 +274,7 @@ impl Builder {
         progress(worker::VALIDATING);
         let validation =
             backend.validate(rt, &req.model, &artifact, &req.options, &req.validation)?;
-        Ok(worker::Built {
+        Ok(Built {
             artifact,
             validation,
             build_ms,
@@ -429,98 +359,49 @@ impl Builder {
         let req = &req;
         let plan = provider_plan(&req.model, req.backend);
         progress(&format!("building with {}", req.backend));
-        // An ONNX Runtime artifact over tolerance is built again one optimization level
-        // lower (fusions change rounding; a quantized graph can move past fp32 tolerance),
-        // down to basic, before the build counts as failed: the stored artifact is always
-        // one that passed, and its report says which level it is and why the higher ones
-        // were refused. The key stays the one asked for.
+        // A failed attempt is built again as the backend's fallback ladder says
+        // ([`BackendImpl::next_attempt`](super::BackendImpl::next_attempt)) before the build
+        // counts as failed: the stored artifact is always one that passed, and its report
+        // says what was given up and why. The key stays the one asked for.
+        let b = backend(req.backend);
         let mut attempt = req.clone();
         let mut rejected = Vec::new();
         let mut spent_ms = 0;
         let (staging, built) = loop {
             let staging = self.store.staging_dir()?;
-            let built = match self.stage(rt, &attempt, staging.path(), progress, &watch) {
-                // ONNX Runtime can crash on an artifact where it runs the model (1.31
-                // segfaults running ppocrv5_rec's conv-affine artifact with its prepacked
-                // weights saved, and runs it without them): the worker's death costs the
-                // saved prepacked weights first (memory shared between consumers, no speed),
-                // then the thread and prepack probes (sessions the consumers' defaults would
-                // open some other way: an optimization, never worth the artifact), then the
-                // rewrites, never the artifact. The key stays the one asked for.
-                Err(BuildError::Crashed(why))
-                    if attempt.backend == Backend::OrtCpu
-                        && (attempt.options.prepack
-                            || probes(&attempt.validation)
-                            || attempt.options.rewrite) =>
-                {
-                    let what = if attempt.options.prepack {
-                        attempt.options.prepack = false;
-                        "prepack"
-                    } else if probes(&attempt.validation) {
-                        attempt.validation.thread_probe_max_run_ms = 0;
-                        attempt.validation.prepack_probe_max_run_ms = 0;
-                        "probes"
-                    } else {
-                        attempt.options.rewrite = false;
-                        "rewrites"
-                    };
-                    tracing::warn!(%why, what, "the build worker died; building again without {what}");
-                    progress(&format!("the build worker died: building without {what}"));
-                    rejected.push(format!("{what}: {why}"));
-                    drop(staging);
-                    watch.check()?;
-                    continue;
+            let retry = match self.stage(rt, &attempt, staging.path(), progress, &watch) {
+                Err(BuildError::Crashed(why)) => {
+                    match b.next_attempt(&mut attempt, &Failure::Crashed(&why)) {
+                        Some(retry) => retry,
+                        None => return Err(BuildError::Crashed(why)),
+                    }
                 }
-                other => other?,
+                other => {
+                    let built = other?;
+                    spent_ms += built.build_ms;
+                    if built.validation.passed {
+                        break (staging, built);
+                    }
+                    match b.next_attempt(&mut attempt, &Failure::OverTolerance(&built)) {
+                        Some(retry) => retry,
+                        None => break (staging, built),
+                    }
+                }
             };
-            spent_ms += built.build_ms;
-            // A rewritten graph over tolerance (against the model and against its exact
-            // reference, see `cpu`) is built again without rewrites first.
-            if !built.validation.passed && !built.artifact.rewrites.is_empty() {
-                let worst = built.validation.worst();
-                tracing::warn!(%worst, "rewritten artifact over tolerance; building it again without rewrites");
-                progress("over tolerance with graph rewrites: building without them");
-                rejected.push(format!("rewrites: {worst}"));
-                attempt.options.rewrite = false;
-                drop(staging);
-                watch.check()?;
-                continue;
-            }
-            let level = ort_level(&attempt);
-            match (
-                built.validation.passed,
-                level,
-                level.and_then(OptLevel::lower),
-            ) {
-                (false, Some(level), Some(lower)) => {
-                    let worst = built.validation.worst();
-                    tracing::warn!(
-                        level = level.name(),
-                        %worst,
-                        "artifact over tolerance; building it again at {}",
-                        lower.name()
-                    );
-                    progress(&format!(
-                        "over tolerance at optimization level {}: building at {}",
-                        level.name(),
-                        lower.name()
-                    ));
-                    rejected.push(format!("{}: {worst}", level.name()));
-                    attempt.options.opt_level = lower;
-                    drop(staging);
-                    watch.check()?;
-                }
-                _ => break (staging, built),
-            }
+            progress(&retry.progress);
+            rejected.push(retry.rejected);
+            drop(staging);
+            watch.check()?;
         };
-        let worker::Built {
+        let Built {
             artifact,
             mut validation,
             build_ms: _,
         } = built;
         let build_ms = spent_ms;
-        if ort_level(&attempt) != ort_level(req) {
-            validation.opt_level = ort_level(&attempt).map(|l| l.name().to_string());
+        let level = b.opt_level(&attempt.options);
+        if level != b.opt_level(&req.options) {
+            validation.opt_level = level.map(|l| l.name().to_string());
         }
         validation.rejected = rejected;
         validation.rewrites = artifact.rewrites.clone();
@@ -568,7 +449,7 @@ impl Builder {
             self.store.put(record, Some(&artifact))?
         } else {
             record.status = Status::Failed {
-                reason: over_tolerance(&validation, ort_level(&attempt)),
+                reason: over_tolerance(&validation, level),
             };
             self.store.put(record, None)?
         };
@@ -607,16 +488,6 @@ impl Builder {
             return Err(BuildError::TooLarge { bytes, limit });
         }
         Ok(())
-    }
-}
-
-/// The graph optimization level an ONNX Runtime backend builds `req` at (`None` for the
-/// TensorRT ones, which have no lower level to fall back to).
-fn ort_level(req: &BuildJob) -> Option<OptLevel> {
-    match req.backend {
-        Backend::OrtCpu => Some(req.options.opt_level),
-        Backend::OrtCuda => Some(req.options.opt_level.for_cuda()),
-        _ => None,
     }
 }
 
@@ -662,46 +533,6 @@ fn ort_provider_name(p: &str) -> String {
 /// Which provider runs what, as the capability analysis plans it for `backend`'s provider
 /// list: provider → top-level node count, and the provider of each partition in graph order.
 /// `None` (with a warning) when the analysis cannot run; a build never fails on it.
-/// Space the staging file system must have left for a failed backend build not to be blamed
-/// on it (ONNX Runtime reports a failed write without the errno).
-const FULL_SLACK: u64 = 1 << 20;
-
-/// A backend failure while the cache's file system is (nearly) full is that, not a broken
-/// model: ONNX Runtime says only "Failed to write ..." when it hits ENOSPC. Judged before the
-/// staging directory (and its partial files) is removed: less than max(1 MiB, the model's
-/// size) left means the artifact could not have fit.
-///
-/// The same goes for a staging folder that cannot be written at all (a read-only or failing
-/// file system, the cache's folders deleted): a probe file is created in it, and when that
-/// fails the error is the store's (not remembered as the model's failure, retried).
-pub(crate) fn disk_full(staging: &Path, model: &Path, e: BuildError) -> BuildError {
-    let need = std::fs::metadata(model)
-        .map(|m| m.len())
-        .unwrap_or(0)
-        .max(FULL_SLACK);
-    match crate::cache::free_bytes(staging) {
-        Ok(free) if free < need => BuildError::Store(crate::cache::StoreError::Full {
-            path: staging.parent().unwrap_or(staging).to_path_buf(),
-            detail: format!("{free} bytes free while the backend wrote the artifact ({e})"),
-        }),
-        _ => match tempfile::tempfile_in(staging) {
-            Ok(_) => e,
-            Err(probe) => BuildError::Store(crate::cache::StoreError::io(
-                staging,
-                std::io::Error::new(
-                    probe.kind(),
-                    format!("the cache cannot be written ({probe}) while the backend wrote the artifact ({e})"),
-                ),
-            )),
-        },
-    }
-}
-
-/// Whether a build times the thread or the prepack probe (`ort-cpu`).
-fn probes(v: &ValidationConfig) -> bool {
-    v.thread_probe_max_run_ms > 0 || v.prepack_probe_max_run_ms > 0
-}
-
 fn provider_plan(model: &Path, backend: Backend) -> Option<(BTreeMap<String, usize>, Vec<String>)> {
     use crate::analysis::{analyse, Options};
     if !backend.is_onnx() {

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use super::validate::ValidationConfig;
 use super::{backend, runtime, BuildError, BuildOptions, StagedArtifact};
-use crate::cache::ValidationReport;
+pub use super::stage::Built;
 pub use crate::config::WorkerLimits;
 use crate::spec::Backend;
 
@@ -71,14 +71,6 @@ pub struct Job {
 pub struct CheckArtifact {
     pub artifact: StagedArtifact,
     pub revalidate: bool,
-}
-
-/// What a worker built and how it validated.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Built {
-    pub artifact: StagedArtifact,
-    pub validation: ValidationReport,
-    pub build_ms: u64,
 }
 
 /// One line of a worker's stdout.
@@ -509,7 +501,7 @@ pub fn build_and_validate(job: &Job, progress: &dyn Fn(&str)) -> Result<Built, B
     let started = Instant::now();
     let artifact = b
         .build(rt, &job.model, &job.options, &job.out)
-        .map_err(|e| super::pipeline::disk_full(&job.out, &job.model, e))?;
+        .map_err(|e| super::stage::disk_full(&job.out, &job.model, e))?;
     let build_ms = started.elapsed().as_millis() as u64;
     progress(VALIDATING);
     let validation = b.validate(rt, &job.model, &artifact, &job.options, &job.validation)?;

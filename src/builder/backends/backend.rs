@@ -1,13 +1,33 @@
 //! The contract every backend implements ([`BackendImpl`]): check that it can run here,
-//! build an artifact, open it the way consumers will, and validate it.
+//! build an artifact, open it the way consumers will, validate it, the optimization level it
+//! builds at, and what to build again after a failed attempt ([`BackendImpl::next_attempt`]:
+//! the backend's fallback ladder; the pipeline only walks it).
 
 use std::path::Path;
 
 use ort::session::Session;
 
+use crate::builder::job::BuildJob;
+use crate::builder::stage::Built;
 use crate::builder::validate;
-use crate::builder::{BuildError, BuildOptions, Runtime, StagedArtifact};
+use crate::builder::{BuildError, BuildOptions, OptLevel, Runtime, StagedArtifact};
 use crate::spec::Backend;
+
+/// Why an attempt gave no artifact to store, for [`BackendImpl::next_attempt`].
+pub enum Failure<'a> {
+    /// The build worker died of a fault (SIGSEGV, SIGBUS, SIGILL, SIGFPE): the reason.
+    Crashed(&'a str),
+    /// The artifact was built and is over tolerance.
+    OverTolerance(&'a Built),
+}
+
+/// What the next attempt changed, as the record and the progress output say it.
+pub struct Retry {
+    /// The line for the report's `rejected` list (`what: why`).
+    pub rejected: String,
+    /// The progress step announcing the attempt.
+    pub progress: String,
+}
 
 /// How a [`Backend`] builds and serves artifacts.
 pub trait BackendImpl: Send + Sync {
@@ -35,6 +55,17 @@ pub trait BackendImpl: Send + Sync {
     ) -> Result<(), BuildError> {
         self.open(rt, &artifact.dir.join(&artifact.entry), opts)
             .map(drop)
+    }
+    /// The graph optimization level `opts` builds at (`None`: the backend has none to
+    /// lower): recorded when a fallback lowered it.
+    fn opt_level(&self, _opts: &BuildOptions) -> Option<OptLevel> {
+        None
+    }
+    /// After a failed attempt of `job`: changes `job` into the next attempt and says what
+    /// changed, or `None` when there is nothing left to try (the failure stands). The key
+    /// stays the one asked for; the stored artifact is always one that passed.
+    fn next_attempt(&self, _job: &mut BuildJob, _failure: &Failure) -> Option<Retry> {
+        None
     }
     /// Validates a built artifact against `model` (ONNX Runtime CPU on the raw model, see
     /// [`validate`]): by default through a session [`BackendImpl::open`] makes.

@@ -2,8 +2,11 @@
 //! that maps a [`crate::spec::Backend`] to its implementation ([`backend`]).
 
 pub(crate) mod backend;
+pub(crate) mod levels;
 pub mod ort_cpu;
+pub(crate) mod ort_gpu;
 pub(crate) mod select;
+pub mod trt;
 
-pub use backend::BackendImpl;
+pub use backend::{BackendImpl, Failure, Retry};
 pub use select::backend;

@@ -23,9 +23,10 @@ use std::path::Path;
 use ort::session::Session;
 use ort::value::TensorElementType as T;
 
-use super::validate::{validate_with, Inputs, Outs, ValidationConfig};
-use super::validate::values;
-use super::{BackendImpl, BuildError, BuildOptions, Runtime, StagedArtifact};
+use super::backend::BackendImpl;
+use crate::builder::validate::values;
+use crate::builder::validate::{validate_with, Inputs, Outs, ValidationConfig};
+use crate::builder::{BuildError, BuildOptions, Runtime, StagedArtifact};
 use crate::cache::ValidationReport;
 use crate::spec::Backend;
 use crate::trt::artifact::{self, EngineMeta, META_FILE, PLAN_FILE};

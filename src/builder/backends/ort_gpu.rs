@@ -17,8 +17,11 @@ use ort::ep::{ExecutionProvider, ExecutionProviderDispatch};
 use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
 use ort::session::Session;
 
-use super::cpu::{optimized_artifact, DATA, ENTRY};
-use super::{BackendImpl, BuildError, BuildOptions, Runtime, StagedArtifact};
+use super::backend::{BackendImpl, Failure, Retry};
+use super::levels;
+use super::ort_cpu::save::{optimized_artifact, DATA, ENTRY};
+use crate::builder::job::BuildJob;
+use crate::builder::{BuildError, BuildOptions, OptLevel, Runtime, StagedArtifact};
 use crate::spec::{Backend, Precision, ShapeProfile};
 
 const CUDA_FIX: &str = "install onnxruntime-gpu (`pip install onnxruntime-gpu`) with the CUDA and cuDNN libraries it needs, then point ORT_DYLIB_PATH or `ort_library` at its capi/libonnxruntime.so.*";
@@ -127,6 +130,21 @@ pub struct OrtCuda;
 impl BackendImpl for OrtCuda {
     fn backend(&self) -> Backend {
         Backend::OrtCuda
+    }
+
+    fn opt_level(&self, opts: &BuildOptions) -> Option<OptLevel> {
+        Some(opts.opt_level.for_cuda())
+    }
+
+    /// One optimization level lower for an artifact over tolerance ([`levels`]).
+    fn next_attempt(&self, job: &mut BuildJob, failure: &Failure) -> Option<Retry> {
+        match failure {
+            Failure::OverTolerance(built) => {
+                let level = job.options.opt_level.for_cuda();
+                levels::lower(level, built, |l| job.options.opt_level = l)
+            }
+            Failure::Crashed(_) => None,
+        }
     }
 
     fn check(&self, rt: &Runtime) -> Result<(), BuildError> {
