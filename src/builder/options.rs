@@ -211,44 +211,13 @@ impl BuildOptions {
     }
 
     /// The options that go into the key for `backend`, as canonical strings: the single
-    /// source of a key's `options` for `trtcache key`, `trtcache build` and the daemon.
-    /// Precision and profile are key parts of their own.
+    /// source of a key's `options` for `trtcache key`, `trtcache build` and the daemon: the
+    /// user's `extra` ones and the backend's own
+    /// ([`BackendImpl::key_options`](super::BackendImpl::key_options)). Precision and profile
+    /// are key parts of their own.
     pub fn key_options(&self, backend: Backend) -> BTreeMap<String, String> {
         let mut m = self.extra.clone();
-        match backend {
-            Backend::OrtCpu => {
-                m.insert("opt_level".into(), self.opt_level.name().into());
-                m.insert("prepack".into(), self.prepack.to_string());
-                m.insert(
-                    "external_min_bytes".into(),
-                    self.external_min_bytes.to_string(),
-                );
-                m.insert("specialize".into(), self.specialize.to_string());
-                let rewrites = if self.rewrite {
-                    super::backends::ort_cpu::passes::key_list()
-                } else {
-                    "none".into()
-                };
-                m.insert("rewrites".into(), rewrites);
-            }
-            Backend::OrtCuda => {
-                m.insert("opt_level".into(), self.opt_level.for_cuda().name().into());
-                m.insert("device_id".into(), self.device_id.to_string());
-                m.insert("use_tf32".into(), self.cuda_tf32().to_string());
-            }
-            Backend::OrtTensorRt => {
-                m.insert(
-                    "trt_builder_optimization_level".into(),
-                    self.trt_builder_level.to_string(),
-                );
-                m.insert("device_id".into(), self.device_id.to_string());
-                m.insert("trt_ep_context_embed_mode".into(), "1".into());
-            }
-            Backend::Trt => {
-                m.extend(crate::trt::keys::key_options(&self.engine_options()));
-                m.insert("device_id".into(), self.device_id.to_string());
-            }
-        }
+        m.extend(super::backends::select::backend(backend).key_options(self));
         m
     }
 }

@@ -3,6 +3,7 @@
 //! builds at, and what to build again after a failed attempt ([`BackendImpl::next_attempt`]:
 //! the backend's fallback ladder; the pipeline only walks it).
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use ort::session::Session;
@@ -33,6 +34,10 @@ pub struct Retry {
 pub trait BackendImpl: Send + Sync {
     /// Which backend this is.
     fn backend(&self) -> Backend;
+    /// The options of `opts` that go into this backend's key, as canonical strings (the
+    /// user's `extra` ones are added by
+    /// [`BuildOptions::key_options`](crate::builder::BuildOptions::key_options)).
+    fn key_options(&self, opts: &BuildOptions) -> BTreeMap<String, String>;
     /// Fails with the precise reason when the backend cannot run on this machine.
     fn check(&self, rt: &Runtime) -> Result<(), BuildError>;
     /// Builds the artifact for `model` into `out` (an empty staging directory).

@@ -11,6 +11,7 @@
 //! Not run on a GPU in this repository's CI (no GPU, CUDA or TensorRT there); written for a
 //! host with `onnxruntime-gpu` (CUDA 12/13 build) and TensorRT 10.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use ort::ep::{ExecutionProvider, ExecutionProviderDispatch};
@@ -136,6 +137,14 @@ impl BackendImpl for OrtCuda {
         Some(opts.opt_level.for_cuda())
     }
 
+    fn key_options(&self, opts: &BuildOptions) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        m.insert("opt_level".into(), opts.opt_level.for_cuda().name().into());
+        m.insert("device_id".into(), opts.device_id.to_string());
+        m.insert("use_tf32".into(), opts.cuda_tf32().to_string());
+        m
+    }
+
     /// One optimization level lower for an artifact over tolerance ([`levels`]).
     fn next_attempt(&self, job: &mut BuildJob, failure: &Failure) -> Option<Retry> {
         match failure {
@@ -199,6 +208,17 @@ pub struct OrtTensorRt;
 impl BackendImpl for OrtTensorRt {
     fn backend(&self) -> Backend {
         Backend::OrtTensorRt
+    }
+
+    fn key_options(&self, opts: &BuildOptions) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        m.insert(
+            "trt_builder_optimization_level".into(),
+            opts.trt_builder_level.to_string(),
+        );
+        m.insert("device_id".into(), opts.device_id.to_string());
+        m.insert("trt_ep_context_embed_mode".into(), "1".into());
+        m
     }
 
     fn check(&self, rt: &Runtime) -> Result<(), BuildError> {

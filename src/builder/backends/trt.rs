@@ -18,6 +18,7 @@
 //! **Never run against TensorRT**: tested here through the C test double of the header
 //! (`shim/double/`), which proves the plumbing only (docs/trt.md).
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use ort::session::Session;
@@ -53,6 +54,12 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> BuildError + '_ {
 impl BackendImpl for NativeTrt {
     fn backend(&self) -> Backend {
         Backend::Trt
+    }
+
+    fn key_options(&self, opts: &BuildOptions) -> BTreeMap<String, String> {
+        let mut m = crate::trt::keys::key_options(&opts.engine_options());
+        m.insert("device_id".into(), opts.device_id.to_string());
+        m
     }
 
     fn check(&self, _rt: &Runtime) -> Result<(), BuildError> {

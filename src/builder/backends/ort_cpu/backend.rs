@@ -33,6 +33,24 @@ impl BackendImpl for OrtCpu {
         Some(opts.opt_level)
     }
 
+    fn key_options(&self, opts: &BuildOptions) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        m.insert("opt_level".into(), opts.opt_level.name().into());
+        m.insert("prepack".into(), opts.prepack.to_string());
+        m.insert(
+            "external_min_bytes".into(),
+            opts.external_min_bytes.to_string(),
+        );
+        m.insert("specialize".into(), opts.specialize.to_string());
+        let rewrites = if opts.rewrite {
+            passes::key_list()
+        } else {
+            "none".into()
+        };
+        m.insert("rewrites".into(), rewrites);
+        m
+    }
+
     fn next_attempt(&self, job: &mut BuildJob, failure: &Failure) -> Option<Retry> {
         super::ladder::next_attempt(job, failure)
     }
