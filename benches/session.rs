@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use ort::session::builder::GraphOptimizationLevel;
 use trtcache::builder::ort::open_raw;
-use trtcache::builder::{runtime, BuildJob, Builder, OptLevel};
+use trtcache::builder::{runtime, BuildJob, Builder, OptLevel, Progress};
 use trtcache::cache::{SledStore, StoreOptions};
 use trtcache::fixtures::{bert, models, write, write_external};
 use trtcache::onnx::proto::ModelProto;
@@ -212,7 +212,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             req.options.threads = threads;
             req.options.profile = profile.clone();
             req.options.opt_level = *level;
-            let quiet = |_: &str| {};
+            let quiet = |_: &Progress| {};
             let out = builder.build(&req, &quiet)?;
             let served = out
                 .served
@@ -223,12 +223,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let opts = req.options.clone();
             let backend = trtcache::builder::backend(trtcache::spec::Backend::OrtCpu);
             // Warm the page cache and ORT's lazy init once for both.
-            drop(open_raw(
-                rt,
-                path,
-                GraphOptimizationLevel::All,
-                threads,
-            )?);
+            drop(open_raw(rt, path, GraphOptimizationLevel::All, threads)?);
             drop(backend.open(rt, entry, &opts)?);
             let mut raw = Vec::new();
             let mut cached = Vec::new();

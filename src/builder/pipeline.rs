@@ -16,14 +16,14 @@ use super::job::{BuildJob, BuildOutcome, Source};
 use super::stage::{disk_full, Built};
 use super::worker::{self, WorkerLimits};
 use super::{runtime, OptLevel, StagedArtifact};
-use super::BuildError;
+use super::{BuildError, Progress};
 use crate::cache::{now_secs, Lookup, Record, Status, Store, ValidationReport, RECORD_FORMAT};
 use crate::key::{self, DigestOptions, KeyInput, KeyParts};
 use crate::onnx::Model;
 use crate::spec::{Backend, CacheKey};
 
-/// Called between steps with a short description (for progress output).
-pub type ProgressFn<'a> = &'a dyn Fn(&str);
+/// Called between steps (for progress output).
+pub type ProgressFn<'a> = &'a dyn Fn(&Progress);
 
 /// A hook run on the staged artifact before validation (tests use it to prove that a wrong
 /// artifact is caught).
@@ -271,7 +271,7 @@ impl Builder {
         }
         let build_ms = started.elapsed().as_millis() as u64;
         watch.check()?;
-        progress(worker::VALIDATING);
+        progress(&Progress::Validating);
         let validation =
             backend.validate(rt, &req.model, &artifact, &req.options, &req.validation)?;
         Ok(Built {
@@ -296,7 +296,7 @@ impl Builder {
         // A backend that cannot run here fails with its precise reason before hashing.
         let rt = runtime::load(self.ort_library.as_deref())?;
         backend(req.backend).check(rt)?;
-        progress("hashing model");
+        progress(&Progress::Hashing);
         let parts = self.key_parts(req)?;
         let key = parts.key();
         if let Some(expect) = watch.expect.filter(|e| *e != key) {
@@ -358,7 +358,7 @@ impl Builder {
         }
         let req = &req;
         let plan = provider_plan(&req.model, req.backend);
-        progress(&format!("building with {}", req.backend));
+        progress(&Progress::Building(req.backend));
         // A failed attempt is built again as the backend's fallback ladder says
         // ([`BackendImpl::next_attempt`](super::BackendImpl::next_attempt)) before the build
         // counts as failed: the stored artifact is always one that passed, and its report
@@ -388,7 +388,7 @@ impl Builder {
                     }
                 }
             };
-            progress(&retry.progress);
+            progress(&Progress::Retrying(retry.fallback));
             rejected.push(retry.rejected);
             drop(staging);
             watch.check()?;
@@ -443,7 +443,7 @@ impl Builder {
             hits: 0,
             provenance: crate::cache::Provenance::Built,
         };
-        progress("storing");
+        progress(&Progress::Storing);
         let stored = if validation.passed {
             self.fits(&artifact)?;
             self.store.put(record, Some(&artifact))?

@@ -2,8 +2,9 @@
 //! can abort, allocate without bound or loop forever on a hostile or broken model, so the
 //! daemon never runs them in its own process: [`run`] re-executes `trtcache` as `trtcache
 //! worker` (hidden), hands it one [`Job`] as JSON on stdin, and reads its stdout: one JSON
-//! line per progress step (`{"progress": "validating …"}`), then one [`Reply`]. The worker builds the artifact into the job's staging directory and validates it;
-//! the parent keeps the store (the key check and `put` stay on its side).
+//! line per [`Progress`] step (`{"progress": "validating"}`), then one [`Reply`]. The worker
+//! builds the artifact into the job's staging directory and validates it; the parent keeps
+//! the store (the key check and `put` stay on its side).
 //!
 //! Bounds ([`WorkerLimits`], from the config's `limits.worker_*`): the data segment
 //! (`RLIMIT_DATA`: heap and private writable mappings; unlike `RLIMIT_AS` it does not count
@@ -25,9 +26,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::validate::ValidationConfig;
-use super::{backend, runtime, BuildError, BuildOptions, StagedArtifact};
 pub use super::stage::Built;
+use super::validate::ValidationConfig;
+use super::{backend, runtime, BuildError, BuildOptions, Progress, StagedArtifact};
 pub use crate::config::WorkerLimits;
 use crate::spec::Backend;
 
@@ -37,9 +38,6 @@ pub const WORKER_EXE_ENV: &str = "TRTCACHE_WORKER_EXE";
 
 /// The most stderr kept from a worker for its failure reason.
 const STDERR_TAIL: usize = 1024;
-
-/// The progress step validation starts with (the daemon reports its `validating` phase on it).
-pub const VALIDATING: &str = "validating against the original model (ORT CPU, optimizations off)";
 
 /// How often the parent checks the worker, cancellation and the deadline.
 const POLL: Duration = Duration::from_millis(20);
@@ -77,7 +75,7 @@ pub struct CheckArtifact {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 enum Line {
-    Progress(String),
+    Progress(Progress),
     Reply(Reply),
 }
 
@@ -116,7 +114,7 @@ pub fn run(
     job: &Job,
     limits: &WorkerLimits,
     cancelled: &(dyn Fn() -> bool + Sync),
-    progress: &dyn Fn(&str),
+    progress: &dyn Fn(&Progress),
 ) -> Result<Built, BuildError> {
     match exchange(job, limits, cancelled, progress)? {
         Reply::Built(b) => Ok(*b),
@@ -167,7 +165,7 @@ fn exchange(
     job: &Job,
     limits: &WorkerLimits,
     cancelled: &(dyn Fn() -> bool + Sync),
-    progress: &dyn Fn(&str),
+    progress: &dyn Fn(&Progress),
 ) -> Result<Reply, BuildError> {
     // `/proc/self/exe` is the running image even after its file was replaced (a package
     // upgrade under a running daemon): the worker is always the daemon's own version.
@@ -435,8 +433,8 @@ pub fn serve_one() -> i32 {
         let ok = serde_json::to_writer(&mut *o, line).is_ok() && o.write_all(b"\n").is_ok();
         ok && o.flush().is_ok()
     };
-    let progress = |p: &str| {
-        emit(&Line::Progress(p.to_string()));
+    let progress = |p: &Progress| {
+        emit(&Line::Progress(p.clone()));
     };
     crate::onnx::DecodeLimits::set_process_default(job.decode);
     let done = match &job.check {
@@ -494,7 +492,7 @@ pub fn check_artifact(job: &Job, c: &CheckArtifact) -> Result<(), BuildError> {
 
 /// What the worker does: the backend's build into `job.out`, then validation against the
 /// original model. The same steps [`super::Builder`] runs in process.
-pub fn build_and_validate(job: &Job, progress: &dyn Fn(&str)) -> Result<Built, BuildError> {
+pub fn build_and_validate(job: &Job, progress: &dyn Fn(&Progress)) -> Result<Built, BuildError> {
     let rt = runtime::load(job.ort_library.as_deref())?;
     let b = backend(job.backend);
     b.check(rt)?;
@@ -503,7 +501,7 @@ pub fn build_and_validate(job: &Job, progress: &dyn Fn(&str)) -> Result<Built, B
         .build(rt, &job.model, &job.options, &job.out)
         .map_err(|e| super::stage::disk_full(&job.out, &job.model, e))?;
     let build_ms = started.elapsed().as_millis() as u64;
-    progress(VALIDATING);
+    progress(&Progress::Validating);
     let validation = b.validate(rt, &job.model, &artifact, &job.options, &job.validation)?;
     Ok(Built {
         artifact,

@@ -14,7 +14,9 @@ use serde::Serialize;
 use super::cache::{open_store, CacheArgs};
 use super::output::{human_bytes, table, Style};
 use crate::builder::validate::{Tolerance, ValidationConfig};
-use crate::builder::{runtime, BuildJob, BuildOptions, BuildOutcome, Builder, OptLevel, Source};
+use crate::builder::{
+    runtime, BuildJob, BuildOptions, BuildOutcome, Builder, OptLevel, Progress, Source,
+};
 use crate::cache::DIGEST_MEMO;
 use crate::onnx::Model;
 use crate::plan::{resolve, ModelInputs, Plan, ProfileArgs};
@@ -344,7 +346,7 @@ pub fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
     if let Some(max) = max_bytes {
         builder = builder.with_size_limit(max);
     }
-    let progress = |step: &str| eprintln!("trtcache: {step}");
+    let progress = |step: &Progress| eprintln!("trtcache: {step}");
     let outcome = builder
         .build(&req, &progress)
         .with_context(|| format!("building {} with {backend}", a.model.display()))?;

@@ -28,7 +28,7 @@ use trtcache_client::protocol::{
 };
 
 use super::engine::*;
-use crate::builder::{runtime, BuildError, BuildJob, BuildOptions, Watch};
+use crate::builder::{runtime, BuildError, BuildJob, BuildOptions, Progress, Watch};
 use crate::cache::{Lookup, Record, Served, Status, Store, StoreError};
 use crate::key::memo::FileId;
 use crate::onnx::facts::{elem_type_of, shape_of, Dim};
@@ -647,15 +647,12 @@ impl CachedEngine {
         // Polled while the worker runs and right before the store: a build whose cache
         // folder went stops and stores nothing (`build` builds it again in the fresh one).
         let cancelled = || cancel.is_cancelled() || !self.cache.intact(o);
-        let step = |s: &str| {
-            if s.starts_with("validating") {
-                progress(BuildPhase::Validating);
-            } else if s == "storing" {
-                progress(BuildPhase::Storing);
-            } else if s.starts_with("over tolerance") {
-                // Built again one optimization level lower (`Builder`'s fall-back).
-                progress(BuildPhase::Building);
-            }
+        let step = |p: &Progress| match p {
+            Progress::Validating => progress(BuildPhase::Validating),
+            Progress::Storing => progress(BuildPhase::Storing),
+            // Built again after validation refused it (the backend's fall-back ladder).
+            Progress::Retrying(f) if f.over_tolerance() => progress(BuildPhase::Building),
+            _ => {}
         };
         // The copy's key must be the planned one (else: Changed, nothing stored); past that
         // check, a failure belongs to the content the key names and is memoised.
@@ -718,7 +715,7 @@ impl CachedEngine {
         o: &Opened,
         planned: &Planned,
         req: &BuildJob,
-        step: &dyn Fn(&str),
+        step: &dyn Fn(&Progress),
         watch: Watch,
         progress: &dyn Fn(BuildPhase),
     ) -> Result<crate::builder::BuildOutcome, BuildError> {

@@ -11,7 +11,7 @@ use ort::session::Session;
 use crate::builder::job::BuildJob;
 use crate::builder::stage::Built;
 use crate::builder::validate;
-use crate::builder::{BuildError, BuildOptions, OptLevel, Runtime, StagedArtifact};
+use crate::builder::{BuildError, BuildOptions, Fallback, OptLevel, Runtime, StagedArtifact};
 use crate::spec::Backend;
 
 /// Why an attempt gave no artifact to store, for [`BackendImpl::next_attempt`].
@@ -26,8 +26,8 @@ pub enum Failure<'a> {
 pub struct Retry {
     /// The line for the report's `rejected` list (`what: why`).
     pub rejected: String,
-    /// The progress step announcing the attempt.
-    pub progress: String,
+    /// What the attempt gives up (the progress step announcing it).
+    pub fallback: Fallback,
 }
 
 /// How a [`Backend`] builds and serves artifacts.

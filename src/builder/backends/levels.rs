@@ -6,7 +6,7 @@
 
 use super::backend::Retry;
 use crate::builder::stage::Built;
-use crate::builder::OptLevel;
+use crate::builder::{Fallback, OptLevel};
 
 /// The next level down from `level` for an artifact over tolerance (`built`), set by `set`;
 /// `None` below basic or when it passed.
@@ -24,11 +24,10 @@ pub(crate) fn lower(level: OptLevel, built: &Built, set: impl FnOnce(OptLevel)) 
     );
     set(lower);
     Some(Retry {
-        progress: format!(
-            "over tolerance at optimization level {}: building at {}",
-            level.name(),
-            lower.name()
-        ),
+        fallback: Fallback::LowerLevel {
+            from: level,
+            to: lower,
+        },
         rejected: format!("{}: {worst}", level.name()),
     })
 }

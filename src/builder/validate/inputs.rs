@@ -12,8 +12,8 @@ use std::path::Path;
 use ort::session::Session;
 use ort::value::{DynValue, TensorElementType, ValueType};
 
-use super::run::{bad, run, Outs};
 use super::config::{ValidationConfig, THREAD_PROBE_SCALE, THREAD_PROBE_SCALED_MAX_BYTES};
+use super::run::{bad, run, Outs};
 use super::search::{
     batch_leaves, candidates, leaves, shape_under, tensor_of, unnamed, Axis, Candidate,
     MAX_CANDIDATES, SEARCH_SIZES,

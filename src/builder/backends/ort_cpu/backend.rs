@@ -11,7 +11,10 @@ use ort::session::Session;
 
 use super::passes;
 use super::probes::{open_artifact, probe_prepack, probe_threads, static_inputs, Scale};
-use super::save::{fixed_dims, optimize, prepare, reopen, clear, fold_saved, compact_saved, initializers_as_constants, optimized_artifact, Save, Source, ENTRY};
+use super::save::{
+    clear, compact_saved, fixed_dims, fold_saved, initializers_as_constants, optimize,
+    optimized_artifact, prepare, reopen, Save, Source, ENTRY,
+};
 use crate::builder::backends::backend::{BackendImpl, Failure, Retry};
 use crate::builder::job::BuildJob;
 use crate::builder::validate;

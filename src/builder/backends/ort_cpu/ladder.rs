@@ -14,6 +14,7 @@ use crate::builder::backends::backend::{Failure, Retry};
 use crate::builder::backends::levels;
 use crate::builder::job::BuildJob;
 use crate::builder::validate::ValidationConfig;
+use crate::builder::Fallback;
 
 /// The next attempt of `job` after `failure` (see the module's ladder).
 pub(super) fn next_attempt(job: &mut BuildJob, failure: &Failure) -> Option<Retry> {
@@ -35,7 +36,9 @@ pub(super) fn next_attempt(job: &mut BuildJob, failure: &Failure) -> Option<Retr
             };
             tracing::warn!(%why, what, "the build worker died; building again without {what}");
             Some(Retry {
-                progress: format!("the build worker died: building without {what}"),
+                fallback: Fallback::WorkerDied {
+                    without: what.into(),
+                },
                 rejected: format!("{what}: {why}"),
             })
         }
@@ -44,7 +47,7 @@ pub(super) fn next_attempt(job: &mut BuildJob, failure: &Failure) -> Option<Retr
             tracing::warn!(%worst, "rewritten artifact over tolerance; building it again without rewrites");
             job.options.rewrite = false;
             Some(Retry {
-                progress: "over tolerance with graph rewrites: building without them".into(),
+                fallback: Fallback::WithoutRewrites,
                 rejected: format!("rewrites: {worst}"),
             })
         }

@@ -27,7 +27,11 @@ pub(super) fn static_inputs(session: &Session) -> bool {
 
 /// Opens an artifact's graph the way the clients do: optimizations off (it is optimized),
 /// weights packed on the intra-op threads; `threads` intra-op threads (0: ORT's default).
-pub(super) fn open_artifact(rt: &Runtime, entry: &Path, threads: usize) -> Result<Session, BuildError> {
+pub(super) fn open_artifact(
+    rt: &Runtime,
+    entry: &Path,
+    threads: usize,
+) -> Result<Session, BuildError> {
     open_artifact_with(rt, entry, threads, true)
 }
 

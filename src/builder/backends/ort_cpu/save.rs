@@ -161,7 +161,8 @@ pub(super) fn optimize(
     let (model, entry) = (src.model, out.join(ENTRY));
     let stage = "optimize (ort-cpu)";
     let mut b = crate::builder::ort::base_builder(rt, model, opts.threads)?;
-    if opts.opt_level == crate::builder::OptLevel::All && !tracing::enabled!(tracing::Level::DEBUG) {
+    if opts.opt_level == crate::builder::OptLevel::All && !tracing::enabled!(tracing::Level::DEBUG)
+    {
         // ORT warns that a level-All model is specific to this environment; the key pins
         // the SKU and the ORT version, so the warning is expected, not actionable.
         b = b
@@ -213,7 +214,11 @@ pub(super) fn optimize(
 }
 
 /// A session on a saved artifact graph as consumers open it, with ONNX Runtime's own error.
-pub(super) fn reopen(rt: &Runtime, entry: &Path, opts: &BuildOptions) -> Result<Session, ort::Error> {
+pub(super) fn reopen(
+    rt: &Runtime,
+    entry: &Path,
+    opts: &BuildOptions,
+) -> Result<Session, ort::Error> {
     let mut b = Session::builder(&rt.env)?;
     if opts.threads > 0 {
         b = b.with_intra_threads(opts.threads)?;
@@ -225,7 +230,11 @@ pub(super) fn reopen(rt: &Runtime, entry: &Path, opts: &BuildOptions) -> Result<
 /// The saved graph trimmed by [`compact`](super::compact) (no `value_info`, doc strings or
 /// long names), written in place; kept as ONNX Runtime wrote it when ORT will not open the
 /// trimmed one (which validation would otherwise refuse).
-pub(super) fn compact_saved(rt: &Runtime, entry: &Path, opts: &BuildOptions) -> Result<(), BuildError> {
+pub(super) fn compact_saved(
+    rt: &Runtime,
+    entry: &Path,
+    opts: &BuildOptions,
+) -> Result<(), BuildError> {
     use prost::Message;
     let io = |source| BuildError::Io {
         path: entry.to_path_buf(),

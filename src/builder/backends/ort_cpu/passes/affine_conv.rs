@@ -101,8 +101,9 @@ pub(super) fn affine_conv<'a>(
             continue;
         }
         if let Some(b) = b {
-            let ok = tensor(b)
-                .is_some_and(|t| t.dims.as_slice() == [m] && super::graph::inline_floats(t).is_some());
+            let ok = tensor(b).is_some_and(|t| {
+                t.dims.as_slice() == [m] && super::graph::inline_floats(t).is_some()
+            });
             if !ok {
                 continue;
             }

@@ -22,7 +22,10 @@ use crate::onnx::ElemType;
 /// artifact, a consumer's session 14.1 → 12.4 ms and first run 7.7 → 6.5 ms). Weights
 /// stored outside the graph file, shared with another node or overridable as graph inputs,
 /// non-finite scales or shifts, and Convs inside control-flow bodies are left alone.
-pub(super) fn conv_affine<'a>(proto: &'a ModelProto, applied: &mut Vec<String>) -> Option<ModelProto> {
+pub(super) fn conv_affine<'a>(
+    proto: &'a ModelProto,
+    applied: &mut Vec<String>,
+) -> Option<ModelProto> {
     let g: &'a GraphProto = proto.graph.as_ref()?;
     if !g.node.iter().any(|n| n.op_type == "Conv") {
         return None;

@@ -32,11 +32,11 @@ use std::path::Path;
 
 use bytes::Bytes;
 
+use super::graph::{decode_ints, inline_floats, inline_ints, int_width};
 use crate::onnx::load::{external_ref, numel};
 use crate::onnx::proto::{
     DataLocation, GraphProto, ModelProto, NodeProto, StringStringEntryProto, TensorProto,
 };
-use super::graph::{decode_ints, inline_floats, inline_ints, int_width};
 use crate::onnx::ElemType;
 
 /// What this rewrite is called in the key and the report.

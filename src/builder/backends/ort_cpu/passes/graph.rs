@@ -5,11 +5,11 @@ use std::collections::HashSet;
 
 use bytes::Bytes;
 
+use crate::onnx::load::numel;
+use crate::onnx::proto::DataLocation;
 use crate::onnx::proto::{
     AttributeProto, AttributeType, GraphProto, ModelProto, NodeProto, TensorProto,
 };
-use crate::onnx::load::numel;
-use crate::onnx::proto::DataLocation;
 use crate::onnx::ElemType;
 
 /// The constants of one graph a caller cannot override, by name: initializers that are not
@@ -159,7 +159,9 @@ pub(super) fn floats(t: &TensorProto) -> Option<Vec<f32>> {
 /// How many times each name of `g` is read: by its nodes (their bodies' captures included)
 /// once per reading node, and twice more when it is a graph output (so that "read once"
 /// means one node and nothing else).
-pub(super) fn read_counts(g: &crate::onnx::proto::GraphProto) -> std::collections::HashMap<&str, usize> {
+pub(super) fn read_counts(
+    g: &crate::onnx::proto::GraphProto,
+) -> std::collections::HashMap<&str, usize> {
     let view = crate::onnx::Graph::new(g);
     let mut uses: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
     for i in 0..g.node.len() {
@@ -238,7 +240,12 @@ pub(super) fn std_opset(proto: &ModelProto) -> i64 {
 }
 
 /// A node named after its one output (new outputs are unique, so the names are too).
-pub(super) fn node(op: &str, inputs: &[&str], output: &str, attrs: Vec<AttributeProto>) -> NodeProto {
+pub(super) fn node(
+    op: &str,
+    inputs: &[&str],
+    output: &str,
+    attrs: Vec<AttributeProto>,
+) -> NodeProto {
     NodeProto {
         input: inputs.iter().map(|s| s.to_string()).collect(),
         output: vec![output.to_string()],

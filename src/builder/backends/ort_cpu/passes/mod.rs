@@ -131,9 +131,9 @@ mod tests {
 
     use super::graph::{float, inline_floats, node};
     use super::*;
+    use crate::fixtures::{models, tensor_f32};
     use crate::onnx::proto::{AttributeProto, AttributeType, NodeProto};
     use crate::onnx::ElemType;
-    use crate::fixtures::{models, tensor_f32};
 
     fn ops(m: &ModelProto) -> Vec<&str> {
         m.graph
