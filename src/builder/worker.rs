@@ -167,46 +167,7 @@ fn exchange(
     cancelled: &(dyn Fn() -> bool + Sync),
     progress: &dyn Fn(&Progress),
 ) -> Result<Reply, BuildError> {
-    // `/proc/self/exe` is the running image even after its file was replaced (a package
-    // upgrade under a running daemon): the worker is always the daemon's own version.
-    let exe = std::env::var_os(WORKER_EXE_ENV)
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/proc/self/exe"));
-    let input = serde_json::to_vec(job)
-        .map_err(|e| BuildError::WorkerUnavailable(format!("cannot encode the job: {e}")))?;
-    let mut cmd = Command::new(&exe);
-    // A crash's reason is its first words ("memory allocation of N bytes failed"), not a
-    // backtrace.
-    cmd.arg("worker")
-        .env("RUST_BACKTRACE", "0")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    // No `pre_exec`: with one, the child is a fork() of the daemon, which copies the
-    // daemon's page tables (milliseconds per build once it holds 100,000 models); without,
-    // it is spawned (posix_spawn, vfork-like). The limits are set on the child from here
-    // before it is given its job (it does nothing but wait for it until then), and the
-    // worker asks for its death signal itself (`serve_one`), checking that its parent is
-    // still the daemon that started it.
-    // SAFETY: getpid has no preconditions.
-    cmd.env(PARENT_ENV, unsafe { libc::getpid() }.to_string());
-    let started = Instant::now();
-    let mut child = cmd.spawn().map_err(|e| {
-        BuildError::WorkerUnavailable(format!("cannot start the worker {}: {e}", exe.display()))
-    })?;
-    tracing::debug!(pid = child.id(), model = %job.model.display(), "worker started");
-    if let Err(e) = set_limits(child.id(), limits) {
-        let _ = child.kill();
-        let _ = child.wait();
-        return Err(BuildError::WorkerUnavailable(format!(
-            "cannot set the worker's limits: {e}"
-        )));
-    }
-    // The job is small; write it and close stdin so the worker sees its end.
-    if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(&input);
-    }
+    let (mut child, started) = start(job, limits)?;
     // Lines from the worker's stdout, read on a thread so the loop below can keep watching
     // the deadline and cancellation.
     let stdout = child.stdout.take();
@@ -311,6 +272,52 @@ fn exchange(
             "the worker exited without an answer; its stderr ends: {err_tail}"
         ))),
     }
+}
+
+/// Starts `trtcache worker` for `job` under `limits` and hands it the job: the child and when
+/// it started.
+fn start(job: &Job, limits: &WorkerLimits) -> Result<(std::process::Child, Instant), BuildError> {
+    // `/proc/self/exe` is the running image even after its file was replaced (a package
+    // upgrade under a running daemon): the worker is always the daemon's own version.
+    let exe = std::env::var_os(WORKER_EXE_ENV)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/proc/self/exe"));
+    let input = serde_json::to_vec(job)
+        .map_err(|e| BuildError::WorkerUnavailable(format!("cannot encode the job: {e}")))?;
+    let mut cmd = Command::new(&exe);
+    // A crash's reason is its first words ("memory allocation of N bytes failed"), not a
+    // backtrace.
+    cmd.arg("worker")
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // No `pre_exec`: with one, the child is a fork() of the daemon, which copies the
+    // daemon's page tables (milliseconds per build once it holds 100,000 models); without,
+    // it is spawned (posix_spawn, vfork-like). The limits are set on the child from here
+    // before it is given its job (it does nothing but wait for it until then), and the
+    // worker asks for its death signal itself (`serve_one`), checking that its parent is
+    // still the daemon that started it.
+    // SAFETY: getpid has no preconditions.
+    cmd.env(PARENT_ENV, unsafe { libc::getpid() }.to_string());
+    let started = Instant::now();
+    let mut child = cmd.spawn().map_err(|e| {
+        BuildError::WorkerUnavailable(format!("cannot start the worker {}: {e}", exe.display()))
+    })?;
+    tracing::debug!(pid = child.id(), model = %job.model.display(), "worker started");
+    if let Err(e) = set_limits(child.id(), limits) {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(BuildError::WorkerUnavailable(format!(
+            "cannot set the worker's limits: {e}"
+        )));
+    }
+    // The job is small; write it and close stdin so the worker sees its end.
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(&input);
+    }
+    Ok((child, started))
 }
 
 /// Environment variable holding the daemon's pid for its worker (see [`serve_one`]).

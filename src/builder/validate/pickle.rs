@@ -72,6 +72,10 @@ fn kind(v: &V) -> &'static str {
     }
 }
 
+/// Runs the pickle machine over `b` to its STOP: the value it leaves.
+///
+/// One piece: the machine's dispatch, one short arm per opcode over one stack, memo and
+/// cursor; split, the arms would pass those three around and read no clearer.
 fn run(b: &[u8]) -> Result<V, String> {
     let mut st: Vec<V> = Vec::new();
     let mut memo: Vec<Option<V>> = Vec::new();

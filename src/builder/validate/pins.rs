@@ -297,6 +297,10 @@ const BINARY: &[&str] = &[
 
 /// One node: records the sizes its weights fix for tracked axes, and returns its first
 /// output's origins when it only moves or keeps them.
+///
+/// One piece: one arm per op family (elementwise, reshaping, MatMul/Gemm, Conv, the RNNs,
+/// the normalizations, Gather), each a few lines over the same inputs; the table of which op
+/// reads which axis is easiest to check when it is read in one place.
 fn step<'a>(
     n: &NodeProto,
     ins: &[Option<&Origins>],

@@ -8,10 +8,9 @@
 //! inputs and outputs keep their names (consumers feed and fetch by them), and so do the
 //! names a body reads from its enclosing graphs (renamed with them, through the same map).
 //!
-//! Measured on the consumer's session (fresh processes pinned to one core, medians of 11,
-//! the client's options): ppocrv5_rec 23.2 → 21.3 ms, ppocrv6_rec_small 19.9 → 18.7,
-//! nudenet_320n 11.4 → 10.3, yolov8n 11.0 → 10.6, smart_turn 15.1 → 14.3, gpt2 (dynamo)
-//! 6.3 → 5.8; first runs unchanged.
+//! It shortens a consumer's session creation by a few percent to about a tenth and leaves
+//! first runs as they were (the numbers: BENCHMARKS.md, "Time to first inference, real-world
+//! models").
 //!
 //! Enters: the decoded saved graph. Leaves: the same graph, trimmed, and how many names were
 //! changed. The caller keeps the file as ORT wrote it when ORT refuses the trimmed one.

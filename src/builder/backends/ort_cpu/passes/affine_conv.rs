@@ -7,8 +7,8 @@
 //! way; ONNX Runtime 1.31 fuses none. A scalar that ends an activation ONNX Runtime fuses is
 //! left alone: the `· 0.5` of an erf or tanh GELU (PP-OCRv6 writes its 13 GELUs so, each
 //! before a Conv) — folding it broke ORT's GELU fusion and left four elementwise ops and a
-//! layout round trip in its place (ppocrv6_det_tiny: 212 → 277 nodes, session and first run
-//! 11 % longer). The chain may pass through `Identity` nodes (paddle2onnx writes one after
+//! layout round trip in its place, a longer session and first run (ppocrv6_det_tiny;
+//! BENCHMARKS.md, "Time to first inference, real-world models"). The chain may pass through `Identity` nodes (paddle2onnx writes one after
 //! nearly every op). Weights stored outside the graph file, shared with another node or
 //! overridable, non-finite constants, `auto_pad` other than `NOTSET`/`VALID` with a shift,
 //! and Convs in control-flow bodies are left alone.
@@ -40,8 +40,60 @@ pub(super) fn affine_conv<'a>(
     if !g.node.iter().any(|n| n.op_type == "Conv") {
         return None;
     }
-    let std = |n: &NodeProto| matches!(n.domain.as_str(), "" | "ai.onnx");
     let consts = super::graph::Constants::of(g);
+    let found = find(g, &consts);
+    if found.is_empty() {
+        return None;
+    }
+    let mut model = proto.clone();
+    let graph = model.graph.as_mut()?;
+    let mut names = super::graph::Names::of(graph);
+    let mut dropped = HashSet::new();
+    for f in &found {
+        let w = graph.node[f.conv].input[1].clone();
+        let bias = graph.node[f.conv].input.get(2).cloned();
+        // Each output channel's weight sum, before the scale.
+        let sums: Vec<f32> = {
+            let t = consts.tensor(graph, &w)?;
+            let v = super::graph::inline_floats(t)?;
+            let per = v.len() / usize::try_from(t.dims[0]).ok()?.max(1);
+            v.chunks(per.max(1)).map(|c| c.iter().sum()).collect()
+        };
+        let (a, b) = (f.a, f.b);
+        let m = super::graph::scale(graph, &consts, &w, |_, v| v * a)?;
+        match bias {
+            Some(bias) if b != 0.0 => {
+                super::graph::scale(graph, &consts, &bias, |k, v| v + b * sums[k])?;
+            }
+            None if b != 0.0 => {
+                let name = format!("{}_bias", names.prefix(&graph.node[f.conv].output[0]));
+                let mut t = TensorProto {
+                    name: name.clone(),
+                    dims: vec![m],
+                    data_type: ElemType::Float32.code(),
+                    ..Default::default()
+                };
+                super::graph::set_floats(&mut t, sums.iter().map(|s| b * s));
+                graph.initializer.push(t);
+                graph.node[f.conv].input.push(name);
+            }
+            _ => {}
+        }
+        graph.node[f.conv].input[0] = f.input.clone();
+        dropped.extend(f.drop.iter().copied());
+    }
+    super::graph::remove_nodes(graph, &dropped);
+    applied.push(format!(
+        "affine-conv: {} scalar Mul/Add before a Conv folded into its weights and bias",
+        found.len()
+    ));
+    Some(model)
+}
+
+/// Every Conv of `g` that [`affine_conv`] can fold the scale and shift before it into, with
+/// what goes.
+fn find<'a>(g: &'a GraphProto, consts: &super::graph::Constants<'a>) -> Vec<Fold> {
+    let std = |n: &NodeProto| matches!(n.domain.as_str(), "" | "ai.onnx");
     let producer = super::graph::producers(g);
     let tensor = |name: &str| consts.tensor(g, name);
     let scalar = |name: &str| consts.scalar(g, name);
@@ -138,52 +190,7 @@ pub(super) fn affine_conv<'a>(
             b: shift,
         });
     }
-    if found.is_empty() {
-        return None;
-    }
-    let mut model = proto.clone();
-    let graph = model.graph.as_mut()?;
-    let mut names = super::graph::Names::of(graph);
-    let mut dropped = HashSet::new();
-    for f in &found {
-        let w = graph.node[f.conv].input[1].clone();
-        let bias = graph.node[f.conv].input.get(2).cloned();
-        // Each output channel's weight sum, before the scale.
-        let sums: Vec<f32> = {
-            let t = consts.tensor(graph, &w)?;
-            let v = super::graph::inline_floats(t)?;
-            let per = v.len() / usize::try_from(t.dims[0]).ok()?.max(1);
-            v.chunks(per.max(1)).map(|c| c.iter().sum()).collect()
-        };
-        let (a, b) = (f.a, f.b);
-        let m = super::graph::scale(graph, &consts, &w, |_, v| v * a)?;
-        match bias {
-            Some(bias) if b != 0.0 => {
-                super::graph::scale(graph, &consts, &bias, |k, v| v + b * sums[k])?;
-            }
-            None if b != 0.0 => {
-                let name = format!("{}_bias", names.prefix(&graph.node[f.conv].output[0]));
-                let mut t = TensorProto {
-                    name: name.clone(),
-                    dims: vec![m],
-                    data_type: ElemType::Float32.code(),
-                    ..Default::default()
-                };
-                super::graph::set_floats(&mut t, sums.iter().map(|s| b * s));
-                graph.initializer.push(t);
-                graph.node[f.conv].input.push(name);
-            }
-            _ => {}
-        }
-        graph.node[f.conv].input[0] = f.input.clone();
-        dropped.extend(f.drop.iter().copied());
-    }
-    super::graph::remove_nodes(graph, &dropped);
-    applied.push(format!(
-        "affine-conv: {} scalar Mul/Add before a Conv folded into its weights and bias",
-        found.len()
-    ));
-    Some(model)
+    found
 }
 
 /// Whether `name` comes out of an erf or tanh GELU short of its last scalar factor

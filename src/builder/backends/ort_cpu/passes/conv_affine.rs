@@ -18,8 +18,8 @@ use crate::onnx::ElemType;
 /// (`a·(B + c) + b`), and `Identity` nodes anywhere in the chain (paddle2onnx writes one
 /// after nearly every op), which go too. PaddlePaddle exports its learnable affine blocks (PP-LCNetV3's scalar scale
 /// and shift after each Conv) this way; ONNX Runtime 1.31 fuses neither op into the Conv, and
-/// each splits the NCHWc layout around it (ppocr_rec: 28 of them, 359 → 247 nodes in the
-/// artifact, a consumer's session 14.1 → 12.4 ms and first run 7.7 → 6.5 ms). Weights
+/// each splits the NCHWc layout around it, costing a consumer's session and first run (on
+/// ppocr_rec: BENCHMARKS.md, "Time to first inference, real-world models"). Weights
 /// stored outside the graph file, shared with another node or overridable as graph inputs,
 /// non-finite scales or shifts, and Convs inside control-flow bodies are left alone.
 pub(super) fn conv_affine<'a>(
@@ -30,8 +30,57 @@ pub(super) fn conv_affine<'a>(
     if !g.node.iter().any(|n| n.op_type == "Conv") {
         return None;
     }
-    let std = |n: &NodeProto| matches!(n.domain.as_str(), "" | "ai.onnx");
     let consts = Constants::of(g);
+    let found = find(g, &consts);
+    if found.is_empty() {
+        return None;
+    }
+    let mut model = proto.clone();
+    let graph = model.graph.as_mut()?;
+    let mut names = Names::of(graph);
+    let mut dropped = HashSet::new();
+    for f in &found {
+        let (a, shift) = (f.a, f.shift);
+        let out = graph.node[f.last].output[0].clone();
+        let w = graph.node[f.conv].input[1].clone();
+        let b = graph.node[f.conv].input.get(2).cloned();
+        let c = |k: usize| f.bias.as_ref().map_or(0.0, |c| c[k]);
+        let m = scale(graph, &consts, &w, |_, v| v * a)?;
+        match b {
+            Some(b) => {
+                scale(graph, &consts, &b, |k, v| (v + c(k)) * a + shift)?;
+            }
+            None if shift != 0.0 || f.bias.is_some() => {
+                let name = format!("{}_bias", names.prefix(&out));
+                let mut t = TensorProto {
+                    name: name.clone(),
+                    dims: vec![m],
+                    data_type: ElemType::Float32.code(),
+                    ..Default::default()
+                };
+                set_floats(
+                    &mut t,
+                    (0..usize::try_from(m).ok()?).map(|k| c(k) * a + shift),
+                );
+                graph.initializer.push(t);
+                graph.node[f.conv].input.push(name);
+            }
+            None => {}
+        }
+        graph.node[f.conv].output[0] = out;
+        dropped.extend(f.drop.iter().copied());
+    }
+    remove_nodes(graph, &dropped);
+    applied.push(format!(
+        "conv-affine: {} scalar Mul/Add after a Conv folded into its weights and bias",
+        found.len()
+    ));
+    Some(model)
+}
+
+/// Every Conv of `g` that [`conv_affine`] can fold a scale and shift into, with what goes.
+fn find<'a>(g: &'a GraphProto, consts: &Constants<'a>) -> Vec<Affine> {
+    let std = |n: &NodeProto| matches!(n.domain.as_str(), "" | "ai.onnx");
     let tensor = |name: &str| consts.tensor(g, name);
     let scalar = |name: &str| consts.scalar(g, name);
     let uses = read_counts(g);
@@ -152,50 +201,7 @@ pub(super) fn conv_affine<'a>(
             shift,
         });
     }
-    if found.is_empty() {
-        return None;
-    }
-    let mut model = proto.clone();
-    let graph = model.graph.as_mut()?;
-    let mut names = Names::of(graph);
-    let mut dropped = HashSet::new();
-    for f in &found {
-        let (a, shift) = (f.a, f.shift);
-        let out = graph.node[f.last].output[0].clone();
-        let w = graph.node[f.conv].input[1].clone();
-        let b = graph.node[f.conv].input.get(2).cloned();
-        let c = |k: usize| f.bias.as_ref().map_or(0.0, |c| c[k]);
-        let m = scale(graph, &consts, &w, |_, v| v * a)?;
-        match b {
-            Some(b) => {
-                scale(graph, &consts, &b, |k, v| (v + c(k)) * a + shift)?;
-            }
-            None if shift != 0.0 || f.bias.is_some() => {
-                let name = format!("{}_bias", names.prefix(&out));
-                let mut t = TensorProto {
-                    name: name.clone(),
-                    dims: vec![m],
-                    data_type: ElemType::Float32.code(),
-                    ..Default::default()
-                };
-                set_floats(
-                    &mut t,
-                    (0..usize::try_from(m).ok()?).map(|k| c(k) * a + shift),
-                );
-                graph.initializer.push(t);
-                graph.node[f.conv].input.push(name);
-            }
-            None => {}
-        }
-        graph.node[f.conv].output[0] = out;
-        dropped.extend(f.drop.iter().copied());
-    }
-    remove_nodes(graph, &dropped);
-    applied.push(format!(
-        "conv-affine: {} scalar Mul/Add after a Conv folded into its weights and bias",
-        found.len()
-    ));
-    Some(model)
+    found
 }
 
 /// One Conv [`conv_affine`] folds a scale and shift into.

@@ -1,12 +1,11 @@
 //! **`conv-integer-uint8`**: a `ConvInteger` whose weights are int8 constants gets the same weights
 //! as uint8, `w + 128` with the zero point `w_zp + 128` (128 when it had none). Every product
 //! `(x − x_zp)·(w − w_zp)` is the same integer, so the int32 result is identical, bit for bit.
-//! ONNX Runtime 1.31 runs `ConvInteger` with int8 weights about 4–5× slower than with uint8
-//! ones, which run as fast as its float Conv (`benches/conv_integer.py`, one conv each, pinned:
-//! `[192, 48, 3, 3]` on 16 × 40, 1.68 against 0.42 ms; `[64, 64, 3, 3]` on 56 × 56, 4.29
-//! against 1.07 ms; a 1-D `[64, 64, 11]` on 2,048 samples, 3.57 against 0.73 ms). ONNX Runtime's own dynamic
-//! quantization (`quantize_dynamic`, int8 weights by default) writes every Conv as
-//! `DynamicQuantizeLinear → ConvInteger`: hifigan_int8's 74 took 133 ms of a 146 ms run.
+//! Why: ONNX Runtime 1.31 runs `ConvInteger` with int8 weights several times slower than with
+//! uint8 ones, which run as fast as its float Conv (`benches/conv_integer.py`; the numbers:
+//! BENCHMARKS.md, "Time to first inference, real-world models"), and ONNX Runtime's own
+//! dynamic quantization (`quantize_dynamic`, int8 weights by default) writes every Conv as
+//! `DynamicQuantizeLinear → ConvInteger`, so such models spend most of a run there.
 //!
 //! Left alone: uint8 weights (already the fast kind), weights computed at run time, stored
 //! outside the graph file or overridable (a graph input), a weight zero point of more than one
@@ -20,16 +19,16 @@
 //! `ConvInteger` (`group` > 1, one input channel per group) becomes
 //! `DequantizeLinear(x, 1, x_zp) → Conv → Cast(int32)`, the `Conv`'s weights the constant
 //! `w − w_zp` in float32. ONNX Runtime 1.31 runs a grouped `ConvInteger` as one small integer
-//! GEMM per group, whatever the weights' type; its float `Conv` has a depthwise kernel,
-//! 1.5–16× faster on the depthwise shapes of MobileNetV3 and EfficientNet, one thread or its
-//! pool (`benches/conv_integer.py --grouped`). Exact: every product of two values of at most
+//! GEMM per group, whatever the weights' type; its float `Conv` has a depthwise kernel, much
+//! faster on the depthwise shapes of MobileNetV3 and EfficientNet, one thread or its pool
+//! (`benches/conv_integer.py --grouped`; the numbers: BENCHMARKS.md). Exact: every product of two values of at most
 //! 255 in magnitude is an integer, and the rewrite is taken only where no sum of a window's
 //! `k` products can reach 2²⁴ in magnitude (`k · 255 · max|w − w_zp| < 2²⁴`), so float32
 //! holds every partial sum exactly, in any order, and the cast gives back the int32 result
 //! bit for bit. A plain (`group` 1) `ConvInteger` keeps its integers (`conv-integer-uint8`):
 //! the float form is no faster there and takes four times the weights' bytes; nor is it
-//! reliably faster for groups of several channels (ResNeXt's 4: 0.67× on one thread, 2.3× on
-//! the pool), which are left to `conv-integer-uint8` too.
+//! reliably faster for groups of several channels (ResNeXt's groups of 4: slower on one
+//! thread, faster on the pool), which are left to `conv-integer-uint8` too.
 //!
 //! Left alone besides what `conv-integer-uint8` leaves: an input zero point that is neither
 //! `DynamicQuantizeLinear`'s nor a one-element constant, and windows too long to be exact.
@@ -155,14 +154,9 @@ enum ZeroPoint {
     Value(ElemType, u8),
 }
 
-pub(super) fn depthwise_float(proto: &ModelProto, applied: &mut Vec<String>) -> Option<ModelProto> {
-    let g: &GraphProto = proto.graph.as_ref()?;
+/// Every depthwise `ConvInteger` of `g` that [`depthwise_float`] computes exactly in float.
+fn find_depthwise(g: &GraphProto) -> Vec<Depthwise> {
     let std = |n: &NodeProto| matches!(n.domain.as_str(), "" | "ai.onnx");
-    if !g.node.iter().any(|n| {
-        std(n) && n.op_type == "ConvInteger" && crate::onnx::attr::int(n, "group").unwrap_or(1) > 1
-    }) {
-        return None;
-    }
     let consts = super::graph::Constants::of(g);
     let uses = super::graph::read_counts(g);
     let once = |name: &str| uses.get(name) == Some(&1);
@@ -245,6 +239,18 @@ pub(super) fn depthwise_float(proto: &ModelProto, applied: &mut Vec<String>) -> 
             unread,
         });
     }
+    found
+}
+
+pub(super) fn depthwise_float(proto: &ModelProto, applied: &mut Vec<String>) -> Option<ModelProto> {
+    let g: &GraphProto = proto.graph.as_ref()?;
+    let std = |n: &NodeProto| matches!(n.domain.as_str(), "" | "ai.onnx");
+    if !g.node.iter().any(|n| {
+        std(n) && n.op_type == "ConvInteger" && crate::onnx::attr::int(n, "group").unwrap_or(1) > 1
+    }) {
+        return None;
+    }
+    let found = find_depthwise(g);
     if found.is_empty() {
         return None;
     }

@@ -3,10 +3,10 @@
 //! `quantize_static` writes by default, and what TensorRT takes) wraps each weight in a
 //! `DequantizeLinear`; ONNX Runtime fuses the pattern into an integer kernel where it has one
 //! (`QLinearConv`, `QGemm`) and otherwise leaves `DequantizeLinear → Conv` in float, and then
-//! dequantizes the weights again on every run: ResNet-18 through `quantize_static`, 21 of its
-//! 26 weight `DequantizeLinear`s left, 2.5 ms of a 5.4 ms run, and a fresh ~45 MB of float
-//! weights written on each of the first two runs of a saved graph (ORT's memory pattern
-//! allocates them anew on the second), 19 ms each. This runs after ONNX Runtime's
+//! dequantizes the weights again on every run (ResNet-18 through `quantize_static`: most of
+//! its weight `DequantizeLinear`s left, about half of a run spent in them, and the float
+//! weights written afresh on each of the first two runs of a saved graph, ORT's memory pattern
+//! allocating them anew on the second; the numbers: BENCHMARKS.md, "Time to first inference, real-world models"). This runs after ONNX Runtime's
 //! optimization, on what it left, so every fusion it made stays; each folded value is
 //! computed as ORT's kernel computes it, `float(x − x_zp) · scale` (per tensor or per axis),
 //! so the artifact's outputs are the model's, bit for bit.

@@ -4,8 +4,8 @@
 //! 1.31 fuses `(x · (1 + erf)) · ½` and `(x · ½) · (1 + erf)`, not `x · (½ · (1 + erf))` as
 //! PyTorch's quantized exports write it; and in a QDQ model its pass that gives every
 //! consumer of a `DequantizeLinear` its own copy makes the GELU's two reads of `x` two
-//! tensors, which no fusion matches (smart_turn_v3_2: 8 GELUs, artifact 283 → 244 nodes, a
-//! consumer's session + first run 39.9 → 37.6 ms). Only float32 constants, intermediates
+//! tensors, which no fusion matches (smart_turn_v3_2's GELUs; the numbers: BENCHMARKS.md,
+//! "Time to first inference, real-world models"). Only float32 constants, intermediates
 //! nothing else reads, and the top-level graph.
 //!
 //! Enters: a decoded [`ModelProto`]. Leaves: the model with every such GELU replaced and one

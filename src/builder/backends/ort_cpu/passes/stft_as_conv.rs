@@ -6,13 +6,12 @@
 //! times the DFT's cosines and negated sines, interleaved (bin k's real part, then its
 //! imaginary part), so that swapping the Conv's channel and frame axes lays each frame out
 //! as STFT's `[bins, 2]` (a plain 3-D transpose: the 4-D one a planar order needs took as
-//! long as the Conv). ONNX Runtime 1.31 takes a direct DFT in float32 for a frame that is
-//! not a power of two (Whisper's 400-sample frame at 30 s of audio: 117 ms a run on this
-//! project's machines, against 12 ms for the rewrite) and a radix-2 FFT for one that is,
-//! which the Conv still beats up to 1,024 samples (30 s of audio: 512 samples 23.8 vs 7.8
-//! ms, 1,024 32.1 vs 22.0 ms) and not beyond (2,048: 34.8 vs 46.9 ms). Signals of unknown rank or type, complex signals,
-//! windows or steps computed at run time or stored outside the graph, and STFTs inside
-//! control-flow bodies are left alone.
+//! long as the Conv). Why: ONNX Runtime 1.31 takes a direct DFT in float32 for a frame that
+//! is not a power of two (Whisper's 400-sample frame), which the Conv beats by an order of
+//! magnitude, and a radix-2 FFT for one that is, which the Conv beats up to
+//! [`MAX_FFT_FRAME`] samples and not beyond (the timings: BENCHMARKS.md, "Time to first inference, real-world models"). Signals of unknown rank or
+//! type, complex signals, windows or steps computed at run time or stored outside the graph,
+//! and STFTs inside control-flow bodies are left alone.
 
 use std::collections::HashSet;
 
