@@ -350,3 +350,25 @@ pub(super) fn decode_ints(ty: ElemType, raw: &[u8], n: usize) -> Option<Vec<i64>
             .collect(),
     })
 }
+
+/// The values of an inline int8 or uint8 tensor, one per element of its shape; `None` for
+/// another type, external data, a value out of range or a size mismatch.
+pub(super) fn bytes8(t: &TensorProto) -> Option<Vec<i64>> {
+    if !matches!(
+        ElemType::from_code(t.data_type),
+        ElemType::Int8 | ElemType::Uint8
+    ) {
+        return None;
+    }
+    inline_ints(t)
+}
+
+/// Removes the constants named in `unread` (initializers and `Constant` nodes).
+pub(super) fn drop_constants(graph: &mut GraphProto, unread: &HashSet<String>) {
+    graph
+        .initializer
+        .retain(|t| !unread.contains(t.name.as_str()));
+    graph.node.retain(|n| {
+        !(n.op_type == "Constant" && n.output.iter().any(|o| unread.contains(o.as_str())))
+    });
+}

@@ -14,7 +14,8 @@
 
 pub(crate) mod affine_conv;
 pub(crate) mod conv_affine;
-pub(crate) mod conv_integer;
+pub(crate) mod conv_integer_depthwise_float;
+pub(crate) mod conv_integer_uint8;
 pub(crate) mod dequantize_constants;
 pub(crate) mod gelu;
 pub(crate) mod graph;
@@ -75,11 +76,11 @@ pub const PASSES: &[Pass] = &[
     },
     Pass {
         name: "conv-integer-depthwise-float",
-        phase: Phase::Graph(conv_integer::depthwise_float),
+        phase: Phase::Graph(conv_integer_depthwise_float::depthwise_float),
     },
     Pass {
         name: "conv-integer-uint8",
-        phase: Phase::Graph(conv_integer::conv_integer),
+        phase: Phase::Graph(conv_integer_uint8::conv_integer),
     },
     Pass {
         name: "dequantize-constants",
