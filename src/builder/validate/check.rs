@@ -48,7 +48,7 @@ pub fn validate(
     threads: usize,
 ) -> Result<ValidationReport, BuildError> {
     validate_with(rt, model, profile, precision, cfg, threads, &mut |inputs| {
-        run(candidate, inputs, model)
+        run(candidate, inputs, model).map_err(BuildError::from)
     })
 }
 

@@ -2,7 +2,7 @@
 //! `np.savez_compressed`): one array per model input, by input name.
 //!
 //! Enters: the `.npz` path. Leaves: name → [`GoldenArray`] (shape + typed data), or a
-//! [`BuildError::Validation`] naming the file and what is wrong. Stored and deflated members
+//! [`ValidateError::Invalid`] naming the file and what is wrong. Stored and deflated members
 //! are read, ZIP64 included (a deflated member may not inflate past the size its header
 //! declares). Every numpy dtype that maps to an ONNX tensor type is accepted: floats (f2, f4,
 //! f8), signed and unsigned integers of every width, bools, complex (c8, c16), fixed-width
@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::builder::BuildError;
+use super::error::ValidateError;
 
 /// Typed array data.
 #[derive(Clone, Debug, PartialEq)]
@@ -48,8 +48,8 @@ pub struct GoldenArray {
     pub data: GoldenData,
 }
 
-fn err(path: &Path, what: impl std::fmt::Display) -> BuildError {
-    BuildError::Validation(format!("golden inputs {}: {what}", path.display()))
+fn err(path: &Path, what: impl std::fmt::Display) -> ValidateError {
+    ValidateError::Invalid(format!("golden inputs {}: {what}", path.display()))
 }
 
 fn u16_at(b: &[u8], at: usize) -> Option<u16> {
@@ -63,8 +63,8 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
 }
 
 /// Reads every array of an `.npz` file.
-pub fn read_npz(path: &Path) -> Result<BTreeMap<String, GoldenArray>, BuildError> {
-    let bytes = std::fs::read(path).map_err(|source| BuildError::Io {
+pub fn read_npz(path: &Path) -> Result<BTreeMap<String, GoldenArray>, ValidateError> {
+    let bytes = std::fs::read(path).map_err(|source| ValidateError::Io {
         path: path.to_path_buf(),
         source,
     })?;

@@ -4,7 +4,7 @@
 //!
 //! Enters: the reference session, the model path, the profile and the [`ValidationConfig`].
 //! Leaves: the inputs, their shapes and the reference's outputs on them, or a
-//! [`BuildError::Validation`] naming the inputs and axes tried.
+//! [`ValidateError::Invalid`] naming the inputs and axes tried.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -13,6 +13,7 @@ use ort::session::Session;
 use ort::value::{DynValue, TensorElementType, ValueType};
 
 use super::config::{ValidationConfig, THREAD_PROBE_SCALE, THREAD_PROBE_SCALED_MAX_BYTES};
+use super::error::ValidateError;
 use super::run::{bad, run, Outs};
 use super::search::{
     batch_leaves, candidates, leaves, shape_under, tensor_of, unnamed, Axis, Candidate,
@@ -20,7 +21,6 @@ use super::search::{
 };
 use super::values;
 use super::vocab;
-use crate::builder::BuildError;
 use crate::plan::ShapeProfile;
 use crate::rng::SplitMix64;
 
@@ -43,7 +43,7 @@ pub type Inputs = Vec<(String, DynValue)>;
 /// Input name → concrete shape.
 pub type Shapes = BTreeMap<String, Vec<i64>>;
 /// Inputs from a golden `.npz`, one array per session input.
-fn golden_inputs(session: &Session, gpath: &Path) -> Result<(Inputs, Shapes), BuildError> {
+fn golden_inputs(session: &Session, gpath: &Path) -> Result<(Inputs, Shapes), ValidateError> {
     let arrays = super::golden::read_npz(gpath)?;
     let mut values = Vec::new();
     let mut shapes = BTreeMap::new();
@@ -105,7 +105,7 @@ pub(crate) fn random_inputs(
     shapes: &Shapes,
     cfg: &ValidationConfig,
     known: &BTreeMap<String, vocab::Known>,
-) -> Result<Inputs, BuildError> {
+) -> Result<Inputs, ValidateError> {
     // The byte budget first, with checked arithmetic: a fixed float32[100000, 100000] input
     // (40 GB) or a shape whose element count overflows is refused before any allocation.
     let mut total: u64 = 0;
@@ -115,12 +115,12 @@ pub(crate) fn random_inputs(
         total = input_bytes(input.dtype(), &dims)
             .and_then(|b| total.checked_add(b))
             .ok_or_else(|| {
-                BuildError::Validation(format!(
+                ValidateError::Invalid(format!(
                     "{what}: the element count overflows; give golden inputs (--golden or [golden] npz)"
                 ))
             })?;
         if total > cfg.max_input_bytes {
-            return Err(BuildError::Validation(format!(
+            return Err(ValidateError::Invalid(format!(
                 "validation inputs need at least {total} bytes ({what}), over limits.validation_max_bytes ({}); give golden inputs, a smaller profile, or raise the limit",
                 cfg.max_input_bytes
             )));
@@ -240,11 +240,11 @@ pub(super) fn reference_inputs(
     model: &Path,
     profile: Option<&ShapeProfile>,
     cfg: &ValidationConfig,
-) -> Result<(Inputs, Shapes, Outs), BuildError> {
+) -> Result<(Inputs, Shapes, Outs), ValidateError> {
     if let Some(g) = &cfg.golden {
         let (inputs, shapes) = golden_inputs(reference, g)?;
         let want = run(reference, &inputs, model).map_err(|e| match e {
-            BuildError::Ort { message, .. } => bad(
+            ValidateError::Ort { message, .. } => bad(
                 model,
                 format!(
                     "the original model rejects the golden inputs in {}: {message}",
@@ -324,7 +324,7 @@ pub(super) fn reference_inputs(
                 }
                 return Ok((inputs, shapes, want));
             }
-            Err(BuildError::Ort { message, .. }) => {
+            Err(ValidateError::Ort { message, .. }) => {
                 tracing::debug!(candidate = %c.label, error = %message, "the original model rejects these inputs");
                 tried.push((c.label.clone(), message));
             }
@@ -414,7 +414,7 @@ fn no_inputs(
     axes: &[Axis],
     sigs: &[(String, Vec<i64>)],
     tried: &[(String, String)],
-) -> BuildError {
+) -> ValidateError {
     let axes_txt = if axes.is_empty() {
         "none: every input shape is fixed, so the random values themselves are refused".into()
     } else {

@@ -17,6 +17,7 @@
 pub(crate) mod check;
 pub(crate) mod compare;
 pub(crate) mod config;
+pub mod error;
 pub(crate) mod golden;
 pub(crate) mod inputs;
 pub(crate) mod pickle;
@@ -39,6 +40,7 @@ pub use config::{
     DEFAULT_THREAD_PROBE_MAX_RUN_MS, PROBE_MAX_RUNS, PROBE_RUN_BUDGET, THREAD_PROBE_RUNS,
     THREAD_PROBE_SCALE, THREAD_PROBE_SCALED_MAX_BYTES,
 };
+pub use error::ValidateError;
 pub(crate) use inputs::{random_inputs, scaled_shapes, Inputs, Shapes};
 pub(crate) use run::{run, Outs};
 pub use search::MAX_CANDIDATES;

@@ -6,14 +6,14 @@ use std::path::Path;
 use ort::session::Session;
 use ort::value::DynValue;
 
+use super::error::ValidateError;
 use super::values::{self, Out};
-use crate::builder::BuildError;
 
 /// Output name and value read back.
 pub(crate) type Outs = Vec<(String, Out)>;
 
-pub(super) fn bad(path: &Path, what: String) -> BuildError {
-    BuildError::Validation(format!("{}: {what}", path.display()))
+pub(super) fn bad(path: &Path, what: String) -> ValidateError {
+    ValidateError::Invalid(format!("{}: {what}", path.display()))
 }
 
 /// Runs `session` on `inputs` and returns every output read back, by name.
@@ -21,7 +21,7 @@ pub(crate) fn run(
     session: &mut Session,
     inputs: &[(String, DynValue)],
     path: &Path,
-) -> Result<Outs, BuildError> {
+) -> Result<Outs, ValidateError> {
     let feed: Vec<(&str, &DynValue)> = inputs.iter().map(|(n, v)| (n.as_str(), v)).collect();
     let names: Vec<String> = session
         .outputs()
@@ -30,7 +30,7 @@ pub(crate) fn run(
         .collect();
     let out = session
         .run(feed)
-        .map_err(|e| BuildError::ort("run", path, e))?;
+        .map_err(|e| ValidateError::ort("run", path, e))?;
     let mut res = Vec::new();
     for name in names {
         let v = out

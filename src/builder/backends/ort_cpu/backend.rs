@@ -174,7 +174,7 @@ impl BackendImpl for OrtCpu {
             opts.threads,
             &mut |inputs| {
                 let t = Instant::now();
-                let out = validate::run(&mut session, inputs, &entry);
+                let out = validate::run(&mut session, inputs, &entry).map_err(BuildError::from);
                 first = t.elapsed();
                 out
             },
@@ -277,7 +277,7 @@ fn exact_report(
         opts.precision,
         cfg,
         opts.threads,
-        &mut |inputs| validate::run(session, inputs, &entry),
+        &mut |inputs| validate::run(session, inputs, &entry).map_err(BuildError::from),
     )?;
     tracing::info!(
         passed = report.passed,
