@@ -127,8 +127,6 @@ pub(super) fn prepare(m: &Model, rewrite: bool) -> (Option<Vec<u8>>, Vec<String>
     }
 }
 
-/// Offline-optimized model for ONNX Runtime's CPU provider.
-
 /// What [`optimize`] builds from: the model's path, or its re-encoded bytes
 /// ([`initializers_as_constants`]), and the dimensions to fix ([`fixed_dims`]).
 pub(super) struct Source<'a> {
