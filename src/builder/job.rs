@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 use super::validate::ValidationConfig;
 use super::BuildOptions;
-use crate::cache::{Record, Served};
+use super::StagedArtifact;
+use crate::cache::{Record, Served, ValidationReport};
 use crate::plan::Plan;
 use crate::spec::{Backend, CacheKey};
 
@@ -79,4 +80,12 @@ pub struct BuildOutcome {
     pub served: Option<Served>,
     /// Why it is not servable, when it is not.
     pub unservable: Option<String>,
+}
+
+/// What one attempt built and how it validated (in process or from the worker).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Built {
+    pub artifact: StagedArtifact,
+    pub validation: ValidationReport,
+    pub build_ms: u64,
 }

@@ -12,8 +12,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::backends::{backend, Failure};
+use super::job::Built;
 use super::job::{BuildJob, BuildOutcome, Source};
-use super::stage::{disk_full, Built};
+use super::stage::{self, disk_full};
 use super::worker::{self, WorkerLimits};
 use super::{runtime, OptLevel, StagedArtifact};
 use super::{BuildError, Progress};
@@ -272,8 +273,14 @@ impl Builder {
         let build_ms = started.elapsed().as_millis() as u64;
         watch.check()?;
         progress(&Progress::Validating);
-        let validation =
-            backend.validate(rt, &req.model, &artifact, &req.options, &req.validation)?;
+        let validation = stage::validate(
+            &*backend,
+            rt,
+            &req.model,
+            &artifact,
+            &req.options,
+            &req.validation,
+        )?;
         Ok(Built {
             artifact,
             validation,

@@ -1,20 +1,39 @@
-//! What the pipeline and the worker process share about one build attempt: what it gives
-//! ([`Built`]: the staged artifact and its validation) and how a backend's failure on a full
-//! or unwritable cache is told apart from the model's ([`disk_full`]).
+//! What the pipeline and the worker process share about one build attempt: its validation
+//! ([`validate`]: the backend gives a runner, the validation is the stage's) and how a
+//! backend's failure on a full or unwritable cache is told apart from the model's
+//! ([`disk_full`]).
 
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
+use super::backends::BackendImpl;
+use super::validate::{self, ValidationConfig, ValidationReport};
+use super::{BuildError, BuildOptions, Runtime, StagedArtifact};
 
-use super::validate::ValidationReport;
-use super::{BuildError, StagedArtifact};
-
-/// What a worker built and how it validated.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Built {
-    pub artifact: StagedArtifact,
-    pub validation: ValidationReport,
-    pub build_ms: u64,
+/// Validates a built artifact against `model` (ONNX Runtime CPU on the model as given, see
+/// [`validate`](super::validate)): the backend's runner on the inputs the reference accepts,
+/// compared with the reference's outputs, then the backend's own probe of the result.
+pub(crate) fn validate(
+    b: &dyn BackendImpl,
+    rt: &Runtime,
+    model: &Path,
+    artifact: &StagedArtifact,
+    opts: &BuildOptions,
+    cfg: &ValidationConfig,
+) -> Result<ValidationReport, BuildError> {
+    let mut runner = b.runner(rt, model, artifact, opts)?;
+    let validated =
+        tracing::info_span!("validate_with", model = %model.display()).in_scope(|| {
+            validate::validate_keeping_inputs(
+                rt,
+                model,
+                opts.profile.as_ref(),
+                opts.precision,
+                cfg,
+                opts.threads,
+                &mut |inputs| runner.run(inputs),
+            )
+        })?;
+    b.probe(rt, model, artifact, opts, cfg, runner, validated)
 }
 
 /// Space the staging file system must have left for a failed backend build not to be blamed

@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-pub use super::stage::Built;
+pub use super::job::Built;
+use super::stage;
 use super::validate::ValidationConfig;
 use super::{backend, runtime, BuildError, BuildOptions, Progress, StagedArtifact};
 pub use crate::config::WorkerLimits;
@@ -486,7 +487,14 @@ pub fn check_artifact(job: &Job, c: &CheckArtifact) -> Result<(), BuildError> {
     b.check(rt)?;
     b.check_artifact(rt, &c.artifact, &job.options)?;
     if c.revalidate {
-        let v = b.validate(rt, &job.model, &c.artifact, &job.options, &job.validation)?;
+        let v = stage::validate(
+            &*b,
+            rt,
+            &job.model,
+            &c.artifact,
+            &job.options,
+            &job.validation,
+        )?;
         if !v.passed {
             return Err(BuildError::Validation(format!(
                 "re-validation against the model is over tolerance ({})",
@@ -506,10 +514,17 @@ pub fn build_and_validate(job: &Job, progress: &dyn Fn(&Progress)) -> Result<Bui
     let started = Instant::now();
     let artifact = b
         .build(rt, &job.model, &job.options, &job.out)
-        .map_err(|e| super::stage::disk_full(&job.out, &job.model, e))?;
+        .map_err(|e| stage::disk_full(&job.out, &job.model, e))?;
     let build_ms = started.elapsed().as_millis() as u64;
     progress(&Progress::Validating);
-    let validation = b.validate(rt, &job.model, &artifact, &job.options, &job.validation)?;
+    let validation = stage::validate(
+        &*b,
+        rt,
+        &job.model,
+        &artifact,
+        &job.options,
+        &job.validation,
+    )?;
     Ok(Built {
         artifact,
         validation,

@@ -4,13 +4,13 @@
 //! the backend's fallback ladder; the pipeline only walks it).
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use ort::session::Session;
 
-use crate::builder::job::BuildJob;
-use crate::builder::stage::Built;
-use crate::builder::validate;
+use crate::builder::job::{BuildJob, Built};
+use crate::builder::validate::{self, Inputs, Outs, ValidationConfig, ValidationReport};
 use crate::builder::{BuildError, BuildOptions, Fallback, OptLevel, Runtime, StagedArtifact};
 use crate::spec::Backend;
 
@@ -28,6 +28,48 @@ pub struct Retry {
     pub rejected: String,
     /// What the attempt gives up (the progress step announcing it).
     pub fallback: Fallback,
+}
+
+/// Runs a built artifact on validation inputs: all a backend gives the validation
+/// ([`BackendImpl::runner`]); the reference, the inputs and the comparison are the stage's.
+pub trait Runner {
+    /// The artifact's outputs on `inputs`, by name.
+    fn run(&mut self, inputs: &Inputs) -> Result<Outs, BuildError>;
+    /// The ONNX Runtime session the runner ran, and how long its last run took (`None`
+    /// for a runner without one): what a backend's probe times further.
+    fn into_session(self: Box<Self>) -> Option<(Session, Duration)> {
+        None
+    }
+}
+
+/// A [`Runner`] on an ONNX Runtime session; its errors name `path`.
+pub struct SessionRunner {
+    session: Session,
+    path: PathBuf,
+    last: Duration,
+}
+
+impl SessionRunner {
+    pub fn new(session: Session, path: &Path) -> Self {
+        Self {
+            session,
+            path: path.to_path_buf(),
+            last: Duration::MAX,
+        }
+    }
+}
+
+impl Runner for SessionRunner {
+    fn run(&mut self, inputs: &Inputs) -> Result<Outs, BuildError> {
+        let t = Instant::now();
+        let out = validate::run(&mut self.session, inputs, &self.path).map_err(BuildError::from);
+        self.last = t.elapsed();
+        out
+    }
+
+    fn into_session(self: Box<Self>) -> Option<(Session, Duration)> {
+        Some((self.session, self.last))
+    }
 }
 
 /// How a [`Backend`] builds and serves artifacts.
@@ -72,25 +114,32 @@ pub trait BackendImpl: Send + Sync {
     fn next_attempt(&self, _job: &mut BuildJob, _failure: &Failure) -> Option<Retry> {
         None
     }
-    /// Validates a built artifact against `model` (ONNX Runtime CPU on the raw model, see
-    /// [`validate`]): by default through a session [`BackendImpl::open`] makes.
-    fn validate(
+    /// Opens a runner on a built artifact for its validation against `model`: by default
+    /// a session [`BackendImpl::open`] makes, its errors naming the model.
+    fn runner(
         &self,
         rt: &Runtime,
         model: &Path,
         artifact: &StagedArtifact,
         opts: &BuildOptions,
-        cfg: &validate::ValidationConfig,
-    ) -> Result<crate::cache::ValidationReport, BuildError> {
-        let mut session = self.open(rt, &artifact.dir.join(&artifact.entry), opts)?;
-        validate::validate(
-            rt,
-            model,
-            &mut session,
-            opts.profile.as_ref(),
-            opts.precision,
-            cfg,
-            opts.threads,
-        )
+    ) -> Result<Box<dyn Runner>, BuildError> {
+        let session = self.open(rt, &artifact.dir.join(&artifact.entry), opts)?;
+        Ok(Box::new(SessionRunner::new(session, model)))
+    }
+    /// After the validation: what the backend adds to its report (`validated`: the report,
+    /// the inputs it ran and the reference's outputs on them), with the runner that ran.
+    /// By default nothing.
+    #[allow(clippy::too_many_arguments)]
+    fn probe(
+        &self,
+        _rt: &Runtime,
+        _model: &Path,
+        _artifact: &StagedArtifact,
+        _opts: &BuildOptions,
+        _cfg: &ValidationConfig,
+        _runner: Box<dyn Runner>,
+        validated: (ValidationReport, Inputs, Outs),
+    ) -> Result<ValidationReport, BuildError> {
+        Ok(validated.0)
     }
 }

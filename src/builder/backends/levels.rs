@@ -5,7 +5,7 @@
 //! artifact is and why the higher ones were refused.
 
 use super::backend::Retry;
-use crate::builder::stage::Built;
+use crate::builder::job::Built;
 use crate::builder::{Fallback, OptLevel};
 
 /// The next level down from `level` for an artifact over tolerance (`built`), set by `set`;

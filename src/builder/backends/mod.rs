@@ -8,5 +8,5 @@ pub(crate) mod ort_gpu;
 pub(crate) mod select;
 pub mod trt;
 
-pub use backend::{BackendImpl, Failure, Retry};
+pub use backend::{BackendImpl, Failure, Retry, Runner, SessionRunner};
 pub use select::backend;

@@ -24,11 +24,10 @@ use std::path::Path;
 use ort::session::Session;
 use ort::value::TensorElementType as T;
 
-use super::backend::BackendImpl;
+use super::backend::{BackendImpl, Runner};
 use crate::builder::validate::values;
-use crate::builder::validate::{validate_with, Inputs, Outs, ValidationConfig};
+use crate::builder::validate::{Inputs, Outs};
 use crate::builder::{BuildError, BuildOptions, Runtime, StagedArtifact};
-use crate::cache::ValidationReport;
 use crate::spec::Backend;
 use crate::trt::artifact::{self, EngineMeta, META_FILE, PLAN_FILE};
 use crate::trt::timing::TimingCacheStore;
@@ -167,29 +166,21 @@ impl BackendImpl for NativeTrt {
         Ok(())
     }
 
-    fn validate(
+    /// The engine, loaded through the shim, run on the validation inputs.
+    fn runner(
         &self,
-        rt: &Runtime,
-        model: &Path,
+        _rt: &Runtime,
+        _model: &Path,
         art: &StagedArtifact,
         opts: &BuildOptions,
-        cfg: &ValidationConfig,
-    ) -> Result<ValidationReport, BuildError> {
+    ) -> Result<Box<dyn Runner>, BuildError> {
         let trt = shim()?;
         // The metadata re-checks the plan's size and digest: what runs is what is stored.
         artifact::read_meta(&art.dir)?;
         let plan_path = artifact::plan_path(&art.dir);
         let plan = std::fs::read(&plan_path).map_err(io_err(&plan_path))?;
-        let mut engine = trt.load_engine(&plan, opts.device_id)?;
-        validate_with(
-            rt,
-            model,
-            opts.profile.as_ref(),
-            opts.precision,
-            cfg,
-            opts.threads,
-            &mut |inputs| run_engine(&mut engine, inputs),
-        )
+        let engine = trt.load_engine(&plan, opts.device_id)?;
+        Ok(Box::new(EngineRunner(engine)))
     }
 }
 
@@ -346,6 +337,15 @@ fn trt_type(t: T) -> Option<DType> {
         T::Float8E4M3FN => DType::Fp8,
         _ => return None,
     })
+}
+
+/// The engine as the validation's [`Runner`].
+struct EngineRunner(Engine);
+
+impl Runner for EngineRunner {
+    fn run(&mut self, inputs: &Inputs) -> Result<Outs, BuildError> {
+        run_engine(&mut self.0, inputs)
+    }
 }
 
 /// Runs the engine once (profile 0) on the validation inputs and reads every output back.

@@ -25,51 +25,18 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use ort::session::Session;
-
 use super::compare::{compare_out_at, non_finite_warning, UNBOUNDED};
 use super::config::ValidationConfig;
 use super::inputs::{reference_inputs, Inputs};
-use super::run::{run, Outs};
+use super::run::Outs;
 use super::{OutputError, Tolerance, ValidationReport};
 use crate::builder::ort::{open_raw, Runtime};
 use crate::builder::BuildError;
 use crate::plan::{Precision, ShapeProfile};
 
-/// Validates `candidate` (a session on the artifact) against `model` run on ORT CPU with
-/// optimizations disabled.
-pub fn validate(
-    rt: &Runtime,
-    model: &Path,
-    candidate: &mut Session,
-    profile: Option<&ShapeProfile>,
-    precision: Precision,
-    cfg: &ValidationConfig,
-    threads: usize,
-) -> Result<ValidationReport, BuildError> {
-    validate_with(rt, model, profile, precision, cfg, threads, &mut |inputs| {
-        run(candidate, inputs, model).map_err(BuildError::from)
-    })
-}
-
-/// [`validate`] with any candidate: `candidate` runs the artifact on the inputs the
-/// reference accepted (found as for every backend) and returns its outputs by name. The
-/// `trt` backend runs its engine through the TensorRT shim here.
-#[tracing::instrument(skip_all, fields(model = %model.display()))]
-pub(crate) fn validate_with(
-    rt: &Runtime,
-    model: &Path,
-    profile: Option<&ShapeProfile>,
-    precision: Precision,
-    cfg: &ValidationConfig,
-    threads: usize,
-    candidate: &mut dyn FnMut(&Inputs) -> Result<Outs, BuildError>,
-) -> Result<ValidationReport, BuildError> {
-    validate_keeping_inputs(rt, model, profile, precision, cfg, threads, candidate)
-        .map(|(r, _, _)| r)
-}
-
-/// [`validate_with`], also returning the inputs it validated on, once the reference session
+/// Validates a candidate (`candidate` runs the artifact on the inputs the reference accepted
+/// and returns its outputs by name) against `model` run on ONNX Runtime CPU with
+/// optimizations disabled; also returns the inputs it validated on, once the reference session
 /// is closed (its threads gone, so timing the candidate on them competes with nothing), and
 /// the reference's outputs on them (another run of the artifact is checked against those
 /// with [`compare_outputs`], without the reference again).

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ort::session::Session;
 
@@ -15,9 +15,9 @@ use super::save::{
     clear, compact_saved, fixed_dims, fold_saved, initializers_as_constants, optimize,
     optimized_artifact, prepare, reopen, Save, Source, ENTRY,
 };
-use crate::builder::backends::backend::{BackendImpl, Failure, Retry};
+use crate::builder::backends::backend::{BackendImpl, Failure, Retry, Runner, SessionRunner};
 use crate::builder::job::BuildJob;
-use crate::builder::validate;
+use crate::builder::validate::{self, Inputs, Outs, ValidationReport};
 use crate::builder::{BuildError, BuildOptions, OptLevel, Runtime, StagedArtifact};
 use crate::onnx::Model;
 use crate::plan::ModelInputs;
@@ -145,18 +145,37 @@ impl BackendImpl for OrtCpu {
         open_artifact(rt, entry, opts.threads)
     }
 
-    /// Validates as every backend does, then times the artifact's runs on the validation
-    /// inputs with ONNX Runtime's default pool and on one thread ([`probe_threads`]).
-    fn validate(
+    /// A session opened as consumers open it, its errors naming the artifact's graph file.
+    fn runner(
+        &self,
+        rt: &Runtime,
+        _model: &Path,
+        artifact: &StagedArtifact,
+        opts: &BuildOptions,
+    ) -> Result<Box<dyn Runner>, BuildError> {
+        let entry = artifact.dir.join(&artifact.entry);
+        let session = self.open(rt, &entry, opts)?;
+        Ok(Box::new(SessionRunner::new(session, &entry)))
+    }
+
+    /// A rewritten artifact over tolerance is held to the exact reference; one that passed
+    /// is timed with ONNX Runtime's default pool and on one thread ([`probe_threads`]), and
+    /// opened without prepacking ([`probe_prepack`]).
+    fn probe(
         &self,
         rt: &Runtime,
         model: &Path,
         artifact: &StagedArtifact,
         opts: &BuildOptions,
         cfg: &validate::ValidationConfig,
-    ) -> Result<crate::cache::ValidationReport, BuildError> {
+        runner: Box<dyn Runner>,
+        validated: (ValidationReport, Inputs, Outs),
+    ) -> Result<ValidationReport, BuildError> {
         let entry = artifact.dir.join(&artifact.entry);
-        let mut session = self.open(rt, &entry, opts)?;
+        let Some((mut session, first)) = runner.into_session() else {
+            return Ok(validated.0);
+        };
+        let (mut report, inputs, want) = validated;
         // Timings say what suits the inputs they were taken on: inputs a consumer will feed
         // (golden ones, a profile's opt shapes, or the only shapes a static-shape artifact
         // takes) stand for themselves; the smallest sizes the default search finds for a
@@ -164,21 +183,6 @@ impl BackendImpl for OrtCpu {
         // thread must then also suit inputs scaled up ([`validate::scaled_shapes`]).
         let representative =
             cfg.golden.is_some() || opts.profile.is_some() || static_inputs(&session);
-        let mut first = Duration::MAX;
-        let (mut report, inputs, want) = validate::validate_keeping_inputs(
-            rt,
-            model,
-            opts.profile.as_ref(),
-            opts.precision,
-            cfg,
-            opts.threads,
-            &mut |inputs| {
-                let t = Instant::now();
-                let out = validate::run(&mut session, inputs, &entry).map_err(BuildError::from);
-                first = t.elapsed();
-                out
-            },
-        )?;
         if !report.passed && !artifact.rewrites.is_empty() {
             if let Some(mut exact) = exact_report(rt, model, artifact, opts, cfg, &mut session)? {
                 exact.reference = Some(format!(
