@@ -1,26 +1,12 @@
-//! Validation: the artifact and the original model (ONNX Runtime CPU, optimizations
-//! disabled) run on the same seeded random inputs; per output, the max abs and rel error are
-//! recorded against tolerances that depend on the precision.
+//! One validation: the reference session (the original model under ONNX Runtime CPU,
+//! optimizations disabled) finds the inputs ([`super::inputs`]) and its outputs on them, the
+//! candidate (the backend's runner) runs the artifact on the same inputs, and per output the
+//! max abs and rel error are recorded against tolerances that depend on the precision.
 //!
-//! Enters: a session on the artifact, the original model path, the profile and
+//! Enters: a way to run the artifact, the original model path, the profile and
 //! [`ValidationConfig`]. Leaves: a [`ValidationReport`] (stored in the record; `passed == false`
 //! means the artifact is never served) or an error when the model cannot be run at all.
 //!
-//! Inputs: a golden `.npz` when one is given. Otherwise seeded random values whose shapes
-//! come from a search that stops at the first set the *reference* (the original model under
-//! ONNX Runtime CPU, optimizations off) runs: the profile's opt shape for every input it
-//! names (binding its symbolic dimensions for the other inputs); one value per symbolic
-//! dimension name, shared by every input that uses it, with exporters' expressions such as
-//! `past_sequence + sequence` evaluated from their parts; every dimension 1 first, then cache
-//! lengths (`past*`) 0, then the sizes of [`SEARCH_SIZES`] for every non-batch dimension
-//! (batch stays 1). When no candidate runs, the error names the inputs and axes, gives ONNX
-//! Runtime's message and says what to add (a profile or golden inputs). Floats are uniform in
-//! [-1, 1), integers uniform in `int_range` (default [0, 2), safe for ids, masks and
-//! indices), bools fair coins, strings the decimals of such integers; every element type
-//! ONNX Runtime runs is read back and compared ([`values`]): floats with the tolerance
-//! (float16/bfloat16 outputs also within steps of their own type at the output's scale:
-//! [`compare_as`]), integers, bools and strings exactly, maps key by key, sequences item by
-//! item.
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -1,6 +1,18 @@
-//! Validation inputs: a golden `.npz` when one is given, else seeded random values whose
-//! shapes come from the bounded search ([`super::search`]) seeded with what the graph itself
-//! fixes ([`super::pins`], [`super::vocab`]); the first set the reference runs is kept.
+//! Validation inputs: a golden `.npz` when one is given. Otherwise seeded random values whose shapes
+//! come from a search that stops at the first set the *reference* (the original model under
+//! ONNX Runtime CPU, optimizations off) runs: the profile's opt shape for every input it
+//! names (binding its symbolic dimensions for the other inputs); one value per symbolic
+//! dimension name, shared by every input that uses it, with exporters' expressions such as
+//! `past_sequence + sequence` evaluated from their parts; every dimension 1 first, then cache
+//! lengths (`past*`) 0, then the sizes of [`SEARCH_SIZES`] for every non-batch dimension
+//! (batch stays 1). When no candidate runs, the error names the inputs and axes, gives ONNX
+//! Runtime's message and says what to add (a profile or golden inputs). Floats are uniform in
+//! [-1, 1), integers uniform in `int_range` (default [0, 2), safe for ids, masks and
+//! indices), bools fair coins, strings the decimals of such integers; every element type
+//! ONNX Runtime runs is read back and compared ([`super::values`]): floats with the tolerance
+//! (float16/bfloat16 outputs also within steps of their own type at the output's scale:
+//! [`super::compare::compare_as`]), integers, bools and strings exactly, maps key by key, sequences item by
+//! item.
 //!
 //! Enters: the reference session, the model path, the profile and the [`ValidationConfig`].
 //! Leaves: the inputs, their shapes and the reference's outputs on them, or a
