@@ -2,9 +2,9 @@
 //! does it. [`BuildError::is_host_problem`] is the line between the machine's failures
 //! (retried, never remembered against the model) and the model's.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use super::ort::RuntimeError;
+use crate::libs::onnxruntime::RuntimeError;
 
 /// Errors of building, opening and validating artifacts.
 #[derive(Debug, thiserror::Error)]
@@ -82,18 +82,6 @@ impl BuildError {
             | BuildError::WorkerUnavailable(_) => true,
             BuildError::Trt(t) => t.is_host_problem(),
             _ => false,
-        }
-    }
-}
-
-impl BuildError {
-    /// ONNX Runtime's error at `stage`, with what to do about it in front when it is one of
-    /// the ways ORT says it cannot run the model at all ([`explain`]).
-    pub(crate) fn ort(stage: &'static str, path: &Path, e: impl std::fmt::Display) -> Self {
-        BuildError::Ort {
-            stage,
-            path: path.to_path_buf(),
-            message: super::ort::explain::ort_message(&e.to_string()),
         }
     }
 }

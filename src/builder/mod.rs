@@ -1,4 +1,4 @@
-//! Stage 5: building artifacts. This file is the stage's face (what callers import); the
+//! Stage 8: building artifacts. This file is the stage's face (what callers import); the
 //! rooms behind it:
 //!
 //! - [`pipeline`]: key → store lookup → build → validate → store, with the planned key and

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use crate::spec::{Backend, Precision, ShapeProfile};
+use crate::spec::{Precision, ShapeProfile};
 
 /// ONNX Runtime graph optimization level used by the `ort-cpu` offline optimization.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -209,22 +209,12 @@ impl BuildOptions {
     pub fn cuda_tf32(&self) -> bool {
         self.precision != Precision::Fp32
     }
-
-    /// The options that go into the key for `backend`, as canonical strings: the single
-    /// source of a key's `options` for `trtcache key`, `trtcache build` and the daemon: the
-    /// user's `extra` ones and the backend's own
-    /// ([`BackendImpl::key_options`](super::BackendImpl::key_options)). Precision and profile
-    /// are key parts of their own.
-    pub fn key_options(&self, backend: Backend) -> BTreeMap<String, String> {
-        let mut m = self.extra.clone();
-        m.extend(super::backends::select::backend(backend).key_options(self));
-        m
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::Backend;
 
     #[test]
     fn fp32_means_no_tf32_on_every_gpu_backend_that_has_the_switch() {

@@ -1,4 +1,4 @@
-//! The command-line surface: clap definitions and one function per subcommand. Library
+//! Stage 11, the command-line surface: clap definitions and one function per subcommand. Library
 //! errors get their context here (`anyhow`), naming the path, model or key involved.
 
 mod build;

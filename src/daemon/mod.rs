@@ -1,4 +1,4 @@
-//! Stage 8, serving: a tokio daemon that watches the model repository (`repo`, `folder_watch`),
+//! Stage 10, serving: a tokio daemon that watches the model repository (`repo`, `folder_watch`),
 //! keeps every model's artifacts built through the [`build_cache::BuildCache`] with a single-flight
 //! build queue (`queue`), and hands them to local processes over a Unix socket (`server`)
 //! speaking [`trtcache_client::protocol`]. `service` holds the state between them; `systemd`

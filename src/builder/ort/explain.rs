@@ -177,6 +177,22 @@ fn is_ort_domain(d: &str) -> bool {
     )
 }
 
+impl crate::builder::BuildError {
+    /// ONNX Runtime's error at `stage`, with what to do about it in front when it is one of
+    /// the ways ORT says it cannot run the model at all ([`ort_message`]).
+    pub(crate) fn ort(
+        stage: &'static str,
+        path: &std::path::Path,
+        e: impl std::fmt::Display,
+    ) -> Self {
+        crate::builder::BuildError::Ort {
+            stage,
+            path: path.to_path_buf(),
+            message: ort_message(&e.to_string()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
