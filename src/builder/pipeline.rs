@@ -77,6 +77,9 @@ pub struct Builder {
     timing_caches: Option<PathBuf>,
     /// The store's size limit (see [`Builder::with_size_limit`]).
     size_limit: Option<u64>,
+    /// Builds for the ONNX Runtime at `ort_library` of this version, which is not the one
+    /// this process loaded (see [`Builder::for_runtime`]).
+    target_version: Option<String>,
 }
 
 impl std::fmt::Debug for Builder {
@@ -98,7 +101,18 @@ impl Builder {
             worker: None,
             timing_caches: None,
             size_limit: None,
+            target_version: None,
         }
+    }
+
+    /// Builds for the ONNX Runtime at `ort_library` (given to [`Builder::new`]), of
+    /// `version`, although this process loaded another: keys name `version` (and, for the GPU
+    /// backends, the CUDA major that library was built for), and builds and validations run
+    /// in the worker process, which loads exactly that library. Needs
+    /// [`Builder::with_worker`]: one process never holds two ONNX Runtimes.
+    pub fn for_runtime(mut self, version: String) -> Self {
+        self.target_version = Some(version);
+        self
     }
 
     /// Keeps TensorRT's timing caches in `dir` (normally `CACHE_DIR/timing`), one per (GPU
@@ -165,9 +179,19 @@ impl Builder {
                 device: req.options.device_id,
                 options: req.options.key_options(req.backend),
             },
-            &rt.version,
+            self.target_version.as_deref().unwrap_or(&rt.version),
             &self.digest,
         )?;
+        let mut parts = parts;
+        if let (Some(_), Some(lib)) = (&self.target_version, &self.ort_library) {
+            // The CUDA major of the library this builds for, not of the loaded one.
+            if req.backend.is_gpu() && req.backend.is_onnx() {
+                match crate::libs::onnxruntime::cuda_major(lib) {
+                    Some(m) => parts.backend.versions.insert("cuda".to_string(), m),
+                    None => parts.backend.versions.remove("cuda"),
+                };
+            }
+        }
         tracing::debug!(
             files = report.files,
             memo_hits = report.memo_hits,
@@ -210,6 +234,11 @@ impl Builder {
                 };
                 worker::run(&job, limits, watch.cancelled, progress)
             }
+            None if self.target_version.is_some() => Err(BuildError::WorkerUnavailable(format!(
+                "building for onnxruntime {} needs the build worker (this process loaded onnxruntime {})",
+                self.target_version.as_deref().unwrap_or_default(),
+                rt.version
+            ))),
             None => self.build_in_process(rt, req, out, &progress, watch),
         }
     }

@@ -22,13 +22,16 @@ impl DiskBuildCache {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&planned.key);
+        let Ok(builders) = self.builders(&o, planned.selection.runtime.as_deref()) else {
+            return Prefetch::Build;
+        };
         let (req, parts) = match known {
             Some(k) => k,
             None => {
                 let Ok((req, _)) = self.request(&planned.model, &planned.selection) else {
                     return Prefetch::Build;
                 };
-                let Ok(parts) = o.builder.key_parts(&req) else {
+                let Ok(parts) = builders.key().key_parts(&req) else {
                     return Prefetch::Build;
                 };
                 (req, parts)
@@ -40,7 +43,8 @@ impl DiskBuildCache {
         // In the bounded worker, like every build: the daemon opens no session itself.
         let revalidate = tier.config().revalidate;
         let check = |a: &crate::cache::StagedArtifact, _: &crate::remote::Manifest| {
-            o.snap_builder
+            builders
+                .build()
                 .check_fetched(&req, a, revalidate)
                 .map_err(|e| e.to_string())
         };

@@ -206,6 +206,51 @@ struct Failed {
     error: Option<String>,
 }
 
+/// The key builder (digest memo; files read, never mapped) and the build builder (bounded
+/// workers) over `store`, for the ONNX Runtime at `ort_library`; `version`: an incoming
+/// runtime's, which this process did not load ([`Builder::for_runtime`]).
+fn builders(
+    store: &Arc<SledStore>,
+    dir: &Path,
+    ort_library: Option<PathBuf>,
+    version: Option<String>,
+    worker: &WorkerLimits,
+    max_bytes: u64,
+) -> (Builder, Builder) {
+    let store: Arc<dyn crate::cache::Store> = store.clone();
+    let mut key = Builder::new(store.clone(), ort_library.clone())
+        .with_digest_memo(dir.join(crate::cache::DIGEST_MEMO))
+        .with_read_models();
+    // Every build and validation runs in a bounded worker process, never in the daemon.
+    let mut build = Builder::new(store, ort_library)
+        .with_worker(worker.clone())
+        .with_size_limit(max_bytes)
+        .with_timing_caches(dir.join(crate::trt::timing::TIMING_DIR));
+    if let Some(v) = version {
+        key = key.for_runtime(v.clone());
+        build = build.for_runtime(v);
+    }
+    (key, build)
+}
+
+impl CacheFolder {
+    /// [`builders`] over `o`'s store for an incoming runtime.
+    pub(super) fn builders_for(
+        &self,
+        o: &Opened,
+        rt: &crate::daemon::runtimes::OrtRuntime,
+    ) -> (Builder, Builder) {
+        builders(
+            &o.store,
+            &self.dir,
+            Some(rt.path.clone()),
+            Some(rt.version.clone()),
+            &self.worker,
+            self.max_bytes,
+        )
+    }
+}
+
 /// Opens the store at `dir` and its builders (`again`: after the folder went, see
 /// [`SledStore::reopen`]).
 fn open_once(
@@ -245,14 +290,8 @@ fn open_once(
         );
     }
     let store = Arc::new(store);
-    let builder = Builder::new(store.clone(), ort_library.clone())
-        .with_digest_memo(dir.join(crate::cache::DIGEST_MEMO))
-        .with_read_models();
-    // Every build and validation runs in a bounded worker process, never in the daemon.
-    let snap_builder = Builder::new(store.clone(), ort_library.clone())
-        .with_worker(worker.clone())
-        .with_size_limit(max_bytes)
-        .with_timing_caches(dir.join(crate::trt::timing::TIMING_DIR));
+    let (builder, snap_builder) =
+        builders(&store, dir, ort_library.clone(), None, worker, max_bytes);
     Ok(Opened {
         store,
         builder,

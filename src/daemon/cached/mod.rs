@@ -311,10 +311,10 @@ impl BuildCache for DiskBuildCache {
 
     fn plan(&self, model: &ModelEntry, sel: &Selection) -> Result<Planned, BuildCacheError> {
         let (req, plan) = self.request(model, sel)?;
+        let o = self.cache.opened();
         let parts = self
-            .cache
-            .opened()
-            .builder
+            .builders(&o, sel.runtime.as_deref())?
+            .key()
             .key_parts(&req)
             .map_err(build_err)?;
         Ok(Planned {
@@ -601,7 +601,57 @@ impl DiskBuildCache {
     }
 }
 
+/// The builders of one runtime: the current one's, kept with the opened folder, or an
+/// incoming one's, made for the call.
+enum Builders<'a> {
+    Current(&'a Opened),
+    Incoming(Box<(crate::builder::Builder, crate::builder::Builder)>),
+}
+
+impl Builders<'_> {
+    /// Keys repository files.
+    fn key(&self) -> &crate::builder::Builder {
+        match self {
+            Builders::Current(o) => &o.builder,
+            Builders::Incoming(b) => &b.0,
+        }
+    }
+
+    /// Builds (and checks fetched artifacts) in bounded workers.
+    fn build(&self) -> &crate::builder::Builder {
+        match self {
+            Builders::Current(o) => &o.snap_builder,
+            Builders::Incoming(b) => &b.1,
+        }
+    }
+}
+
 impl DiskBuildCache {
+    /// The builders for `runtime` (an incoming ONNX Runtime version; `None`: the current).
+    fn builders<'a>(
+        &self,
+        o: &'a Opened,
+        runtime: Option<&str>,
+    ) -> Result<Builders<'a>, BuildCacheError> {
+        let Some(v) = runtime else {
+            return Ok(Builders::Current(o));
+        };
+        let rt = self
+            .runtimes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .incoming_of(v)
+            .cloned()
+            .ok_or_else(|| {
+                BuildCacheError::NotFound(
+                    format!("onnxruntime {v} is not one of this daemon's incoming runtimes").into(),
+                )
+            })?;
+        Ok(Builders::Incoming(Box::new(
+            self.cache.builders_for(o, &rt),
+        )))
+    }
+
     /// [`Builder::build_watched`](crate::builder::Builder::build_watched), tried again (at most `limits.worker_kill_retries` times)
     /// when its worker was killed by a SIGKILL the daemon did not send: the kernel's OOM
     /// killer under host pressure or an admin says nothing about the model the first time.
@@ -616,8 +666,11 @@ impl DiskBuildCache {
         progress: &dyn Fn(BuildPhase),
     ) -> Result<crate::builder::BuildOutcome, BuildError> {
         let mut kills = 0u32;
+        let builders = self
+            .builders(o, planned.selection.runtime.as_deref())
+            .map_err(|e| BuildError::WorkerUnavailable(e.to_string()))?;
         loop {
-            match o.snap_builder.build_watched(req, step, watch) {
+            match builders.build().build_watched(req, step, watch) {
                 Err(BuildError::Killed(why)) if kills < self.worker_kill_retries => {
                     kills += 1;
                     tracing::warn!(
