@@ -29,7 +29,7 @@ pub use crate::cache::StagedArtifact;
 pub use backends::{backend, BackendImpl};
 pub use error::BuildError;
 pub use job::{BuildJob, BuildOutcome, Source};
-pub use options::{BuildOptions, OptLevel, DEFAULT_EXTERNAL_MIN_BYTES};
+pub use options::{BuildOptions, OptLevel, OrtCpuOptions, TrtOptions, DEFAULT_EXTERNAL_MIN_BYTES};
 pub use pipeline::{Builder, Watch};
 pub use progress::{Fallback, Progress};
 pub use worker::WorkerLimits;

@@ -72,38 +72,20 @@ impl OptLevel {
 
 pub use crate::config::DEFAULT_EXTERNAL_MIN_BYTES;
 
-/// Every option that changes an artifact (all of them go into the key), plus runtime-only
-/// knobs that do not (threads).
+/// Every option that changes an artifact (all of them go into the key: each backend says
+/// which of its own, [`BackendImpl::key_options`](super::BackendImpl::key_options)), plus
+/// runtime-only knobs that do not (threads, the timing-cache folder). What one backend alone
+/// reads is in its own group: [`OrtCpuOptions`], [`TrtOptions`].
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct BuildOptions {
     pub precision: Precision,
     pub profile: Option<ShapeProfile>,
     /// `ort-cpu`/`ort-cuda` offline optimization level.
     pub opt_level: OptLevel,
-    /// Save prepacked constant initializers next to the optimized model (`ort-cpu`).
-    pub prepack: bool,
-    /// `ort-cpu`: initializers of at least this many bytes go to the external data file
-    /// (memory-mapped at load, shared between processes); smaller ones stay inside the graph
-    /// file (parsed with it, no per-tensor open and map). See [`DEFAULT_EXTERNAL_MIN_BYTES`].
-    pub external_min_bytes: u64,
-    /// `ort-cpu`: bake the profile's fixed dimensions (min = max) into the artifact, so ONNX
-    /// Runtime folds the shape arithmetic and plans static tensors (see
-    /// [`cpu::fixed_dims`]). The artifact then accepts only those sizes, like a TensorRT
-    /// engine built for the profile.
-    pub specialize: bool,
-    /// `ort-cpu`: apply the graph rewrites of [`rewrite`] (an op ONNX Runtime's CPU provider
-    /// runs slowly replaced by the same computation in ops it runs well) before optimizing.
-    #[serde(default = "yes")]
-    pub rewrite: bool,
-    /// TensorRT builder optimization level, 0–5 (TensorRT's default is 3).
-    pub trt_builder_level: u8,
-    /// `trt`: TensorRT's hardware-compatibility level. With a level set, the key records the
-    /// class of GPUs the engine runs on instead of the exact GPU.
-    #[serde(default)]
-    pub trt_hardware_compat: crate::trt::HwCompat,
-    /// `trt`: the builder's workspace memory limit in bytes (`None`: TensorRT's default).
-    #[serde(default)]
-    pub trt_workspace_bytes: Option<u64>,
+    /// The `ort-cpu` backend's own options.
+    pub ort_cpu: OrtCpuOptions,
+    /// The TensorRT builder's options (`trt`; `ort-tensorrt` reads the builder level).
+    pub trt: TrtOptions,
     /// `trt` and `ort-tensorrt`: the folder of the shared timing caches, one per (GPU SKU,
     /// TensorRT version) (`CACHE_DIR/timing`, set by [`Builder::with_timing_caches`]);
     /// `None` times every build from scratch. Not part of the key: it changes which tactics
@@ -120,8 +102,56 @@ pub struct BuildOptions {
     pub threads: usize,
 }
 
-fn yes() -> bool {
-    true
+/// What only the `ort-cpu` backend reads.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct OrtCpuOptions {
+    /// Save prepacked constant initializers next to the optimized model.
+    pub prepack: bool,
+    /// Initializers of at least this many bytes go to the external data file (memory-mapped
+    /// at load, shared between processes); smaller ones stay inside the graph file (parsed
+    /// with it, no per-tensor open and map). See [`DEFAULT_EXTERNAL_MIN_BYTES`].
+    pub external_min_bytes: u64,
+    /// Bake the profile's fixed dimensions (min = max) into the artifact, so ONNX Runtime
+    /// folds the shape arithmetic and plans static tensors. The artifact then accepts only
+    /// those sizes, like a TensorRT engine built for the profile.
+    pub specialize: bool,
+    /// Apply the graph passes (`backends::ort_cpu::passes`: an op ONNX Runtime's CPU provider
+    /// runs slowly replaced by the same computation in ops it runs well) before optimizing.
+    pub rewrite: bool,
+}
+
+impl Default for OrtCpuOptions {
+    fn default() -> Self {
+        Self {
+            prepack: true,
+            external_min_bytes: DEFAULT_EXTERNAL_MIN_BYTES,
+            specialize: true,
+            rewrite: true,
+        }
+    }
+}
+
+/// What the TensorRT builder reads (`trt`; `ort-tensorrt` passes the builder level to the
+/// TensorRT provider).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TrtOptions {
+    /// Builder optimization level, 0–5 (TensorRT's default is 3).
+    pub builder_level: u8,
+    /// `trt`: TensorRT's hardware-compatibility level. With a level set, the key records the
+    /// class of GPUs the engine runs on instead of the exact GPU.
+    pub hardware_compat: crate::trt::HwCompat,
+    /// `trt`: the builder's workspace memory limit in bytes (`None`: TensorRT's default).
+    pub workspace_bytes: Option<u64>,
+}
+
+impl Default for TrtOptions {
+    fn default() -> Self {
+        Self {
+            builder_level: 3,
+            hardware_compat: crate::trt::HwCompat::None,
+            workspace_bytes: None,
+        }
+    }
 }
 
 impl Default for BuildOptions {
@@ -130,13 +160,8 @@ impl Default for BuildOptions {
             precision: Precision::Fp32,
             profile: None,
             opt_level: OptLevel::All,
-            prepack: true,
-            external_min_bytes: DEFAULT_EXTERNAL_MIN_BYTES,
-            specialize: true,
-            rewrite: true,
-            trt_builder_level: 3,
-            trt_hardware_compat: crate::trt::HwCompat::None,
-            trt_workspace_bytes: None,
+            ort_cpu: OrtCpuOptions::default(),
+            trt: TrtOptions::default(),
             timing_cache_dir: None,
             device_id: crate::config::gpu_ordinal().map_or(0, |o| o as i32),
             extra: BTreeMap::new(),
@@ -152,8 +177,11 @@ impl BuildOptions {
         Self {
             precision: plan.precision,
             profile: plan.profile.clone(),
-            specialize: self.specialize && plan.specialize.unwrap_or(true),
-            rewrite: self.rewrite && plan.rewrite.unwrap_or(true),
+            ort_cpu: OrtCpuOptions {
+                specialize: self.ort_cpu.specialize && plan.specialize.unwrap_or(true),
+                rewrite: self.ort_cpu.rewrite && plan.rewrite.unwrap_or(true),
+                ..self.ort_cpu
+            },
             ..self
         }
     }
@@ -190,9 +218,9 @@ impl BuildOptions {
                 no_tf32: self.precision == Precision::Fp32,
                 ..Default::default()
             },
-            workspace_bytes: self.trt_workspace_bytes,
-            builder_optimization_level: Some(self.trt_builder_level),
-            hardware_compatibility: self.trt_hardware_compat,
+            workspace_bytes: self.trt.workspace_bytes,
+            builder_optimization_level: Some(self.trt.builder_level),
+            hardware_compatibility: self.trt.hardware_compat,
             profiles: self
                 .profile
                 .iter()

@@ -15,7 +15,8 @@ use super::cache::{open_store, CacheArgs};
 use super::output::{human_bytes, table, Style};
 use crate::builder::validate::{Tolerance, ValidationConfig};
 use crate::builder::{
-    runtime, BuildJob, BuildOptions, BuildOutcome, Builder, OptLevel, Progress, Source,
+    runtime, BuildJob, BuildOptions, BuildOutcome, Builder, OptLevel, OrtCpuOptions, Progress,
+    Source, TrtOptions,
 };
 use crate::cache::DIGEST_MEMO;
 use crate::onnx::Model;
@@ -94,13 +95,17 @@ impl BuildOptionArgs {
     pub fn options(&self, plan: &Plan, threads: usize) -> anyhow::Result<BuildOptions> {
         let flags = BuildOptions {
             opt_level: self.opt_level,
-            prepack: !self.no_prepack,
-            external_min_bytes: self.external_min_size,
-            specialize: !self.no_specialize,
-            rewrite: !self.no_rewrite,
-            trt_builder_level: self.trt_opt_level,
-            trt_hardware_compat: self.trt_hardware_compat,
-            trt_workspace_bytes: self.trt_workspace,
+            ort_cpu: OrtCpuOptions {
+                prepack: !self.no_prepack,
+                external_min_bytes: self.external_min_size,
+                specialize: !self.no_specialize,
+                rewrite: !self.no_rewrite,
+            },
+            trt: TrtOptions {
+                builder_level: self.trt_opt_level,
+                hardware_compat: self.trt_hardware_compat,
+                workspace_bytes: self.trt_workspace,
+            },
             device_id: self.device,
             extra: parse_extra(&self.options)?,
             threads,

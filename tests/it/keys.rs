@@ -550,13 +550,17 @@ fn key_options_are_pinned_for_every_backend() {
             BuildOptions {
                 precision: Precision::Fp16,
                 opt_level: OptLevel::Basic,
-                prepack: false,
-                specialize: false,
-                rewrite: false,
-                external_min_bytes: 1024,
-                trt_builder_level: 5,
-                trt_hardware_compat: trtcache::trt::HwCompat::SameComputeCapability,
-                trt_workspace_bytes: Some(1 << 30),
+                ort_cpu: trtcache::builder::OrtCpuOptions {
+                    prepack: false,
+                    specialize: false,
+                    rewrite: false,
+                    external_min_bytes: 1024,
+                },
+                trt: trtcache::builder::TrtOptions {
+                    builder_level: 5,
+                    hardware_compat: trtcache::trt::HwCompat::SameComputeCapability,
+                    workspace_bytes: Some(1 << 30),
+                },
                 device_id: 1,
                 extra: [("label".to_string(), "x".to_string())].into(),
                 ..base.clone()

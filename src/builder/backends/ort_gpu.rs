@@ -100,7 +100,7 @@ fn trt_ep(
     let mut ep = ort::ep::TensorRT::default()
         .with_device_id(opts.device_id)
         .with_fp16(opts.precision == Precision::Fp16)
-        .with_builder_optimization_level(opts.trt_builder_level);
+        .with_builder_optimization_level(opts.trt.builder_level);
     if let Some(dir) = caches {
         let d = dir.display().to_string();
         ep = ep
@@ -214,7 +214,7 @@ impl BackendImpl for OrtTensorRt {
         let mut m = BTreeMap::new();
         m.insert(
             "trt_builder_optimization_level".into(),
-            opts.trt_builder_level.to_string(),
+            opts.trt.builder_level.to_string(),
         );
         m.insert("device_id".into(), opts.device_id.to_string());
         m.insert("trt_ep_context_embed_mode".into(), "1".into());

@@ -74,7 +74,10 @@ pub fn standing(dir: &Path) -> Result<Standing, StoreError> {
     Ok(Standing::Foreign(sample))
 }
 
-/// `.gitkeep`, a socket, or a `NAME.sock.ready` folder.
+/// `.gitkeep`, a socket, a `NAME.sock.ready` folder, or the marker's temp file of another
+/// trtcache tagging the folder right now ([`tag`]: a `.tmp-XXXXXX` file written in the last
+/// [`TAGGING_SECS`] seconds): two commands claiming one new folder at once (a daemon starting
+/// while `status` reads the cache) both adopt it instead of one refusing it as foreign.
 fn made_before_the_store(e: &std::fs::DirEntry) -> bool {
     use std::os::unix::fs::FileTypeExt;
     let name = e.file_name();
@@ -82,8 +85,25 @@ fn made_before_the_store(e: &std::fs::DirEntry) -> bool {
     let Ok(t) = e.file_type() else {
         return false;
     };
-    name == ".gitkeep" || t.is_socket() || (t.is_dir() && name.ends_with(".sock.ready"))
+    let tagging = || {
+        t.is_file()
+            && name.starts_with(".tmp-")
+            && own_temp(&name)
+            && e.metadata()
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .and_then(|m| m.elapsed().ok())
+                .is_some_and(|age| age.as_secs() < TAGGING_SECS)
+    };
+    name == ".gitkeep"
+        || t.is_socket()
+        || (t.is_dir() && name.ends_with(".sock.ready"))
+        || tagging()
 }
+
+/// How young a `.tmp-XXXXXX` file must be to count as another trtcache's tagging in
+/// progress (an older one is someone's file: the folder is not empty).
+const TAGGING_SECS: u64 = 60;
 
 /// Whether every entry of `dir` carries a name of the store's own layout (what is left of a
 /// cache while `rm -rf` deletes it, or just after): `lock`, `db`, `blobs`, `tmp`,
@@ -208,6 +228,19 @@ mod tests {
     #[test]
     fn names() {
         assert!(own_temp("build-a1B2c3") && own_temp("commit-zzzzzz") && own_temp(".tmp-AbC123"));
+        // Another trtcache tagging a new folder right now leaves it claimable; an old file
+        // of that name is someone's, and the folder is not empty.
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join(".tmp-Ab12Cd"), "trtcache").unwrap();
+        assert!(matches!(standing(d.path()).unwrap(), Standing::Empty));
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        std::fs::File::options()
+            .write(true)
+            .open(d.path().join(".tmp-Ab12Cd"))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        assert!(matches!(standing(d.path()).unwrap(), Standing::Foreign(_)));
         assert!(!own_temp("thesis.tex") && !own_temp("build-") && !own_temp("build-abc/def"));
         let d = "0123456789abcdef".repeat(4);
         assert!(own_blob(&d) && !own_blob("photo.jpg") && !own_blob(&d.to_uppercase()));

@@ -244,13 +244,18 @@ impl DiskBuildCache {
             sel.backend,
             &plan,
             BuildOptions {
-                external_min_bytes: self.external_min_bytes,
-                rewrite: self.rewrite,
-                trt_builder_level: self.trt.builder_optimization_level,
-                trt_hardware_compat: crate::trt::HwCompat::parse(&self.trt.hardware_compatibility)
-                    .unwrap_or_default(),
-                trt_workspace_bytes: (self.trt.workspace_bytes > 0)
-                    .then_some(self.trt.workspace_bytes),
+                ort_cpu: crate::builder::OrtCpuOptions {
+                    external_min_bytes: self.external_min_bytes,
+                    rewrite: self.rewrite,
+                    ..Default::default()
+                },
+                trt: crate::builder::TrtOptions {
+                    builder_level: self.trt.builder_optimization_level,
+                    hardware_compat: crate::trt::HwCompat::parse(&self.trt.hardware_compatibility)
+                        .unwrap_or_default(),
+                    workspace_bytes: (self.trt.workspace_bytes > 0)
+                        .then_some(self.trt.workspace_bytes),
+                },
                 ..BuildOptions::default()
             },
         );

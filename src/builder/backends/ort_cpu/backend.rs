@@ -39,13 +39,13 @@ impl BackendImpl for OrtCpu {
     fn key_options(&self, opts: &BuildOptions) -> BTreeMap<String, String> {
         let mut m = BTreeMap::new();
         m.insert("opt_level".into(), opts.opt_level.name().into());
-        m.insert("prepack".into(), opts.prepack.to_string());
+        m.insert("prepack".into(), opts.ort_cpu.prepack.to_string());
         m.insert(
             "external_min_bytes".into(),
-            opts.external_min_bytes.to_string(),
+            opts.ort_cpu.external_min_bytes.to_string(),
         );
-        m.insert("specialize".into(), opts.specialize.to_string());
-        let rewrites = if opts.rewrite {
+        m.insert("specialize".into(), opts.ort_cpu.specialize.to_string());
+        let rewrites = if opts.ort_cpu.rewrite {
             passes::key_list()
         } else {
             "none".into()
@@ -74,8 +74,8 @@ impl BackendImpl for OrtCpu {
             path: model.to_path_buf(),
             message: e.to_string(),
         })?;
-        let (constants, rewrites) = prepare(&m, opts.rewrite);
-        let dims = match (opts.specialize, &opts.profile) {
+        let (constants, rewrites) = prepare(&m, opts.ort_cpu.rewrite);
+        let dims = match (opts.ort_cpu.specialize, &opts.profile) {
             (true, Some(profile)) => fixed_dims(&ModelInputs::of(&m), profile),
             _ => BTreeMap::new(),
         };
@@ -129,7 +129,7 @@ impl BackendImpl for OrtCpu {
                 optimize(rt, &source, opts, out, Save::Inline)?;
             }
         }
-        if opts.rewrite {
+        if opts.ort_cpu.rewrite {
             for (_, pass) in passes::saved() {
                 rewrites.extend(fold_saved(rt, out, opts, pass)?);
             }

@@ -20,18 +20,21 @@ use crate::builder::Fallback;
 pub(super) fn next_attempt(job: &mut BuildJob, failure: &Failure) -> Option<Retry> {
     match failure {
         Failure::Crashed(why) => {
-            if !(job.options.prepack || probes(&job.validation) || job.options.rewrite) {
+            if !(job.options.ort_cpu.prepack
+                || probes(&job.validation)
+                || job.options.ort_cpu.rewrite)
+            {
                 return None;
             }
-            let what = if job.options.prepack {
-                job.options.prepack = false;
+            let what = if job.options.ort_cpu.prepack {
+                job.options.ort_cpu.prepack = false;
                 "prepack"
             } else if probes(&job.validation) {
                 job.validation.thread_probe_max_run_ms = 0;
                 job.validation.prepack_probe_max_run_ms = 0;
                 "probes"
             } else {
-                job.options.rewrite = false;
+                job.options.ort_cpu.rewrite = false;
                 "rewrites"
             };
             tracing::warn!(%why, what, "the build worker died; building again without {what}");
@@ -45,7 +48,7 @@ pub(super) fn next_attempt(job: &mut BuildJob, failure: &Failure) -> Option<Retr
         Failure::OverTolerance(built) if !built.artifact.rewrites.is_empty() => {
             let worst = built.validation.worst();
             tracing::warn!(%worst, "rewritten artifact over tolerance; building it again without rewrites");
-            job.options.rewrite = false;
+            job.options.ort_cpu.rewrite = false;
             Some(Retry {
                 fallback: Fallback::WithoutRewrites,
                 rejected: format!("rewrites: {worst}"),

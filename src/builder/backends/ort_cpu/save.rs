@@ -181,10 +181,10 @@ pub(super) fn optimize(
             .map_err(|e| BuildError::ort(stage, model, e))?
             .with_config_entry(
                 "session.optimized_model_external_initializers_min_size_in_bytes",
-                opts.external_min_bytes.to_string(),
+                opts.ort_cpu.external_min_bytes.to_string(),
             )
             .map_err(|e| BuildError::ort(stage, model, e))?;
-        if opts.prepack {
+        if opts.ort_cpu.prepack {
             b = b
                 .with_config_entry("session.save_external_prepacked_constant_initializers", "1")
                 .map_err(|e| BuildError::ort(stage, model, e))?;
@@ -287,7 +287,7 @@ pub(super) fn fold_saved(
         return Ok(None); // validation reports what ORT says of it
     };
     let data_len = std::fs::metadata(&data).ok().map(|m| m.len());
-    let min = usize::try_from(opts.external_min_bytes).unwrap_or(usize::MAX);
+    let min = usize::try_from(opts.ort_cpu.external_min_bytes).unwrap_or(usize::MAX);
     let line = pass(&mut proto, out, DATA, min).map_err(io(&data));
     let restore = || -> Result<(), BuildError> {
         std::fs::write(&entry, &saved).map_err(io(&entry))?;
