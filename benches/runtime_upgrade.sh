@@ -80,6 +80,7 @@ onnxruntime = [\"$PWD/$NEW_LIB\"]"
     config "$OLD_LIB" ""
   fi
   start
+  until [ -S "$DIR/run/cache/s.sock" ]; do sleep 0.01; done
   until all_ready; do sleep 0.2; done
   stop
   config "$PWD/$NEW_LIB" ""
