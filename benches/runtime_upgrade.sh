@@ -9,6 +9,7 @@
 # The consumer is the Python client on the new onnxruntime (PYTHONPATH=.venv/runtimes/…),
 # acquiring each model (waiting for builds) and running one inference.
 #   benches/runtime_upgrade.sh [N] [ROUNDS]     # BIN=target/release/trtcache for a release build
+#   MODEL=bert_small benches/runtime_upgrade.sh 4 3   # N copies of make_models' bert_small (44 MB)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-20}
@@ -24,9 +25,10 @@ NEW_LIB=$(ls "$NEW_DIR"/onnxruntime/capi/libonnxruntime.so.* | head -1)
 MAKE=$(ls target/debug/examples/make_models 2>/dev/null || true)
 [ -n "$MAKE" ] || { cargo build --example make_models >&2; MAKE=target/debug/examples/make_models; }
 rm -rf "$DIR" && mkdir -p "$DIR/all" "$DIR/models"
-"$MAKE" "$DIR/all" >/dev/null
+MODEL=${MODEL:-tiny_encoder}
+if [ "$MODEL" = bert_small ]; then "$MAKE" "$DIR/all" --bert-small >/dev/null; else "$MAKE" "$DIR/all" >/dev/null; fi
 # N distinct models (distinct content, so distinct keys): tiny_encoder with one weight moved.
-$PY - "$DIR/all/tiny_encoder.onnx" "$DIR/models" "$N" <<'PY'
+$PY - "$DIR/all/$MODEL.onnx" "$DIR/models" "$N" <<'PY'
 import sys, onnx, numpy as np
 from onnx import numpy_helper
 src, out, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -67,7 +69,8 @@ for i in range(int(sys.argv[2])):
     a = c.acquire(f"m{i:03d}", timeout=900)
     assert a.metadata["runtime"]["onnxruntime"] == __import__("onnxruntime").__version__
     s = a.session()
-    feed = {x.name: np.ones([d if isinstance(d, int) else 2 for d in x.shape], np.float32) for x in s.get_inputs()}
+    kind = lambda t: np.int64 if "int64" in t else (np.int32 if "int32" in t else np.float32)
+    feed = {x.name: np.ones([d if isinstance(d, int) else 2 for d in x.shape], kind(x.type)) for x in s.get_inputs()}
     s.run(None, feed)
 PY
 }
@@ -95,7 +98,7 @@ onnxruntime = [\"$PWD/$NEW_LIB\"]"
   stop
   echo "$1 $(echo "$t1 - $t0" | bc) $builds"
 }
-echo "# $N models, $ROUNDS rounds; old $(basename "$OLD_LIB"), new $(basename "$NEW_LIB"); $BIN" >&2
+echo "# $N x $MODEL, $ROUNDS rounds; old $(basename "$OLD_LIB"), new $(basename "$NEW_LIB"); $BIN" >&2
 for r in $(seq "$ROUNDS"); do
   round cold
   round prewarm
