@@ -373,6 +373,48 @@ fn misdeclared_constant() -> trtcache::onnx::proto::ModelProto {
     m
 }
 
+/// Exporter output, not a graph built here (tests/data/exporters/README.md): optimum writes a
+/// T5's RMS norms at opset 18 as `ReduceMean` with `axes` from `Constant` nodes. TensorRT's
+/// parser imports a Constant's output as weights, so every one of them is TensorRT's, with no
+/// "axes must be an initializer" refusal (which sent them all to CUDA before).
+#[test]
+fn exporter_reduction_axes_from_constants_go_to_tensorrt() {
+    let model = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/exporters/optimum_t5_encoder_opset18.onnx");
+    let m = trtcache::onnx::Model::load(&model).unwrap();
+    let g = m.graph();
+    let constants: std::collections::HashSet<&str> = g
+        .node
+        .iter()
+        .filter(|n| n.op_type == "Constant")
+        .flat_map(|n| n.output.iter().map(String::as_str))
+        .collect();
+    let fed: Vec<String> = g
+        .node
+        .iter()
+        .filter(|n| n.op_type.starts_with("Reduce") && n.input.len() > 1)
+        .filter(|n| constants.contains(n.input[1].as_str()))
+        .map(|n| n.name.clone())
+        .collect();
+    assert!(fed.len() >= 5, "the export changed: {fed:?}");
+    let out = trtcache(["inspect", "--json", model.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json(&out);
+    for name in &fed {
+        let node = v["capability"]["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == name.as_str())
+            .unwrap_or_else(|| panic!("{name} not in the report"));
+        assert_eq!(node["provider"], "tensorrt", "{node}");
+    }
+}
+
 #[test]
 fn exported_partitions_reproduce_the_full_model() {
     let dir = tempfile::tempdir().unwrap();
