@@ -277,11 +277,12 @@ pub(super) fn request(a: &BuildArgs) -> anyhow::Result<(BuildJob, Option<u64>)> 
     let inputs = ModelInputs::of(&model);
     let plan = resolve(&a.model, &inputs, &a.profile, a.build.precision)
         .with_context(|| format!("{}: shape profile", a.model.display()))?;
-    drop(model);
     let backend = choose_backend(a.backend, &plan);
     // Before any library is loaded: the same refusal on a host without TensorRT.
     crate::plan::check_backend(&plan, &inputs, backend)
+        .and_then(|()| crate::plan::check_whole_graph(&model, backend))
         .with_context(|| format!("{}: backend {backend}", a.model.display()))?;
+    drop(model);
     let int_range = match &a.int_range {
         None => (plan.golden.int_range[0], plan.golden.int_range[1]),
         Some(r) => {

@@ -155,6 +155,58 @@ pub enum PlanError {
     /// splits them at `,` and the first `:`: a name holding either cannot be given to it.
     #[error("the ort-tensorrt backend cannot take a shape profile for input `{input}`: ONNX Runtime's trt_profile_*_shapes options split at `,` and `:`, which the name contains\nfix: build it with the trt backend (names go to TensorRT as they are), or rename the input in the model")]
     UnprofilableName { input: String },
+    /// ONNX Runtime's TensorRT provider writes one EP-context model per TensorRT subgraph
+    /// (the last one wins, with that subgraph's inputs and outputs, not the model's) and loads
+    /// only a context model that is a single `EPContext` node: an `ort-tensorrt` artifact is
+    /// correct only when TensorRT takes the whole graph.
+    #[error("the ort-tensorrt backend needs TensorRT to take the whole model, and it does not: {declined}\nONNX Runtime's TensorRT provider writes its EP-context model per TensorRT subgraph and loads only one that is a single EPContext node, so a partitioned model cannot be served from one (`trtcache inspect MODEL` shows the partitions)\nfix: the ort-cuda backend serves it (CUDA kernels for every node); or make TensorRT take every node (a profile for the data-dependent shapes, no control flow), which the trt backend needs too")]
+    NotWholeGraph { declined: String },
+}
+
+/// Refuses `ort-tensorrt` for a model the capability analysis does not give to TensorRT
+/// whole ([`PlanError::NotWholeGraph`]); other backends pass. Run before any library is
+/// loaded, with the bundled operator table of the newest TensorRT, so the refusal is the same
+/// on a host without a GPU; the build then checks the context model ONNX Runtime wrote
+/// against the model's inputs and outputs, which catches what the table misjudges.
+pub fn check_whole_graph(
+    model: &crate::onnx::Model,
+    backend: crate::spec::Backend,
+) -> Result<(), PlanError> {
+    if backend != crate::spec::Backend::OrtTensorRt {
+        return Ok(());
+    }
+    let opts = crate::analysis::Options {
+        providers: backend.providers().to_vec(),
+        ..Default::default()
+    };
+    let cap = match crate::analysis::analyse(model, &opts) {
+        Ok(c) => c,
+        Err(e) => {
+            // No analysis, no refusal: the context-model check at build time still holds.
+            tracing::warn!(error = %e, "capability analysis failed; the whole-graph check is left to the build");
+            return Ok(());
+        }
+    };
+    let declined = cap.declined_by_trt();
+    if declined.is_empty() {
+        return Ok(());
+    }
+    let total: usize = declined.iter().map(|d| d.count).sum();
+    let mut rows: Vec<String> = declined
+        .iter()
+        .take(3)
+        .map(|d| format!("{} ×{} ({})", d.op, d.count, d.reason))
+        .collect();
+    if declined.len() > 3 {
+        rows.push(format!("and {} more kinds", declined.len() - 3));
+    }
+    Err(PlanError::NotWholeGraph {
+        declined: format!(
+            "{total} of {} nodes go elsewhere: {}",
+            cap.nodes.len(),
+            rows.join("; ")
+        ),
+    })
 }
 
 /// Checks that `backend` can build `plan` for a model with `inputs`, before any library is

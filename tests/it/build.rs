@@ -425,6 +425,39 @@ fn gpu_backends_fail_with_the_precise_reason() {
             "{e}"
         );
     }
+    // A model TensorRT does not take whole (Unique: no TensorRT importer, no CUDA kernel):
+    // ORT's TensorRT provider would write one EP-context model per subgraph and load only a
+    // single EPContext node, so ort-tensorrt refuses it from the plan, naming what goes
+    // elsewhere and the backend that serves it; ort-cuda gets past the plan.
+    let partitioned = d.path().join("partitioned.onnx");
+    write(&trtcache::fixtures::capability::unique(), &partitioned).unwrap();
+    let out = trtcache([
+        "build",
+        partitioned.to_str().unwrap(),
+        "--backend",
+        "ort-tensorrt",
+        "--opt-shapes",
+        "x:8",
+        "--cache-dir",
+        d.path().join("cache").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let e = stderr(&out);
+    assert!(
+        e.contains("the ort-tensorrt backend needs TensorRT to take the whole model")
+            && e.contains("Unique ×1")
+            && e.contains("the ort-cuda backend serves it"),
+        "{e}"
+    );
+    let out = trtcache([
+        "build",
+        partitioned.to_str().unwrap(),
+        "--backend",
+        "ort-cuda",
+        "--cache-dir",
+        d.path().join("cache").to_str().unwrap(),
+    ]);
+    assert!(!stderr(&out).contains("whole model"), "{}", stderr(&out));
     for (backend, provider) in [("ort-tensorrt", "TensorRT"), ("ort-cuda", "CUDA")] {
         let out = trtcache([
             "build",

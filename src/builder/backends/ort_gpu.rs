@@ -200,8 +200,11 @@ impl BackendImpl for OrtCuda {
     }
 }
 
-/// TensorRT engines embedded in an EP-context model, served on the TensorRT provider (CUDA
-/// for the nodes TensorRT does not take).
+/// A TensorRT engine embedded in an EP-context model, served on the TensorRT provider. Only
+/// for models TensorRT takes whole: ONNX Runtime (1.31) writes the context model per TensorRT
+/// subgraph and loads only a single `EPContext` node, so a partitioned model is refused from
+/// the plan ([`crate::plan::check_whole_graph`]) and the written file is checked against the
+/// model's inputs and outputs ([`check_context_model`]); `ort-cuda` serves partitioned models.
 #[derive(Debug, Clone, Copy)]
 pub struct OrtTensorRt;
 
@@ -263,6 +266,7 @@ impl BackendImpl for OrtTensorRt {
                 "the TensorRT provider did not write an EP-context model",
             ));
         }
+        check_context_model(model, &ctx)?;
         Ok(StagedArtifact {
             dir: out.to_path_buf(),
             entry: CTX_ENTRY.into(),
@@ -282,10 +286,115 @@ impl BackendImpl for OrtTensorRt {
     }
 }
 
+/// The EP-context model ONNX Runtime's TensorRT provider wrote stands for the whole model:
+/// one `EPContext` node (ORT loads no other context model), and the model's own inputs and
+/// outputs. The provider writes it per TensorRT subgraph, the last one winning, so a model it
+/// partitioned leaves a file with a subgraph's inputs and outputs; the plan's whole-graph
+/// check ([`crate::plan::check_whole_graph`]) refuses such models first, from the operator
+/// table, and this catches what the table misjudged.
+pub(crate) fn check_context_model(model: &Path, ctx: &Path) -> Result<(), BuildError> {
+    let read = |p: &Path| {
+        crate::onnx::Model::read(p).map_err(|e| BuildError::Model {
+            path: p.to_path_buf(),
+            message: e.to_string(),
+        })
+    };
+    let (m, c) = (read(model)?, read(ctx)?);
+    let io = |m: &crate::onnx::Model| {
+        let g = m.graph();
+        let inits: std::collections::HashSet<&str> =
+            g.initializer.iter().map(|t| t.name.as_str()).collect();
+        let mut ins: Vec<String> = g
+            .input
+            .iter()
+            .filter(|i| !inits.contains(i.name.as_str()))
+            .map(|i| i.name.clone())
+            .collect();
+        let mut outs: Vec<String> = g.output.iter().map(|o| o.name.clone()).collect();
+        ins.sort();
+        outs.sort();
+        (ins, outs)
+    };
+    let nodes = &c.graph().node;
+    let single = nodes.len() == 1 && nodes[0].op_type == "EPContext";
+    let (want, got) = (io(&m), io(&c));
+    if single && want == got {
+        return Ok(());
+    }
+    Err(BuildError::Ort {
+        stage: "check the EP-context model (ort-tensorrt)",
+        path: model.to_path_buf(),
+        message: format!(
+        "the EP-context model ONNX Runtime's TensorRT provider wrote does not stand for the whole model ({}; inputs {:?} and outputs {:?}, the model's {:?} and {:?}): TensorRT took only part of it, and ONNX Runtime writes one context model per TensorRT subgraph and loads only a single EPContext node. The ort-cuda backend serves this model",
+        if single {
+            "one EPContext node".to_string()
+        } else {
+            format!("{} nodes", nodes.len())
+        },
+        got.0,
+        got.1,
+        want.0,
+        want.1
+    ),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
+
+    /// A context model as the TensorRT provider writes it: one `EPContext` node from `ins` to
+    /// `outs` (`extra`: a second node, as no loadable context model has).
+    fn context(
+        dir: &Path,
+        name: &str,
+        ins: &[&str],
+        outs: &[&str],
+        extra: bool,
+    ) -> std::path::PathBuf {
+        use crate::fixtures::{model, GraphBuilder};
+        use crate::onnx::ElemType::Float32;
+        let mut g = GraphBuilder::new("ctx");
+        for i in ins {
+            g.input(i, Float32, &[4.into()]);
+        }
+        for o in outs {
+            g.output(o, Float32, Some(&[4.into()]));
+        }
+        g.node("EPContext", ins, outs).domain = "com.microsoft".into();
+        if extra {
+            g.node("Relu", &[outs[0]], &["z"]);
+        }
+        let p = dir.join(name);
+        crate::fixtures::write(&model(g.build(), &[("", 17), ("com.microsoft", 1)]), &p).unwrap();
+        p
+    }
+
+    #[test]
+    fn a_context_model_must_stand_for_the_whole_model() {
+        use crate::fixtures::{model, GraphBuilder};
+        use crate::onnx::ElemType::Float32;
+        let d = tempfile::tempdir().unwrap();
+        let mut g = GraphBuilder::new("m");
+        g.input("x", Float32, &[4.into()])
+            .output("y", Float32, Some(&[4.into()]));
+        g.node("Relu", &["x"], &["h"]);
+        g.node("Unique", &["h"], &["y"]);
+        let m = d.path().join("m.onnx");
+        crate::fixtures::write(&model(g.build(), &[("", 17)]), &m).unwrap();
+        let whole = context(d.path(), "whole.onnx", &["x"], &["y"], false);
+        check_context_model(&m, &whole).unwrap();
+        // The last TensorRT subgraph's context model: its own inputs and outputs.
+        let part = context(d.path(), "part.onnx", &["x"], &["h"], false);
+        let e = check_context_model(&m, &part).unwrap_err().to_string();
+        assert!(
+            e.contains("does not stand for the whole model") && e.contains("ort-cuda"),
+            "{e}"
+        );
+        let two = context(d.path(), "two.onnx", &["x"], &["y"], true);
+        assert!(check_context_model(&m, &two).is_err());
+    }
 
     #[test]
     fn shapes_in_trtexec_syntax() {

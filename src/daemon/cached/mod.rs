@@ -234,6 +234,7 @@ impl DiskBuildCache {
         let inputs = ModelInputs::of(&m);
         let plan = resolve(&model.path, &inputs, &args, Some(sel.precision))
             .and_then(|plan| crate::plan::check_backend(&plan, &inputs, sel.backend).map(|()| plan))
+            .and_then(|plan| crate::plan::check_whole_graph(&m, sel.backend).map(|()| plan))
             .map_err(|e| match e {
                 crate::plan::PlanError::NoSuchProfile { .. } => BuildCacheError::NotFound(e.into()),
                 e => BuildCacheError::Invalid(format!("{}: {e}", model.path.display()).into()),
