@@ -483,33 +483,41 @@ def _trusted_index(socket_path: str) -> Optional[Tuple[int, int]]:
 
 def _onnxruntime_version() -> Optional[str]:
     """The version of the ``onnxruntime`` this process imported, else of the one an import
-    would find, read from its ``__init__.py`` without importing it (``importlib.metadata``
-    takes ~170 ms); None when there is none."""
+    would find, read from its ``__init__.py`` without importing it: the first
+    ``sys.path`` folder holding the package, as the import system looks (0.09 ms), then
+    ``importlib.util.find_spec`` for other layouts (0.65 ms; ``importlib.metadata`` takes
+    ~170 ms). None when there is none."""
     import sys
 
     mod = sys.modules.get("onnxruntime")
     v = getattr(mod, "__version__", None) if mod is not None else None
     if isinstance(v, str) and v:
         return v
+
+    def read(init: str) -> Optional[str]:
+        with open(init, encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("__version__"):
+                    return line.split("=", 1)[1].strip().strip("\"'") or None
+        return None
+
+    for entry in sys.path:
+        init = os.path.join(entry or ".", "onnxruntime", "__init__.py")
+        try:
+            return read(init)
+        except OSError:
+            continue
+        except (ValueError, IndexError):
+            return None
     try:
         import importlib.util
 
         spec = importlib.util.find_spec("onnxruntime")
         if spec is None or not spec.origin:
             return None
-        with open(spec.origin, encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("__version__"):
-                    v = line.split("=", 1)[1].strip().strip("\"'")
-                    return v or None
+        return read(spec.origin)
     except (OSError, ImportError, ValueError, IndexError):
         return None
-    return None
-
-
-def _runtime_line(runtime: Dict[str, str]) -> str:
-    """A runtime as the ready index writes it: ``lib=version`` pairs, sorted, comma-joined."""
-    return ",".join("%s=%s" % (k, runtime[k]) for k in sorted(runtime))
 
 
 def _from_index(socket_path: str, model: str, runtime: Optional[Dict[str, str]] = None) -> Optional[Artifact]:
