@@ -345,6 +345,29 @@ fn copied_moved_and_renamed_models_each_become_ready_once_and_serve_inference() 
         assert_eq!(art.metadata.inputs[0].name, "x");
         let mut s = artifact_session(&art);
         assert_close(&run_encoder(&mut s, seq), &reference(&original, seq), name);
+        // The artifact names the runtime it was built with; a session in a process on
+        // another version is refused, never opened as if it matched.
+        let v = art.metadata.runtime.get("onnxruntime").cloned();
+        assert!(v.as_deref().is_some_and(|v| v.starts_with("1.")), "{v:?}");
+        // The version this process loaded, read from the library ort opened.
+        assert_eq!(trtcache_client::loaded_onnxruntime(), v);
+        let mut other = art;
+        other
+            .metadata
+            .runtime
+            .insert("onnxruntime".into(), "1.0.0".into());
+        let mut b = ort::session::Session::builder(ort_env()).unwrap();
+        let e = other
+            .session(&mut b)
+            .err()
+            .expect("a session for another runtime");
+        assert!(
+            matches!(
+                &e,
+                trtcache_client::SessionError::RuntimeMismatch { artifact, .. } if artifact == "1.0.0"
+            ),
+            "{e}"
+        );
     }
     assert_eq!(
         c.stats().unwrap().builds,

@@ -393,8 +393,10 @@ impl Client {
 
     /// The runtime this client's acquires ask artifacts for when a request names none
     /// ([`AcquireRequest::runtime`]): e.g. `Runtime::onnxruntime("1.31.1")`, or, with the
-    /// `ort` feature once ort is initialized, `Runtime::from_ort_info(ort::info())`. `None`
-    /// (the default): the daemon's current runtime.
+    /// `ort` feature once ort is initialized, the library ort loaded:
+    /// `trtcache_client::loaded_onnxruntime().map(Runtime::onnxruntime)`. `None` (the
+    /// default): the daemon's current runtime. Either way, [`Artifact::session`] refuses an
+    /// artifact built for another version than the loaded one.
     pub fn set_runtime(&mut self, runtime: Option<crate::protocol::Runtime>) {
         self.runtime = runtime;
     }

@@ -37,7 +37,7 @@ pub use protocol::{
     Response, SessionHints, Stats, VariantState, WatchEvent, WatchReason, PROTOCOL_VERSION,
 };
 #[cfg(feature = "ort")]
-pub use session::{SessionError, SessionFollower};
+pub use session::{loaded_onnxruntime, SessionError, SessionFollower};
 pub use watch::{FollowError, Follower, Loaded, WatchCloser, Watcher};
 
 /// The README's example, compiled as a doc test.

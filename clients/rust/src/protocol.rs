@@ -149,7 +149,7 @@ pub struct AcquireRequest {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Runtime {
     /// ONNX Runtime's version, e.g. `1.31.1` (`onnxruntime.__version__`; Rust: the loaded
-    /// library's, [`Runtime::from_ort_info`]).
+    /// library's, `session::loaded_onnxruntime` with the `ort` feature).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub onnxruntime: Option<String>,
     /// TensorRT's version, e.g. `10.16.0` (`trt` artifacts).
@@ -164,18 +164,6 @@ impl Runtime {
             onnxruntime: Some(version.into()),
             tensorrt: None,
         }
-    }
-
-    /// The ONNX Runtime version in ONNX Runtime's build-info string (`ort::info()`:
-    /// `ORT Build Info: git-branch=rel-1.31.1, …`), if it names one.
-    pub fn from_ort_info(info: &str) -> Option<Self> {
-        let v = info.split("git-branch=rel-").nth(1)?;
-        let v: String = v
-            .chars()
-            .take_while(|c| c.is_ascii_digit() || *c == '.')
-            .collect();
-        let v = v.trim_end_matches('.');
-        (v.split('.').count() >= 2 && !v.is_empty()).then(|| Self::onnxruntime(v))
     }
 
     /// Whether an artifact built with library `versions` (its key's backend versions, e.g.
@@ -1041,20 +1029,6 @@ mod runtime_tests {
         v.insert("tensorrt".into(), "10.16.0".into());
         assert!(trt.matches(&v));
         assert_eq!(trt.describe(), "onnxruntime 1.31.1, tensorrt 10.16.0");
-    }
-
-    #[test]
-    fn the_version_comes_from_ort_build_info() {
-        let info = "ORT Build Info: git-branch=rel-1.31.1, git-commit-id=abc, build type=Release";
-        assert_eq!(
-            Runtime::from_ort_info(info),
-            Some(Runtime::onnxruntime("1.31.1"))
-        );
-        assert_eq!(
-            Runtime::from_ort_info("ORT Build Info: git-branch=main"),
-            None
-        );
-        assert_eq!(Runtime::from_ort_info("git-branch=rel-1."), None);
     }
 
     #[test]

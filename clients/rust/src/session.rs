@@ -31,6 +31,15 @@ pub enum SessionError {
     BadName(String),
     /// ONNX Runtime refused the model.
     Ort(String),
+    /// The artifact was built for another ONNX Runtime than the one this process loaded
+    /// (its metadata's `runtime`); acquire with [`crate::Client::set_runtime`] to get the one
+    /// built for this version.
+    RuntimeMismatch {
+        /// The version the artifact was built and validated with.
+        artifact: String,
+        /// The version this process loaded.
+        loaded: String,
+    },
 }
 
 impl std::fmt::Display for SessionError {
@@ -41,6 +50,10 @@ impl std::fmt::Display for SessionError {
                 write!(f, "external data name `{n}` is not a relative path")
             }
             SessionError::Ort(e) => write!(f, "ONNX Runtime: {e}"),
+            SessionError::RuntimeMismatch { artifact, loaded } => write!(
+                f,
+                "the artifact was built for onnxruntime {artifact}, this process loaded {loaded}: acquire it with Client::set_runtime(Some(Runtime::onnxruntime(\"{loaded}\")))"
+            ),
         }
     }
 }
@@ -165,6 +178,7 @@ impl Artifact {
     /// fastest session from a profile that fixes it (a sidecar profile with `opt` alone, or
     /// min = max: docs/cache.md), whose artifact has static shapes.
     pub fn session(&self, builder: &mut SessionBuilder) -> Result<Session, SessionError> {
+        self.same_runtime()?;
         self.session_settings(builder);
         if let Some(graph) = self.dir_graph_path() {
             // A failure here (say the blob was garbage-collected in between) falls back to
@@ -186,6 +200,7 @@ impl Artifact {
         &self,
         builder: &mut SessionBuilder,
     ) -> Result<Session, SessionError> {
+        self.same_runtime()?;
         self.session_settings(builder);
         let procs = self.proc_paths();
         if self.files.len() == 1 {
@@ -280,5 +295,49 @@ impl Follower<std::sync::Mutex<Session>> {
             let mut b = builder().map_err(|e| SessionError::Ort(e.to_string()))?;
             a.session(&mut b).map(std::sync::Mutex::new)
         })
+    }
+}
+
+/// The version of the ONNX Runtime library ort loaded in this process, from the library's
+/// file name (`libonnxruntime.so.1.31.1`, a link followed), found by `dladdr` on ort's API
+/// table, which lives in that library (the PyPI wheels' build-info string carries no
+/// version). `None` when it cannot be told. Call it once ort is initialized: it uses
+/// `ort::api()`.
+pub fn loaded_onnxruntime() -> Option<String> {
+    use std::os::unix::ffi::OsStrExt;
+    let api: *const ort::sys::OrtApi = ort::api();
+    // SAFETY: an all-zero Dl_info is a valid value (null pointers), written by dladdr.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr only reads the address's mapping; `info` is written before it is read.
+    if unsafe { libc::dladdr(api.cast(), &mut info) } == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: dladdr returned a NUL-terminated path that lives as long as the mapping.
+    let path = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
+    let path = std::path::Path::new(std::ffi::OsStr::from_bytes(path.to_bytes()));
+    let from_name = |p: &std::path::Path| {
+        let name = p.file_name()?.to_str()?;
+        let v = name.strip_prefix("libonnxruntime.so.")?;
+        (v.split('.').count() >= 2 && v.split('.').all(|x| x.parse::<u32>().is_ok()))
+            .then(|| v.to_string())
+    };
+    from_name(path).or_else(|| from_name(&std::fs::canonicalize(path).ok()?))
+}
+
+impl crate::Artifact {
+    /// Refuses an artifact whose metadata names another ONNX Runtime version than the one
+    /// ort loaded in this process (`ort::info()`; a builder exists, so ort is initialized).
+    /// Metadata without a runtime (an older daemon) passes.
+    fn same_runtime(&self) -> Result<(), SessionError> {
+        let Some(want) = self.metadata.runtime.get("onnxruntime") else {
+            return Ok(());
+        };
+        match loaded_onnxruntime() {
+            Some(v) if v != *want => Err(SessionError::RuntimeMismatch {
+                artifact: want.clone(),
+                loaded: v,
+            }),
+            _ => Ok(()),
+        }
     }
 }
