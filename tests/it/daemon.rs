@@ -357,10 +357,9 @@ fn copied_moved_and_renamed_models_each_become_ready_once_and_serve_inference() 
             .runtime
             .insert("onnxruntime".into(), "1.0.0".into());
         let mut b = ort::session::Session::builder(ort_env()).unwrap();
-        let e = other
-            .session(&mut b)
-            .err()
-            .expect("a session for another runtime");
+        let Err(e) = other.session(&mut b) else {
+            panic!("a session for another runtime");
+        };
         assert!(
             matches!(
                 &e,
