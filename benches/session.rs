@@ -18,7 +18,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ort::session::builder::GraphOptimizationLevel;
-use trtcache::build::{cpu, runtime, BuildJob, Builder, OptLevel};
+use trtcache::builder::ort::open_raw;
+use trtcache::builder::{runtime, BuildJob, Builder, OptLevel, Progress};
 use trtcache::cache::{SledStore, StoreOptions};
 use trtcache::fixtures::{bert, models, write, write_external};
 use trtcache::onnx::proto::ModelProto;
@@ -211,7 +212,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             req.options.threads = threads;
             req.options.profile = profile.clone();
             req.options.opt_level = *level;
-            let quiet = |_: &str| {};
+            let quiet = |_: &Progress| {};
             let out = builder.build(&req, &quiet)?;
             let served = out
                 .served
@@ -220,21 +221,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let nodes_raw = node_count(&trtcache::onnx::Model::load(path)?.proto);
             let nodes_art = node_count(&trtcache::onnx::Model::load(entry)?.proto);
             let opts = req.options.clone();
-            let backend = trtcache::build::backend(trtcache::spec::Backend::OrtCpu);
+            let backend = trtcache::builder::backend(trtcache::spec::Backend::OrtCpu);
             // Warm the page cache and ORT's lazy init once for both.
-            drop(cpu::open_raw(
-                rt,
-                path,
-                GraphOptimizationLevel::All,
-                threads,
-            )?);
+            drop(open_raw(rt, path, GraphOptimizationLevel::All, threads)?);
             drop(backend.open(rt, entry, &opts)?);
             let mut raw = Vec::new();
             let mut cached = Vec::new();
             for _ in 0..runs {
                 raw.push(time_ms(&mut || {
                     drop(
-                        cpu::open_raw(rt, path, GraphOptimizationLevel::All, threads)
+                        open_raw(rt, path, GraphOptimizationLevel::All, threads)
                             .expect("raw session"),
                     )
                 }));

@@ -134,7 +134,7 @@ fn content(kind: Kind, seed: u64) -> trtcache::onnx::proto::ModelProto {
 
 fn ort_env() -> &'static ort::environment::Environment {
     let lib = std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from);
-    &trtcache::build::runtime::load(lib.as_deref())
+    &trtcache::builder::runtime::load(lib.as_deref())
         .expect("loading ONNX Runtime (set ORT_DYLIB_PATH)")
         .env
 }

@@ -43,13 +43,13 @@ pub fn onnx_inspect(data: &[u8]) {
     if let Ok(model) = Model::from_bytes("/nonexistent/fuzz.onnx", bytes) {
         let _ = facts(&model, &crate::cli::opset_bounds(table()));
         let _ = analyse(&model, &Options::default());
-        if let Some(r) = crate::build::rewrite::apply(&model.proto) {
+        if let Some(r) = crate::builder::backends::ort_cpu::passes::apply(&model.proto) {
             assert!(
                 !reads_defined(&model.proto) || reads_defined(&r.model),
                 "a rewrite reads a name nothing defines"
             );
         }
-        if let Some(e) = crate::build::rewrite::exact_reference(&model.proto) {
+        if let Some(e) = crate::builder::backends::ort_cpu::passes::exact_reference(&model.proto) {
             assert!(!reads_defined(&model.proto) || reads_defined(&e));
         }
     }

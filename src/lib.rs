@@ -2,11 +2,11 @@
 //!
 //! One module per stage of the data flow (see `docs/architecture.md`):
 //! [`onnx`] loads models zero-copy; `analysis` decides what TensorRT, CUDA and CPU take;
-//! `key` derives content keys; `build` runs backends; `cache` stores artifacts; `daemon`
+//! `key` derives content keys; `builder` runs backends; `cache` stores artifacts; `daemon`
 //! serves them. [`cli`] is the command-line surface over all of it.
 
 pub mod analysis;
-pub mod build;
+pub mod builder;
 pub mod cache;
 pub mod cli;
 pub mod config;

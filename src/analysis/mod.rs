@@ -119,7 +119,7 @@ pub fn analyse_full<'m>(model: &'m Model, opts: &Options) -> Result<Analysis<'m>
     let cuda = CudaTable::bundled();
     let opset = model.opset("").unwrap_or(0);
     let mut g = Graph::new(model.graph());
-    // As `build` runs them (build::cpu::initializers_as_constants): weights, not inputs.
+    // As `build` runs them (builder::backends::ort_cpu::initializers_as_constants): weights, not inputs.
     g.initializer_inputs_are_constants = model.proto.ir_version < 4;
     let preds = preds(&g);
     let (order, cyclic) = order_from_preds(&preds);

@@ -100,12 +100,12 @@ pub struct ValidationReport {
     /// Consumers are told to skip prepacking when it buys their runs nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prepack: Option<PrepackProbe>,
-    /// `ort-cpu`: the graph rewrites the artifact has (`build::rewrite`), one line each.
+    /// `ort-cpu`: the graph rewrites the artifact has (`builder::backends::ort_cpu::passes`), one line each.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rewrites: Vec<String>,
     /// What the artifact was compared with when it was not the model as given: a rewritten
     /// artifact over tolerance against ONNX Runtime's run of the model is compared with the
-    /// model whose rewritten ops compute in float64 (`build::rewrite::exact_reference`).
+    /// model whose rewritten ops compute in float64 (`builder::backends::ort_cpu::passes::exact_reference`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reference: Option<String>,
 }
@@ -121,8 +121,8 @@ pub struct ThreadProbe {
     pub default_us: f64,
     /// Fastest run, in microseconds, on one thread.
     pub single_us: f64,
-    /// Runs timed each way (9 to 50 while 100 ms last: `PROBE_MAX_RUNS`; always 9 in older
-    /// records).
+    /// Runs timed each way (9 to 50 while 100 ms last: `builder::validate::PROBE_MAX_RUNS`;
+    /// always 9 in older records).
     pub runs: u32,
     /// One thread suits the artifact ([`ThreadProbe::single_suits`], and at the scaled
     /// inputs too when [`ThreadProbe::scaled`] was needed): consumers are told
@@ -207,7 +207,7 @@ pub struct PrepackProbe {
     pub run_us: f64,
     /// Fastest run, in microseconds, without prepacking.
     pub unpacked_run_us: f64,
-    /// Runs timed each way (9 to 50: `build::validate::PROBE_MAX_RUNS`).
+    /// Runs timed each way (9 to 50: `builder::validate::PROBE_MAX_RUNS`).
     pub runs: u32,
     /// Fastest runs (with prepacking, without) of a second pair of fresh sessions, timed
     /// only when the first pair's favour skipping prepacking, which then needs both pairs'
@@ -313,7 +313,7 @@ pub struct StagedArtifact {
     pub entry: String,
     /// Every file name, `entry` included.
     pub files: Vec<String>,
-    /// `ort-cpu`: the graph rewrites applied before optimizing (`build::rewrite`), one line
+    /// `ort-cpu`: the graph rewrites applied before optimizing (`builder::backends::ort_cpu::passes`), one line
     /// each; empty when none applied.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rewrites: Vec<String>,

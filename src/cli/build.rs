@@ -13,8 +13,10 @@ use serde::Serialize;
 
 use super::cache::{open_store, CacheArgs};
 use super::output::{human_bytes, table, Style};
-use crate::build::validate::{Tolerance, ValidationConfig};
-use crate::build::{runtime, BuildJob, BuildOptions, BuildOutcome, Builder, OptLevel, Source};
+use crate::builder::validate::{Tolerance, ValidationConfig};
+use crate::builder::{
+    runtime, BuildJob, BuildOptions, BuildOutcome, Builder, OptLevel, Progress, Source,
+};
 use crate::cache::DIGEST_MEMO;
 use crate::onnx::Model;
 use crate::plan::{resolve, ModelInputs, Plan, ProfileArgs};
@@ -184,7 +186,7 @@ pub struct BuildArgs {
     /// milliseconds; consumers are told to use one thread when it runs no slower there
     /// and, for inputs the default search sized, also with the batch 256 times larger (the record's `validation.threads`, the acquire's `session_hints`). 0: never.
     /// Only with --threads 0 (the daemon's `limits.thread_probe_max_run_ms`)
-    #[arg(long, value_name = "MS", default_value_t = crate::build::validate::DEFAULT_THREAD_PROBE_MAX_RUN_MS)]
+    #[arg(long, value_name = "MS", default_value_t = crate::builder::validate::DEFAULT_THREAD_PROBE_MAX_RUN_MS)]
     pub thread_probe_max_run_ms: u64,
     /// ort-cpu: after the thread probe, time the artifact's sessions and runs with its
     /// weights prepacked and without when its first validation run took at most this many
@@ -193,7 +195,7 @@ pub struct BuildArgs {
     /// passes validation too (the record's `validation.prepack`, the acquire's
     /// `session_hints`). 0: never. Only with
     /// --threads 0 (the daemon's `limits.prepack_probe_max_run_ms`)
-    #[arg(long, value_name = "MS", default_value_t = crate::build::validate::DEFAULT_PREPACK_PROBE_MAX_RUN_MS)]
+    #[arg(long, value_name = "MS", default_value_t = crate::builder::validate::DEFAULT_PREPACK_PROBE_MAX_RUN_MS)]
     pub prepack_probe_max_run_ms: u64,
     /// Rebuild even when the cache has an entry (also retries a failed one).
     #[arg(long)]
@@ -344,7 +346,7 @@ pub fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
     if let Some(max) = max_bytes {
         builder = builder.with_size_limit(max);
     }
-    let progress = |step: &str| eprintln!("trtcache: {step}");
+    let progress = |step: &Progress| eprintln!("trtcache: {step}");
     let outcome = builder
         .build(&req, &progress)
         .with_context(|| format!("building {} with {backend}", a.model.display()))?;
@@ -483,7 +485,7 @@ fn render(o: &BuildOutcome, ort: Option<&str>, dir: &std::path::Path, st: Style)
             out.push_str(&format!(
                 "{} {}\n",
                 st.warn("warning:"),
-                crate::build::validate::non_finite_warning(e)
+                crate::builder::validate::non_finite_warning(e)
             ));
         }
     }

@@ -119,7 +119,10 @@ pub fn run(a: InspectArgs) -> anyhow::Result<ExitCode> {
                     crate::config::DEVICE_ENV
                 )
             })?;
-        Some((crate::build::trt::shim().context("inspect --trt")?, device))
+        Some((
+            crate::builder::backends::trt::shim().context("inspect --trt")?,
+            device,
+        ))
     } else {
         None
     };

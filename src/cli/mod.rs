@@ -183,7 +183,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Status(a) => warm::status(a),
         Command::Health(a) => health::health(a),
         Command::Worker => Ok(ExitCode::from(
-            u8::try_from(crate::build::worker::serve_one()).unwrap_or(2),
+            u8::try_from(crate::builder::worker::serve_one()).unwrap_or(2),
         )),
         Command::Keygen(a) => remote::keygen(a),
         Command::Push(a) => remote::push(a),

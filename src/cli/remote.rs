@@ -14,7 +14,7 @@ use serde::Serialize;
 use super::build::BuildArgs;
 use super::cache::{open_store, CacheArgs};
 use super::output::{human_bytes, table};
-use crate::build::{runtime, Builder};
+use crate::builder::{runtime, Builder};
 use crate::cache::{Lookup, Store, DIGEST_MEMO};
 use crate::config::{Config, Overrides};
 use crate::key::CacheKey;
@@ -278,7 +278,7 @@ pub fn pull(a: PullArgs) -> anyhow::Result<ExitCode> {
     let b = &a.build;
     let (req, max_bytes) = super::build::request(b)?;
     let rt = runtime::load(b.ort_library.as_deref()).map_err(anyhow::Error::new)?;
-    let backend = crate::build::backend(req.backend);
+    let backend = crate::builder::backend(req.backend);
     backend.check(rt).map_err(anyhow::Error::new)?;
     let (store, dir) = open_store(&b.cache, max_bytes)?;
     let builder = Builder::new(Arc::new(store), b.ort_library.clone())

@@ -73,7 +73,7 @@ pub struct Config {
     /// (faster session creation). Part of the cache key, as `trtcache build
     /// --external-min-size`; the default matches it.
     pub external_min_bytes: u64,
-    /// `ort-cpu` artifacts: apply the build's graph rewrites (`build::rewrite`: an op ONNX
+    /// `ort-cpu` artifacts: apply the build's graph rewrites (`builder::backends::ort_cpu::passes`: an op ONNX
     /// Runtime's CPU provider runs slowly replaced by the same computation in ops it runs
     /// well). A model's sidecar `rewrite = false` turns them off for that model; this, for
     /// every model. Part of the cache key, as `trtcache build --no-rewrite`.
@@ -318,9 +318,9 @@ impl Default for Limits {
             worker_cpu_secs: 0,
             worker_kill_retries: 2,
             validation_max_bytes: 2 << 30,
-            // build::validate::DEFAULT_THREAD_PROBE_MAX_RUN_MS (config is below build).
+            // builder::validate::DEFAULT_THREAD_PROBE_MAX_RUN_MS (config is below build).
             thread_probe_max_run_ms: 10,
-            // build::validate::DEFAULT_PREPACK_PROBE_MAX_RUN_MS.
+            // builder::validate::DEFAULT_PREPACK_PROBE_MAX_RUN_MS.
             prepack_probe_max_run_ms: 50,
             max_watchers: 256,
             watch_queue: 256,

@@ -125,7 +125,7 @@ pub struct Sidecar {
     /// `ort-cpu`: whether a profile's fixed dimensions are baked into the artifact (`None`:
     /// the command's default, yes).
     pub specialize: Option<bool>,
-    /// `ort-cpu`: whether the build applies its graph rewrites (`build::rewrite`; `None`:
+    /// `ort-cpu`: whether the build applies its graph rewrites (`builder::backends::ort_cpu::passes`; `None`:
     /// the command's default, yes).
     pub rewrite: Option<bool>,
     /// Profiles by name, unvalidated (validation needs the model: [`super::validate_profile`]).

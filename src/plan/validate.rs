@@ -257,7 +257,7 @@ pub fn validate_profile(
 
 /// The first shape set a validation run tries for every tensor input: the profile's opt
 /// shape, else the model's dims with every dynamic axis set to 1. When the original model
-/// refuses it, validation searches further (`build::validate`: shared symbol values,
+/// refuses it, validation searches further (`builder::validate`: shared symbol values,
 /// `past + sequence` expressions, growing sizes); the shapes it used are in the record.
 pub fn concrete_shapes(
     inputs: &ModelInputs,

@@ -6,7 +6,7 @@
 //! Data enters as ONNX bytes (plus the external-data folder) and build options; it leaves as
 //! a serialized engine, its metadata, key contributions for [`crate::key::KeyParts`] and
 //! files on disk. The `trt` backend that runs a build and validates it is
-//! `crate::build::trt`; this module imports neither `build` nor `key` (the key stage asks it
+//! `crate::builder::backends::trt`; this module imports neither `builder` nor `key` (the key stage asks it
 //! for the loaded TensorRT's version). Nothing here links TensorRT: [`Trt::load`] opens `libtrtcache_trt.so` (built
 //! from `shim/trtcache_trt.cpp` on a host with TensorRT) at run time, so one binary runs with
 //! and without TensorRT, and without it [`Trt::load`] says exactly what is missing.

@@ -236,7 +236,7 @@ impl Drop for Daemon {
 /// The test process's ONNX Runtime: one environment per process, shared with the other
 /// modules that load it through the build stage.
 pub(crate) fn ort_env() -> &'static ort::environment::Environment {
-    &trtcache::build::runtime::load(Some(&support::ort_dylib()))
+    &trtcache::builder::runtime::load(Some(&support::ort_dylib()))
         .expect("loading ONNX Runtime")
         .env
 }

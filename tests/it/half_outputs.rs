@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::Value;
-use trtcache::build::{runtime, BuildJob, Builder};
+use trtcache::builder::{runtime, BuildJob, Builder};
 use trtcache::cache::{SledStore, Status, StoreOptions};
 use trtcache::fixtures::{models, write};
 use trtcache::spec::Backend;

@@ -537,7 +537,7 @@ fn human_output_lists_the_parts() {
 /// included, whose keys cannot be computed through the binary on a host without a GPU).
 #[test]
 fn key_options_are_pinned_for_every_backend() {
-    use trtcache::build::{BuildOptions, OptLevel};
+    use trtcache::builder::{BuildOptions, OptLevel};
     use trtcache::spec::{Backend, Precision};
     let base = BuildOptions {
         device_id: 0,

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use super::super::build_cache::BuildCacheError;
 use super::store_err;
-use crate::build::{Builder, WorkerLimits};
+use crate::builder::{Builder, WorkerLimits};
 use crate::cache::{SledStore, Store, StoreOptions};
 
 /// How soon a failed reopen is tried again (each try logs).

@@ -1,7 +1,7 @@
 //! `DiskBuildCache`: the daemon's [`BuildCache`] over the build and cache stages. Keys come from
-//! [`Builder::key_parts`](crate::build::Builder::key_parts) (the code path of `trtcache key`
+//! [`Builder::key_parts`](crate::builder::Builder::key_parts) (the code path of `trtcache key`
 //! and `trtcache build`, so the three agree for the same model, sidecar and options), builds
-//! from [`Builder::build_watched`](crate::build::Builder::build_watched) (build, validate
+//! from [`Builder::build_watched`](crate::builder::Builder::build_watched) (build, validate
 //! against the original model, store), lookups from the
 //! [`SledStore`](crate::cache::SledStore) with its cheap integrity checks (a failed,
 //! quarantined or incomplete entry is never served).
@@ -28,7 +28,7 @@ use trtcache_client::protocol::{
 };
 
 use super::build_cache::*;
-use crate::build::{runtime, BuildError, BuildJob, BuildOptions, Watch};
+use crate::builder::{runtime, BuildError, BuildJob, BuildOptions, Progress, Watch};
 use crate::cache::{Lookup, Record, Served, Status, Store, StoreError};
 use crate::key::memo::FileId;
 use crate::onnx::facts::{elem_type_of, shape_of, Dim};
@@ -697,15 +697,12 @@ impl DiskBuildCache {
         // Polled while the worker runs and right before the store: a build whose cache
         // folder went stops and stores nothing (`build` builds it again in the fresh one).
         let cancelled = || cancel.is_cancelled() || !self.cache.intact(o);
-        let step = |s: &str| {
-            if s.starts_with("validating") {
-                progress(BuildPhase::Validating);
-            } else if s == "storing" {
-                progress(BuildPhase::Storing);
-            } else if s.starts_with("over tolerance") {
-                // Built again one optimization level lower (`Builder`'s fall-back).
-                progress(BuildPhase::Building);
-            }
+        let step = |p: &Progress| match p {
+            Progress::Validating => progress(BuildPhase::Validating),
+            Progress::Storing => progress(BuildPhase::Storing),
+            // Built again after validation refused it (the backend's fall-back ladder).
+            Progress::Retrying(f) if f.over_tolerance() => progress(BuildPhase::Building),
+            _ => {}
         };
         // The copy's key must be the planned one (else: Changed, nothing stored); past that
         // check, a failure belongs to the content the key names and is memoised.
@@ -759,7 +756,7 @@ impl DiskBuildCache {
 }
 
 impl DiskBuildCache {
-    /// [`Builder::build_watched`](crate::build::Builder::build_watched), tried again (at most `limits.worker_kill_retries` times)
+    /// [`Builder::build_watched`](crate::builder::Builder::build_watched), tried again (at most `limits.worker_kill_retries` times)
     /// when its worker was killed by a SIGKILL the daemon did not send: the kernel's OOM
     /// killer under host pressure or an admin says nothing about the model the first time.
     /// A worker killed on every try fails the model, saying how often.
@@ -768,10 +765,10 @@ impl DiskBuildCache {
         o: &Opened,
         planned: &Planned,
         req: &BuildJob,
-        step: &dyn Fn(&str),
+        step: &dyn Fn(&Progress),
         watch: Watch,
         progress: &dyn Fn(BuildPhase),
-    ) -> Result<crate::build::BuildOutcome, BuildError> {
+    ) -> Result<crate::builder::BuildOutcome, BuildError> {
         let mut kills = 0u32;
         loop {
             match o.snap_builder.build_watched(req, step, watch) {

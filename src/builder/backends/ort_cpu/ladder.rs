@@ -1,0 +1,63 @@
+//! The `ort-cpu` fallback ladder: what a failed attempt is built again without.
+//!
+//! ONNX Runtime can crash on an artifact where it runs the model (1.31 segfaults running
+//! ppocrv5_rec's conv-affine artifact with its prepacked weights saved, and runs it without
+//! them): the worker's death costs the saved prepacked weights first (memory shared between
+//! consumers, no speed), then the thread and prepack probes (sessions the consumers' defaults
+//! would open some other way: an optimization, never worth the artifact), then the graph
+//! passes, never the artifact. A rewritten artifact over tolerance (against the model and
+//! against its exact reference) is built again without the passes first; then, like every
+//! ONNX Runtime backend, one optimization level lower ([`levels`]). The key stays the one
+//! asked for.
+
+use crate::builder::backends::backend::{Failure, Retry};
+use crate::builder::backends::levels;
+use crate::builder::job::BuildJob;
+use crate::builder::validate::ValidationConfig;
+use crate::builder::Fallback;
+
+/// The next attempt of `job` after `failure` (see the module's ladder).
+pub(super) fn next_attempt(job: &mut BuildJob, failure: &Failure) -> Option<Retry> {
+    match failure {
+        Failure::Crashed(why) => {
+            if !(job.options.prepack || probes(&job.validation) || job.options.rewrite) {
+                return None;
+            }
+            let what = if job.options.prepack {
+                job.options.prepack = false;
+                "prepack"
+            } else if probes(&job.validation) {
+                job.validation.thread_probe_max_run_ms = 0;
+                job.validation.prepack_probe_max_run_ms = 0;
+                "probes"
+            } else {
+                job.options.rewrite = false;
+                "rewrites"
+            };
+            tracing::warn!(%why, what, "the build worker died; building again without {what}");
+            Some(Retry {
+                fallback: Fallback::WorkerDied {
+                    without: what.into(),
+                },
+                rejected: format!("{what}: {why}"),
+            })
+        }
+        Failure::OverTolerance(built) if !built.artifact.rewrites.is_empty() => {
+            let worst = built.validation.worst();
+            tracing::warn!(%worst, "rewritten artifact over tolerance; building it again without rewrites");
+            job.options.rewrite = false;
+            Some(Retry {
+                fallback: Fallback::WithoutRewrites,
+                rejected: format!("rewrites: {worst}"),
+            })
+        }
+        Failure::OverTolerance(built) => {
+            levels::lower(job.options.opt_level, built, |l| job.options.opt_level = l)
+        }
+    }
+}
+
+/// Whether a build times the thread or the prepack probe.
+fn probes(v: &ValidationConfig) -> bool {
+    v.thread_probe_max_run_ms > 0 || v.prepack_probe_max_run_ms > 0
+}

@@ -1,0 +1,120 @@
+//! One validation: the reference session (the original model under ONNX Runtime CPU,
+//! optimizations disabled) finds the inputs ([`super::inputs`]) and its outputs on them, the
+//! candidate (the backend's runner) runs the artifact on the same inputs, and per output the
+//! max abs and rel error are recorded against tolerances that depend on the precision.
+//!
+//! Enters: a way to run the artifact, the original model path, the profile and
+//! [`ValidationConfig`]. Leaves: a [`ValidationReport`] (stored in the record; `passed == false`
+//! means the artifact is never served) or an error when the model cannot be run at all.
+//!
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::compare::{compare_out_at, non_finite_warning, UNBOUNDED};
+use super::config::ValidationConfig;
+use super::inputs::{reference_inputs, Inputs};
+use super::run::Outs;
+use super::{OutputError, Tolerance, ValidationReport};
+use crate::builder::ort::{open_raw, Runtime};
+use crate::builder::BuildError;
+use crate::plan::{Precision, ShapeProfile};
+
+/// Validates a candidate (`candidate` runs the artifact on the inputs the reference accepted
+/// and returns its outputs by name) against `model` run on ONNX Runtime CPU with
+/// optimizations disabled; also returns the inputs it validated on, once the reference session
+/// is closed (its threads gone, so timing the candidate on them competes with nothing), and
+/// the reference's outputs on them (another run of the artifact is checked against those
+/// with [`compare_outputs`], without the reference again).
+pub(crate) fn validate_keeping_inputs(
+    rt: &Runtime,
+    model: &Path,
+    profile: Option<&ShapeProfile>,
+    precision: Precision,
+    cfg: &ValidationConfig,
+    threads: usize,
+    candidate: &mut dyn FnMut(&Inputs) -> Result<Outs, BuildError>,
+) -> Result<(ValidationReport, Inputs, Outs), BuildError> {
+    let mut reference = open_raw(
+        rt,
+        model,
+        ort::session::builder::GraphOptimizationLevel::Disable,
+        threads,
+    )?;
+    let (inputs, shapes, want) = reference_inputs(&mut reference, model, profile, cfg)?;
+    // Its intra-op threads spin a while after each run: gone before the candidate runs.
+    drop(reference);
+    let got = candidate(&inputs)?;
+    let tol = cfg
+        .tolerance
+        .unwrap_or_else(|| Tolerance::default_for(precision));
+    let outputs = compare_outputs(model, &want, &got, tol);
+    let report = ValidationReport {
+        passed: outputs.iter().all(|o| o.passed),
+        tolerance: tol,
+        seed: cfg.seed,
+        golden: cfg.golden.as_ref().map(|p| p.display().to_string()),
+        shapes,
+        outputs,
+        opt_level: None,
+        rejected: Vec::new(),
+        threads: None,
+        prepack: None,
+        rewrites: Vec::new(),
+        reference: None,
+    };
+    Ok((report, inputs, want))
+}
+
+/// Each of the reference's outputs (`want`) against the candidate's (`got`, by name; a
+/// missing one fails), within `tol`; float32/float64 outputs that are a Cast of a float16 or
+/// bfloat16 tensor in `model` are compared at that type's resolution
+/// ([`crate::onnx::resolution::half_outputs`]).
+pub(crate) fn compare_outputs(
+    model: &Path,
+    want: &Outs,
+    got: &Outs,
+    tol: Tolerance,
+) -> Vec<OutputError> {
+    let half = match crate::onnx::Model::load(model) {
+        Ok(m) => crate::onnx::resolution::half_outputs(m.graph()),
+        Err(e) => {
+            // The reference ran it, so it loads; if not, every output keeps its own type.
+            tracing::debug!(error = %e, "no output resolutions: the model does not load");
+            BTreeMap::new()
+        }
+    };
+    let mut outputs = Vec::new();
+    for (name, reference) in want {
+        let e = match got.iter().find(|(n, _)| n == name) {
+            Some((_, g)) => {
+                compare_out_at(name, reference, g, tol, half.get(name).map(String::as_str))
+            }
+            None => OutputError {
+                name: name.clone(),
+                elements: 0,
+                max_abs: UNBOUNDED,
+                max_rel: UNBOUNDED,
+                mismatched: 1,
+                passed: false,
+                non_finite: 0,
+                dtype: None,
+                rule: None,
+                max_ulps: None,
+            },
+        };
+        tracing::debug!(output = %name, dtype = ?e.dtype, max_abs = e.max_abs, max_rel = e.max_rel, max_ulps = ?e.max_ulps, passed = e.passed, "validated output");
+        if e.non_finite > 0 {
+            tracing::warn!(
+                model = %model.display(),
+                output = %name,
+                non_finite = e.non_finite,
+                elements = e.elements,
+                "{}",
+                non_finite_warning(&e)
+            );
+        }
+        outputs.push(e);
+    }
+    outputs
+}

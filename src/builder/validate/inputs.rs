@@ -1,0 +1,495 @@
+//! Validation inputs: a golden `.npz` when one is given. Otherwise seeded random values whose shapes
+//! come from a search that stops at the first set the *reference* (the original model under
+//! ONNX Runtime CPU, optimizations off) runs: the profile's opt shape for every input it
+//! names (binding its symbolic dimensions for the other inputs); one value per symbolic
+//! dimension name, shared by every input that uses it, with exporters' expressions such as
+//! `past_sequence + sequence` evaluated from their parts; every dimension 1 first, then cache
+//! lengths (`past*`) 0, then the sizes of [`SEARCH_SIZES`] for every non-batch dimension
+//! (batch stays 1). When no candidate runs, the error names the inputs and axes, gives ONNX
+//! Runtime's message and says what to add (a profile or golden inputs). Floats are uniform in
+//! [-1, 1), integers uniform in `int_range` (default [0, 2), safe for ids, masks and
+//! indices), bools fair coins, strings the decimals of such integers; every element type
+//! ONNX Runtime runs is read back and compared ([`super::values`]): floats with the tolerance
+//! (float16/bfloat16 outputs also within steps of their own type at the output's scale:
+//! [`super::compare::compare_as`]), integers, bools and strings exactly, maps key by key, sequences item by
+//! item.
+//!
+//! Enters: the reference session, the model path, the profile and the [`ValidationConfig`].
+//! Leaves: the inputs, their shapes and the reference's outputs on them, or a
+//! [`ValidateError::Invalid`] naming the inputs and axes tried.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use ort::session::Session;
+use ort::value::{DynValue, TensorElementType, ValueType};
+
+use super::config::{ValidationConfig, THREAD_PROBE_SCALE, THREAD_PROBE_SCALED_MAX_BYTES};
+use super::error::ValidateError;
+use super::run::{bad, run, Outs};
+use super::search::{
+    batch_leaves, candidates, leaves, shape_under, tensor_of, unnamed, Axis, Candidate,
+    MAX_CANDIDATES, SEARCH_SIZES,
+};
+use super::values;
+use super::vocab;
+use crate::plan::ShapeProfile;
+use crate::rng::SplitMix64;
+
+/// Bytes one random input of type `vt` and `dims` takes, with checked arithmetic (`None`:
+/// the element count overflows). Strings are counted at 16 bytes an element.
+fn input_bytes(vt: &ValueType, dims: &[i64]) -> Option<u64> {
+    let n = dims
+        .iter()
+        .try_fold(1u64, |a, &d| a.checked_mul(u64::try_from(d.max(0)).ok()?))?;
+    match vt {
+        ValueType::Tensor { ty, .. } => n.checked_mul(ty.byte_size(1).unwrap_or(16) as u64),
+        ValueType::Optional(inner) => input_bytes(inner, dims),
+        ValueType::Sequence(inner) => input_bytes(inner, dims)?.checked_mul(2),
+        _ => Some(0),
+    }
+}
+
+/// Named input values, in the session's input order.
+pub type Inputs = Vec<(String, DynValue)>;
+/// Input name → concrete shape.
+pub type Shapes = BTreeMap<String, Vec<i64>>;
+/// Inputs from a golden `.npz`, one array per session input.
+fn golden_inputs(session: &Session, gpath: &Path) -> Result<(Inputs, Shapes), ValidateError> {
+    let arrays = super::golden::read_npz(gpath)?;
+    let mut values = Vec::new();
+    let mut shapes = BTreeMap::new();
+    for input in session.inputs() {
+        let name = input.name().to_string();
+        let a = arrays.get(&name).ok_or_else(|| {
+            bad(
+                gpath,
+                format!("has no array named `{name}` (the model's input)"),
+            )
+        })?;
+        let v = golden_value(a, input.dtype()).map_err(|w| bad(gpath, format!("`{name}`: {w}")))?;
+        shapes.insert(name.clone(), a.shape.clone());
+        values.push((name, v));
+    }
+    Ok((values, shapes))
+}
+
+/// A value from a golden array; its dtype must be the input's (a bfloat16 input also takes
+/// uint16 arrays of the raw bits).
+fn golden_value(a: &super::golden::GoldenArray, vt: &ValueType) -> Result<DynValue, String> {
+    use super::golden::GoldenData as G;
+    let ty = match vt {
+        ValueType::Tensor { ty, .. } => *ty,
+        ValueType::Optional(inner) => match inner.as_ref() {
+            ValueType::Tensor { ty, .. } => *ty,
+            other => {
+                return Err(format!(
+                    "the model input is {other}; golden arrays are tensors"
+                ))
+            }
+        },
+        other => {
+            return Err(format!(
+                "the model input is {other}; golden arrays are tensors"
+            ))
+        }
+    };
+    match (&a.data, ty) {
+        (G::Str(d), TensorElementType::String) => values::string_tensor(&a.shape, d.clone()),
+        (G::Raw { ty: have, bytes }, want)
+            if *have == want
+                || (*have == TensorElementType::Uint16 && want == TensorElementType::Bfloat16) =>
+        {
+            values::tensor_from_bytes(want, &a.shape, bytes)
+        }
+        (d, t) => Err(format!(
+            "array is {}, the model input is {}",
+            d.type_name(),
+            crate::onnx::ElemType::from_code(values::elem_code(t))
+        )),
+    }
+}
+
+/// Seeded random inputs for the session's inputs with `shapes`.
+pub(crate) fn random_inputs(
+    session: &Session,
+    model: &Path,
+    shapes: &Shapes,
+    cfg: &ValidationConfig,
+    known: &BTreeMap<String, vocab::Known>,
+) -> Result<Inputs, ValidateError> {
+    // The byte budget first, with checked arithmetic: a fixed float32[100000, 100000] input
+    // (40 GB) or a shape whose element count overflows is refused before any allocation.
+    let mut total: u64 = 0;
+    for input in session.inputs() {
+        let dims = shapes.get(input.name()).cloned().unwrap_or_default();
+        let what = format!("input `{}` {dims:?}", input.name());
+        total = input_bytes(input.dtype(), &dims)
+            .and_then(|b| total.checked_add(b))
+            .ok_or_else(|| {
+                ValidateError::Invalid(format!(
+                    "{what}: the element count overflows; give golden inputs (--golden or [golden] npz)"
+                ))
+            })?;
+        if total > cfg.max_input_bytes {
+            return Err(ValidateError::Invalid(format!(
+                "validation inputs need at least {total} bytes ({what}), over limits.validation_max_bytes ({}); give golden inputs, a smaller profile, or raise the limit",
+                cfg.max_input_bytes
+            )));
+        }
+    }
+    let mut rng = SplitMix64(cfg.seed);
+    let mut values = Vec::new();
+    for input in session.inputs() {
+        let name = input.name().to_string();
+        let dims = shapes.get(&name).cloned().unwrap_or_default();
+        // The values the graph names for the input (a one-hot column's categories) when
+        // it names any that suit its type, else random ones.
+        let from_graph = match (input.dtype(), known.get(&name)) {
+            (ValueType::Tensor { ty, .. }, Some(k)) => {
+                values::known_tensor(*ty, &dims, &mut rng, k)
+            }
+            _ => None,
+        };
+        let v = from_graph
+            .unwrap_or_else(|| values::random_value(input.dtype(), &dims, &mut rng, cfg.int_range))
+            .map_err(|w| bad(model, format!("input `{name}`: {w}")))?;
+        values.push((name, v));
+    }
+    Ok(values)
+}
+
+/// The validation's `shapes` with every batch dimension of the session's inputs
+/// ([`batch_leaves`]: named `batch…`, or the first axis of inputs of rank 2 or more)
+/// [`THREAD_PROBE_SCALE`] times its size: the thread probe's second timing, for validation
+/// inputs the default search found at the smallest sizes the model accepts. Only batch
+/// dimensions: a batch scales a model's work and memory linearly, where a sequence or an
+/// image side changes what it computes (and attention's memory grows with its square). The
+/// factor halves until the inputs fit in [`THREAD_PROBE_SCALED_MAX_BYTES`] and
+/// `cfg.max_input_bytes`. The values are made only when they are timed ([`random_inputs`]).
+///
+/// `Err` (why, for the record) when no input has a batch dimension, when no factor of 2 or
+/// more fits, or when a free dimension is not a batch (a sequence, an image side, an audio
+/// length): the search sized it at the smallest the model accepts (madmom_key_cnn's
+/// spectrogram at 1 × 1, where consumers feed 100 × 105), so neither timing says what a
+/// consumer's inputs cost, and one thread, no slower on a few elements, ran a real input
+/// twice as long on this project's two cores (and would run it up to a core count's times as
+/// long on a large host). Consumers then keep ONNX Runtime's pool; a profile or golden
+/// inputs make the probe time what they name instead.
+pub(crate) fn scaled_shapes(
+    session: &Session,
+    shapes: &Shapes,
+    cfg: &ValidationConfig,
+) -> Result<(i64, Shapes), String> {
+    let mut axes = Vec::new();
+    let mut tensors = Vec::new();
+    for input in session.inputs() {
+        let (Some(dims), Some((_, sig, symbols))) =
+            (shapes.get(input.name()), tensor_of(input.dtype()))
+        else {
+            continue;
+        };
+        for i in (0..dims.len()).filter(|&i| sig.get(i).is_some_and(|&d| d < 0)) {
+            axes.push(Axis {
+                input: input.name().to_string(),
+                axis: i,
+                rank: sig.len(),
+                symbol: symbols.get(i).cloned().unwrap_or_default(),
+            });
+        }
+        tensors.push((input.name(), input.dtype()));
+    }
+    let batch = batch_leaves(&axes);
+    let (on, off): (Vec<&Axis>, Vec<&Axis>) = axes.iter().partition(|a| {
+        let leaf = if a.symbol.is_empty() {
+            unnamed(a)
+        } else {
+            a.symbol.clone()
+        };
+        batch.contains(&leaf)
+    });
+    if let Some(a) = off.first() {
+        let size = shapes.get(&a.input).and_then(|d| d.get(a.axis)).copied();
+        let name = if a.symbol.is_empty() {
+            String::new()
+        } else {
+            format!(" (`{}`)", a.symbol)
+        };
+        return Err(format!(
+            "input `{}` axis {}{name} is free and not a batch: the size consumers feed is unknown (the search's {}), so one thread is not advised; a profile or golden inputs make the probe time what they name",
+            a.input,
+            a.axis,
+            size.map_or_else(|| "?".to_string(), |s| s.to_string())
+        ));
+    }
+    if on.is_empty() {
+        return Err("no batch dimension to scale up".into());
+    }
+    let cap = THREAD_PROBE_SCALED_MAX_BYTES.min(cfg.max_input_bytes);
+    let mut factor = THREAD_PROBE_SCALE;
+    while factor >= 2 {
+        let mut scaled = shapes.clone();
+        for a in &on {
+            if let Some(d) = scaled.get_mut(&a.input) {
+                d[a.axis] = d[a.axis].saturating_mul(factor);
+            }
+        }
+        let total = tensors.iter().try_fold(0u64, |t, (name, vt)| {
+            t.checked_add(input_bytes(vt, scaled.get(*name)?)?)
+        });
+        if total.is_some_and(|t| t <= cap) {
+            return Ok((factor, scaled));
+        }
+        factor /= 2;
+    }
+    Err("no batch dimension to scale up within the probe's byte budget".into())
+}
+
+/// Finds inputs the reference accepts and its outputs on them: the golden file when one is
+/// given, else the profile's opt shapes and the bounded search of [`candidates`].
+pub(super) fn reference_inputs(
+    reference: &mut Session,
+    model: &Path,
+    profile: Option<&ShapeProfile>,
+    cfg: &ValidationConfig,
+) -> Result<(Inputs, Shapes, Outs), ValidateError> {
+    if let Some(g) = &cfg.golden {
+        let (inputs, shapes) = golden_inputs(reference, g)?;
+        let want = run(reference, &inputs, model).map_err(|e| match e {
+            ValidateError::Ort { message, .. } => bad(
+                model,
+                format!(
+                    "the original model rejects the golden inputs in {}: {message}",
+                    g.display()
+                ),
+            ),
+            e => e,
+        })?;
+        return Ok((inputs, shapes, want));
+    }
+    let mut axes = Vec::new();
+    let mut sigs = Vec::new();
+    for input in reference.inputs() {
+        let name = input.name().to_string();
+        let Some((_, shape, symbols)) = tensor_of(input.dtype()) else {
+            // A map (DictVectorizer's features): no shape to search; `values::random_map`
+            // fills it with the keys the graph names.
+            sigs.push((name, Vec::new(), Vec::new(), None));
+            continue;
+        };
+        let from_profile = profile.and_then(|p| p.opt.get(&name)).cloned();
+        if from_profile.is_none() {
+            for (i, &d) in shape.iter().enumerate() {
+                if d < 0 {
+                    axes.push(Axis {
+                        input: name.clone(),
+                        axis: i,
+                        rank: shape.len(),
+                        symbol: symbols.get(i).cloned().unwrap_or_default(),
+                    });
+                }
+            }
+        }
+        sigs.push((name, shape, symbols, from_profile));
+    }
+    // The profile's opt shapes bind the plain symbols of the inputs they name, so other
+    // inputs sharing a symbol get the same size.
+    let mut bound = BTreeMap::new();
+    for (_, shape, symbols, opt) in &sigs {
+        let Some(opt) = opt else { continue };
+        for (i, &d) in shape.iter().enumerate() {
+            let sym = symbols.get(i).map(String::as_str).unwrap_or("");
+            if d < 0 && !sym.is_empty() && leaves(sym) == [sym.to_string()] {
+                if let Some(&v) = opt.get(i) {
+                    bound.entry(sym.to_string()).or_insert(v);
+                }
+            }
+        }
+    }
+    let facts = GraphFacts::read(model);
+    let cands = with_graph_pins(&facts, &axes, &bound);
+    let known = facts.known;
+    let mut tried: Vec<(String, String)> = Vec::new();
+    for c in &cands {
+        let mut shapes = BTreeMap::new();
+        let mut ok = true;
+        for (name, shape, symbols, opt) in &sigs {
+            let s = match opt {
+                Some(o) => Some(o.clone()),
+                None => shape_under(name, shape, symbols, &c.leaf),
+            };
+            match s {
+                Some(s) => {
+                    shapes.insert(name.clone(), s);
+                }
+                None => ok = false,
+            }
+        }
+        if !ok {
+            continue;
+        }
+        let inputs = random_inputs(reference, model, &shapes, cfg, &known)?;
+        match run(reference, &inputs, model) {
+            Ok(want) => {
+                if !tried.is_empty() {
+                    tracing::info!(shapes = ?shapes, candidate = %c.label, rejected = tried.len(), "validation inputs found by the default search");
+                }
+                return Ok((inputs, shapes, want));
+            }
+            Err(ValidateError::Ort { message, .. }) => {
+                tracing::debug!(candidate = %c.label, error = %message, "the original model rejects these inputs");
+                tried.push((c.label.clone(), message));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let dynamic: Vec<(String, Vec<i64>)> = sigs
+        .iter()
+        .filter(|(n, shape, _, opt)| opt.is_none() && shape.iter().any(|&d| d < 0) && !n.is_empty())
+        .map(|(n, shape, _, _)| (n.clone(), shape.clone()))
+        .collect();
+    Err(no_inputs(model, &axes, &dynamic, &tried))
+}
+
+/// What the graph itself says about its inputs, from one load of the model: the sizes its
+/// weights fix and the sizes its shapes record ([`super::pins`]), and the values it names
+/// ([`super::vocab`]). Empty when the model does not load (the reference's own error says
+/// why).
+#[derive(Default)]
+struct GraphFacts {
+    pins: BTreeMap<(String, usize), i64>,
+    recorded: Vec<i64>,
+    known: BTreeMap<String, vocab::Known>,
+}
+
+impl GraphFacts {
+    fn read(model: &Path) -> Self {
+        match crate::onnx::Model::load(model) {
+            Ok(m) => {
+                let g = m.graph();
+                GraphFacts {
+                    pins: super::pins::pins(g),
+                    recorded: super::pins::recorded(g),
+                    known: vocab::known(g),
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "no graph facts for the default inputs: the model does not load");
+                GraphFacts::default()
+            }
+        }
+    }
+}
+
+/// The default candidates, first with the sizes the graph's weights fix for free axes
+/// ([`super::pins`]: an LSTM's input size, a MatMul's inner dimension) bound in every one,
+/// then the plain search (in case a pin is wrong), at most [`MAX_CANDIDATES`] in all.
+fn with_graph_pins(
+    facts: &GraphFacts,
+    axes: &[Axis],
+    bound: &BTreeMap<String, i64>,
+) -> Vec<Candidate> {
+    let recorded = &facts.recorded;
+    let plain = candidates(axes, bound, recorded);
+    let pinned = super::pins::leaf_pins(&facts.pins, axes, bound);
+    if pinned.is_empty() {
+        return plain;
+    }
+    let what = pinned
+        .iter()
+        .map(|(l, v)| format!("{l} = {v}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    tracing::debug!(pins = %what, "sizes the graph's weights fix for free input axes");
+    let mut with = bound.clone();
+    with.extend(pinned);
+    let mut out: Vec<Candidate> = candidates(axes, &with, recorded)
+        .into_iter()
+        .map(|mut c| {
+            c.label = format!("{} (the weights fix {what})", c.label);
+            c
+        })
+        .collect();
+    for c in plain {
+        if !out.iter().any(|o| o.leaf == c.leaf) {
+            out.push(c);
+        }
+    }
+    out.truncate(MAX_CANDIDATES);
+    out
+}
+
+/// The error when no default candidate works: the inputs and axes, what was tried, ORT's
+/// messages, and what to add.
+fn no_inputs(
+    model: &Path,
+    axes: &[Axis],
+    sigs: &[(String, Vec<i64>)],
+    tried: &[(String, String)],
+) -> ValidateError {
+    let axes_txt = if axes.is_empty() {
+        "none: every input shape is fixed, so the random values themselves are refused".into()
+    } else {
+        axes.iter()
+            .map(|a| {
+                let sym = if a.symbol.is_empty() {
+                    String::new()
+                } else {
+                    format!(" `{}`", a.symbol)
+                };
+                format!("`{}` axis {}{sym}", a.input, a.axis)
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let first = tried.first().map(|t| t.1.as_str()).unwrap_or("");
+    let last = tried.last().map(|t| t.1.as_str()).unwrap_or("");
+    let example = if sigs.is_empty() {
+        "`--opt-shapes NAME:1x…`".to_string()
+    } else {
+        format!(
+            "`--opt-shapes {}` with sizes for N",
+            sigs.iter()
+                .map(|(n, shape)| {
+                    let dims: Vec<String> = shape
+                        .iter()
+                        .map(|&d| {
+                            if d < 0 {
+                                "N".to_string()
+                            } else {
+                                d.to_string()
+                            }
+                        })
+                        .collect();
+                    format!("{n}:{}", dims.join("x"))
+                })
+                .collect::<Vec<_>>()
+                .join(",")
+        )
+    };
+    let name = crate::plan::sidecar_candidates(model)
+        .first()
+        .and_then(|p| p.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut msg = format!(
+        "no default validation inputs that the original model (ONNX Runtime CPU, optimizations off) accepts: tried {} shape sets ({}) over the dynamic axes: {axes_txt}; ONNX Runtime: {first}",
+        tried.len(),
+        {
+            let mut l: Vec<&str> = tried.iter().take(3).map(|t| t.0.as_str()).collect();
+            let more = tried.len().saturating_sub(3);
+            let tail = format!("and {more} more: other sizes up to {}, one axis at a time", SEARCH_SIZES[SEARCH_SIZES.len() - 1]);
+            if more > 0 {
+                l.push(&tail);
+            }
+            l.join("; ")
+        },
+    );
+    if tried.len() > 1 && last != first {
+        msg.push_str(&format!(" (last: {last})"));
+    }
+    msg.push_str(&format!(
+        ". Fix: declare a shape profile ({example}, or [profiles] in {name}) or golden inputs (`--golden FILE.npz`, or [golden] npz = … in the sidecar)"
+    ));
+    bad(model, msg)
+}
