@@ -132,9 +132,16 @@ pub(super) fn eval(symbol: &str, leaf: &BTreeMap<String, i64>) -> Option<i64> {
 /// (`batch…`), or because every axis they name is the first of an input of rank 2
 /// or more (exporters that number their symbols, `s18`, name a batch only by position).
 pub(super) fn batch_leaves(axes: &[Axis]) -> std::collections::BTreeSet<String> {
+    // A rank-1 input whose only axis shares its symbol with axis 0 of a larger input is the
+    // batch too (diffusers' `timestep: [batch]` beside `sample: [batch, 4, h, w]`).
+    let leading: std::collections::BTreeSet<&str> = axes
+        .iter()
+        .filter(|a| a.axis == 0 && a.rank >= 2 && !a.symbol.is_empty())
+        .map(|a| a.symbol.as_str())
+        .collect();
     let mut first: BTreeMap<String, bool> = BTreeMap::new();
     for a in axes {
-        let at0 = a.axis == 0 && a.rank >= 2;
+        let at0 = a.axis == 0 && (a.rank >= 2 || leading.contains(a.symbol.as_str()));
         if a.symbol.is_empty() {
             first.insert(unnamed(a), at0);
         } else if leaves(&a.symbol) == [a.symbol.clone()] {
@@ -152,10 +159,37 @@ pub(super) fn batch_leaves(axes: &[Axis]) -> std::collections::BTreeSet<String> 
         .collect()
 }
 
-/// Whether a leaf names a cache length that may be empty (`past_sequence_length`, …).
+/// Whether a leaf names a cache length that may be empty (`past_sequence_length`,
+/// `past_len`, `cache_length`, …). A cache's other sizes are not lengths: genai's
+/// `kv_cache_dim` is a head size, which an empty cache does not make 0.
 pub(super) fn past_like(leaf: &str) -> bool {
     let l = leaf.to_ascii_lowercase();
-    l.contains("past") || l.contains("cache")
+    (l.contains("past") || l.contains("cache"))
+        && !["dim", "head", "hidden", "width", "channel"]
+            .iter()
+            .any(|w| l.contains(w))
+}
+
+/// A total length that must be the cache's plus the new tokens' (onnxruntime-genai's
+/// `total_sequence_length`, the attention mask's width, which GroupQueryAttention reads as
+/// past + sequence): `(total, past, sequence)` leaves when all three are there.
+fn total_parts<'a>(leaves: impl Iterator<Item = &'a String> + Clone) -> Option<[String; 3]> {
+    let lower = |l: &String| l.to_ascii_lowercase();
+    let total = leaves.clone().find(|l| {
+        let l = lower(l);
+        l.contains("total") && (l.contains("seq") || l.contains("len"))
+    })?;
+    let past = leaves
+        .clone()
+        .find(|l| past_like(l) && (lower(l).contains("seq") || lower(l).contains("len")))?;
+    let seq = leaves.clone().find(|l| {
+        let l2 = lower(l);
+        *l != total
+            && !past_like(l)
+            && !l2.contains("encoder")
+            && (l2.contains("seq") || l2 == "len" || l2.ends_with("_len"))
+    })?;
+    Some([total.clone(), past.clone(), seq.clone()])
 }
 
 /// The leaf of an unnamed dynamic axis: its own, one per input and axis.
@@ -196,12 +230,17 @@ pub(super) fn candidates(
             }
         }
     }
+    let total = total_parts(leaf_axes.keys()).filter(|[t, ..]| !bound.contains_key(t));
     let mut out: Vec<Candidate> = Vec::new();
     let mut push = |label: String, f: &dyn Fn(&str, &Axis) -> i64| {
-        let leaf: BTreeMap<String, i64> = leaf_axes
+        let mut leaf: BTreeMap<String, i64> = leaf_axes
             .iter()
             .map(|(l, a)| (l.clone(), bound.get(l).copied().unwrap_or_else(|| f(l, a))))
             .collect();
+        if let Some([t, p, q]) = &total {
+            let v = leaf[p].saturating_add(leaf[q]);
+            leaf.insert(t.clone(), v);
+        }
         if !out.iter().any(|c| c.leaf == leaf) {
             out.push(Candidate { label, leaf });
         }
@@ -377,6 +416,70 @@ mod tests {
         assert!(c
             .iter()
             .any(|c| c.leaf["s53"] == 2 && c.leaf["s70"] == 1 && c.leaf["s58"] == 1));
+    }
+
+    #[test]
+    fn a_rank_1_input_sharing_the_leading_symbol_is_a_batch() {
+        // diffusers' UNet through torch.onnx.export(dynamo=True): timestep [s0] beside
+        // sample [s0, 4, s1, s1]; an unrelated rank-1 input stays a free axis.
+        let mut timestep = axis("timestep", 0, "s0");
+        timestep.rank = 1;
+        let mut lengths = axis("lengths", 0, "n");
+        lengths.rank = 1;
+        let axes = [
+            axis("sample", 0, "s0"),
+            axis("sample", 2, "s1"),
+            timestep,
+            lengths,
+        ];
+        let b = batch_leaves(&axes);
+        assert_eq!(b.into_iter().collect::<Vec<_>>(), ["s0"]);
+        let c = candidates(&axes, &BTreeMap::new(), &[]);
+        let at8 = c.iter().find(|c| c.leaf["s1"] == 8).expect("8 is tried");
+        assert_eq!((at8.leaf["s0"], at8.leaf["n"]), (1, 8));
+    }
+
+    #[test]
+    fn cache_sizes_that_are_not_lengths_and_total_lengths() {
+        // onnxruntime-genai: past [batch, kv_heads, past_sequence_length, kv_cache_dim],
+        // attention_mask [batch, total_sequence_length] read by GroupQueryAttention as past +
+        // sequence.
+        assert!(past_like("past_sequence_length"));
+        assert!(past_like("past_len"));
+        assert!(past_like("cache_length"));
+        assert!(!past_like("kv_cache_dim"));
+        assert!(!past_like("past_head_size"));
+        let axes = [
+            axis("input_ids", 0, "batch_size"),
+            axis("input_ids", 1, "sequence_length"),
+            axis("attention_mask", 0, "batch_size"),
+            axis("attention_mask", 1, "total_sequence_length"),
+            axis("past", 0, "batch_size"),
+            axis("past", 2, "past_sequence_length"),
+            axis("past", 3, "kv_cache_dim"),
+        ];
+        let c = candidates(&axes, &BTreeMap::new(), &[]);
+        for c in &c {
+            assert_eq!(
+                c.leaf["total_sequence_length"],
+                c.leaf["past_sequence_length"] + c.leaf["sequence_length"],
+                "{}",
+                c.label
+            );
+        }
+        let zero = c
+            .iter()
+            .find(|c| c.label == "batch 1, cache lengths 0, the rest 16")
+            .expect("16 with an empty cache");
+        assert_eq!(
+            (zero.leaf["kv_cache_dim"], zero.leaf["past_sequence_length"]),
+            (16, 0)
+        );
+        // A profile that binds the total keeps it.
+        let bound: BTreeMap<String, i64> = [("total_sequence_length".into(), 7)].into();
+        assert!(candidates(&axes, &bound, &[])
+            .iter()
+            .all(|c| c.leaf["total_sequence_length"] == 7));
     }
 
     #[test]
