@@ -144,8 +144,7 @@ fn out_of_memory(message: &str) -> bool {
 /// Whether candidate `c` is at least as large as `than` in every leaf (a larger size along
 /// some axis, the rest the same or larger).
 fn at_least(c: &BTreeMap<String, i64>, than: &BTreeMap<String, i64>) -> bool {
-    than.iter()
-        .all(|(l, v)| c.get(l).is_some_and(|cv| cv >= v))
+    than.iter().all(|(l, v)| c.get(l).is_some_and(|cv| cv >= v))
 }
 
 /// Seeded random inputs for the session's inputs with `shapes`.
@@ -521,10 +520,7 @@ fn quote(message: &str) -> String {
     if one.chars().count() <= QUOTE {
         return one;
     }
-    let mut end = one
-        .char_indices()
-        .nth(QUOTE)
-        .map_or(one.len(), |(i, _)| i);
+    let mut end = one.char_indices().nth(QUOTE).map_or(one.len(), |(i, _)| i);
     match one[..end].rfind(' ') {
         Some(sp) if sp > 0 => end = sp,
         _ => end = one[end..].find(' ').map_or(one.len(), |sp| end + sp),
@@ -536,9 +532,15 @@ fn quote(message: &str) -> String {
 /// count a Range or Expand reads from the inputs): no shape profile can help then.
 fn about_values(message: &str) -> bool {
     let m = message.to_ascii_lowercase();
-    ["out of data bounds", "out of bounds", "out of range", "indices element", "idx="]
-        .iter()
-        .any(|w| m.contains(w))
+    [
+        "out of data bounds",
+        "out of bounds",
+        "out of range",
+        "indices element",
+        "idx=",
+    ]
+    .iter()
+    .any(|w| m.contains(w))
 }
 
 /// Whether ONNX Runtime refused the sizes (shapes, ranks, dimensions): a profile may help.
@@ -646,8 +648,13 @@ fn no_inputs(
     out.push(
         "What helps: golden inputs, the inputs the model really takes, one array per input:".into(),
     );
-    out.push(wrap(&format!("  np.savez(\"{npz}\", {arrays})"), "      "));
-    out.push(format!("then either these lines in {sidecar} next to the model:"));
+    out.push(format!(
+        "  {}",
+        wrap(&format!("np.savez(\"{npz}\", {arrays})"), "      ")
+    ));
+    out.push(format!(
+        "then either these lines in {sidecar} next to the model:"
+    ));
     out.push("  [golden]".into());
     out.push(format!("  npz = \"{npz}\""));
     out.push(format!("or `--golden {npz}` on the command line."));
@@ -726,7 +733,10 @@ mod tests {
         let e = no_inputs(
             Path::new("/m/voice.onnx"),
             &[axis("durations", "n"), axis("phonemes", "n")],
-            &[("durations".into(), vec![-1]), ("phonemes".into(), vec![-1])],
+            &[
+                ("durations".into(), vec![-1]),
+                ("phonemes".into(), vec![-1]),
+            ],
             &["durations".into(), "phonemes".into(), "past.0.key".into()],
             &Tries {
                 run: &tried,
@@ -736,7 +746,7 @@ mod tests {
         .to_string();
         lines_fit(&e);
         for want in [
-            "np.savez(\"voice.golden.npz\", durations=…, phonemes=…, **{\"past.0.key\": …})",
+            "  np.savez(\"voice.golden.npz\", durations=…, phonemes=…, **{\"past.0.key\": …})",
             "voice.trtcache.toml",
             "  [golden]\n  npz = \"voice.golden.npz\"",
             "--golden voice.golden.npz",
@@ -784,14 +794,19 @@ mod tests {
     #[test]
     fn quotes_cut_between_words() {
         let q = quote(&"word ".repeat(100));
-        assert!(q.ends_with("word …") && q.chars().count() <= QUOTE + 2, "{q}");
+        assert!(
+            q.ends_with("word …") && q.chars().count() <= QUOTE + 2,
+            "{q}"
+        );
         assert_eq!(quote("short\nmessage"), "short message");
     }
 
     #[test]
     fn out_of_memory_and_larger_candidates() {
         assert!(out_of_memory("input `sample`: std::bad_alloc"));
-        assert!(out_of_memory("Failed to allocate memory for requested buffer of size 34359738368"));
+        assert!(out_of_memory(
+            "Failed to allocate memory for requested buffer of size 34359738368"
+        ));
         assert!(!out_of_memory("Reshape failed"));
         let small: BTreeMap<String, i64> = [("a".into(), 32), ("b".into(), 1)].into();
         let big: BTreeMap<String, i64> = [("a".into(), 64), ("b".into(), 1)].into();
