@@ -29,7 +29,7 @@ use super::error::ValidateError;
 use super::run::{bad, run, Outs};
 use super::search::{
     batch_leaves, candidates, leaves, shape_under, tensor_of, unnamed, Axis, Candidate,
-    MAX_CANDIDATES, SEARCH_SIZES,
+    MAX_CANDIDATES, REALISTIC_MAX_BYTES, SEARCH_SIZES,
 };
 use super::values;
 use super::vocab;
@@ -351,6 +351,16 @@ pub(super) fn reference_inputs(
         if !ok {
             continue;
         }
+        if c.realistic {
+            let small = ValidationConfig {
+                max_input_bytes: cfg.max_input_bytes.min(REALISTIC_MAX_BYTES),
+                ..cfg.clone()
+            };
+            if let Err(why) = over_budget(reference, &shapes, &small) {
+                tracing::debug!(candidate = %c.label, %why, "realistic validation sizes skipped");
+                continue;
+            }
+        }
         if let Err(why) = over_budget(reference, &shapes, cfg) {
             tracing::debug!(candidate = %c.label, %why, "validation candidate skipped");
             skipped.push((c.label.clone(), why));
@@ -385,7 +395,10 @@ pub(super) fn reference_inputs(
                 if out_of_memory(&message) {
                     exhausted.push(&c.leaf);
                 }
-                tried.push((c.label.clone(), message));
+                // The realistic sizes are a preference: the refusal reports the search.
+                if !c.realistic {
+                    tried.push((c.label.clone(), message));
+                }
             }
             Err(e) => return Err(e),
         }

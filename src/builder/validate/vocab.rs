@@ -64,7 +64,9 @@ pub(super) fn known(g: &GraphProto) -> BTreeMap<String, Known> {
     let mut rows: BTreeMap<&str, i64> = BTreeMap::new();
     for n in &g.node {
         if let Some((src, v)) = embedding(n, &from, &tables) {
-            rows.entry(src).and_modify(|r| *r = (*r).min(v)).or_insert(v);
+            rows.entry(src)
+                .and_modify(|r| *r = (*r).min(v))
+                .or_insert(v);
         }
         let Some(&src) = n.input.first().and_then(|i| from.get(i.as_str())) else {
             // Concat may take the input at any position.
@@ -243,10 +245,26 @@ mod tests {
         // BERT: input_ids [batch, seq] → Gather(word_embeddings [30522, 8]); token_type_ids →
         // Gather(token_type_embeddings [2, 8]); attention_mask indexes nothing.
         let mut b = GraphBuilder::new("bert");
-        b.input("input_ids", ElemType::Int64, &[D::Named("b"), D::Named("s")]);
-        b.input("token_type_ids", ElemType::Int64, &[D::Named("b"), D::Named("s")]);
-        b.input("attention_mask", ElemType::Int64, &[D::Named("b"), D::Named("s")]);
-        b.init(crate::fixtures::tensor_f32("words", &[30522, 1], &[0.5; 30522]));
+        b.input(
+            "input_ids",
+            ElemType::Int64,
+            &[D::Named("b"), D::Named("s")],
+        );
+        b.input(
+            "token_type_ids",
+            ElemType::Int64,
+            &[D::Named("b"), D::Named("s")],
+        );
+        b.input(
+            "attention_mask",
+            ElemType::Int64,
+            &[D::Named("b"), D::Named("s")],
+        );
+        b.init(crate::fixtures::tensor_f32(
+            "words",
+            &[30522, 1],
+            &[0.5; 30522],
+        ));
         b.init(crate::fixtures::tensor_f32("types", &[2, 1], &[0.5; 2]));
         b.node("Gather", &["words", "input_ids"], &["e"]);
         b.node("Gather", &["types", "token_type_ids"], &["t"]);
