@@ -141,6 +141,34 @@ fn out_of_memory(message: &str) -> bool {
         || m.contains("allocation failed")
 }
 
+/// Candidates tried after one on which every float output is constant, before that one is
+/// used all the same (validation runs on every build).
+const NOT_EXERCISED_TRIES: usize = 4;
+
+/// Whether the outputs say the inputs exercised the model: `false` when it has float outputs
+/// of two or more elements and every one of them is constant (all zeros, or one value
+/// throughout: a ReLU network on inputs its first layer zeroes, a 1×1 image through a
+/// pooling head).
+fn exercised(outs: &Outs) -> bool {
+    use super::values::{Data, Out};
+    let mut judged = false;
+    for (_, o) in outs {
+        if let Out::Tensor {
+            data: Data::Float(v),
+            ..
+        } = o
+        {
+            if v.len() >= 2 {
+                judged = true;
+                if v.iter().any(|x| x.to_bits() != v[0].to_bits()) {
+                    return true;
+                }
+            }
+        }
+    }
+    !judged
+}
+
 /// Whether candidate `c` is at least as large as `than` in every leaf (a larger size along
 /// some axis, the rest the same or larger).
 fn at_least(c: &BTreeMap<String, i64>, than: &BTreeMap<String, i64>) -> bool {
@@ -333,7 +361,14 @@ pub(super) fn reference_inputs(
     // on (with why).
     let mut skipped: Vec<(String, String)> = Vec::new();
     let mut exhausted: Vec<&BTreeMap<String, i64>> = Vec::new();
+    // The first inputs the reference ran whose outputs are all constant, kept while the
+    // next candidates are tried.
+    let mut fallback: Option<(Inputs, Shapes, Outs)> = None;
+    let mut fallback_tries = 0;
     for c in &cands {
+        if fallback_tries >= NOT_EXERCISED_TRIES {
+            break;
+        }
         let mut shapes = BTreeMap::new();
         let mut ok = true;
         for (name, shape, symbols, opt) in &sigs {
@@ -384,6 +419,13 @@ pub(super) fn reference_inputs(
             Err(e) => return Err(e),
         };
         match run(reference, &inputs, model) {
+            Ok(want) if !exercised(&want) && fallback_tries < NOT_EXERCISED_TRIES => {
+                tracing::info!(candidate = %c.label, "every float output is constant on these inputs: not exercised, trying the next sizes");
+                fallback_tries += 1;
+                if fallback.is_none() {
+                    fallback = Some((inputs, shapes, want));
+                }
+            }
             Ok(want) => {
                 if !tried.is_empty() || !skipped.is_empty() {
                     tracing::info!(shapes = ?shapes, candidate = %c.label, rejected = tried.len(), skipped = skipped.len(), "validation inputs found by the default search");
@@ -402,6 +444,10 @@ pub(super) fn reference_inputs(
             }
             Err(e) => return Err(e),
         }
+    }
+    if let Some((inputs, shapes, want)) = fallback {
+        tracing::warn!(shapes = ?shapes, "validation inputs do not exercise the model: every float output is constant on every candidate tried; golden inputs would validate it");
+        return Ok((inputs, shapes, want));
     }
     let dynamic: Vec<(String, Vec<i64>)> = sigs
         .iter()
@@ -812,6 +858,33 @@ mod tests {
             "{q}"
         );
         assert_eq!(quote("short\nmessage"), "short message");
+    }
+
+    #[test]
+    fn constant_outputs_are_not_exercised() {
+        use crate::builder::validate::values::{Data, Out};
+        let t = |v: Vec<f64>| Out::Tensor {
+            ty: "float32".into(),
+            shape: vec![v.len() as i64],
+            data: Data::Float(v),
+        };
+        let ids = Out::Tensor {
+            ty: "int64".into(),
+            shape: vec![2],
+            data: Data::Exact(vec![3, 4]),
+        };
+        assert!(!exercised(&vec![("y".into(), t(vec![0.0; 4]))]));
+        assert!(!exercised(&vec![
+            ("y".into(), t(vec![0.5; 4])),
+            ("z".into(), t(vec![0.0; 2]))
+        ]));
+        assert!(exercised(&vec![
+            ("y".into(), t(vec![0.0; 4])),
+            ("z".into(), t(vec![0.0, 1.0]))
+        ]));
+        // One element, or no float output: nothing to judge.
+        assert!(exercised(&vec![("y".into(), t(vec![0.0]))]));
+        assert!(exercised(&vec![("c".into(), ids)]));
     }
 
     #[test]
