@@ -9,7 +9,7 @@
 //! stays 1). A set over the byte budget is skipped; one memory runs out on ends the sets at
 //! least as large; one on which every float output is constant is kept only until a few more
 //! sets have been tried. When no candidate runs, the error ([`super::refusal`]) gives ONNX
-Runtime's message and says what to add (a profile or golden inputs). Floats are uniform in
+//! Runtime's messages and says what helps (golden inputs; a profile for sizes). Floats are uniform in
 //! [-1, 1), integers uniform in `int_range` (default [0, 2), safe for ids, masks and
 //! indices), bools fair coins, strings the decimals of such integers; every element type
 //! ONNX Runtime runs is read back and compared ([`super::values`]): floats with the tolerance
