@@ -205,8 +205,16 @@ pub(crate) fn random_inputs(
             }
             _ => None,
         };
+        // An attention mask of ones, as consumers feed it: random 0s and 1s give attention
+        // that reads its lengths from the mask (GroupQueryAttention's `seqlens_k`) lengths
+        // shorter than the sequence, which it refuses.
+        let range = if name.to_ascii_lowercase().contains("attention_mask") {
+            (1, 2)
+        } else {
+            cfg.int_range
+        };
         let v = from_graph
-            .unwrap_or_else(|| values::random_value(input.dtype(), &dims, &mut rng, cfg.int_range))
+            .unwrap_or_else(|| values::random_value(input.dtype(), &dims, &mut rng, range))
             .map_err(|w| ValidateError::Invalid(format!("input `{name}`: {w}")))?;
         values.push((name, v));
     }
@@ -444,6 +452,9 @@ pub(super) fn reference_inputs(
                 }
             }
             Ok(want) => {
+                if !c.realistic && c.leaf.values().all(|&v| v <= 1) {
+                    tracing::warn!(shapes = ?shapes, "the model refused the realistic sizes; validated on degenerate inputs (every dynamic dimension 1 or 0): golden inputs or a profile validate it better");
+                }
                 if !tried.is_empty() || !skipped.is_empty() {
                     tracing::info!(shapes = ?shapes, candidate = %c.label, rejected = tried.len(), skipped = skipped.len(), "validation inputs found by the default search");
                 }
