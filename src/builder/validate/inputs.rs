@@ -390,9 +390,14 @@ pub(super) fn reference_inputs(
     // next candidates are tried.
     let mut fallback: Option<(Inputs, Shapes, Outs)> = None;
     let mut fallback_tries = 0;
+    // The sets run already (a realistic set and a plain one can be the same).
+    let mut ran: Vec<&BTreeMap<String, i64>> = Vec::new();
     for c in &cands {
         if fallback_tries >= NOT_EXERCISED_TRIES {
             break;
+        }
+        if ran.contains(&&c.leaf) {
+            continue;
         }
         let mut shapes = BTreeMap::new();
         let mut ok = true;
@@ -433,6 +438,7 @@ pub(super) fn reference_inputs(
             ));
             continue;
         }
+        ran.push(&c.leaf);
         let inputs = match random_inputs(reference, model, &shapes, cfg, &known) {
             Ok(i) => i,
             Err(e) if out_of_memory(&e.to_string()) => {
@@ -555,7 +561,10 @@ fn with_graph_pins(
         })
         .collect();
     for c in plain {
-        if !out.iter().any(|o| o.leaf == c.leaf) {
+        if !out
+            .iter()
+            .any(|o| o.leaf == c.leaf && o.realistic == c.realistic)
+        {
             out.push(c);
         }
     }

@@ -99,6 +99,12 @@ pub(super) fn no_inputs(
     tries: &Tries<'_>,
 ) -> ValidateError {
     let tried = tries.run;
+    // Nothing ran: every set is over the byte budget (a fixed 40 GB input).
+    if let (true, Some((_, why))) = (tried.is_empty(), tries.skipped.first()) {
+        return ValidateError::Invalid(format!(
+            "{why}; give golden inputs (--golden or [golden] npz), a smaller profile, or raise the limit"
+        ));
+    }
     let axes_txt = if axes.is_empty() {
         "none: every input shape is fixed, so the random values themselves are refused".into()
     } else {

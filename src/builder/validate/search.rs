@@ -261,8 +261,17 @@ pub(super) fn candidates(
             let v = leaf[p].saturating_add(leaf[q]);
             leaf.insert(t.clone(), v);
         }
-        if !out.iter().any(|c| c.leaf == leaf) {
-            let realistic = label.starts_with("realistic: ");
+        let realistic = label.starts_with("realistic: ");
+        // A realistic set is skipped for its size where a plain one is not, so the two are
+        // kept apart (the search runs a set once: `inputs::reference_inputs`); one no larger
+        // than ones is no realistic set.
+        if realistic && leaf.values().all(|&v| v <= 1) {
+            return;
+        }
+        if !out
+            .iter()
+            .any(|c| c.leaf == leaf && c.realistic == realistic)
+        {
             out.push(Candidate {
                 label,
                 leaf,
@@ -473,6 +482,21 @@ mod tests {
         assert!(c
             .iter()
             .any(|c| c.leaf["s53"] == 2 && c.leaf["s70"] == 1 && c.leaf["s58"] == 1));
+    }
+
+    #[test]
+    fn fixed_inputs_get_one_plain_set_and_a_lone_batch_no_realistic_one_of_ones() {
+        // No dynamic axis: one set, not a realistic one (those are skipped over 64 MiB).
+        let c = candidates(&[], &BTreeMap::new(), &[]);
+        assert_eq!(c.len(), 1);
+        assert!(!c[0].realistic && c[0].leaf.is_empty());
+        // Only a batch: realistic at 2; the ones set stays a plain one.
+        let mut b = axis("x", 0, "batch");
+        b.rank = 2;
+        let c = candidates(&[b], &BTreeMap::new(), &[]);
+        assert!(c[0].realistic && c[0].leaf["batch"] == 2);
+        let ones = c.iter().find(|c| c.leaf["batch"] == 1).expect("ones");
+        assert!(!ones.realistic);
     }
 
     #[test]
