@@ -37,4 +37,5 @@ mod trt;
 mod trt_backend;
 mod trt_loader;
 mod trust_host;
+mod validation_inputs;
 mod watch;

@@ -98,6 +98,31 @@ fn hint(m: &str) -> Option<String> {
              node does not name: re-export the model at an opset that has it"
         ));
     }
+    // `Type Error: Type (tensor(float16)) of output arg (X) of node (Y) does not match
+    // expected type (tensor(float)).`: the graph's declared types (value_info, outputs)
+    // contradict what its nodes make.
+    if let (Some(have), Some(arg), Some(node)) = (
+        between(m, "Type Error: Type (", ") of output arg"),
+        between(m, "of output arg (", ")"),
+        between(m, "of node (", ")"),
+    ) {
+        let want = between(m, "does not match expected type (", "))")
+            .map(|t| format!("{t})"))
+            .unwrap_or_else(|| "another type".into());
+        let node = if node.is_empty() {
+            String::new()
+        } else {
+            format!(" of node `{node}`")
+        };
+        return Some(format!(
+            "the model's declared types contradict its nodes: output `{arg}`{node} is \
+             {have}, but the graph declares it {want} (a converter's bug: onnxconverter-common's \
+             float16 conversion leaves such value_info behind). Convert the float32 model with \
+             onnxruntime.transformers.float16.convert_float_to_float16 instead, or fix or drop \
+             the stale value_info (`del model.graph.value_info[:]`, then \
+             onnx.shape_inference.infer_shapes)"
+        ));
+    }
     // `Type Error: Type 'tensor(int32)' of input parameter (x) of operator (Conv) in node () is invalid.`
     if let (Some(ty), Some(op)) = (
         between(m, "Type Error: Type '", "'"),
@@ -250,6 +275,26 @@ mod tests {
             "Type Error: Type 'tensor(int64)' of input parameter (x) of operator (Sin) in node () is invalid.",
         );
         assert!(m.starts_with("`Sin` is given tensor(int64)"), "{m}");
+    }
+
+    #[test]
+    fn declared_types_that_contradict_the_nodes() {
+        // onnxconverter-common's float16 conversion of an optimum BERT.
+        let m = ort_message(
+            "Load model from m.onnx failed:Type Error: Type (tensor(float16)) of output arg \
+             (/encoder/layer.0/attention/self/Cast_output_0) of node \
+             (/encoder/layer.0/attention/self/Cast) does not match expected type (tensor(float)).",
+        );
+        assert!(
+            m.starts_with("the model's declared types contradict its nodes: output `/encoder/layer.0/attention/self/Cast_output_0` of node `/encoder/layer.0/attention/self/Cast` is tensor(float16), but the graph declares it tensor(float)"),
+            "{m}"
+        );
+        assert!(m.contains("onnxruntime.transformers.float16"), "{m}");
+        assert!(m.contains("value_info"), "{m}");
+        assert!(
+            m.contains("(ONNX Runtime: Load model from m.onnx failed:Type Error"),
+            "{m}"
+        );
     }
 
     #[test]

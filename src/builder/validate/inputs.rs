@@ -3,10 +3,13 @@
 //! ONNX Runtime CPU, optimizations off) runs: the profile's opt shape for every input it
 //! names (binding its symbolic dimensions for the other inputs); one value per symbolic
 //! dimension name, shared by every input that uses it, with exporters' expressions such as
-//! `past_sequence + sequence` evaluated from their parts; every dimension 1 first, then cache
-//! lengths (`past*`) 0, then the sizes of [`SEARCH_SIZES`] for every non-batch dimension
-//! (batch stays 1). When no candidate runs, the error names the inputs and axes, gives ONNX
-//! Runtime's message and says what to add (a profile or golden inputs). Floats are uniform in
+//! `past_sequence + sequence` evaluated from their parts; realistic sizes first (a batch of 2,
+//! sequences of 16, image sides of 32), then every dimension 1, then cache lengths (`past*`) 0,
+//! then the sizes of [`super::search::SEARCH_SIZES`] for every non-batch dimension (batch
+//! stays 1). A set over the byte budget is skipped; one memory runs out on ends the sets at
+//! least as large; one on which every float output is constant is kept only until a few more
+//! sets have been tried. When no candidate runs, the error ([`super::refusal`]) gives ONNX
+//! Runtime's messages and says what helps (golden inputs; a profile for sizes). Floats are uniform in
 //! [-1, 1), integers uniform in `int_range` (default [0, 2), safe for ids, masks and
 //! indices), bools fair coins, strings the decimals of such integers; every element type
 //! ONNX Runtime runs is read back and compared ([`super::values`]): floats with the tolerance
@@ -26,10 +29,11 @@ use ort::value::{DynValue, TensorElementType, ValueType};
 
 use super::config::{ValidationConfig, THREAD_PROBE_SCALE, THREAD_PROBE_SCALED_MAX_BYTES};
 use super::error::ValidateError;
+use super::refusal::{no_inputs, Tries};
 use super::run::{bad, run, Outs};
 use super::search::{
     batch_leaves, candidates, leaves, shape_under, tensor_of, unnamed, Axis, Candidate,
-    MAX_CANDIDATES, SEARCH_SIZES,
+    MAX_CANDIDATES, REALISTIC_MAX_BYTES,
 };
 use super::values;
 use super::vocab;
@@ -110,34 +114,84 @@ fn golden_value(a: &super::golden::GoldenArray, vt: &ValueType) -> Result<DynVal
     }
 }
 
-/// Seeded random inputs for the session's inputs with `shapes`.
-pub(crate) fn random_inputs(
-    session: &Session,
-    model: &Path,
-    shapes: &Shapes,
-    cfg: &ValidationConfig,
-    known: &BTreeMap<String, vocab::Known>,
-) -> Result<Inputs, ValidateError> {
-    // The byte budget first, with checked arithmetic: a fixed float32[100000, 100000] input
-    // (40 GB) or a shape whose element count overflows is refused before any allocation.
+/// Whether the random inputs of `shapes` fit `cfg.max_input_bytes`, with checked
+/// arithmetic: a fixed float32[100000, 100000] input (40 GB) or a shape whose element count
+/// overflows is refused before any allocation (`Err`: why, naming the input).
+fn over_budget(session: &Session, shapes: &Shapes, cfg: &ValidationConfig) -> Result<(), String> {
     let mut total: u64 = 0;
     for input in session.inputs() {
         let dims = shapes.get(input.name()).cloned().unwrap_or_default();
         let what = format!("input `{}` {dims:?}", input.name());
         total = input_bytes(input.dtype(), &dims)
             .and_then(|b| total.checked_add(b))
-            .ok_or_else(|| {
-                ValidateError::Invalid(format!(
-                    "{what}: the element count overflows; give golden inputs (--golden or [golden] npz)"
-                ))
-            })?;
+            .ok_or_else(|| format!("{what}: the element count overflows"))?;
         if total > cfg.max_input_bytes {
-            return Err(ValidateError::Invalid(format!(
-                "validation inputs need at least {total} bytes ({what}), over limits.validation_max_bytes ({}); give golden inputs, a smaller profile, or raise the limit",
+            return Err(format!(
+                "validation inputs need at least {total} bytes ({what}), over limits.validation_max_bytes ({})",
                 cfg.max_input_bytes
-            )));
+            ));
         }
     }
+    Ok(())
+}
+
+/// Whether ONNX Runtime's (or the allocator's) message says memory ran out: the inputs are
+/// too large for this host, and so is every larger candidate.
+fn out_of_memory(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    m.contains("bad_alloc")
+        || m.contains("failed to allocate")
+        || m.contains("out of memory")
+        || m.contains("allocation failed")
+}
+
+/// Candidates tried after one on which every float output is constant, before that one is
+/// used all the same (validation runs on every build).
+const NOT_EXERCISED_TRIES: usize = 4;
+
+/// Whether the outputs say the inputs exercised the model: `false` when it has float outputs
+/// of two or more elements and every one of them is constant (all zeros, or one value
+/// throughout: a ReLU network on inputs its first layer zeroes, a 1×1 image through a
+/// pooling head).
+fn exercised(outs: &Outs) -> bool {
+    use super::values::{Data, Out};
+    let mut judged = false;
+    for (_, o) in outs {
+        if let Out::Tensor {
+            data: Data::Float(v),
+            ..
+        } = o
+        {
+            if v.len() >= 2 {
+                judged = true;
+                if v.iter().any(|x| x.to_bits() != v[0].to_bits()) {
+                    return true;
+                }
+            }
+        }
+    }
+    !judged
+}
+
+/// Whether candidate `c` is at least as large as `than` in every leaf (a larger size along
+/// some axis, the rest the same or larger).
+fn at_least(c: &BTreeMap<String, i64>, than: &BTreeMap<String, i64>) -> bool {
+    than.iter().all(|(l, v)| c.get(l).is_some_and(|cv| cv >= v))
+}
+
+/// Seeded random inputs for the session's inputs with `shapes`.
+pub(crate) fn random_inputs(
+    session: &Session,
+    _model: &Path,
+    shapes: &Shapes,
+    cfg: &ValidationConfig,
+    known: &BTreeMap<String, vocab::Known>,
+) -> Result<Inputs, ValidateError> {
+    over_budget(session, shapes, cfg).map_err(|why| {
+        ValidateError::Invalid(format!(
+            "{why}; give golden inputs (--golden or [golden] npz), a smaller profile, or raise the limit"
+        ))
+    })?;
     let mut rng = SplitMix64(cfg.seed);
     let mut values = Vec::new();
     for input in session.inputs() {
@@ -151,9 +205,17 @@ pub(crate) fn random_inputs(
             }
             _ => None,
         };
+        // An attention mask of ones, as consumers feed it: random 0s and 1s give attention
+        // that reads its lengths from the mask (GroupQueryAttention's `seqlens_k`) lengths
+        // shorter than the sequence, which it refuses.
+        let range = if name.to_ascii_lowercase().contains("attention_mask") {
+            (1, 2)
+        } else {
+            cfg.int_range
+        };
         let v = from_graph
-            .unwrap_or_else(|| values::random_value(input.dtype(), &dims, &mut rng, cfg.int_range))
-            .map_err(|w| bad(model, format!("input `{name}`: {w}")))?;
+            .unwrap_or_else(|| values::random_value(input.dtype(), &dims, &mut rng, range))
+            .map_err(|w| ValidateError::Invalid(format!("input `{name}`: {w}")))?;
         values.push((name, v));
     }
     Ok(values)
@@ -245,28 +307,15 @@ pub(crate) fn scaled_shapes(
     Err("no batch dimension to scale up within the probe's byte budget".into())
 }
 
-/// Finds inputs the reference accepts and its outputs on them: the golden file when one is
-/// given, else the profile's opt shapes and the bounded search of [`candidates`].
-pub(super) fn reference_inputs(
-    reference: &mut Session,
-    model: &Path,
+/// An input's name, shape (`-1` dynamic), symbols and the profile's opt shape for it.
+type Sig = (String, Vec<i64>, Vec<String>, Option<Vec<i64>>);
+
+/// The reference's inputs as the search sees them: the dynamic axes the profile leaves free,
+/// each input's [`Sig`], and the sizes the profile's opt shapes bind.
+fn signatures(
+    reference: &Session,
     profile: Option<&ShapeProfile>,
-    cfg: &ValidationConfig,
-) -> Result<(Inputs, Shapes, Outs), ValidateError> {
-    if let Some(g) = &cfg.golden {
-        let (inputs, shapes) = golden_inputs(reference, g)?;
-        let want = run(reference, &inputs, model).map_err(|e| match e {
-            ValidateError::Ort { message, .. } => bad(
-                model,
-                format!(
-                    "the original model rejects the golden inputs in {}: {message}",
-                    g.display()
-                ),
-            ),
-            e => e,
-        })?;
-        return Ok((inputs, shapes, want));
-    }
+) -> (Vec<Axis>, Vec<Sig>, BTreeMap<String, i64>) {
     let mut axes = Vec::new();
     let mut sigs = Vec::new();
     for input in reference.inputs() {
@@ -306,11 +355,50 @@ pub(super) fn reference_inputs(
             }
         }
     }
+    (axes, sigs, bound)
+}
+
+/// Finds inputs the reference accepts and its outputs on them: the golden file when one is
+/// given, else the profile's opt shapes and the bounded search of [`candidates`].
+pub(super) fn reference_inputs(
+    reference: &mut Session,
+    model: &Path,
+    profile: Option<&ShapeProfile>,
+    cfg: &ValidationConfig,
+) -> Result<(Inputs, Shapes, Outs), ValidateError> {
+    if let Some(g) = &cfg.golden {
+        let (inputs, shapes) = golden_inputs(reference, g)?;
+        let want = run(reference, &inputs, model).map_err(|e| match e {
+            ValidateError::Ort { message, .. } => ValidateError::Invalid(format!(
+                "the original model rejects the golden inputs in {}: {message}",
+                g.display()
+            )),
+            e => e,
+        })?;
+        return Ok((inputs, shapes, want));
+    }
+    let (axes, sigs, bound) = signatures(reference, profile);
     let facts = GraphFacts::read(model);
     let cands = with_graph_pins(&facts, &axes, &bound);
     let known = facts.known;
     let mut tried: Vec<(String, String)> = Vec::new();
+    // Candidates not run: over the byte budget, or at least as large as one memory ran out
+    // on (with why).
+    let mut skipped: Vec<(String, String)> = Vec::new();
+    let mut exhausted: Vec<&BTreeMap<String, i64>> = Vec::new();
+    // The first inputs the reference ran whose outputs are all constant, kept while the
+    // next candidates are tried.
+    let mut fallback: Option<(Inputs, Shapes, Outs)> = None;
+    let mut fallback_tries = 0;
+    // The sets run already (a realistic set and a plain one can be the same).
+    let mut ran: Vec<&BTreeMap<String, i64>> = Vec::new();
     for c in &cands {
+        if fallback_tries >= NOT_EXERCISED_TRIES {
+            break;
+        }
+        if ran.contains(&&c.leaf) {
+            continue;
+        }
         let mut shapes = BTreeMap::new();
         let mut ok = true;
         for (name, shape, symbols, opt) in &sigs {
@@ -328,27 +416,89 @@ pub(super) fn reference_inputs(
         if !ok {
             continue;
         }
-        let inputs = random_inputs(reference, model, &shapes, cfg, &known)?;
+        if c.realistic {
+            let small = ValidationConfig {
+                max_input_bytes: cfg.max_input_bytes.min(REALISTIC_MAX_BYTES),
+                ..cfg.clone()
+            };
+            if let Err(why) = over_budget(reference, &shapes, &small) {
+                tracing::debug!(candidate = %c.label, %why, "realistic validation sizes skipped");
+                continue;
+            }
+        }
+        if let Err(why) = over_budget(reference, &shapes, cfg) {
+            tracing::debug!(candidate = %c.label, %why, "validation candidate skipped");
+            skipped.push((c.label.clone(), why));
+            continue;
+        }
+        if exhausted.iter().any(|e| at_least(&c.leaf, e)) {
+            skipped.push((
+                c.label.clone(),
+                "no smaller than a set memory ran out on".into(),
+            ));
+            continue;
+        }
+        ran.push(&c.leaf);
+        let inputs = match random_inputs(reference, model, &shapes, cfg, &known) {
+            Ok(i) => i,
+            Err(e) if out_of_memory(&e.to_string()) => {
+                tracing::debug!(candidate = %c.label, error = %e, "out of memory making the inputs");
+                exhausted.push(&c.leaf);
+                tried.push((c.label.clone(), format!("out of memory: {e}")));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         match run(reference, &inputs, model) {
+            Ok(want) if !exercised(&want) && fallback_tries < NOT_EXERCISED_TRIES => {
+                tracing::info!(candidate = %c.label, "every float output is constant on these inputs: not exercised, trying the next sizes");
+                fallback_tries += 1;
+                if fallback.is_none() {
+                    fallback = Some((inputs, shapes, want));
+                }
+            }
             Ok(want) => {
-                if !tried.is_empty() {
-                    tracing::info!(shapes = ?shapes, candidate = %c.label, rejected = tried.len(), "validation inputs found by the default search");
+                if !c.realistic && c.leaf.values().all(|&v| v <= 1) {
+                    tracing::warn!(shapes = ?shapes, "the model refused the realistic sizes; validated on degenerate inputs (every dynamic dimension 1 or 0): golden inputs or a profile validate it better");
+                }
+                if !tried.is_empty() || !skipped.is_empty() {
+                    tracing::info!(shapes = ?shapes, candidate = %c.label, rejected = tried.len(), skipped = skipped.len(), "validation inputs found by the default search");
                 }
                 return Ok((inputs, shapes, want));
             }
             Err(ValidateError::Ort { message, .. }) => {
                 tracing::debug!(candidate = %c.label, error = %message, "the original model rejects these inputs");
-                tried.push((c.label.clone(), message));
+                if out_of_memory(&message) {
+                    exhausted.push(&c.leaf);
+                }
+                // The realistic sizes are a preference: the refusal reports the search.
+                if !c.realistic {
+                    tried.push((c.label.clone(), message));
+                }
             }
             Err(e) => return Err(e),
         }
+    }
+    if let Some((inputs, shapes, want)) = fallback {
+        tracing::warn!(shapes = ?shapes, "validation inputs do not exercise the model: every float output is constant on every candidate tried; golden inputs would validate it");
+        return Ok((inputs, shapes, want));
     }
     let dynamic: Vec<(String, Vec<i64>)> = sigs
         .iter()
         .filter(|(n, shape, _, opt)| opt.is_none() && shape.iter().any(|&d| d < 0) && !n.is_empty())
         .map(|(n, shape, _, _)| (n.clone(), shape.clone()))
         .collect();
-    Err(no_inputs(model, &axes, &dynamic, &tried))
+    let names: Vec<String> = sigs.iter().map(|s| s.0.clone()).collect();
+    Err(no_inputs(
+        model,
+        &axes,
+        &dynamic,
+        &names,
+        &Tries {
+            run: &tried,
+            skipped: &skipped,
+        },
+    ))
 }
 
 /// What the graph itself says about its inputs, from one load of the model: the sizes its
@@ -411,7 +561,10 @@ fn with_graph_pins(
         })
         .collect();
     for c in plain {
-        if !out.iter().any(|o| o.leaf == c.leaf) {
+        if !out
+            .iter()
+            .any(|o| o.leaf == c.leaf && o.realistic == c.realistic)
+        {
             out.push(c);
         }
     }
@@ -419,77 +572,49 @@ fn with_graph_pins(
     out
 }
 
-/// The error when no default candidate works: the inputs and axes, what was tried, ORT's
-/// messages, and what to add.
-fn no_inputs(
-    model: &Path,
-    axes: &[Axis],
-    sigs: &[(String, Vec<i64>)],
-    tried: &[(String, String)],
-) -> ValidateError {
-    let axes_txt = if axes.is_empty() {
-        "none: every input shape is fixed, so the random values themselves are refused".into()
-    } else {
-        axes.iter()
-            .map(|a| {
-                let sym = if a.symbol.is_empty() {
-                    String::new()
-                } else {
-                    format!(" `{}`", a.symbol)
-                };
-                format!("`{}` axis {}{sym}", a.input, a.axis)
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let first = tried.first().map(|t| t.1.as_str()).unwrap_or("");
-    let last = tried.last().map(|t| t.1.as_str()).unwrap_or("");
-    let example = if sigs.is_empty() {
-        "`--opt-shapes NAME:1x…`".to_string()
-    } else {
-        format!(
-            "`--opt-shapes {}` with sizes for N",
-            sigs.iter()
-                .map(|(n, shape)| {
-                    let dims: Vec<String> = shape
-                        .iter()
-                        .map(|&d| {
-                            if d < 0 {
-                                "N".to_string()
-                            } else {
-                                d.to_string()
-                            }
-                        })
-                        .collect();
-                    format!("{n}:{}", dims.join("x"))
-                })
-                .collect::<Vec<_>>()
-                .join(",")
-        )
-    };
-    let name = crate::plan::sidecar_candidates(model)
-        .first()
-        .and_then(|p| p.file_name())
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let mut msg = format!(
-        "no default validation inputs that the original model (ONNX Runtime CPU, optimizations off) accepts: tried {} shape sets ({}) over the dynamic axes: {axes_txt}; ONNX Runtime: {first}",
-        tried.len(),
-        {
-            let mut l: Vec<&str> = tried.iter().take(3).map(|t| t.0.as_str()).collect();
-            let more = tried.len().saturating_sub(3);
-            let tail = format!("and {more} more: other sizes up to {}, one axis at a time", SEARCH_SIZES[SEARCH_SIZES.len() - 1]);
-            if more > 0 {
-                l.push(&tail);
-            }
-            l.join("; ")
-        },
-    );
-    if tried.len() > 1 && last != first {
-        msg.push_str(&format!(" (last: {last})"));
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_outputs_are_not_exercised() {
+        use crate::builder::validate::values::{Data, Out};
+        let t = |v: Vec<f64>| Out::Tensor {
+            ty: "float32".into(),
+            shape: vec![v.len() as i64],
+            data: Data::Float(v),
+        };
+        let ids = Out::Tensor {
+            ty: "int64".into(),
+            shape: vec![2],
+            data: Data::Exact(vec![3, 4]),
+        };
+        assert!(!exercised(&vec![("y".into(), t(vec![0.0; 4]))]));
+        assert!(!exercised(&vec![
+            ("y".into(), t(vec![0.5; 4])),
+            ("z".into(), t(vec![0.0; 2]))
+        ]));
+        assert!(exercised(&vec![
+            ("y".into(), t(vec![0.0; 4])),
+            ("z".into(), t(vec![0.0, 1.0]))
+        ]));
+        // One element, or no float output: nothing to judge.
+        assert!(exercised(&vec![("y".into(), t(vec![0.0]))]));
+        assert!(exercised(&vec![("c".into(), ids)]));
     }
-    msg.push_str(&format!(
-        ". Fix: declare a shape profile ({example}, or [profiles] in {name}) or golden inputs (`--golden FILE.npz`, or [golden] npz = … in the sidecar)"
-    ));
-    bad(model, msg)
+
+    #[test]
+    fn out_of_memory_and_larger_candidates() {
+        assert!(out_of_memory("input `sample`: std::bad_alloc"));
+        assert!(out_of_memory(
+            "Failed to allocate memory for requested buffer of size 34359738368"
+        ));
+        assert!(!out_of_memory("Reshape failed"));
+        let small: BTreeMap<String, i64> = [("a".into(), 32), ("b".into(), 1)].into();
+        let big: BTreeMap<String, i64> = [("a".into(), 64), ("b".into(), 1)].into();
+        let other: BTreeMap<String, i64> = [("a".into(), 1), ("b".into(), 64)].into();
+        assert!(at_least(&big, &small));
+        assert!(at_least(&small, &small));
+        assert!(!at_least(&other, &small));
+    }
 }

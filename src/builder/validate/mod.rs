@@ -8,6 +8,7 @@
 //! - [`check`]: the reference session, the candidate's run and the report.
 //! - [`inputs`]: input synthesis: golden files ([`golden`], [`pickle`]), the bounded shape
 //!   search ([`search`]) seeded with the sizes ([`pins`]) and values ([`vocab`]) the graph fixes.
+//! - [`refusal`]: the error when no default inputs work, golden inputs first.
 //! - [`values`]: typed values, every element type ONNX Runtime runs; [`compare`]: comparison.
 //!
 //! Enters: a way to run the artifact, the original model path, the profile and
@@ -22,6 +23,7 @@ pub(crate) mod golden;
 pub(crate) mod inputs;
 pub(crate) mod pickle;
 pub(crate) mod pins;
+pub(crate) mod refusal;
 pub(crate) mod run;
 pub(crate) mod search;
 pub(crate) mod values;

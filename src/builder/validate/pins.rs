@@ -61,7 +61,7 @@ pub(super) fn pins(g: &GraphProto) -> BTreeMap<InputAxis, i64> {
         }
     }
     let mut found = Found::default();
-    for n in &g.node {
+    for n in topological(g) {
         let ins: Vec<Option<&Origins>> = n.input.iter().map(|i| at.get(i.as_str())).collect();
         if ins.iter().all(Option::is_none) {
             continue;
@@ -80,6 +80,15 @@ pub(super) fn pins(g: &GraphProto) -> BTreeMap<InputAxis, i64> {
         }
     }
     found.into_pins()
+}
+
+/// The graph's nodes in a topological order. ONNX Runtime runs graphs whose nodes are not in
+/// one (onnxruntime.transformers' float16 conversion with `keep_io_types` appends the input
+/// Casts at the end of the node list), and an axis followed in file order would stop there.
+fn topological(g: &GraphProto) -> Vec<&NodeProto> {
+    let view = crate::onnx::graph::Graph::new(g);
+    let (order, _) = crate::analysis::partition::topo_order(&view);
+    order.into_iter().filter_map(|i| g.node.get(i)).collect()
 }
 
 /// Sizes found per key (an input axis, or a search leaf); a key found with two different
@@ -563,6 +572,22 @@ mod tests {
                 (("img".into(), 3), 3),
             ])
         );
+    }
+
+    #[test]
+    fn nodes_out_of_file_order_are_followed() {
+        // onnxruntime.transformers float16 with keep_io_types: the input's Cast is the last
+        // node of the file, yet feeds the Conv whose weights fix the channels.
+        let mut b = GraphBuilder::new("keepio");
+        free(&mut b, "img", 4);
+        weight(&mut b, "K", &[8, 3, 3, 3]);
+        b.node("Conv", &["img16", "K"], &["k"]);
+        b.node("Cast", &["img"], &["img16"])
+            .attribute
+            .push(a::int("to", 10));
+        b.output("k", ElemType::Float32, None);
+        let p = pins(&b.build());
+        assert_eq!(p, BTreeMap::from([(("img".into(), 1), 3)]));
     }
 
     #[test]

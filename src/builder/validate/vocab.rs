@@ -5,6 +5,9 @@
 //! that reaches `LabelEncoder` or `CategoryMapper` means something only as one of their keys.
 //! Random strings (the decimals of `int_range`) fit neither. A map input (scikit-learn's
 //! DictVectorizer: feature name → value) gets the keys of the `DictVectorizer` it reaches.
+//! Integer ids that index an embedding table (a `Gather` of a weight, ONNX Runtime's
+//! `GatherBlockQuantized`) get ids spread over the table's rows: `int_range`'s 0 and 1 read
+//! two rows of a 30,000-word vocabulary and leave the rest of the table unexercised.
 //!
 //! Enters: the model's graph. Leaves: input name → the values to draw from. An input is
 //! followed through the ops that pass its values on unchanged (Identity, the reshaping ops,
@@ -51,8 +54,20 @@ pub(super) fn known(g: &GraphProto) -> BTreeMap<String, Known> {
         .filter(|vi| !weights.contains(vi.name.as_str()))
         .map(|vi| (vi.name.as_str(), vi.name.as_str()))
         .collect();
+    let tables: HashMap<&str, i64> = g
+        .initializer
+        .iter()
+        .filter_map(|t| Some((t.name.as_str(), *t.dims.first()?)))
+        .collect();
     let mut found: BTreeMap<String, Option<Known>> = BTreeMap::new();
+    // Input → the fewest rows of an embedding table it indexes.
+    let mut rows: BTreeMap<&str, i64> = BTreeMap::new();
     for n in &g.node {
+        if let Some((src, v)) = embedding(n, &from, &tables) {
+            rows.entry(src)
+                .and_modify(|r| *r = (*r).min(v))
+                .or_insert(v);
+        }
         let Some(&src) = n.input.first().and_then(|i| from.get(i.as_str())) else {
             // Concat may take the input at any position.
             if n.op_type == "Concat" && n.domain.is_empty() {
@@ -83,10 +98,47 @@ pub(super) fn known(g: &GraphProto) -> BTreeMap<String, Known> {
             };
         }
     }
+    for (src, v) in rows {
+        found
+            .entry(src.to_string())
+            .or_insert_with(|| Some(Known::Int(spread(v))));
+    }
     found
         .into_iter()
         .filter_map(|(name, k)| Some((name, k?)))
         .collect()
+}
+
+/// An embedding lookup: a `Gather` (axis 0) or ONNX Runtime's `GatherBlockQuantized` of a
+/// weight table by indices that carry an input's values: the input and the table's rows.
+fn embedding<'a>(
+    n: &NodeProto,
+    from: &HashMap<&str, &'a str>,
+    tables: &HashMap<&str, i64>,
+) -> Option<(&'a str, i64)> {
+    let standard = (n.domain.is_empty() || n.domain == "ai.onnx") && n.op_type == "Gather";
+    let quantized = n.domain == "com.microsoft" && n.op_type == "GatherBlockQuantized";
+    if !(standard || quantized) || attr::int(n, "gather_axis").unwrap_or(0) != 0 {
+        return None;
+    }
+    if standard && attr::int(n, "axis").unwrap_or(0) != 0 {
+        return None;
+    }
+    let rows = *tables.get(n.input.first()?.as_str())?;
+    let src = *from.get(n.input.get(1)?.as_str())?;
+    (rows >= 2).then_some((src, rows))
+}
+
+/// Up to [`MAX_VALUES`] indices spread over `0..rows`, both ends included: ids that reach the
+/// whole table, not only its first rows.
+fn spread(rows: i64) -> Vec<i64> {
+    let n = (MAX_VALUES as i64).min(rows);
+    if n < 2 {
+        return vec![0];
+    }
+    let mut v: Vec<i64> = (0..n).map(|i| i * (rows - 1) / (n - 1)).collect();
+    v.dedup();
+    v
 }
 
 /// Ops whose outputs hold (some of) their first input's values, unchanged.
@@ -186,6 +238,46 @@ mod tests {
                 Known::Str(vec!["blue".into(), "green".into(), "red".into()])
             )])
         );
+    }
+
+    #[test]
+    fn ids_that_index_an_embedding_spread_over_its_rows() {
+        // BERT: input_ids [batch, seq] → Gather(word_embeddings [30522, 8]); token_type_ids →
+        // Gather(token_type_embeddings [2, 8]); attention_mask indexes nothing.
+        let mut b = GraphBuilder::new("bert");
+        b.input(
+            "input_ids",
+            ElemType::Int64,
+            &[D::Named("b"), D::Named("s")],
+        );
+        b.input(
+            "token_type_ids",
+            ElemType::Int64,
+            &[D::Named("b"), D::Named("s")],
+        );
+        b.input(
+            "attention_mask",
+            ElemType::Int64,
+            &[D::Named("b"), D::Named("s")],
+        );
+        b.init(crate::fixtures::tensor_f32(
+            "words",
+            &[30522, 1],
+            &[0.5; 30522],
+        ));
+        b.init(crate::fixtures::tensor_f32("types", &[2, 1], &[0.5; 2]));
+        b.node("Gather", &["words", "input_ids"], &["e"]);
+        b.node("Gather", &["types", "token_type_ids"], &["t"]);
+        b.node("Cast", &["attention_mask"], &["m"]);
+        b.output("e", ElemType::Float32, None);
+        let k = known(&b.build());
+        let Some(Known::Int(ids)) = k.get("input_ids") else {
+            panic!("{k:?}")
+        };
+        assert_eq!(ids.len(), MAX_VALUES);
+        assert_eq!((ids[0], ids[ids.len() - 1]), (0, 30521));
+        assert_eq!(k.get("token_type_ids"), Some(&Known::Int(vec![0, 1])));
+        assert!(!k.contains_key("attention_mask"));
     }
 
     #[test]

@@ -1,0 +1,106 @@
+//! The default validation inputs through the binary (issue 41): realistic sizes before
+//! degenerate ones, shown in `build --json`; a candidate over the byte budget skipped, not
+//! the end of the search; sizes the weights fix found past Casts at the end of the node
+//! list (onnxruntime.transformers' float16 with `keep_io_types`).
+
+use std::path::Path;
+
+use serde_json::Value;
+use trtcache::fixtures::{attr, model, tensor_f32, tensor_i64, write, GraphBuilder, D};
+use trtcache::onnx::ElemType::Float32;
+
+use crate::support::{json, trtcache};
+
+fn build_json(m: &Path, cache: &Path) -> (Value, std::process::Output) {
+    let out = trtcache([
+        "build".as_ref(),
+        m.as_os_str(),
+        "--cache-dir".as_ref(),
+        cache.as_os_str(),
+        "--json".as_ref(),
+    ]);
+    (json(&out), out)
+}
+
+fn shapes(v: &Value) -> &Value {
+    &v["record"]["validation"]["shapes"]
+}
+
+/// A sequence model that takes any size is validated at a batch of 2 and 16 steps, not on
+/// one token, and the record says so.
+#[test]
+fn realistic_sizes_first_and_shown() {
+    let mut g = GraphBuilder::new("seq");
+    g.input(
+        "x",
+        Float32,
+        &[D::Named("batch"), D::Named("seq"), D::Fixed(8)],
+    )
+    .output("y", Float32, None);
+    g.node("Relu", &["x"], &["y"]);
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("seq.onnx");
+    write(&model(g.build(), &[("", 17)]), &m).unwrap();
+    let (v, out) = build_json(&m, &d.path().join("c"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(shapes(&v)["x"], serde_json::json!([2, 16, 8]), "{v}");
+}
+
+/// `a: [n, n, n, n]` must be one element and `b: [k]` 640 long: "the rest 224" needs 10 GB
+/// and is skipped, and the search goes on to `k 640, the rest 1`.
+#[test]
+fn a_candidate_over_the_byte_budget_is_skipped() {
+    let mut g = GraphBuilder::new("budget");
+    g.input(
+        "a",
+        Float32,
+        &[D::Named("n"), D::Named("n"), D::Named("n"), D::Named("n")],
+    )
+    .input("b", Float32, &[D::Named("k")])
+    .init(tensor_i64("one", &[1], &[1]))
+    .init(tensor_i64("long", &[1], &[640]))
+    .output("y", Float32, None);
+    g.node("Reshape", &["a", "one"], &["ra"]);
+    g.node("Reshape", &["b", "long"], &["rb"]);
+    g.node("Add", &["ra", "rb"], &["y"]);
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("budget.onnx");
+    write(&model(g.build(), &[("", 17)]), &m).unwrap();
+    let (v, out) = build_json(&m, &d.path().join("c"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(shapes(&v)["a"], serde_json::json!([1, 1, 1, 1]), "{v}");
+    assert_eq!(shapes(&v)["b"], serde_json::json!([640]), "{v}");
+}
+
+/// onnxruntime.transformers' float16 with `keep_io_types=True` appends the input's Cast at
+/// the end of the node list: the channels the Conv's weights fix (3) are still found.
+#[test]
+fn weights_fix_sizes_past_a_cast_at_the_end() {
+    let free = [D::Unknown, D::Unknown, D::Unknown, D::Unknown];
+    let mut g = GraphBuilder::new("keepio");
+    g.input("pixel_values", Float32, &free)
+        .init(tensor_f32("K", &[4, 3, 3, 3], &[0.25; 108]))
+        .output("y", Float32, None);
+    g.node("Conv", &["xc", "K"], &["y"]);
+    g.node("Cast", &["pixel_values"], &["xc"])
+        .attribute
+        .push(attr::int("to", 1));
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("keepio.onnx");
+    write(&model(g.build(), &[("", 17)]), &m).unwrap();
+    let (v, out) = build_json(&m, &d.path().join("c"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(shapes(&v)["pixel_values"][1], 3, "{v}");
+}
