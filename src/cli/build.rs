@@ -353,9 +353,16 @@ pub fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
         builder = builder.with_size_limit(max);
     }
     let progress = |step: &Progress| eprintln!("trtcache: {step}");
-    let outcome = builder
-        .build(&req, &progress)
-        .with_context(|| format!("building {} with {backend}", a.model.display()))?;
+    // The model's path once: most build errors already start with it.
+    let outcome = builder.build(&req, &progress).map_err(|e| {
+        let path = a.model.display().to_string();
+        let what = if e.to_string().starts_with(&path) {
+            format!("building with {backend}")
+        } else {
+            format!("building {path} with {backend}")
+        };
+        anyhow::Error::new(e).context(what)
+    })?;
     let rt_version = runtime::loaded().map(|r| r.version.clone());
     if a.json {
         let r = report(&outcome, rt_version);
