@@ -530,6 +530,7 @@ fn local_status(cfg: &Config, only: Option<&str>) -> anyhow::Result<Vec<ModelSta
                 phase: None,
                 origin: None,
                 runtime: None,
+                validated_at: None,
             };
             match cache.plan(entry, &sel) {
                 Ok(p) => {

@@ -415,6 +415,7 @@ mod tests {
                     phase: None,
                     origin: None,
                     runtime: None,
+                    validated_at: None,
                 })
                 .collect(),
         }

@@ -584,6 +584,9 @@ pub struct VariantStatus {
     /// "Upgrading the runtime"); absent for the daemon's current runtime.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
+    /// For `ready`: input name → the shape validation ran it at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validated_at: Option<std::collections::BTreeMap<String, Vec<i64>>>,
 }
 
 /// Where a ready artifact came from.
@@ -695,6 +698,10 @@ pub struct Validation {
     /// Largest relative error against the reference, when outputs were compared.
     #[serde(default)]
     pub max_rel_err: Option<f64>,
+    /// Input name → the shape validation ran it at (absent from daemons that predate it):
+    /// whether the inputs exercised the model, at a glance.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub shapes: std::collections::BTreeMap<String, Vec<i64>>,
 }
 
 /// One file of an artifact; descriptors arrive in the order of [`ArtifactMeta::files`].

@@ -34,6 +34,7 @@ impl Service {
             phase: None,
             origin: None,
             runtime: sel.runtime.clone(),
+            validated_at: None,
         };
         match p {
             Err((_, msg)) => {
@@ -46,6 +47,8 @@ impl Service {
                 if let Some(h) = st.ready.get(&p.key) {
                     v.state = VariantState::Ready;
                     v.origin = Some(h.origin);
+                    let shapes = &h.metadata.validation.shapes;
+                    v.validated_at = (!shapes.is_empty()).then(|| shapes.clone());
                 } else if let Some(js) = self.queue.job_status(&p.key) {
                     match js {
                         JobStatus::Queued => v.state = VariantState::Queued,
@@ -87,6 +90,7 @@ impl Service {
                             phase: Some("planning".into()),
                             origin: None,
                             runtime: sel.runtime.clone(),
+                            validated_at: None,
                         },
                     })
                     .collect()
