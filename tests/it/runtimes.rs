@@ -172,8 +172,14 @@ fn a_runtime_upgrade_is_prebuilt_served_without_builds_and_kept_by_gc() {
             .all(|v| v.state == trtcache_client::VariantState::Ready));
         // Which inputs validation ran on, per ready variant (issue 41): realistic sizes.
         for v in &m.variants {
-            let shapes = v.validated_at.as_ref().expect("validated_at of a ready variant");
-            assert!(shapes.values().all(|s| s.iter().product::<i64>() > 1), "{shapes:?}");
+            let shapes = v
+                .validated_at
+                .as_ref()
+                .expect("validated_at of a ready variant");
+            assert!(
+                shapes.values().all(|s| s.iter().product::<i64>() > 1),
+                "{shapes:?}"
+            );
         }
     }
 
