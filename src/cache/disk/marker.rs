@@ -85,15 +85,21 @@ fn made_before_the_store(e: &std::fs::DirEntry) -> bool {
     let Ok(t) = e.file_type() else {
         return false;
     };
+    // Another trtcache of this user only: a file of that name from someone else keeps the
+    // folder foreign (it is never adopted, nor later cleaned up as our leftover).
     let tagging = || {
+        use std::os::unix::fs::MetadataExt;
         t.is_file()
             && name.starts_with(".tmp-")
             && own_temp(&name)
-            && e.metadata()
-                .ok()
-                .and_then(|m| m.modified().ok())
-                .and_then(|m| m.elapsed().ok())
-                .is_some_and(|age| age.as_secs() < TAGGING_SECS)
+            && e.metadata().ok().is_some_and(|m| {
+                // SAFETY: geteuid has no preconditions.
+                m.uid() == unsafe { libc::geteuid() }
+                    && m.modified()
+                        .ok()
+                        .and_then(|t| t.elapsed().ok())
+                        .is_some_and(|age| age.as_secs() < TAGGING_SECS)
+            })
     };
     name == ".gitkeep"
         || t.is_socket()
