@@ -49,6 +49,12 @@ pub enum BuildError {
     /// where it runs the model).
     #[error("{0}")]
     Crashed(String),
+    /// The build worker died of a fault while ONNX Runtime ran the *original* model on the
+    /// default validation inputs `inputs` (a candidate of the search): the runtime's fault at
+    /// those sizes, not the artifact's. The pipeline validates again without that candidate
+    /// ([`crate::builder::Fallback::ReferenceCrashed`]), a bounded number of times.
+    #[error("{why} (ONNX Runtime ran the original model at {inputs})")]
+    ReferenceCrashed { inputs: String, why: String },
     /// No build worker could be started or reaped: the machine's problem, not the model's.
     #[error("{0}")]
     WorkerUnavailable(String),

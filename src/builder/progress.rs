@@ -17,6 +17,13 @@ pub enum Progress {
     Building(Backend),
     /// Validation against the original model begins.
     Validating,
+    /// The default input search runs the original model on the candidate of this label
+    /// (`realistic batch=2 …`): a worker that dies before [`Progress::InputsFound`]
+    /// died in the reference run on those inputs, and the pipeline validates again
+    /// without them ([`Fallback::ReferenceCrashed`]). Not printed by the CLI.
+    TryingInputs(String),
+    /// The input search ended (inputs found, or the search refused).
+    InputsFound,
     /// A failed attempt is built again, as the backend's fallback ladder says.
     Retrying(Fallback),
     /// The record (and the artifact, when it passed) goes into the store.
@@ -34,13 +41,20 @@ pub enum Fallback {
     WithoutRewrites,
     /// An artifact over tolerance at `from`: built again at `to`.
     LowerLevel { from: OptLevel, to: OptLevel },
+    /// ONNX Runtime crashed running the original model on the default validation inputs
+    /// `inputs` (a fault in the runtime at those sizes, not the artifact's): validated
+    /// again on the next candidate sizes.
+    ReferenceCrashed { inputs: String },
 }
 
 impl Fallback {
     /// Whether the attempt failed validation (it was built, and over tolerance), not the
     /// worker.
     pub fn over_tolerance(&self) -> bool {
-        !matches!(self, Fallback::WorkerDied { .. })
+        !matches!(
+            self,
+            Fallback::WorkerDied { .. } | Fallback::ReferenceCrashed { .. }
+        )
     }
 }
 
@@ -63,6 +77,14 @@ impl std::fmt::Display for Progress {
                 "over tolerance at optimization level {}: building at {}",
                 from.name(),
                 to.name()
+            ),
+            Progress::TryingInputs(label) => {
+                write!(f, "running the original model at {label}")
+            }
+            Progress::InputsFound => f.write_str("validation inputs found"),
+            Progress::Retrying(Fallback::ReferenceCrashed { inputs }) => write!(
+                f,
+                "ONNX Runtime crashed running the original model at {inputs}: validating at other sizes"
             ),
             Progress::Storing => f.write_str("storing"),
         }

@@ -6,12 +6,35 @@
 use std::path::Path;
 
 use super::backends::BackendImpl;
-use super::validate::{self, ValidationConfig, ValidationReport};
-use super::{BuildError, BuildOptions, Runtime, StagedArtifact};
+use super::validate::{self, Reference, ValidationConfig, ValidationReport};
+use super::{BuildError, BuildOptions, Progress, Runtime, StagedArtifact};
 
-/// Validates a built artifact against `model` (ONNX Runtime CPU on the model as given, see
-/// [`validate`](super::validate)): the backend's runner on the inputs the reference accepts,
-/// compared with the reference's outputs, then the backend's own probe of the result.
+/// The inputs `model` is validated on and its outputs on them (ONNX Runtime CPU on the
+/// model as given, see [`validate`](super::validate)), found *before* the backend builds:
+/// the search depends only on the model, its session is closed before the build starts, and
+/// a crash of ONNX Runtime on one of its candidates costs the next attempt the search, not
+/// a build ([`super::Fallback::ReferenceCrashed`]).
+pub(crate) fn reference(
+    rt: &Runtime,
+    model: &Path,
+    opts: &BuildOptions,
+    cfg: &ValidationConfig,
+    progress: &dyn Fn(&Progress),
+) -> Result<Reference, BuildError> {
+    tracing::info_span!("validation_inputs", model = %model.display()).in_scope(|| {
+        validate::find_reference(
+            rt,
+            model,
+            opts.profile.as_ref(),
+            cfg,
+            opts.threads,
+            progress,
+        )
+    })
+}
+
+/// Validates a built artifact against `reference` ([`reference`]): the backend's runner on
+/// its inputs, compared with its outputs, then the backend's own probe of the result.
 pub(crate) fn validate(
     b: &dyn BackendImpl,
     rt: &Runtime,
@@ -19,19 +42,14 @@ pub(crate) fn validate(
     artifact: &StagedArtifact,
     opts: &BuildOptions,
     cfg: &ValidationConfig,
+    reference: Reference,
 ) -> Result<ValidationReport, BuildError> {
     let mut runner = b.runner(rt, model, artifact, opts)?;
     let validated =
         tracing::info_span!("validate_with", model = %model.display()).in_scope(|| {
-            validate::validate_keeping_inputs(
-                rt,
-                model,
-                opts.profile.as_ref(),
-                opts.precision,
-                cfg,
-                opts.threads,
-                &mut |inputs| runner.run(inputs),
-            )
+            validate::validate_against(reference, model, opts.precision, cfg, &mut |inputs| {
+                runner.run(inputs)
+            })
         })?;
     b.probe(rt, model, artifact, opts, cfg, runner, validated)
 }

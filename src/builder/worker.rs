@@ -185,10 +185,22 @@ fn exchange(
         }
     });
     let mut reply: Option<Result<Reply, String>> = None;
+    // The validation candidate whose reference run began and has not ended: a worker that
+    // dies of a fault meanwhile died in ONNX Runtime running the original model on it.
+    let pending = std::cell::RefCell::new(None::<String>);
     let drain = |reply: &mut Option<Result<Reply, String>>| {
         while let Ok(l) = rx.try_recv() {
             match l {
-                Ok(Line::Progress(p)) => progress(&p),
+                Ok(Line::Progress(p)) => {
+                    match &p {
+                        Progress::TryingInputs(label) => {
+                            *pending.borrow_mut() = Some(label.clone())
+                        }
+                        Progress::InputsFound => *pending.borrow_mut() = None,
+                        _ => {}
+                    }
+                    progress(&p)
+                }
                 Ok(Line::Reply(r)) => *reply = Some(Ok(r)),
                 Err(e) => *reply = Some(Err(e)),
             }
@@ -258,7 +270,10 @@ fn exchange(
         // OOM killer under host pressure, an admin. The caller may try that again.
         return Err(match status.signal() {
             Some(libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE) => {
-                BuildError::Crashed(why)
+                match pending.into_inner() {
+                    Some(inputs) => BuildError::ReferenceCrashed { inputs, why },
+                    None => BuildError::Crashed(why),
+                }
             }
             Some(libc::SIGKILL) => BuildError::Killed(why),
             _ => BuildError::Worker(why),
@@ -487,6 +502,7 @@ pub fn check_artifact(job: &Job, c: &CheckArtifact) -> Result<(), BuildError> {
     b.check(rt)?;
     b.check_artifact(rt, &c.artifact, &job.options)?;
     if c.revalidate {
+        let reference = stage::reference(rt, &job.model, &job.options, &job.validation, &|_| {})?;
         let v = stage::validate(
             &*b,
             rt,
@@ -494,6 +510,7 @@ pub fn check_artifact(job: &Job, c: &CheckArtifact) -> Result<(), BuildError> {
             &c.artifact,
             &job.options,
             &job.validation,
+            reference,
         )?;
         if !v.passed {
             return Err(BuildError::Validation(format!(
@@ -505,12 +522,14 @@ pub fn check_artifact(job: &Job, c: &CheckArtifact) -> Result<(), BuildError> {
     Ok(())
 }
 
-/// What the worker does: the backend's build into `job.out`, then validation against the
-/// original model. The same steps [`super::Builder`] runs in process.
+/// What the worker does: the validation inputs and the original model's outputs on them,
+/// the backend's build into `job.out`, then validation against those outputs. The same
+/// steps [`super::Builder`] runs in process.
 pub fn build_and_validate(job: &Job, progress: &dyn Fn(&Progress)) -> Result<Built, BuildError> {
     let rt = runtime::load(job.ort_library.as_deref())?;
     let b = backend(job.backend);
     b.check(rt)?;
+    let reference = stage::reference(rt, &job.model, &job.options, &job.validation, progress)?;
     let started = Instant::now();
     let artifact = b
         .build(rt, &job.model, &job.options, &job.out)
@@ -524,6 +543,7 @@ pub fn build_and_validate(job: &Job, progress: &dyn Fn(&Progress)) -> Result<Bui
         &artifact,
         &job.options,
         &job.validation,
+        reference,
     )?;
     Ok(Built {
         artifact,

@@ -46,13 +46,21 @@ pub struct OutputError {
 
 impl OutputError {
     /// The half type (`float16`, `bfloat16`) whose steps the output was compared in: its
-    /// own type, or the type a float32/float64 output is a Cast of (said in its `rule`).
+    /// own type, or the type a float32/float64 output is a Cast of (said in its `rule`); or
+    /// `int8` for an output of dynamically quantized activations (`spec::DYNAMIC_INT8`).
     pub fn steps_of(&self) -> Option<&'static str> {
         let cast = |t: &str| {
             self.rule
                 .as_deref()
                 .is_some_and(|r| r.ends_with(&format!("(a Cast of {t})")))
         };
+        if self
+            .rule
+            .as_deref()
+            .is_some_and(|r| r.contains("int8 steps of"))
+        {
+            return Some("int8");
+        }
         match self.dtype.as_deref() {
             Some("float16") => Some("float16"),
             Some("bfloat16") => Some("bfloat16"),

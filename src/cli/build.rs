@@ -327,6 +327,7 @@ pub(super) fn request(a: &BuildArgs) -> anyhow::Result<(BuildJob, Option<u64>)> 
             ulps: a.ulps.or(plan.tolerance.ulps),
         }),
         golden: a.golden.clone().or(req.validation.golden),
+        avoid_inputs: Vec::new(),
     };
     Ok((req, max_bytes))
 }
@@ -352,7 +353,11 @@ pub fn run(a: BuildArgs) -> anyhow::Result<ExitCode> {
     if let Some(max) = max_bytes {
         builder = builder.with_size_limit(max);
     }
-    let progress = |step: &Progress| eprintln!("trtcache: {step}");
+    let progress = |step: &Progress| match step {
+        // One per candidate of the input search: for the worker's parent, not the terminal.
+        Progress::TryingInputs(_) | Progress::InputsFound => {}
+        _ => eprintln!("trtcache: {step}"),
+    };
     // The model's path once: most build errors already start with it.
     let outcome = builder.build(&req, &progress).map_err(|e| {
         let path = a.model.display().to_string();

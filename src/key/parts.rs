@@ -235,17 +235,10 @@ pub fn opsets_of(model: &Model) -> BTreeMap<String, i64> {
     out
 }
 
-/// Whether a graph output of `model` has float16 or bfloat16 resolution (its type, inside a
-/// sequence, map or optional too, or a Cast of such a tensor:
-/// [`crate::onnx::resolution::half_outputs`]): its validation compares it in steps of that
-/// type ([`HALF_RULE`]).
-pub fn has_half_outputs(model: &Model) -> bool {
-    !crate::onnx::resolution::half_outputs(model.graph()).is_empty()
-}
-
 /// The parts of a key. The profile's name is cleared: it is a label, and two names for the
 /// same shapes build the same artifact. A model with float16/bfloat16 outputs gets the
-/// option `validation` = [`HALF_RULE`]: the rule that accepts its artifacts is not the one
+/// option `validation` = [`HALF_RULE`] (and one with float outputs of dynamically quantized
+/// activations [`crate::spec::DYNAMIC_INT8_RULE`], joined by `+` when it has both): the rule that accepts its artifacts is not the one
 /// older keys were validated under (a remembered failure under the old rule is not this
 /// key's). Other models' keys are unchanged: their rule is.
 pub fn key_parts(
@@ -257,8 +250,23 @@ pub fn key_parts(
     precision: Precision,
     mut options: BTreeMap<String, String>,
 ) -> KeyParts {
-    if has_half_outputs(model) {
-        options.insert("validation".into(), HALF_RULE.into());
+    let resolutions = crate::onnx::resolution::output_resolutions(model.graph());
+    let rules: Vec<&str> = [
+        (
+            resolutions.values().any(|r| crate::spec::is_half(r)),
+            HALF_RULE,
+        ),
+        (
+            resolutions.values().any(|r| r == crate::spec::DYNAMIC_INT8),
+            crate::spec::DYNAMIC_INT8_RULE,
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(has, rule)| has.then_some(rule))
+    .collect();
+    if !rules.is_empty() {
+        // `half-ulps-v1` alone as before; a model with both rules names both.
+        options.insert("validation".into(), rules.join("+"));
     }
     KeyParts {
         format: KEY_FORMAT,

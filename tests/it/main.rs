@@ -19,6 +19,7 @@ mod layering;
 mod modgraph;
 mod onnx_load;
 mod ops;
+mod quantized_outputs;
 mod readme;
 mod ready_index;
 mod ready_trust;

@@ -104,3 +104,44 @@ fn weights_fix_sizes_past_a_cast_at_the_end() {
     );
     assert_eq!(shapes(&v)["pixel_values"][1], 3, "{v}");
 }
+
+/// ONNX Runtime itself dying on the original model at the realistic sizes (an int64
+/// `i64::MIN / -1` at 16 steps, which the CPU traps: SIGFPE, as 1.31 dies in asr_wespeaker's
+/// front end at small sizes) rejects
+/// that candidate, not the model: the search goes on to sizes the runtime survives, the
+/// record names the crash, and the artifact is validated and served.
+#[test]
+fn a_runtime_crash_at_one_candidate_moves_the_search_on() {
+    let mut g = GraphBuilder::new("divides_min_by_seq_minus_17");
+    g.input("x", Float32, &[D::Named("batch"), D::Named("seq")])
+        .output("y", Float32, None)
+        .init(tensor_i64("one", &[1], &[1]))
+        .init(tensor_i64("seventeen", &[1], &[17]))
+        .init(tensor_i64("min", &[1], &[i64::MIN]));
+    g.node("Shape", &["x"], &["shape"]);
+    g.node("Gather", &["shape", "one"], &["seq"]);
+    g.node("Sub", &["seq", "seventeen"], &["d"]);
+    // i64::MIN / -1 when seq = 16: ONNX Runtime checks for zero, not for this; idiv traps.
+    g.node("Div", &["min", "d"], &["q"]);
+    g.node("Cast", &["q"], &["qf"])
+        .attribute
+        .push(attr::int("to", Float32.code() as i64));
+    g.node("Mul", &["x", "qf"], &["y"]);
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("m.onnx");
+    write(&model(g.build(), &[("", 17)]), &m).unwrap();
+    let (v, out) = build_json(&m, &d.path().join("cache"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(v["state"], "ready", "{v}");
+    assert_ne!(shapes(&v)["x"][1], 16, "{v}");
+    let rejected = v["record"]["validation"]["rejected"].to_string();
+    assert!(
+        rejected.contains("realistic") && rejected.contains("SIGFPE"),
+        "{rejected}"
+    );
+    assert!(
+        err.contains("ONNX Runtime crashed running the original model at realistic"),
+        "{err}"
+    );
+}

@@ -20,30 +20,55 @@ use crate::builder::ort::{open_raw, Runtime};
 use crate::builder::BuildError;
 use crate::plan::{Precision, ShapeProfile};
 
-/// Validates a candidate (`candidate` runs the artifact on the inputs the reference accepted
-/// and returns its outputs by name) against `model` run on ONNX Runtime CPU with
-/// optimizations disabled; also returns the inputs it validated on, once the reference session
-/// is closed (its threads gone, so timing the candidate on them competes with nothing), and
-/// the reference's outputs on them (another run of the artifact is checked against those
-/// with [`compare_outputs`], without the reference again).
-pub(crate) fn validate_keeping_inputs(
+/// The inputs validation runs on, and the original model's outputs on them.
+pub(crate) struct Reference {
+    pub(crate) inputs: Inputs,
+    pub(crate) shapes: super::Shapes,
+    pub(crate) want: Outs,
+}
+
+/// Runs `model` on ONNX Runtime CPU with optimizations disabled to find the inputs to
+/// validate on ([`reference_inputs`]: golden, or the default search announcing each
+/// candidate through `progress`) and its outputs on them. The session is closed before
+/// this returns, so a build that follows never shares memory or threads with it.
+pub(crate) fn find_reference(
     rt: &Runtime,
     model: &Path,
     profile: Option<&ShapeProfile>,
-    precision: Precision,
     cfg: &ValidationConfig,
     threads: usize,
-    candidate: &mut dyn FnMut(&Inputs) -> Result<Outs, BuildError>,
-) -> Result<(ValidationReport, Inputs, Outs), BuildError> {
-    let mut reference = open_raw(
+    progress: &dyn Fn(&crate::builder::Progress),
+) -> Result<Reference, BuildError> {
+    let mut session = open_raw(
         rt,
         model,
         ort::session::builder::GraphOptimizationLevel::Disable,
         threads,
     )?;
-    let (inputs, shapes, want) = reference_inputs(&mut reference, model, profile, cfg)?;
-    // Its intra-op threads spin a while after each run: gone before the candidate runs.
-    drop(reference);
+    let (inputs, shapes, want) = reference_inputs(&mut session, model, profile, cfg, progress)?;
+    Ok(Reference {
+        inputs,
+        shapes,
+        want,
+    })
+}
+
+/// Validates a candidate (`candidate` runs the artifact on the inputs the reference accepted
+/// and returns its outputs by name) against `reference` ([`find_reference`]); also returns
+/// the inputs it validated on and the reference's outputs on them (another run of the
+/// artifact is checked against those with [`compare_outputs`], without the reference again).
+pub(crate) fn validate_against(
+    reference: Reference,
+    model: &Path,
+    precision: Precision,
+    cfg: &ValidationConfig,
+    candidate: &mut dyn FnMut(&Inputs) -> Result<Outs, BuildError>,
+) -> Result<(ValidationReport, Inputs, Outs), BuildError> {
+    let Reference {
+        inputs,
+        shapes,
+        want,
+    } = reference;
     let got = candidate(&inputs)?;
     let tol = cfg
         .tolerance
@@ -66,10 +91,28 @@ pub(crate) fn validate_keeping_inputs(
     Ok((report, inputs, want))
 }
 
+/// [`find_reference`], then [`validate_against`] it: its intra-op threads (which spin a
+/// while after each run) are gone before the candidate runs.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn validate_keeping_inputs(
+    rt: &Runtime,
+    model: &Path,
+    profile: Option<&ShapeProfile>,
+    precision: Precision,
+    cfg: &ValidationConfig,
+    threads: usize,
+    candidate: &mut dyn FnMut(&Inputs) -> Result<Outs, BuildError>,
+    progress: &dyn Fn(&crate::builder::Progress),
+) -> Result<(ValidationReport, Inputs, Outs), BuildError> {
+    let reference = find_reference(rt, model, profile, cfg, threads, progress)?;
+    validate_against(reference, model, precision, cfg, candidate)
+}
+
 /// Each of the reference's outputs (`want`) against the candidate's (`got`, by name; a
 /// missing one fails), within `tol`; float32/float64 outputs that are a Cast of a float16 or
 /// bfloat16 tensor in `model` are compared at that type's resolution
-/// ([`crate::onnx::resolution::half_outputs`]).
+/// ([`crate::onnx::resolution::half_outputs`]), and float outputs of dynamically quantized
+/// activations in int8 steps of their range ([`crate::spec::DYNAMIC_INT8`]).
 pub(crate) fn compare_outputs(
     model: &Path,
     want: &Outs,
@@ -77,7 +120,7 @@ pub(crate) fn compare_outputs(
     tol: Tolerance,
 ) -> Vec<OutputError> {
     let half = match crate::onnx::Model::load(model) {
-        Ok(m) => crate::onnx::resolution::half_outputs(m.graph()),
+        Ok(m) => crate::onnx::resolution::output_resolutions(m.graph()),
         Err(e) => {
             // The reference ran it, so it loads; if not, every output keeps its own type.
             tracing::debug!(error = %e, "no output resolutions: the model does not load");

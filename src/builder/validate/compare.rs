@@ -8,6 +8,7 @@
 
 use super::values::{Data, Out};
 use super::{OutputError, Tolerance};
+use crate::spec::DYNAMIC_INT8;
 
 /// Stands for an unbounded error (NaN against a number, zero reference, shape mismatch).
 /// JSON has no infinity (serde_json writes `null`, which would not read back into the
@@ -34,6 +35,31 @@ pub fn rms(values: &[f64]) -> f64 {
     }
 }
 
+/// One step of an `elem` output's resolution at the element `r`, for `max_ulps`: its float
+/// type's spacing at max(|r|, `scale`), or for [`DYNAMIC_INT8`] `scale` itself (the int8 step).
+fn step_at(elem: &str, r: f64, scale: f64) -> Option<f64> {
+    if elem == DYNAMIC_INT8 {
+        Some(scale)
+    } else {
+        crate::spec::float_step(elem, r.abs().max(scale))
+    }
+}
+
+/// One int8 step of an output's range: (max − min) / 255 of its finite values (0 for none).
+pub fn int8_step(values: &[f64]) -> f64 {
+    let (lo, hi) = values
+        .iter()
+        .filter(|v| v.is_finite())
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| {
+            (lo.min(v), hi.max(v))
+        });
+    if hi >= lo {
+        (hi - lo) / 255.0
+    } else {
+        0.0
+    }
+}
+
 /// Compares two flattened outputs of element type `elem` (`float16`, `float32`, …): an
 /// element passes within [`Tolerance::half_bound`], which is `atol + rtol·|ref|` except for
 /// float16/bfloat16, whose elements also pass within `tol.ulps` steps of their type at the
@@ -55,7 +81,7 @@ pub fn compare_as(
         non_finite: reference.iter().filter(|r| !r.is_finite()).count(),
         dtype: Some(elem.to_string()),
         rule: Some(tol.rule(elem)),
-        max_ulps: crate::spec::float_step(elem, 1.0).map(|_| 0.0),
+        max_ulps: step_at(elem, 1.0, 1.0).map(|_| 0.0),
     };
     let worst = |e: &mut OutputError| {
         e.max_abs = UNBOUNDED;
@@ -70,7 +96,11 @@ pub fn compare_as(
         e.passed = false;
         return e;
     }
-    let scale = rms(reference);
+    let scale = if elem == DYNAMIC_INT8 {
+        int8_step(reference)
+    } else {
+        rms(reference)
+    };
     for (&r, &g) in reference.iter().zip(got) {
         if r.is_nan() && g.is_nan() || r == g {
             continue;
@@ -85,11 +115,10 @@ pub fn compare_as(
         let rel = if r != 0.0 { d / r.abs() } else { UNBOUNDED };
         e.max_abs = e.max_abs.max(d);
         e.max_rel = e.max_rel.max(rel);
-        if let (Some(u), Some(step)) = (
-            e.max_ulps.as_mut(),
-            crate::spec::float_step(elem, r.abs().max(scale)),
-        ) {
-            *u = u.max(d / step);
+        if let (Some(u), Some(step)) = (e.max_ulps.as_mut(), step_at(elem, r, scale)) {
+            if step > 0.0 {
+                *u = u.max(d / step);
+            }
         }
         // A NaN bound (a library caller's NaN tolerance) passes nothing.
         let bound = tol.half_bound(elem, r, scale);
@@ -143,7 +172,7 @@ impl Acc {
             match data {
                 Data::Float(_) => {
                     let elem = self.rule_type(ty).to_string();
-                    let cast = if elem != *ty {
+                    let cast = if crate::spec::is_half(&elem) && elem != *ty {
                         format!(" (a Cast of {elem})")
                     } else {
                         String::new()

@@ -29,6 +29,11 @@ pub struct ValidationConfig {
     /// at most this many milliseconds (`limits.prepack_probe_max_run_ms`); 0: never.
     #[serde(default = "default_prepack_probe_max_run_ms")]
     pub prepack_probe_max_run_ms: u64,
+    /// Default input candidates (by label) the search does not run: ONNX Runtime crashed
+    /// running the original model on them in an earlier attempt of this build (the
+    /// pipeline adds them, [`crate::builder::Fallback::ReferenceCrashed`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub avoid_inputs: Vec<String>,
 }
 
 /// Default [`ValidationConfig::thread_probe_max_run_ms`]: 10 ms, so the probe adds at most
@@ -84,6 +89,7 @@ impl Default for ValidationConfig {
             max_input_bytes: DEFAULT_MAX_INPUT_BYTES,
             thread_probe_max_run_ms: DEFAULT_THREAD_PROBE_MAX_RUN_MS,
             prepack_probe_max_run_ms: DEFAULT_PREPACK_PROBE_MAX_RUN_MS,
+            avoid_inputs: Vec::new(),
         }
     }
 }

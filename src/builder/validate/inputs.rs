@@ -37,6 +37,7 @@ use super::search::{
 };
 use super::values;
 use super::vocab;
+use crate::builder::Progress;
 use crate::plan::ShapeProfile;
 use crate::rng::SplitMix64;
 
@@ -359,12 +360,28 @@ fn signatures(
 }
 
 /// Finds inputs the reference accepts and its outputs on them: the golden file when one is
-/// given, else the profile's opt shapes and the bounded search of [`candidates`].
+/// given, else the profile's opt shapes and the bounded search of [`candidates`]. Each
+/// candidate's reference run is announced first ([`Progress::TryingInputs`]) and the end of
+/// the search after it ([`Progress::InputsFound`]), so the worker's parent knows on which
+/// sizes ONNX Runtime died, if it does; candidates in `cfg.avoid_inputs` are not run.
 pub(super) fn reference_inputs(
     reference: &mut Session,
     model: &Path,
     profile: Option<&ShapeProfile>,
     cfg: &ValidationConfig,
+    progress: &dyn Fn(&Progress),
+) -> Result<(Inputs, Shapes, Outs), ValidateError> {
+    let found = find_reference_inputs(reference, model, profile, cfg, progress);
+    progress(&Progress::InputsFound);
+    found
+}
+
+fn find_reference_inputs(
+    reference: &mut Session,
+    model: &Path,
+    profile: Option<&ShapeProfile>,
+    cfg: &ValidationConfig,
+    progress: &dyn Fn(&Progress),
 ) -> Result<(Inputs, Shapes, Outs), ValidateError> {
     if let Some(g) = &cfg.golden {
         let (inputs, shapes) = golden_inputs(reference, g)?;
@@ -397,6 +414,13 @@ pub(super) fn reference_inputs(
             break;
         }
         if ran.contains(&&c.leaf) {
+            continue;
+        }
+        if cfg.avoid_inputs.contains(&c.label) {
+            skipped.push((
+                c.label.clone(),
+                "ONNX Runtime crashed running the original model on these sizes".into(),
+            ));
             continue;
         }
         let mut shapes = BTreeMap::new();
@@ -449,6 +473,7 @@ pub(super) fn reference_inputs(
             }
             Err(e) => return Err(e),
         };
+        progress(&Progress::TryingInputs(c.label.clone()));
         match run(reference, &inputs, model) {
             Ok(want) if !exercised(&want) && fallback_tries < NOT_EXERCISED_TRIES => {
                 tracing::info!(candidate = %c.label, "every float output is constant on these inputs: not exercised, trying the next sizes");

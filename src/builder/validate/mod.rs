@@ -34,7 +34,9 @@ pub use crate::cache::{OutputError, ValidationReport};
 /// for float16/bfloat16 outputs `ulps` steps of their type: [`Tolerance::half_bound`]).
 pub use crate::spec::Tolerance;
 
-pub(crate) use check::{compare_outputs, validate_keeping_inputs};
+pub(crate) use check::{
+    compare_outputs, find_reference, validate_against, validate_keeping_inputs, Reference,
+};
 pub use compare::{compare_as, non_finite_warning, rms, UNBOUNDED};
 pub use config::{
     ValidationConfig, DEFAULT_MAX_INPUT_BYTES, DEFAULT_PREPACK_PROBE_MAX_RUN_MS,

@@ -58,13 +58,22 @@ impl DiskBuildCache {
                     v.tolerance.atol,
                     v.tolerance.rtol,
                     // Outputs held to their own type's resolution say so (issue 41).
-                    if v.outputs.iter().any(|o| o.steps_of().is_some()) {
-                        format!(
-                            "; float16/bfloat16 outputs within {} steps of their type",
-                            v.tolerance.half_ulps()
-                        )
-                    } else {
-                        String::new()
+                    {
+                        let of = |k: &str| v.outputs.iter().any(|o| o.steps_of() == Some(k));
+                        let mut s = String::new();
+                        if of("float16") || of("bfloat16") {
+                            s += &format!(
+                                "; float16/bfloat16 outputs within {} steps of their type",
+                                v.tolerance.half_ulps()
+                            );
+                        }
+                        if of("int8") {
+                            s += &format!(
+                                "; outputs of dynamically quantized activations within {} int8 steps of their range",
+                                v.tolerance.half_ulps()
+                            );
+                        }
+                        s
                     }
                 ),
                 None => "not validated".into(),

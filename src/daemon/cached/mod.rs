@@ -114,7 +114,8 @@ fn build_err(e: BuildError) -> BuildCacheError {
         | BuildError::Validation(_)
         | BuildError::Trt(_)
         | BuildError::Worker(_)
-        | BuildError::Crashed(_) => BuildCacheError::Invalid(e.into()),
+        | BuildError::Crashed(_)
+        | BuildError::ReferenceCrashed { .. } => BuildCacheError::Invalid(e.into()),
     }
 }
 
