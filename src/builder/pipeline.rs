@@ -295,12 +295,14 @@ impl Builder {
         watch: &Watch,
     ) -> Result<Built, BuildError> {
         let backend = backend(req.backend);
-        let reference = stage::reference(rt, &req.model, &req.options, &req.validation, *progress)?;
+        // Found first (see `worker::build_and_validate`); the build's error goes first.
+        let reference = stage::reference(rt, &req.model, &req.options, &req.validation, *progress);
         let started = Instant::now();
         let artifact = match backend.build(rt, &req.model, &req.options, out) {
             Ok(a) => a,
             Err(e) => return Err(disk_full(out, &req.model, e)),
         };
+        let reference = reference?;
         if let Some(hook) = &self.hook {
             hook(&artifact);
         }

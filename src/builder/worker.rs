@@ -529,12 +529,15 @@ pub fn build_and_validate(job: &Job, progress: &dyn Fn(&Progress)) -> Result<Bui
     let rt = runtime::load(job.ort_library.as_deref())?;
     let b = backend(job.backend);
     b.check(rt)?;
-    let reference = stage::reference(rt, &job.model, &job.options, &job.validation, progress)?;
+    // Found first; a model that neither builds nor runs reports its build's error, as when
+    // validation came after the build.
+    let reference = stage::reference(rt, &job.model, &job.options, &job.validation, progress);
     let started = Instant::now();
     let artifact = b
         .build(rt, &job.model, &job.options, &job.out)
         .map_err(|e| stage::disk_full(&job.out, &job.model, e))?;
     let build_ms = started.elapsed().as_millis() as u64;
+    let reference = reference?;
     progress(&Progress::Validating);
     let validation = stage::validate(
         &*b,
