@@ -116,6 +116,13 @@ pub struct ValidationReport {
     /// model whose rewritten ops compute in float64 (`builder::backends::ort_cpu::passes::exact_reference`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reference: Option<String>,
+    /// The input shapes of a second validation run at every free batch axis doubled
+    /// (`outputs` covers both runs), when the default search found the inputs, the model has
+    /// a free batch axis and the original model runs there: an artifact that is right at one
+    /// batch and wrong or crashing at another (ONNX Runtime 1.31 segfaults at batch 2 on an
+    /// artifact with saved prepacked weights it ran at batch 1) is caught.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub also_at: Option<BTreeMap<String, Vec<i64>>>,
 }
 
 /// How an `ort-cpu` artifact ran on the validation inputs with ONNX Runtime's default

@@ -8,6 +8,7 @@ use std::path::Path;
 use serde_json::Value;
 use trtcache::fixtures::{attr, model, tensor_f32, tensor_i64, write, GraphBuilder, D};
 use trtcache::onnx::ElemType::Float32;
+use trtcache::spec::Backend;
 
 use crate::support::{json, trtcache};
 
@@ -144,4 +145,78 @@ fn a_runtime_crash_at_one_candidate_moves_the_search_on() {
         err.contains("ONNX Runtime crashed running the original model at realistic"),
         "{err}"
     );
+}
+
+/// An artifact right at the batch validation found and wrong at twice that batch (what ONNX
+/// Runtime 1.31 does with saved prepacked weights it segfaults on at batch 2, here as wrong
+/// values): the second validation run, every free batch axis doubled, refuses it, and the
+/// record names the shapes of both runs.
+#[test]
+fn a_second_run_at_a_doubled_batch_catches_an_artifact_right_at_one_batch_only() {
+    use std::sync::Arc;
+    use trtcache::builder::{runtime, BuildJob, Builder};
+    use trtcache::cache::{SledStore, Status, StoreOptions};
+    use trtcache::onnx::ElemType::Int64;
+    let original = |wrong_above: Option<i64>| {
+        let mut g = GraphBuilder::new("relu");
+        g.input("x", Float32, &[D::Named("batch"), D::Fixed(8)])
+            .output("y", Float32, None);
+        match wrong_above {
+            None => {
+                g.node("Relu", &["x"], &["y"]);
+            }
+            Some(n) => {
+                // y = relu(x) · (1 + (batch > n)): exact up to batch n, twice too large above.
+                g.init(tensor_i64("zero", &[1], &[0]))
+                    .init(tensor_i64("n", &[1], &[n]));
+                g.node("Relu", &["x"], &["r"]);
+                g.node("Shape", &["x"], &["shape"]);
+                g.node("Gather", &["shape", "zero"], &["b"]);
+                g.node("Greater", &["b", "n"], &["above"]);
+                g.node("Cast", &["above"], &["a64"])
+                    .attribute
+                    .push(attr::int("to", Int64.code() as i64));
+                g.node("Add", &["a64", "one"], &["f64"]);
+                g.init(tensor_i64("one", &[1], &[1]));
+                g.node("Cast", &["f64"], &["f"])
+                    .attribute
+                    .push(attr::int("to", Float32.code() as i64));
+                g.node("Mul", &["r", "f"], &["y"]);
+            }
+        }
+        model(g.build(), &[("", 17)])
+    };
+    let build = |artifact: trtcache::onnx::proto::ModelProto| {
+        let d = tempfile::tempdir().unwrap();
+        let m = d.path().join("m.onnx");
+        write(&original(None), &m).unwrap();
+        runtime::load(Some(&crate::support::ort_dylib())).unwrap();
+        let store =
+            Arc::new(SledStore::open(&d.path().join("cache"), StoreOptions::default()).unwrap());
+        let builder = Builder::new(store, Some(crate::support::ort_dylib())).with_artifact_hook(
+            Arc::new(move |art: &trtcache::cache::StagedArtifact| {
+                write(&artifact, &art.dir.join(&art.entry)).unwrap();
+            }),
+        );
+        builder
+            .build(&BuildJob::new(&m, Backend::OrtCpu), &|_| {})
+            .unwrap()
+            .record
+    };
+    // Wrong above batch 4: right at both runs (2, then 4), served.
+    let r = build(original(Some(4)));
+    assert_eq!(r.status, Status::Ready, "{:?}", r.validation);
+    let v = r.validation.unwrap();
+    assert_eq!(v.shapes["x"], [2, 8]);
+    assert_eq!(v.also_at.as_ref().unwrap()["x"], [4, 8]);
+    // Wrong above batch 2: right at the first run, refused by the second.
+    let r = build(original(Some(2)));
+    assert!(
+        matches!(r.status, Status::Failed { .. }),
+        "served an artifact wrong at a doubled batch: {:?}",
+        r.validation
+    );
+    let v = r.validation.unwrap();
+    assert_eq!(v.shapes["x"], [2, 8]);
+    assert_eq!(v.also_at.as_ref().unwrap()["x"], [4, 8]);
 }

@@ -414,6 +414,7 @@ mod tests {
             prepack: None,
             rewrites: Vec::new(),
             reference: None,
+            also_at: None,
         };
         let back: ValidationReport =
             serde_json::from_slice(&serde_json::to_vec(&v).unwrap()).unwrap();

@@ -370,10 +370,88 @@ pub(super) fn reference_inputs(
     profile: Option<&ShapeProfile>,
     cfg: &ValidationConfig,
     progress: &dyn Fn(&Progress),
-) -> Result<(Inputs, Shapes, Outs), ValidateError> {
-    let found = find_reference_inputs(reference, model, profile, cfg, progress);
+) -> Result<(Inputs, Shapes, Outs, Option<Second>), ValidateError> {
+    let found = find_reference_inputs(reference, model, profile, cfg, progress).map(|found| {
+        let second = match cfg.golden {
+            Some(_) => None,
+            None => second_inputs(reference, model, profile, &found.1, cfg, progress),
+        };
+        (found.0, found.1, found.2, second)
+    });
     progress(&Progress::InputsFound);
     found
+}
+
+/// A second set of validation inputs and the reference's outputs on them.
+pub(crate) type Second = (Inputs, Shapes, Outs);
+
+/// The label of the second validation run ([`second_inputs`]), as progress and
+/// `avoid_inputs` name it.
+pub(super) const SECOND_LABEL: &str = "every free batch axis doubled (the second validation run)";
+
+/// The default search's inputs (`shapes`) with every free batch axis doubled, new random
+/// values, and the reference's outputs on them: a second run that catches an artifact right
+/// at one batch and wrong, or crashing, at another. `None` when the model has no free batch
+/// axis, the inputs would take over [`REALISTIC_MAX_BYTES`] (or the budget), the reference
+/// refuses them, or an earlier attempt's reference crashed on them.
+fn second_inputs(
+    reference: &mut Session,
+    model: &Path,
+    profile: Option<&ShapeProfile>,
+    shapes: &Shapes,
+    cfg: &ValidationConfig,
+    progress: &dyn Fn(&Progress),
+) -> Option<Second> {
+    if cfg.avoid_inputs.iter().any(|a| a == SECOND_LABEL) {
+        return None;
+    }
+    let (axes, _, _) = signatures(reference, profile);
+    let batch = batch_leaves(&axes);
+    let mut doubled = shapes.clone();
+    let mut any = false;
+    for a in &axes {
+        let leaf = if a.symbol.is_empty() {
+            unnamed(a)
+        } else {
+            a.symbol.clone()
+        };
+        if !batch.contains(&leaf) {
+            continue;
+        }
+        if let Some(d) = doubled.get_mut(&a.input).and_then(|d| d.get_mut(a.axis)) {
+            *d = d.saturating_mul(2).max(2);
+            any = true;
+        }
+    }
+    if !any {
+        return None;
+    }
+    let small = ValidationConfig {
+        max_input_bytes: cfg.max_input_bytes.min(REALISTIC_MAX_BYTES),
+        // Other values than the first run's.
+        seed: cfg.seed.wrapping_add(1),
+        ..cfg.clone()
+    };
+    if let Err(why) = over_budget(reference, &doubled, &small) {
+        tracing::debug!(%why, "no second validation run");
+        return None;
+    }
+    let known = vocab::known_values(model);
+    let inputs = match random_inputs(reference, model, &doubled, &small, &known) {
+        Ok(i) => i,
+        Err(e) => {
+            tracing::debug!(error = %e, "no second validation run");
+            return None;
+        }
+    };
+    progress(&Progress::TryingInputs(SECOND_LABEL.to_string()));
+    match run(reference, &inputs, model) {
+        Ok(want) => Some((inputs, doubled, want)),
+        Err(e) => {
+            tracing::debug!(error = %e, shapes = ?doubled, "the original model refuses the doubled batch: no second validation run");
+            None
+        }
+    }
 }
 
 fn find_reference_inputs(
