@@ -20,7 +20,8 @@ Per test (a folder with model.onnx, feed.pkl, expected.pkl, optionally golden.np
      otherwise). --export-only runs only this step after the reference.
 Floats compare with |a - e| <= atol + rtol |e| (default atol 1e-4, rtol 1e-3, trtcache's
 fp32 tolerance), and float16/bfloat16 outputs (or float32 ones a Cast makes from them) also
-within --ulps (8) steps of their type at max(|e|, rms(e)), trtcache's rule for them; integers, bools and strings exactly; maps key by key; sequences item by
+within --ulps (8) steps of their type at max(|e|, rms(e)), trtcache's rule for them (float outputs
+of activations quantized at run time: --ulps steps of (max(e) - min(e)) / 255); integers, bools and strings exactly; maps key by key; sequences item by
 item. Exit status 0 when every test ORT runs passes every step.
 """
 import argparse
@@ -109,6 +110,22 @@ def half_outputs(path):
                 code = next((a.i for a in p.attribute if a.name == "to"), None)
         if code in half:
             out[o.name] = half[code]
+    # src/onnx/resolution.rs `dynamic_int8_outputs`: float outputs an activation quantized
+    # at run time reaches are compared in int8 steps of their range.
+    dynamic = {("", "DynamicQuantizeLinear"), ("ai.onnx", "DynamicQuantizeLinear"),
+               ("com.microsoft", "DynamicQuantizeMatMul"), ("com.microsoft", "DynamicQuantizeLSTM")}
+    reached = set()
+    while True:
+        before = len(reached)
+        for n in g.node:
+            if (n.domain, n.op_type) in dynamic or any(i in reached for i in n.input):
+                reached.update(o for o in n.output if o)
+        if len(reached) == before:
+            break
+    for o in g.output:
+        et = o.type.tensor_type.elem_type if o.type.HasField("tensor_type") else 0
+        if o.name in reached and et in (T.FLOAT, T.DOUBLE) and o.name not in out:
+            out[o.name] = "int8-dynamic"
     return out
 
 
@@ -149,7 +166,12 @@ def same(a, e, atol, rtol, path="out", half=None, ulps=ULPS):
         eq = af == ef
         bound = atol + rtol * np.abs(ef)
         half = half or {"float16": "float16", "bfloat16": "bfloat16"}.get(e.dtype.name)
-        if half and e.dtype.kind == "f" and ulps:
+        if half == "int8-dynamic" and ulps:
+            # src/spec.rs `DYNAMIC_INT8`: steps of (max - min) / 255 of the reference.
+            finite = ef[np.isfinite(ef)].real
+            if finite.size:
+                bound = np.maximum(bound, ulps * (float(finite.max()) - float(finite.min())) / 255.0)
+        elif half and e.dtype.kind == "f" and ulps:
             finite = np.isfinite(ef)
             scale = float(np.sqrt(np.mean(ef[finite] ** 2))) if finite.any() else 0.0
             mag = np.maximum(np.where(finite, np.abs(ef), 0.0), scale)

@@ -11,6 +11,13 @@ use crate::spec::{Precision, ShapeProfile};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OptLevel {
+    /// No graph optimization: the model's own graph (saved by ONNX Runtime, with the
+    /// `ort-cpu` options that apply), computing exactly what the unoptimized reference
+    /// computes. The last rung of the fallback ladder: a model whose every optimized graph
+    /// is over tolerance (a dynamically quantized T5 decoder: ONNX Runtime's reordered sums
+    /// flip activations across quantization steps, 25 % off at `basic` on some inputs) is
+    /// served as it is rather than not at all.
+    Disabled,
     /// Level 1: constant folding, redundant-node removal.
     Basic,
     /// Level 2 (ORT_ENABLE_EXTENDED): fusions; portable across machines with the same ISA.
@@ -26,6 +33,7 @@ pub enum OptLevel {
 impl OptLevel {
     pub fn name(self) -> &'static str {
         match self {
+            OptLevel::Disabled => "disabled",
             OptLevel::Basic => "basic",
             OptLevel::Extended => "extended",
             OptLevel::All => "all",
@@ -34,6 +42,7 @@ impl OptLevel {
 
     pub fn parse(s: &str) -> Option<Self> {
         match s {
+            "disabled" | "0" => Some(OptLevel::Disabled),
             "basic" | "1" => Some(OptLevel::Basic),
             "extended" | "2" => Some(OptLevel::Extended),
             "all" | "3" | "99" => Some(OptLevel::All),
@@ -41,13 +50,14 @@ impl OptLevel {
         }
     }
 
-    /// The next level down (`None` below Basic): where an artifact over tolerance is built
-    /// again (see [`crate::cache::ValidationReport::rejected`]).
+    /// The next level down (`None` below Disabled): where an artifact over tolerance is
+    /// built again (see [`crate::cache::ValidationReport::rejected`]).
     pub fn lower(self) -> Option<Self> {
         match self {
             OptLevel::All => Some(OptLevel::Extended),
             OptLevel::Extended => Some(OptLevel::Basic),
-            OptLevel::Basic => None,
+            OptLevel::Basic => Some(OptLevel::Disabled),
+            OptLevel::Disabled => None,
         }
     }
 
@@ -63,6 +73,7 @@ impl OptLevel {
     pub fn ort(self) -> ::ort::session::builder::GraphOptimizationLevel {
         use ::ort::session::builder::GraphOptimizationLevel as G;
         match self {
+            OptLevel::Disabled => G::Disable,
             OptLevel::Basic => G::Level1,
             OptLevel::Extended => G::Level2,
             OptLevel::All => G::All,

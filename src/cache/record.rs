@@ -89,7 +89,7 @@ pub struct ValidationReport {
     pub outputs: Vec<OutputError>,
     /// `ort-cpu`/`ort-cuda`: the graph optimization level of the artifact this report is
     /// about, when it is lower than the one asked for (absent when they agree): an artifact
-    /// over tolerance is built again one level lower (all → extended → basic) before the
+    /// over tolerance is built again one level lower (all → extended → basic → disabled) before the
     /// build counts as failed. See [`ValidationReport::rejected`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub opt_level: Option<String>,

@@ -32,10 +32,11 @@ pub struct BuildOptionArgs {
     /// default fp32.
     #[arg(long, value_parser = parse_precision)]
     pub precision: Option<Precision>,
-    /// ort-cpu graph optimization level: basic, extended (portable across machines with the
-    /// same ISA), all (adds layout transforms for this CPU; the key pins the SKU). ort-cuda
-    /// uses at most extended. An artifact over tolerance is built again one level lower,
-    /// down to basic (the record's validation says which level was stored).
+    /// ort-cpu graph optimization level: disabled (the model's own graph), basic, extended
+    /// (portable across machines with the same ISA), all (adds layout transforms for this
+    /// CPU; the key pins the SKU). ort-cuda uses at most extended. An artifact over tolerance
+    /// is built again one level lower, down to disabled (the record's validation says which
+    /// level was stored).
     #[arg(long, default_value = "all", value_parser = parse_opt_level)]
     pub opt_level: OptLevel,
     /// Do not save prepacked constant initializers with the ort-cpu artifact.
@@ -245,7 +246,7 @@ fn parse_hw_compat(s: &str) -> Result<crate::trt::HwCompat, String> {
 }
 
 fn parse_opt_level(s: &str) -> Result<OptLevel, String> {
-    OptLevel::parse(s).ok_or_else(|| format!("`{s}`: expected basic, extended or all"))
+    OptLevel::parse(s).ok_or_else(|| format!("`{s}`: expected disabled, basic, extended or all"))
 }
 
 #[derive(Serialize)]

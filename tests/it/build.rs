@@ -649,12 +649,12 @@ fn an_artifact_that_fails_validation_is_recorded_failed_and_never_served() {
     );
     let v = out.record.validation.as_ref().unwrap();
     assert!(!v.passed && v.outputs[0].max_abs > 0.1, "{v:?}");
-    // Each level down to basic was built and refused (the hook breaks every one).
-    assert_eq!(v.opt_level.as_deref(), Some("basic"), "{v:?}");
-    assert_eq!(v.rejected.len(), 2, "{v:?}");
+    // Each level down to disabled was built and refused (the hook breaks every one).
+    assert_eq!(v.opt_level.as_deref(), Some("disabled"), "{v:?}");
+    assert_eq!(v.rejected.len(), 3, "{v:?}");
     match &out.record.status {
         Status::Failed { reason } => assert!(
-            reason.contains("at every optimization level down to basic: all: y max abs")
+            reason.contains("at every optimization level down to disabled: all: y max abs")
                 && reason.contains("widen the tolerance"),
             "{reason}"
         ),

@@ -1,6 +1,7 @@
 //! The rung the ONNX Runtime backends share on their fallback ladders: an artifact over
 //! tolerance is built again one graph optimization level lower (fusions change rounding; a
-//! quantized graph can move past fp32 tolerance), down to basic, before the build counts as
+//! quantized graph can move past fp32 tolerance), down to disabled (the model's own graph,
+//! which computes what the reference computes), before the build counts as
 //! failed. The key stays the one asked for, and the report says which level the stored
 //! artifact is and why the higher ones were refused.
 
