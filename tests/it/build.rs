@@ -700,9 +700,14 @@ fn zero_tolerance_catches_optimizer_rounding_on_the_cli() {
     let val = &v["record"]["validation"];
     assert_eq!(val["opt_level"], "disabled", "{val}");
     assert_eq!(val["outputs"][0]["max_abs"], 0.0, "{val}");
-    let rejected = val["rejected"].as_array().unwrap();
-    assert_eq!(rejected.len(), 3, "{val}");
-    assert!(rejected[0].as_str().unwrap().starts_with("all: "), "{val}");
+    // The graph passes first, then each level down to basic.
+    let rejected: Vec<&str> = val["rejected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r.as_str()?.split(':').next())
+        .collect();
+    assert_eq!(rejected, ["rewrites", "all", "extended", "basic"], "{val}");
     // Default tolerances pass the same build at the level asked for.
     let (ok, out) = build_json(
         &m,
