@@ -491,14 +491,26 @@ impl BuildCache for DiskBuildCache {
 
     fn add_runtime(
         &self,
-        rt: crate::daemon::runtimes::OrtRuntime,
+        rt: crate::daemon::runtimes::Incoming,
     ) -> Result<bool, BuildCacheError> {
-        let added = self
-            .runtimes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .add(rt)
-            .map_err(|e| BuildCacheError::Invalid(e.into()))?;
+        use crate::daemon::runtimes::{current_tensorrt, Incoming};
+        let current_trt = match &rt {
+            Incoming::Trt(_) if !self.runtimes().is_some_and(|r| r.knows_current_tensorrt()) => {
+                current_tensorrt()
+            }
+            _ => None,
+        };
+        let mut rts = self.runtimes.lock().unwrap_or_else(|p| p.into_inner());
+        if current_trt.is_some() {
+            rts.set_current_tensorrt(current_trt);
+        }
+        let added = match rt {
+            Incoming::Ort(rt) => rts.add(rt),
+            Incoming::Trt(t) => rts.add_tensorrt(t),
+        }
+        .map_err(|e| BuildCacheError::Invalid(e.into()));
+        drop(rts);
+        let added = added?;
         if added {
             self.refresh_keep();
         }
@@ -646,11 +658,14 @@ impl DiskBuildCache {
             .runtimes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .incoming_of(v)
-            .cloned()
+            .incoming_by_id(v)
             .ok_or_else(|| {
                 BuildCacheError::NotFound(
-                    format!("onnxruntime {v} is not one of this daemon's incoming runtimes").into(),
+                    format!(
+                        "{} is not one of this daemon's incoming runtimes",
+                        crate::daemon::runtimes::describe(v)
+                    )
+                    .into(),
                 )
             })?;
         Ok(Builders::Incoming(Box::new(
@@ -714,9 +729,10 @@ impl DiskBuildCache {
             let mut rts = self.runtimes.lock().unwrap_or_else(|p| p.into_inner());
             let current = rts.current.clone();
             *rts = crate::daemon::runtimes::Runtimes::resolve(current, &cfg.onnxruntime)
+                .and_then(|mut r| r.add_tensorrt_config(&cfg.tensorrt).map(|()| r))
                 .map_err(|e| BuildCacheError::Invalid(e.into()))?;
-            for rt in rts.incoming() {
-                tracing::info!(version = %rt.version, library = %rt.path.display(), "incoming runtime: every model is pre-built for it in the background");
+            for rt in rts.all_incoming() {
+                tracing::info!(runtime = %crate::daemon::runtimes::describe(&rt.id()), "incoming runtime: every model is pre-built for it in the background");
             }
         }
         self.keep_used_secs = cfg.keep_used_secs;
