@@ -295,12 +295,13 @@ impl Runtimes {
     }
 
     /// Adds the incoming TensorRTs of `[runtimes] tensorrt` (each probed in a child
-    /// process), asking this process's current TensorRT first when there is any.
+    /// process), asking this process's current TensorRT first when there is any or `ask`.
     pub fn add_tensorrt_config(
         &mut self,
         cfg: &[crate::config::TensorrtRuntime],
+        ask: bool,
     ) -> Result<(), String> {
-        if cfg.is_empty() {
+        if cfg.is_empty() && !ask {
             return Ok(());
         }
         self.current_trt = current_tensorrt();

@@ -720,16 +720,20 @@ impl DiskBuildCache {
     }
 
     /// Builds for the incoming runtimes of `[runtimes]` too (each located and trust-checked
-    /// now), and tells the store which runtimes gc evicts last.
+    /// now; a TensorRT probed in a child process), and tells the store which runtimes gc
+    /// evicts last. `tensorrt`: the daemon builds with TensorRT (its backends), so the
+    /// current TensorRT's version is asked now, for consumers and gc, even with no incoming
+    /// one.
     pub fn with_runtimes(
         mut self,
         cfg: &crate::config::RuntimesConfig,
+        tensorrt: bool,
     ) -> Result<Self, BuildCacheError> {
         {
             let mut rts = self.runtimes.lock().unwrap_or_else(|p| p.into_inner());
             let current = rts.current.clone();
             *rts = crate::daemon::runtimes::Runtimes::resolve(current, &cfg.onnxruntime)
-                .and_then(|mut r| r.add_tensorrt_config(&cfg.tensorrt).map(|()| r))
+                .and_then(|mut r| r.add_tensorrt_config(&cfg.tensorrt, tensorrt).map(|()| r))
                 .map_err(|e| BuildCacheError::Invalid(e.into()))?;
             for rt in rts.all_incoming() {
                 tracing::info!(runtime = %crate::daemon::runtimes::describe(&rt.id()), "incoming runtime: every model is pre-built for it in the background");
@@ -757,7 +761,10 @@ pub fn open(cfg: &crate::config::Config) -> Result<DiskBuildCache, BuildCacheErr
         &cfg.trt,
     )?
     .with_rewrite(cfg.rewrite)
-    .with_runtimes(&cfg.runtimes)?;
+    .with_runtimes(
+        &cfg.runtimes,
+        cfg.backends.iter().any(|b| b.uses_tensorrt()),
+    )?;
     Ok(match &cfg.remote {
         Some(r) => {
             let tier = crate::remote::RemoteTier::open(r).map_err(|e| {
