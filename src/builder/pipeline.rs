@@ -267,7 +267,9 @@ impl Builder {
                     check: None,
                     env: self.worker_env(),
                 };
-                worker::run(&job, limits, watch.cancelled, progress)
+                let built = worker::run(&job, limits, watch.cancelled, progress)?;
+                self.built_by_target(req.backend, &built)?;
+                Ok(built)
             }
             None if self.target_version.is_some() => Err(BuildError::WorkerUnavailable(format!(
                 "building for onnxruntime {} needs the build worker (this process loaded onnxruntime {})",
@@ -280,6 +282,27 @@ impl Builder {
             ))),
             None => self.build_in_process(rt, req, out, &progress, watch),
         }
+    }
+
+    /// A `trt` engine built for an incoming TensorRT was built by that TensorRT (its
+    /// `engine.json`): a worker that found another shim (a misconfigured root) must not store
+    /// an engine under the incoming version's key.
+    fn built_by_target(&self, b: Backend, built: &Built) -> Result<(), BuildError> {
+        let Some(t) = self.target_trt.as_ref().filter(|_| b == Backend::Trt) else {
+            return Ok(());
+        };
+        let meta = crate::trt::artifact::read_meta(&built.artifact.dir)?;
+        if meta.tensorrt_version != t.version.to_string() {
+            return Err(BuildError::WorkerUnavailable(format!(
+                "the build for TensorRT {} at {} ran with TensorRT {}: its worker loaded another shim (TRTCACHE_TRT_SHIM, {}/lib/{})",
+                t.version,
+                t.root.display(),
+                meta.tensorrt_version,
+                t.root.display(),
+                crate::trt::SHIM_FILE
+            )));
+        }
+        Ok(())
     }
 
     /// This host's own check of a fetched artifact before it is stored (it opens the way

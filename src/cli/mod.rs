@@ -147,9 +147,7 @@ impl Command {
             | Command::Worker
             | Command::ProbeTensorrt
             | Command::Completions(_)
-            | Command::Man(_) => {
-                false
-            }
+            | Command::Man(_) => false,
         }
     }
 }

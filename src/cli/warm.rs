@@ -431,11 +431,7 @@ fn render_results(results: &[BuildResult], st: Style) -> String {
             r.model.clone(),
             match &r.runtime {
                 // Built for an incoming runtime (`warm --runtime`).
-                Some(v) => format!(
-                    "{} ({})",
-                    r.backend,
-                    crate::daemon::runtimes::describe(v)
-                ),
+                Some(v) => format!("{} ({})", r.backend, crate::daemon::runtimes::describe(v)),
                 None => r.backend.clone(),
             },
             r.profile.clone(),
@@ -585,11 +581,9 @@ fn render_status(models: &[ModelStatus], st: Style) -> String {
                 m.name.clone(),
                 m.version.to_string(),
                 match &v.runtime {
-                    Some(rt) => format!(
-                        "{} ({})",
-                        v.backend,
-                        crate::daemon::runtimes::describe(rt)
-                    ),
+                    Some(rt) => {
+                        format!("{} ({})", v.backend, crate::daemon::runtimes::describe(rt))
+                    }
                     None => v.backend.clone(),
                 },
                 v.profile.clone(),

@@ -341,10 +341,7 @@ pub trait BuildCache: Send + Sync + 'static {
     /// Tells the store which runtimes gc evicts last (before a gc; after runtimes change).
     fn refresh_keep(&self) {}
     /// Adds an incoming runtime (`warm --runtime`); whether it was new.
-    fn add_runtime(
-        &self,
-        rt: crate::daemon::runtimes::Incoming,
-    ) -> Result<bool, BuildCacheError> {
+    fn add_runtime(&self, rt: crate::daemon::runtimes::Incoming) -> Result<bool, BuildCacheError> {
         Err(BuildCacheError::Invalid(
             format!(
                 "this build cache builds for one runtime only; cannot add {}",

@@ -110,7 +110,13 @@ impl OrtRuntime {
 pub struct Unavailable(pub String);
 
 /// `this daemon builds for LIB CURRENT (and incoming A, B), not for the consumer's V; HINT`.
-fn unavailable(lib: &str, current: &str, incoming: &[String], wanted: &str, hint: &str) -> Unavailable {
+fn unavailable(
+    lib: &str,
+    current: &str,
+    incoming: &[String],
+    wanted: &str,
+    hint: &str,
+) -> Unavailable {
     let incoming = if incoming.is_empty() {
         String::new()
     } else {
@@ -370,17 +376,14 @@ pub fn keep_in(
     if keep_used_secs > 0 {
         let since = crate::cache::now_secs().saturating_sub(keep_used_secs);
         match store.list() {
-            Ok(records) => used.extend(
-                records
-                    .iter()
-                    .filter(|r| r.last_used >= since)
-                    .flat_map(|r| {
-                        let v = &r.parts.backend.versions;
-                        ["onnxruntime", "tensorrt"]
-                            .into_iter()
-                            .filter_map(|lib| v.get(lib).map(|v| (lib.to_string(), v.clone())))
-                    }),
-            ),
+            Ok(records) => used.extend(records.iter().filter(|r| r.last_used >= since).flat_map(
+                |r| {
+                    let v = &r.parts.backend.versions;
+                    ["onnxruntime", "tensorrt"]
+                        .into_iter()
+                        .filter_map(|lib| v.get(lib).map(|v| (lib.to_string(), v.clone())))
+                },
+            )),
             Err(e) => {
                 tracing::warn!(error = %e, "listing the cache for the runtimes in use failed; keeping the current and incoming ones only")
             }
@@ -423,7 +426,10 @@ mod tests {
             })
             .is_err());
         assert_eq!(r.serving(None, Backend::OrtCpu), Ok(None));
-        assert_eq!(r.serving(Some(&ClientRuntime::default()), Backend::OrtCpu), Ok(None));
+        assert_eq!(
+            r.serving(Some(&ClientRuntime::default()), Backend::OrtCpu),
+            Ok(None)
+        );
         assert_eq!(
             r.serving(Some(&ClientRuntime::onnxruntime("1.31.1")), Backend::OrtCpu),
             Ok(None)
@@ -465,11 +471,19 @@ mod tests {
             tensorrt: t.map(str::to_string),
         };
         // No TensorRT known: a consumer's tensorrt is ignored, as it always was.
-        assert_eq!(r.serving(Some(&on(None, Some("10.9.0"))), Backend::Trt), Ok(None));
+        assert_eq!(
+            r.serving(Some(&on(None, Some("10.9.0"))), Backend::Trt),
+            Ok(None)
+        );
         r.set_current_tensorrt(Some("10.16.1".into()));
-        assert!(r.add_tensorrt(trt("/opt/trt-10.16.1", (10, 16, 1))).is_err());
+        assert!(r
+            .add_tensorrt(trt("/opt/trt-10.16.1", (10, 16, 1)))
+            .is_err());
         assert_eq!(r.add_tensorrt(trt("/opt/trt-10.17", (10, 17, 0))), Ok(true));
-        assert_eq!(r.add_tensorrt(trt("/opt/trt-10.17", (10, 17, 0))), Ok(false));
+        assert_eq!(
+            r.add_tensorrt(trt("/opt/trt-10.17", (10, 17, 0))),
+            Ok(false)
+        );
         let two = r.add_tensorrt(trt("/elsewhere", (10, 17, 0))).unwrap_err();
         assert!(two.contains("one root per version"), "{two}");
         r.add(rt("1.32.0")).unwrap();
@@ -495,17 +509,25 @@ mod tests {
             Ok(Some("1.32.0".into()))
         );
         assert_eq!(
-            r.serving(Some(&on(Some("1.31.1"), Some("10.17.0"))), Backend::OrtTensorRt),
+            r.serving(
+                Some(&on(Some("1.31.1"), Some("10.17.0"))),
+                Backend::OrtTensorRt
+            ),
             Ok(Some("tensorrt 10.17.0".into()))
         );
         let both = r
-            .serving(Some(&on(Some("1.32.0"), Some("10.17.0"))), Backend::OrtTensorRt)
+            .serving(
+                Some(&on(Some("1.32.0"), Some("10.17.0"))),
+                Backend::OrtTensorRt,
+            )
             .unwrap_err();
         assert!(both.0.contains("one incoming runtime at a time"), "{both}");
         // Selections name them by id.
         let ids: Vec<String> = r.all_incoming().iter().map(Incoming::id).collect();
         assert_eq!(ids, ["1.32.0", "tensorrt 10.17.0"]);
-        assert!(matches!(r.incoming_by_id("tensorrt 10.17.0"), Some(Incoming::Trt(t)) if t.root == Path::new("/opt/trt-10.17")));
+        assert!(
+            matches!(r.incoming_by_id("tensorrt 10.17.0"), Some(Incoming::Trt(t)) if t.root == Path::new("/opt/trt-10.17"))
+        );
         assert!(r.incoming_by_id("tensorrt 10.18.0").is_none());
         assert_eq!(describe("tensorrt 10.17.0"), "tensorrt 10.17.0");
         assert_eq!(describe("1.32.0"), "onnxruntime 1.32.0");
@@ -515,6 +537,9 @@ mod tests {
         assert!(keep.keeps(&v("10.16.1")) && keep.keeps(&v("10.17.0")) && keep.keeps(&v("10.9.0")));
         assert!(!keep.keeps(&v("10.8.0")));
         r.set_current_tensorrt(None);
-        assert!(r.keep([]).keeps(&v("10.8.0")), "unknown current: TensorRT is not ordered");
+        assert!(
+            r.keep([]).keeps(&v("10.8.0")),
+            "unknown current: TensorRT is not ordered"
+        );
     }
 }

@@ -302,10 +302,19 @@ mod tests {
 
     #[test]
     fn a_root_is_an_absolute_trusted_folder_with_lib() {
-        let e = probe(Path::new("/nonexistent/TensorRT"), None, Path::new("/bin/true"), PROBE_TIMEOUT)
-            .unwrap_err();
+        let e = probe(
+            Path::new("/nonexistent/TensorRT"),
+            None,
+            Path::new("/bin/true"),
+            PROBE_TIMEOUT,
+        )
+        .unwrap_err();
         assert!(matches!(e, ProbeError::NotARoot { .. }), "{e}");
-        assert!(e.to_string().starts_with("TensorRT at /nonexistent/TensorRT: "), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("TensorRT at /nonexistent/TensorRT: "),
+            "{e}"
+        );
         let e = checked(Path::new("rel/TensorRT"), None).unwrap_err();
         assert!(e.to_string().contains("not an absolute path"), "{e}");
         let d = tempfile::tempdir().unwrap();
@@ -324,7 +333,11 @@ mod tests {
         std::fs::write(&shim, b"").unwrap();
         std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o666)).unwrap();
         let e = checked(d.path(), None).unwrap_err();
-        assert!(e.to_string().contains("libtrtcache_trt.so: refusing to load it: writable by"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("libtrtcache_trt.so: refusing to load it: writable by"),
+            "{e}"
+        );
         std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert_eq!(
             checked(d.path(), None).unwrap().1,
@@ -338,20 +351,32 @@ mod tests {
     fn a_probe_that_crashes_hangs_fails_or_babbles_is_a_precise_error() {
         let d = root();
         let r = d.path();
-        let e = run(sh("echo 'no shim here' >&2; kill -SEGV $$"), r, None, PROBE_TIMEOUT)
-            .unwrap_err();
+        let e = run(
+            sh("echo 'no shim here' >&2; kill -SEGV $$"),
+            r,
+            None,
+            PROBE_TIMEOUT,
+        )
+        .unwrap_err();
         assert!(
-            e.to_string().contains("the version probe crashed (signal 11); its stderr ends: no shim here"),
+            e.to_string()
+                .contains("the version probe crashed (signal 11); its stderr ends: no shim here"),
             "{e}"
         );
         let t0 = Instant::now();
         let e = run(sh("sleep 30"), r, None, Duration::from_millis(200)).unwrap_err();
         assert!(matches!(e, ProbeError::Timeout { .. }), "{e}");
         assert!(t0.elapsed() < Duration::from_secs(10));
-        let e = run(sh("echo 'TensorRT is not available' >&2; exit 2"), r, None, PROBE_TIMEOUT)
-            .unwrap_err();
+        let e = run(
+            sh("echo 'TensorRT is not available' >&2; exit 2"),
+            r,
+            None,
+            PROBE_TIMEOUT,
+        )
+        .unwrap_err();
         assert!(
-            e.to_string().contains("failed (exit status 2); its stderr ends: TensorRT is not available"),
+            e.to_string()
+                .contains("failed (exit status 2); its stderr ends: TensorRT is not available"),
             "{e}"
         );
         let e = run(sh("echo hello"), r, None, PROBE_TIMEOUT).unwrap_err();
@@ -370,7 +395,12 @@ mod tests {
         assert_eq!(a.tensorrt.to_string(), "10.17.0");
         assert_eq!(
             a.shim,
-            PathBuf::from(format!("{}|{}|{}", r.display(), r.join("lib").display(), shim.display()))
+            PathBuf::from(format!(
+                "{}|{}|{}",
+                r.display(),
+                r.join("lib").display(),
+                shim.display()
+            ))
         );
     }
 }

@@ -124,7 +124,12 @@ fn acquire(
         ..Default::default()
     })?;
     assert!(a.metadata.validation.passed);
-    let keyed = a.metadata.runtime.get("tensorrt").cloned().unwrap_or_default();
+    let keyed = a
+        .metadata
+        .runtime
+        .get("tensorrt")
+        .cloned()
+        .unwrap_or_default();
     assert!(
         a.metadata.runtime.contains_key("trtcache-trt-abi"),
         "{:?}",
@@ -176,15 +181,14 @@ fn an_incoming_tensorrt_is_prebuilt_served_without_builds_and_kept_by_gc() {
     }
     // status lists both TensorRTs' trt variants, ready; ort-cpu has no incoming variant.
     for m in d.client().list().unwrap() {
-        let incoming: Vec<_> = m
-            .variants
-            .iter()
-            .filter(|v| v.runtime.is_some())
-            .collect();
+        let incoming: Vec<_> = m.variants.iter().filter(|v| v.runtime.is_some()).collect();
         assert_eq!(incoming.len(), 1, "{m:?}");
         assert_eq!(incoming[0].backend, "trt");
         assert_eq!(incoming[0].runtime.as_deref(), Some("tensorrt 10.17.0"));
-        assert!(m.variants.iter().all(|v| v.state == VariantState::Ready), "{m:?}");
+        assert!(
+            m.variants.iter().all(|v| v.state == VariantState::Ready),
+            "{m:?}"
+        );
     }
 
     // A consumer on the incoming TensorRT: its own engines, no build on the acquire path.
@@ -193,7 +197,11 @@ fn an_incoming_tensorrt_is_prebuilt_served_without_builds_and_kept_by_gc() {
         .iter()
         .map(|m| acquire(&d, m, Some("10.17.0")).unwrap_or_else(|e| panic!("{e}\n{}", d.log())))
         .collect();
-    assert_eq!(builds(&d), built, "an acquire on the incoming TensorRT built something");
+    assert_eq!(
+        builds(&d),
+        built,
+        "an acquire on the incoming TensorRT built something"
+    );
     for ((k_old, _, _), (k_new, keyed, engine)) in current.iter().zip(&incoming) {
         assert_eq!((keyed.as_str(), engine.as_str()), ("10.17.0", "10.17.0"));
         assert_ne!(k_old, k_new, "one key for two TensorRTs");
@@ -208,7 +216,8 @@ fn an_incoming_tensorrt_is_prebuilt_served_without_builds_and_kept_by_gc() {
     assert_eq!(e.code(), Some(ErrorCode::RuntimeUnavailable), "{e}");
     let text = e.to_string();
     assert!(
-        text.contains("tensorrt 10.16.1 (and incoming 10.17.0)") && text.contains("[runtimes] tensorrt"),
+        text.contains("tensorrt 10.16.1 (and incoming 10.17.0)")
+            && text.contains("[runtimes] tensorrt"),
         "{text}"
     );
     // ort-cpu does not build with TensorRT: a consumer's TensorRT does not matter to it.
@@ -241,7 +250,11 @@ fn an_incoming_tensorrt_is_prebuilt_served_without_builds_and_kept_by_gc() {
         assert_eq!(&acquire(&d, m, None).unwrap(), c);
     }
     let out = cli(&d, &["gc", "--json", "--dry-run", "--max-size", "1"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let gc = support::json(&out);
     let evicted: Vec<&str> = gc["evicted"]
         .as_array()
@@ -271,11 +284,17 @@ fn a_tensorrt_root_that_is_not_one_is_refused_precisely() {
     let out = cli(&d, &["warm", "--runtime", bare.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("no lib/ folder: not a TensorRT install root"), "{err}");
+    assert!(
+        err.contains("no lib/ folder: not a TensorRT install root"),
+        "{err}"
+    );
     // A root whose shim speaks another C API: the probe's loader refuses it, by name.
     let other = d.root.join("TensorRT-abi");
     std::fs::create_dir_all(other.join("lib")).unwrap();
-    double(&other.join("lib"), &["-DDOUBLE_VERSION=101700", "-DDOUBLE_ABI=999"]);
+    double(
+        &other.join("lib"),
+        &["-DDOUBLE_VERSION=101700", "-DDOUBLE_ABI=999"],
+    );
     let out = cli(&d, &["warm", "--runtime", other.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);

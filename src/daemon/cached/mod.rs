@@ -489,10 +489,7 @@ impl BuildCache for DiskBuildCache {
         )
     }
 
-    fn add_runtime(
-        &self,
-        rt: crate::daemon::runtimes::Incoming,
-    ) -> Result<bool, BuildCacheError> {
+    fn add_runtime(&self, rt: crate::daemon::runtimes::Incoming) -> Result<bool, BuildCacheError> {
         use crate::daemon::runtimes::{current_tensorrt, Incoming};
         let current_trt = match &rt {
             Incoming::Trt(_) if !self.runtimes().is_some_and(|r| r.knows_current_tensorrt()) => {

@@ -123,7 +123,9 @@ impl Service {
         let cache = self.build_cache.clone();
         let (rt, added) = tokio::task::spawn_blocking(move || {
             let rt = if p.is_dir() {
-                probe_tensorrt(&p, None).map(Incoming::Trt).map_err(|e| e.to_string())
+                probe_tensorrt(&p, None)
+                    .map(Incoming::Trt)
+                    .map_err(|e| e.to_string())
             } else {
                 OrtRuntime::locate(Some(&p))
                     .map(Incoming::Ort)
