@@ -272,10 +272,42 @@ fn an_incoming_tensorrt_is_prebuilt_served_without_builds_and_kept_by_gc() {
 }
 
 #[test]
-fn a_tensorrt_root_that_is_not_one_is_refused_precisely() {
+fn a_tensorrt_root_warms_without_a_daemon_and_one_that_is_not_a_root_is_refused() {
     let h = Doubles::new();
     let mut d = Daemon::new();
     models(&d.models());
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    std::fs::write(
+        d.config(),
+        cfg.replace("[limits]", "backends = [\"trt\"]\n[limits]"),
+    )
+    .unwrap();
+    // Without a daemon, `warm --runtime ROOT` builds in this process's own workers.
+    let out = support::cmd()
+        .args([
+            "warm",
+            "--json",
+            "--runtime",
+            h.incoming.to_str().unwrap(),
+            "--config",
+        ])
+        .arg(d.config())
+        .envs(h.env(&h.shim))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let results = support::json(&out);
+    let runtimes: Vec<&str> = results
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["runtime"].as_str().unwrap_or("current"))
+        .collect();
+    assert_eq!(runtimes, ["tensorrt 10.17.0"; 2], "{results}");
     d.env = h.env(&h.shim);
     d.start();
     d.wait_settled(&["one", "two"]);

@@ -152,7 +152,8 @@ pub struct Runtime {
     /// library's, `session::loaded_onnxruntime` with the `ort` feature).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub onnxruntime: Option<String>,
-    /// TensorRT's version, e.g. `10.16.0` (`trt` artifacts).
+    /// TensorRT's version, e.g. `10.16.0` (`trt` and `ort-tensorrt` artifacts; the daemon
+    /// serves an incoming TensorRT's engines to a consumer naming its version).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tensorrt: Option<String>,
 }
@@ -235,9 +236,10 @@ pub struct BuildRequest {
     /// `NAME.trtcache.toml` next to the file is used. Progress and results name the path.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub paths: Vec<String>,
-    /// Admin: an ONNX Runtime library (absolute path) to build the models for instead of the
-    /// current runtime, added to the daemon's incoming runtimes (`trtcache warm --runtime`,
-    /// docs/daemon.md "Upgrading the runtime"). The daemon's workers load it, hence admin only.
+    /// Admin: an ONNX Runtime library (a file) or a TensorRT install root (a folder), by
+    /// absolute path, to build the models for instead of the current runtime, added to the
+    /// daemon's incoming runtimes (`trtcache warm --runtime`, docs/daemon.md "Upgrading the
+    /// runtime"). The daemon's workers load it, hence admin only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
 }
@@ -580,8 +582,9 @@ pub struct VariantStatus {
     /// local cache, or fetched from the fleet tier. Absent from daemons that predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<Origin>,
-    /// The incoming ONNX Runtime version this variant is built for (docs/daemon.md,
-    /// "Upgrading the runtime"); absent for the daemon's current runtime.
+    /// The incoming runtime this variant is built for (docs/daemon.md, "Upgrading the
+    /// runtime"): an ONNX Runtime's version (`1.32.0`) or `tensorrt VERSION`; absent for the
+    /// daemon's current runtime.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
     /// For `ready`: input name → the shape validation ran it at.
@@ -819,7 +822,8 @@ pub struct BuildResult {
     /// Wall time of this variant's build (0 when cached).
     #[serde(default)]
     pub seconds: f64,
-    /// The incoming ONNX Runtime version it was built for; absent for the current runtime.
+    /// The incoming runtime it was built for (`1.32.0`, or `tensorrt 10.17.0`); absent for
+    /// the current runtime.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
 }
