@@ -454,6 +454,20 @@ mod tests {
     }
 
     #[test]
+    fn an_incoming_tensorrts_version_is_keyed_without_loading_it() {
+        let v = crate::trt::TrtVersion::from_raw(101700);
+        let trt = backend_id(Backend::Trt, "1.31.1", Some(v)).unwrap();
+        assert_eq!(trt.versions, crate::trt::keys::versions_for(v));
+        assert_eq!(trt.versions["tensorrt"], "10.17.0");
+        let ort = backend_id(Backend::OrtTensorRt, "1.31.1", Some(v)).unwrap();
+        assert_eq!(ort.versions["tensorrt"], "10.17.0");
+        assert_eq!(ort.versions["onnxruntime"], "1.31.1");
+        // A backend that does not build with TensorRT keys none.
+        let cpu = backend_id(Backend::OrtCpu, "1.31.1", Some(v)).unwrap();
+        assert!(!cpu.versions.contains_key("tensorrt"));
+    }
+
+    #[test]
     fn only_models_with_half_outputs_key_the_half_rule() {
         let parts = |proto: crate::onnx::proto::ModelProto| {
             let m = Model::from_bytes("m.onnx", proto.encode_to_vec().into()).unwrap();

@@ -235,8 +235,14 @@ fn run(
             stderr,
         });
     }
+    // The answer is the last line (a TensorRT that logs to stdout writes before it).
     let text = String::from_utf8_lossy(&out);
-    serde_json::from_str(text.trim()).map_err(|e| ProbeError::Unreadable {
+    let last = text
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("");
+    serde_json::from_str(last.trim()).map_err(|e| ProbeError::Unreadable {
         root: root.to_path_buf(),
         why: e.to_string(),
         output: text_tail(&out),
@@ -381,6 +387,9 @@ mod tests {
         );
         let e = run(sh("echo hello"), r, None, PROBE_TIMEOUT).unwrap_err();
         assert!(matches!(e, ProbeError::Unreadable { .. }), "{e}");
+        let logged = r#"echo '[TRT] [I] loaded'; echo '{"tensorrt":{"major":10,"minor":17,"patch":1},"shim":"/s"}'"#;
+        let a = run(sh(logged), r, None, PROBE_TIMEOUT).unwrap();
+        assert_eq!(a.tensorrt.to_string(), "10.17.1");
         let e = probe(r, None, Path::new("/nonexistent/trtcache"), PROBE_TIMEOUT).unwrap_err();
         assert!(matches!(e, ProbeError::Start { .. }), "{e}");
         // The child sees the root, its lib/ first on the library path, and the shim.
