@@ -211,6 +211,37 @@ fn an_incoming_tensorrt_is_prebuilt_served_without_builds_and_kept_by_gc() {
         assert_eq!(&acquire(&d, m, Some("10.16.1")).unwrap(), c);
         assert_eq!(&acquire(&d, m, None).unwrap(), c);
     }
+    // The Python client sends its `tensorrt` package's version (MAJOR.MINOR.PATCH; a
+    // stand-in package here, the PyPI wheels' layout) and gets that TensorRT's engine; a
+    // consumer without TensorRT is served the current engine from the ready index (its
+    // onnxruntime does not matter to a `trt` artifact).
+    let fake = d.root.join("site");
+    std::fs::create_dir_all(fake.join("tensorrt_bindings")).unwrap();
+    std::fs::write(
+        fake.join("tensorrt_bindings/__init__.py"),
+        "import ctypes\n__version__ = \"10.17.0.5\"\n",
+    )
+    .unwrap();
+    let py = |site: &Path| {
+        support::run_python(
+            r#"
+import sys
+sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, sys.argv[3])
+import trtcache_client as t
+c = t.Client(sys.argv[2])
+print(c.runtime.get("tensorrt"))
+for a in (c.acquire("one", backend="trt"), c.acquire("one")):
+    print(a.engine_meta()["tensorrt_version"], a.from_index)
+"#,
+            &[&repo().join("clients/python"), &d.socket(), site],
+        )
+    };
+    assert_eq!(py(&fake), "10.17.0\n10.17.0 False\n10.17.0 False\n");
+    assert_eq!(
+        py(&d.root.join("none")),
+        "None\n10.16.1 False\n10.16.1 True\n"
+    );
     // A TensorRT the daemon has no install of is refused, saying what to do.
     let e = acquire(&d, "one", Some("10.18.0")).unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::RuntimeUnavailable), "{e}");
