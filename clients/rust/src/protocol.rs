@@ -168,17 +168,18 @@ impl Runtime {
     }
 
     /// Whether an artifact built with library `versions` (its key's backend versions, e.g.
-    /// `{"onnxruntime": "1.31.1"}`) is for this runtime: every version this runtime names
-    /// is the artifact's. An artifact that does not record a library this runtime names
-    /// does not match.
+    /// `{"onnxruntime": "1.31.1"}`) is for this runtime: every library this runtime names
+    /// that the artifact records is at the named version. A library the artifact does not
+    /// record is one its backend does not build with (TensorRT for `ort-cpu`, ONNX Runtime
+    /// for `trt`), which the daemon ignores too, so it cannot differ.
     pub fn matches(&self, versions: &std::collections::BTreeMap<String, String>) -> bool {
         let want = [
             ("onnxruntime", self.onnxruntime.as_deref()),
             ("tensorrt", self.tensorrt.as_deref()),
         ];
-        want.iter().all(|(lib, v)| match v {
-            None => true,
-            Some(v) => versions.get(*lib).map(String::as_str) == Some(*v),
+        want.iter().all(|(lib, v)| match (v, versions.get(*lib)) {
+            (Some(v), Some(have)) => have == v,
+            _ => true,
         })
     }
 
@@ -1024,8 +1025,11 @@ mod runtime_tests {
         assert!(rt.matches(&built("1.31.1")));
         assert!(!rt.matches(&built("1.30.0")));
         assert!(
-            !rt.matches(&BTreeMap::new()),
-            "an artifact that records no version"
+            !rt.matches(&BTreeMap::from([
+                ("onnxruntime".to_string(), "1.30.0".to_string()),
+                ("tensorrt".to_string(), "10.16.0".to_string())
+            ])),
+            "an ort-tensorrt artifact of another onnxruntime"
         );
         assert!(
             Runtime::default().matches(&built("1.30.0")),
@@ -1035,10 +1039,16 @@ mod runtime_tests {
             tensorrt: Some("10.16.0".into()),
             ..Runtime::onnxruntime("1.31.1")
         };
+        // An ort-cpu artifact records no TensorRT: a consumer's TensorRT does not matter to
+        // it; a trt engine records no ONNX Runtime.
         let mut v = built("1.31.1");
-        assert!(!trt.matches(&v));
+        assert!(trt.matches(&v));
         v.insert("tensorrt".into(), "10.16.0".into());
         assert!(trt.matches(&v));
+        v.insert("tensorrt".into(), "10.17.0".into());
+        assert!(!trt.matches(&v));
+        let engine = BTreeMap::from([("tensorrt".to_string(), "10.16.0".to_string())]);
+        assert!(trt.matches(&engine));
         assert_eq!(trt.describe(), "onnxruntime 1.31.1, tensorrt 10.16.0");
     }
 
