@@ -276,15 +276,15 @@ impl Runtimes {
         self.current_trt.is_some()
     }
 
-    /// Adds an incoming TensorRT; the same root again is no change. Refused: the current
-    /// TensorRT's version, or a version another root already brings (one root per version).
+    /// Adds an incoming TensorRT; the same root again is no change, and so is one of the
+    /// current TensorRT's version (its artifacts are the current ones: a switch that left
+    /// the root in `[runtimes]` must not stop the daemon). Refused: a version another root
+    /// already brings (one root per version).
     pub fn add_tensorrt(&mut self, t: IncomingTrt) -> Result<bool, String> {
         let v = t.version.to_string();
         if self.current_trt.as_deref() == Some(v.as_str()) {
-            return Err(format!(
-                "{} is TensorRT {v}, the current TensorRT's version: nothing to build for",
-                t.root.display()
-            ));
+            tracing::warn!(root = %t.root.display(), tensorrt = %v, "an incoming TensorRT of the current TensorRT's version: nothing to build for it (drop it from [runtimes] tensorrt)");
+            return Ok(false);
         }
         if let Some(have) = self.trt_incoming.iter().find(|i| i.version == t.version) {
             if have.root == t.root && have.shim == t.shim {
@@ -476,9 +476,11 @@ mod tests {
             Ok(None)
         );
         r.set_current_tensorrt(Some("10.16.1".into()));
-        assert!(r
-            .add_tensorrt(trt("/opt/trt-10.16.1", (10, 16, 1)))
-            .is_err());
+        assert_eq!(
+            r.add_tensorrt(trt("/opt/trt-10.16.1", (10, 16, 1))),
+            Ok(false)
+        );
+        assert!(r.incoming_by_id("tensorrt 10.16.1").is_none());
         assert_eq!(r.add_tensorrt(trt("/opt/trt-10.17", (10, 17, 0))), Ok(true));
         assert_eq!(
             r.add_tensorrt(trt("/opt/trt-10.17", (10, 17, 0))),

@@ -342,6 +342,26 @@ fn a_tensorrt_root_warms_without_a_daemon_and_one_that_is_not_a_root_is_refused(
     d.env = h.env(&h.shim);
     d.start();
     d.wait_settled(&["one", "two"]);
+    // A root of the current TensorRT's version adds nothing: its variants are the current
+    // ones (a deploy that runs the step again after the switch).
+    let same = d.root.join("TensorRT-10.16.1");
+    std::fs::create_dir_all(same.join("lib")).unwrap();
+    double(&same.join("lib"), &[]);
+    let out = cli(&d, &["warm", "--json", "--runtime", same.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
+    );
+    let results = support::json(&out);
+    for r in results.as_array().unwrap() {
+        assert_eq!(
+            (&r["state"], &r["runtime"]),
+            (&"ready".into(), &serde_json::Value::Null),
+            "{r}"
+        );
+    }
     // A folder without lib/.
     let bare = d.root.join("outside");
     let out = cli(&d, &["warm", "--runtime", bare.to_str().unwrap()]);

@@ -76,12 +76,12 @@ impl Service {
                     sels.push(self.selection_for(&variants, None, Some(b)));
                 }
             }
-            if let Some(rt) = &runtime {
+            if let Some((rt, id)) = &runtime {
                 // An ONNX Runtime library serves the `ort-*` backends, a TensorRT `trt` and
                 // `ort-tensorrt`.
                 sels.retain(|s| rt.builds(s.backend));
                 for s in &mut sels {
-                    s.runtime = Some(rt.id());
+                    s.runtime = id.clone();
                 }
             }
             for sel in sels {
@@ -107,11 +107,12 @@ impl Service {
     /// Adds the runtime at `path` to the incoming runtimes: an ONNX Runtime library (a
     /// file, found and trust-checked) or a TensorRT install root (a folder, its version asked
     /// in a child process), on the blocking pool. Its models are then pre-built in the
-    /// background too, as for a configured one.
+    /// background too, as for a configured one. Returns it and the id selections name it by
+    /// (`None`: it is the current runtime, whose variants are the current ones).
     async fn add_runtime(
         self: &Arc<Self>,
         path: &str,
-    ) -> Result<crate::daemon::runtimes::Incoming, Failure> {
+    ) -> Result<(crate::daemon::runtimes::Incoming, Option<String>), Failure> {
         use crate::daemon::runtimes::{probe_tensorrt, Incoming, OrtRuntime};
         let p = std::path::PathBuf::from(path);
         if !p.is_absolute() {
@@ -145,7 +146,12 @@ impl Service {
                 tokio::spawn(async move { svc.warm_model(&name).await });
             }
         }
-        Ok(rt)
+        let id = rt.id();
+        let incoming = self
+            .build_cache
+            .runtimes()
+            .is_some_and(|r| r.incoming_by_id(&id).is_some());
+        Ok((rt, incoming.then_some(id)))
     }
 
     pub(super) async fn build_one(
