@@ -84,6 +84,9 @@ pub struct Builder {
     /// Builds for the ONNX Runtime at `ort_library` of this version, which is not the one
     /// this process loaded (see [`Builder::for_runtime`]).
     target_version: Option<String>,
+    /// Builds for this incoming TensorRT, which this process did not load (see
+    /// [`Builder::for_tensorrt`]).
+    target_trt: Option<crate::trt::incoming::IncomingTrt>,
 }
 
 impl std::fmt::Debug for Builder {
@@ -106,6 +109,7 @@ impl Builder {
             timing_caches: None,
             size_limit: None,
             target_version: None,
+            target_trt: None,
         }
     }
 
@@ -117,6 +121,35 @@ impl Builder {
     pub fn for_runtime(mut self, version: String) -> Self {
         self.target_version = Some(version);
         self
+    }
+
+    /// Builds `trt` and `ort-tensorrt` artifacts for the incoming TensorRT `trt` (probed in
+    /// a child process, never loaded here): keys name its version, and builds and
+    /// validations run in the worker process with its environment ([`IncomingTrt::env`]:
+    /// `TENSORRT_ROOT`, the shim, `LD_LIBRARY_PATH`). Needs [`Builder::with_worker`].
+    ///
+    /// [`IncomingTrt::env`]: crate::trt::incoming::IncomingTrt::env
+    pub fn for_tensorrt(mut self, trt: crate::trt::incoming::IncomingTrt) -> Self {
+        self.target_trt = Some(trt);
+        self
+    }
+
+    /// The worker's extra environment (an incoming TensorRT's).
+    fn worker_env(&self) -> Vec<(String, std::ffi::OsString)> {
+        self.target_trt
+            .as_ref()
+            .map(crate::trt::incoming::IncomingTrt::env)
+            .unwrap_or_default()
+    }
+
+    /// The backend's check of this process's runtime, where this process builds with it: a
+    /// build for an incoming TensorRT is checked by its worker (this process may not load
+    /// any TensorRT).
+    fn check_here(&self, rt: &runtime::Runtime, b: Backend) -> Result<(), BuildError> {
+        if self.target_trt.is_some() && b.uses_tensorrt() {
+            return Ok(());
+        }
+        backend(b).check(rt)
     }
 
     /// Keeps TensorRT's timing caches in `dir` (normally `CACHE_DIR/timing`), one per (GPU
@@ -182,6 +215,7 @@ impl Builder {
                 backend: req.backend,
                 device: req.options.device_id,
                 options: req.options.key_options(req.backend),
+                tensorrt: self.target_trt.as_ref().map(|t| t.version),
             },
             self.target_version.as_deref().unwrap_or(&rt.version),
             &self.digest,
@@ -235,16 +269,44 @@ impl Builder {
                     ort_library: self.ort_library.clone(),
                     decode: crate::onnx::DecodeLimits::default(),
                     check: None,
+                    env: self.worker_env(),
                 };
-                worker::run(&job, limits, watch.cancelled, progress)
+                let built = worker::run(&job, limits, watch.cancelled, progress)?;
+                self.built_by_target(req.backend, &built)?;
+                Ok(built)
             }
             None if self.target_version.is_some() => Err(BuildError::WorkerUnavailable(format!(
                 "building for onnxruntime {} needs the build worker (this process loaded onnxruntime {})",
                 self.target_version.as_deref().unwrap_or_default(),
                 rt.version
             ))),
+            None if self.target_trt.is_some() => Err(BuildError::WorkerUnavailable(format!(
+                "building for TensorRT {} needs the build worker (one process never loads two TensorRTs)",
+                self.target_trt.as_ref().map(|t| t.version.to_string()).unwrap_or_default()
+            ))),
             None => self.build_in_process(rt, req, out, &progress, watch),
         }
+    }
+
+    /// A `trt` engine built for an incoming TensorRT was built by that TensorRT (its
+    /// `engine.json`): a worker that found another shim (a misconfigured root) must not store
+    /// an engine under the incoming version's key.
+    fn built_by_target(&self, b: Backend, built: &Built) -> Result<(), BuildError> {
+        let Some(t) = self.target_trt.as_ref().filter(|_| b == Backend::Trt) else {
+            return Ok(());
+        };
+        let meta = crate::trt::artifact::read_meta(&built.artifact.dir)?;
+        if meta.tensorrt_version != t.version.to_string() {
+            return Err(BuildError::WorkerUnavailable(format!(
+                "the build for TensorRT {} at {} ran with TensorRT {}: its worker loaded another shim (TRTCACHE_TRT_SHIM, {}/lib/{})",
+                t.version,
+                t.root.display(),
+                meta.tensorrt_version,
+                t.root.display(),
+                crate::trt::SHIM_FILE
+            )));
+        }
+        Ok(())
     }
 
     /// This host's own check of a fetched artifact before it is stored (it opens the way
@@ -270,6 +332,7 @@ impl Builder {
             ort_library: self.ort_library.clone(),
             decode: crate::onnx::DecodeLimits::default(),
             check: None,
+            env: self.worker_env(),
         };
         match &self.worker {
             Some(limits) => worker::check(
@@ -339,7 +402,7 @@ impl Builder {
     ) -> Result<BuildOutcome, BuildError> {
         // A backend that cannot run here fails with its precise reason before hashing.
         let rt = runtime::load(self.ort_library.as_deref())?;
-        backend(req.backend).check(rt)?;
+        self.check_here(rt, req.backend)?;
         progress(&Progress::Hashing);
         let parts = self.key_parts(req)?;
         let key = parts.key();
@@ -395,7 +458,7 @@ impl Builder {
         watch: Watch,
     ) -> Result<BuildOutcome, BuildError> {
         let rt = runtime::load(self.ort_library.as_deref())?;
-        backend(req.backend).check(rt)?;
+        self.check_here(rt, req.backend)?;
         let mut req = req.clone();
         if req.options.timing_cache_dir.is_none() {
             req.options.timing_cache_dir = self.timing_caches.clone();

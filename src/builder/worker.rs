@@ -63,6 +63,10 @@ pub struct Job {
     /// `model`. The daemon never opens an ONNX Runtime or TensorRT session itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub check: Option<CheckArtifact>,
+    /// Set in the worker's environment (a build for an incoming TensorRT:
+    /// `crate::trt::incoming::IncomingTrt::env`); not sent.
+    #[serde(skip)]
+    pub env: Vec<(String, std::ffi::OsString)>,
 }
 
 /// [`Job::check`].
@@ -305,6 +309,7 @@ fn start(job: &Job, limits: &WorkerLimits) -> Result<(std::process::Child, Insta
     // A crash's reason is its first words ("memory allocation of N bytes failed"), not a
     // backtrace.
     cmd.arg("worker")
+        .envs(job.env.iter().map(|(k, v)| (k, v)))
         .env("RUST_BACKTRACE", "0")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

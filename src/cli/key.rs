@@ -109,6 +109,7 @@ pub fn run(a: KeyArgs) -> anyhow::Result<ExitCode> {
             backend,
             device: build.device_id,
             options: build.key_options(backend),
+            tensorrt: None,
         },
         &onnxruntime,
         &DigestOptions { threads, memo },

@@ -100,6 +100,11 @@ pub enum Command {
     /// every build in such a bounded worker process).
     #[command(hide = true)]
     Worker,
+    /// Internal: print the version of the TensorRT that `TENSORRT_ROOT` and
+    /// `TRTCACHE_TRT_SHIM` name, as JSON (the daemon asks an incoming TensorRT this way, never
+    /// loading a second TensorRT itself).
+    #[command(hide = true)]
+    ProbeTensorrt,
     /// Write an Ed25519 keypair (PATH.key, mode 0600, and PATH.pub) for signing fleet uploads.
     Keygen(remote::KeygenArgs),
     /// Upload local entries to the fleet bucket, signed (docs/fleet.md).
@@ -138,9 +143,11 @@ impl Command {
             Command::Remote(remote::RemoteCommand::Gc(a)) => a.json,
             Command::Health(a) => a.json,
             Command::Export(a) => a.json,
-            Command::Serve(_) | Command::Worker | Command::Completions(_) | Command::Man(_) => {
-                false
-            }
+            Command::Serve(_)
+            | Command::Worker
+            | Command::ProbeTensorrt
+            | Command::Completions(_)
+            | Command::Man(_) => false,
         }
     }
 }
@@ -184,6 +191,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Health(a) => health::health(a),
         Command::Worker => Ok(ExitCode::from(
             u8::try_from(crate::builder::worker::serve_one()).unwrap_or(2),
+        )),
+        Command::ProbeTensorrt => Ok(ExitCode::from(
+            u8::try_from(crate::trt::incoming::probe_main()).unwrap_or(2),
         )),
         Command::Keygen(a) => remote::keygen(a),
         Command::Push(a) => remote::push(a),

@@ -44,13 +44,15 @@ pub struct WarmArgs {
     /// that copied nothing, or a wrong --models).
     #[arg(long)]
     pub allow_empty: bool,
-    /// Build for this ONNX Runtime library (`…/libonnxruntime.so.1.32.0`) instead of the
-    /// current one: the deploy step before a runtime upgrade. Through a running daemon it is
-    /// an admin request, and the library joins the daemon's incoming runtimes (pre-built in
-    /// the background from then on, served to consumers that say they run it). Exits 0 only
-    /// when every model has a validated artifact for it. docs/daemon.md, "Upgrading the
-    /// runtime".
-    #[arg(long, value_name = "LIBRARY")]
+    /// Build for this runtime instead of the current one: the deploy step before a runtime
+    /// upgrade. An ONNX Runtime library (a file, `…/libonnxruntime.so.1.32.0`: the `ort-*`
+    /// variants) or a TensorRT install root (a folder, what TENSORRT_ROOT names, its shim
+    /// `ROOT/lib/libtrtcache_trt.so` or the daemon's: the `trt` and `ort-tensorrt` variants).
+    /// Through a running daemon it is an admin request, and the runtime joins the daemon's
+    /// incoming runtimes (pre-built in the background from then on, served to consumers that
+    /// say they run it). Exits 0 only when every model has a validated artifact for it.
+    /// docs/daemon.md, "Upgrading the runtime".
+    #[arg(long, value_name = "LIBRARY|TENSORRT_ROOT")]
     pub runtime: Option<std::path::PathBuf>,
     /// Print the results as JSON on stdout.
     #[arg(long)]
@@ -429,7 +431,7 @@ fn render_results(results: &[BuildResult], st: Style) -> String {
             r.model.clone(),
             match &r.runtime {
                 // Built for an incoming runtime (`warm --runtime`).
-                Some(v) => format!("{} (onnxruntime {v})", r.backend),
+                Some(v) => format!("{} ({})", r.backend, crate::daemon::runtimes::describe(v)),
                 None => r.backend.clone(),
             },
             r.profile.clone(),
@@ -579,7 +581,9 @@ fn render_status(models: &[ModelStatus], st: Style) -> String {
                 m.name.clone(),
                 m.version.to_string(),
                 match &v.runtime {
-                    Some(rt) => format!("{} (onnxruntime {rt})", v.backend),
+                    Some(rt) => {
+                        format!("{} ({})", v.backend, crate::daemon::runtimes::describe(rt))
+                    }
                     None => v.backend.clone(),
                 },
                 v.profile.clone(),

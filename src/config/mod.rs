@@ -16,7 +16,7 @@ mod runtimes;
 mod trt;
 
 pub use decode::DecodeLimits;
-pub use runtimes::RuntimesConfig;
+pub use runtimes::{RuntimesConfig, TensorrtInstall, TensorrtRuntime};
 pub use trt::TrtSettings;
 
 /// Default `external_min_bytes` (`BuildOptions::external_min_bytes`): 64 KiB. ONNX Runtime

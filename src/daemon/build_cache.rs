@@ -60,8 +60,8 @@ pub struct Selection {
     pub backend: Backend,
     /// Precision.
     pub precision: Precision,
-    /// The incoming ONNX Runtime version it is built for (`None`: the current runtime); see
-    /// `daemon::runtimes`.
+    /// The incoming runtime it is built for (`None`: the current runtime): an ONNX Runtime's
+    /// version, or `tensorrt VERSION` (`daemon::runtimes::Incoming::id`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
 }
@@ -341,14 +341,11 @@ pub trait BuildCache: Send + Sync + 'static {
     /// Tells the store which runtimes gc evicts last (before a gc; after runtimes change).
     fn refresh_keep(&self) {}
     /// Adds an incoming runtime (`warm --runtime`); whether it was new.
-    fn add_runtime(
-        &self,
-        rt: crate::daemon::runtimes::OrtRuntime,
-    ) -> Result<bool, BuildCacheError> {
+    fn add_runtime(&self, rt: crate::daemon::runtimes::Incoming) -> Result<bool, BuildCacheError> {
         Err(BuildCacheError::Invalid(
             format!(
-                "this build cache builds for one runtime only; cannot add onnxruntime {}",
-                rt.version
+                "this build cache builds for one runtime only; cannot add {}",
+                crate::daemon::runtimes::describe(&rt.id())
             )
             .into(),
         ))

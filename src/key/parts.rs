@@ -297,7 +297,16 @@ pub fn key_parts(
 ///   opens (`TENSORRT_ROOT/lib` first), the library the TensorRT provider runs with; when it
 ///   cannot be opened, the version in the name of the first `libnvinfer.so.X.Y.Z` on the
 ///   library path (`libs::tensorrt`), as before, and none when there is none either.
-pub fn backend_id(backend: Backend, onnxruntime: &str) -> Result<BackendId, KeyError> {
+///
+/// `tensorrt`: the version of an incoming TensorRT that this process did not load (asked in
+/// a child process, `crate::trt::incoming`), recorded for `trt` and `ort-tensorrt` instead
+/// of the loaded one's, with the shim C API version this binary speaks (the probe's loader
+/// refused any other).
+pub fn backend_id(
+    backend: Backend,
+    onnxruntime: &str,
+    tensorrt: Option<crate::trt::TrtVersion>,
+) -> Result<BackendId, KeyError> {
     let mut versions = BTreeMap::new();
     if backend.is_onnx() {
         versions.insert("onnxruntime".to_string(), onnxruntime.to_string());
@@ -307,7 +316,13 @@ pub fn backend_id(backend: Backend, onnxruntime: &str) -> Result<BackendId, KeyE
             versions.insert("cuda".to_string(), major);
         }
     }
-    if backend == Backend::Trt {
+    if let Some(v) = tensorrt.filter(|_| backend.uses_tensorrt()) {
+        if backend == Backend::Trt {
+            versions.extend(crate::trt::keys::versions_for(v));
+        } else {
+            versions.insert("tensorrt".to_string(), v.to_string());
+        }
+    } else if backend == Backend::Trt {
         let trt = crate::trt::Trt::shared(&crate::trt::LoaderConfig::from_env()).map_err(|e| {
             KeyError::Library {
                 backend,
@@ -386,6 +401,9 @@ pub struct KeyInput<'a> {
     pub backend: Backend,
     pub device: i32,
     pub options: BTreeMap<String, String>,
+    /// An incoming TensorRT's version to key with instead of the loaded one's
+    /// ([`backend_id`]); `None`: the one this process loads.
+    pub tensorrt: Option<crate::trt::TrtVersion>,
 }
 
 /// The one assembler of [`KeyParts`], for `trtcache key`, `trtcache build` and the daemon:
@@ -402,7 +420,7 @@ pub fn key_for(
         detect_sku(input.backend, input.device)?,
         &input.options,
     )?;
-    let backend = backend_id(input.backend, onnxruntime)?;
+    let backend = backend_id(input.backend, onnxruntime, input.tensorrt)?;
     let (d, report) = model_digest_with(model, digest)?;
     Ok((
         key_parts(
@@ -441,6 +459,20 @@ mod tests {
         assert_eq!(from_mem, from_file);
         assert_eq!(report.memo_hits, 0);
         assert!(!d.path().join("digests.json").exists());
+    }
+
+    #[test]
+    fn an_incoming_tensorrts_version_is_keyed_without_loading_it() {
+        let v = crate::trt::TrtVersion::from_raw(101700);
+        let trt = backend_id(Backend::Trt, "1.31.1", Some(v)).unwrap();
+        assert_eq!(trt.versions, crate::trt::keys::versions_for(v));
+        assert_eq!(trt.versions["tensorrt"], "10.17.0");
+        let ort = backend_id(Backend::OrtTensorRt, "1.31.1", Some(v)).unwrap();
+        assert_eq!(ort.versions["tensorrt"], "10.17.0");
+        assert_eq!(ort.versions["onnxruntime"], "1.31.1");
+        // A backend that does not build with TensorRT keys none.
+        let cpu = backend_id(Backend::OrtCpu, "1.31.1", Some(v)).unwrap();
+        assert!(!cpu.versions.contains_key("tensorrt"));
     }
 
     #[test]

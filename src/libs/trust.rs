@@ -54,6 +54,27 @@ pub fn trusted_file_for(path: &Path, uid: u32) -> Result<PathBuf, Untrusted> {
             why: "not a regular file".into(),
         });
     }
+    check_ancestors(real, uid)
+}
+
+/// [`trusted_file`] for a folder whose files are loaded as code, or that is put on a
+/// library search path (an incoming TensorRT's `ROOT/lib`): it and every folder above it.
+pub fn trusted_dir(path: &Path) -> Result<PathBuf, Untrusted> {
+    let real = std::fs::canonicalize(path).map_err(|e| Untrusted {
+        component: path.to_path_buf(),
+        why: format!("cannot resolve it: {e}"),
+    })?;
+    if !real.is_dir() {
+        return Err(Untrusted {
+            component: real,
+            why: "not a folder".into(),
+        });
+    }
+    check_ancestors(real, effective_uid())
+}
+
+/// `real` and every folder above it pass [`check_owner_and_mode`].
+fn check_ancestors(real: PathBuf, uid: u32) -> Result<PathBuf, Untrusted> {
     for component in real.ancestors() {
         if component.as_os_str().is_empty() {
             continue;
@@ -168,6 +189,23 @@ mod tests {
     fn missing_file_is_refused_with_its_path() {
         let e = trusted_file(Path::new("/nonexistent/libx.so")).unwrap_err();
         assert!(e.why.contains("cannot resolve"), "{e}");
+    }
+
+    #[test]
+    fn a_folder_on_a_library_path_passes_the_same_rule() {
+        let d = tempfile::tempdir().unwrap();
+        let lib = d.path().join("lib");
+        std::fs::create_dir(&lib).unwrap();
+        chmod(&lib, 0o755);
+        assert_eq!(
+            trusted_dir(&lib).unwrap(),
+            std::fs::canonicalize(&lib).unwrap()
+        );
+        chmod(&lib, 0o775);
+        assert!(trusted_dir(&lib).unwrap_err().why.contains("its group"));
+        let f = d.path().join("f");
+        std::fs::write(&f, b"").unwrap();
+        assert!(trusted_dir(&f).unwrap_err().why.contains("not a folder"));
     }
 
     #[test]

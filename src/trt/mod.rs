@@ -20,6 +20,7 @@ mod api;
 pub mod artifact;
 mod elf;
 mod error;
+pub mod incoming;
 pub mod inspect;
 pub mod keys;
 pub mod loader;

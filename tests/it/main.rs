@@ -37,6 +37,7 @@ mod support;
 mod trt;
 mod trt_backend;
 mod trt_loader;
+mod trt_runtimes;
 mod trust_host;
 mod validation_inputs;
 mod watch;

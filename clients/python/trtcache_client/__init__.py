@@ -481,6 +481,16 @@ def _trusted_index(socket_path: str) -> Optional[Tuple[int, int]]:
         return None
 
 
+def _read_version(init: str) -> Optional[str]:
+    """The ``__version__ = "..."`` line of a package's ``__init__.py`` (OSError when the file
+    is not there)."""
+    with open(init, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("__version__"):
+                return line.split("=", 1)[1].strip().strip("\"'") or None
+    return None
+
+
 def _onnxruntime_version() -> Optional[str]:
     """The version of the ``onnxruntime`` this process imported, else of the one an import
     would find, read from its ``__init__.py`` without importing it: the first
@@ -494,13 +504,7 @@ def _onnxruntime_version() -> Optional[str]:
     if isinstance(v, str) and v:
         return v
 
-    def read(init: str) -> Optional[str]:
-        with open(init, encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("__version__"):
-                    return line.split("=", 1)[1].strip().strip("\"'") or None
-        return None
-
+    read = _read_version
     for entry in sys.path:
         init = os.path.join(entry or ".", "onnxruntime", "__init__.py")
         try:
@@ -518,6 +522,49 @@ def _onnxruntime_version() -> Optional[str]:
         return read(spec.origin)
     except (OSError, ImportError, ValueError, IndexError):
         return None
+
+
+def _tensorrt_release(v: str) -> Optional[str]:
+    """``MAJOR.MINOR.PATCH`` of a ``tensorrt`` package version (``10.17.0.5`` → ``10.17.0``),
+    as TensorRT's library reports itself (``getInferLibVersion``) and keys name it."""
+    parts = []
+    for p in v.split(".")[:3]:
+        digits = ""
+        for c in p:
+            if not c.isdigit():
+                break
+            digits += c
+        if not digits:
+            return None
+        parts.append(str(int(digits)))
+    return ".".join(parts) if len(parts) == 3 else None
+
+
+def _tensorrt_version() -> Optional[str]:
+    """The version of the ``tensorrt`` this process imported, else of the one an import would
+    find, read without importing it (the first ``sys.path`` folder holding ``tensorrt`` or
+    ``tensorrt_bindings``, whose ``__init__.py`` the PyPI wheels put the version in), as
+    ``MAJOR.MINOR.PATCH``. None when there is none (no ``find_spec`` fallback: most
+    consumers have no TensorRT, and they should not pay for looking)."""
+    import sys
+
+    names = ("tensorrt", "tensorrt_bindings")
+    for name in names:
+        mod = sys.modules.get(name)
+        v = getattr(mod, "__version__", None) if mod is not None else None
+        if isinstance(v, str) and v:
+            return _tensorrt_release(v)
+    for entry in sys.path:
+        for name in names:
+            try:
+                v = _read_version(os.path.join(entry or ".", name, "__init__.py"))
+            except OSError:
+                continue
+            except (ValueError, IndexError):
+                return None
+            if v:
+                return _tensorrt_release(v)
+    return None
 
 
 def _from_index(socket_path: str, model: str, runtime: Optional[Dict[str, str]] = None) -> Optional[Artifact]:
@@ -589,9 +636,11 @@ def _from_index(socket_path: str, model: str, runtime: Optional[Dict[str, str]] 
         return None
     if runtime and "runtime" in fields:
         # Built for another runtime than this consumer's: ask the socket, which serves (or
-        # builds) the artifact for ours. A pointer without the line predates runtimes.
+        # builds) the artifact for ours. A pointer without the line predates runtimes. The
+        # line names every library the artifact's backend builds with; one it does not name
+        # (TensorRT for ort-cpu, ONNX Runtime for trt) cannot differ, as the daemon judges.
         have = dict(p.split("=", 1) for p in fields["runtime"].split(",") if "=" in p)
-        if any(have.get(k) != v for k, v in runtime.items()):
+        if any(k in have and have[k] != v for k, v in runtime.items()):
             return None
     try:
         d = os.open(fields["dir"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -682,13 +731,14 @@ class Client:
         """The runtime ``acquire`` asks artifacts for (``{"onnxruntime": "1.31.1"}``), or None
         for the daemon's current runtime. ``runtime="auto"`` (the default) is the
         ``onnxruntime`` this process imported, else the one it would import (found without
-        importing it); a version string names ONNX Runtime's; a dict names each library;
+        importing it), and likewise the ``tensorrt`` (``MAJOR.MINOR.PATCH``) when there is
+        one; a version string names ONNX Runtime's; a dict names each library;
         None sends nothing (what clients before this option did)."""
         if not self._runtime_known:
             arg = self._runtime_arg
             if arg == "auto":
-                v = _onnxruntime_version()
-                self._runtime = {"onnxruntime": v} if v else None
+                found = {"onnxruntime": _onnxruntime_version(), "tensorrt": _tensorrt_version()}
+                self._runtime = {k: v for k, v in found.items() if v} or None
             elif isinstance(arg, str):
                 self._runtime = {"onnxruntime": arg} if arg else None
             elif isinstance(arg, dict):

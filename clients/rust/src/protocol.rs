@@ -152,7 +152,8 @@ pub struct Runtime {
     /// library's, `session::loaded_onnxruntime` with the `ort` feature).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub onnxruntime: Option<String>,
-    /// TensorRT's version, e.g. `10.16.0` (`trt` artifacts).
+    /// TensorRT's version, e.g. `10.16.0` (`trt` and `ort-tensorrt` artifacts; the daemon
+    /// serves an incoming TensorRT's engines to a consumer naming its version).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tensorrt: Option<String>,
 }
@@ -167,17 +168,18 @@ impl Runtime {
     }
 
     /// Whether an artifact built with library `versions` (its key's backend versions, e.g.
-    /// `{"onnxruntime": "1.31.1"}`) is for this runtime: every version this runtime names
-    /// is the artifact's. An artifact that does not record a library this runtime names
-    /// does not match.
+    /// `{"onnxruntime": "1.31.1"}`) is for this runtime: every library this runtime names
+    /// that the artifact records is at the named version. A library the artifact does not
+    /// record is one its backend does not build with (TensorRT for `ort-cpu`, ONNX Runtime
+    /// for `trt`), which the daemon ignores too, so it cannot differ.
     pub fn matches(&self, versions: &std::collections::BTreeMap<String, String>) -> bool {
         let want = [
             ("onnxruntime", self.onnxruntime.as_deref()),
             ("tensorrt", self.tensorrt.as_deref()),
         ];
-        want.iter().all(|(lib, v)| match v {
-            None => true,
-            Some(v) => versions.get(*lib).map(String::as_str) == Some(*v),
+        want.iter().all(|(lib, v)| match (v, versions.get(*lib)) {
+            (Some(v), Some(have)) => have == v,
+            _ => true,
         })
     }
 
@@ -235,9 +237,10 @@ pub struct BuildRequest {
     /// `NAME.trtcache.toml` next to the file is used. Progress and results name the path.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub paths: Vec<String>,
-    /// Admin: an ONNX Runtime library (absolute path) to build the models for instead of the
-    /// current runtime, added to the daemon's incoming runtimes (`trtcache warm --runtime`,
-    /// docs/daemon.md "Upgrading the runtime"). The daemon's workers load it, hence admin only.
+    /// Admin: an ONNX Runtime library (a file) or a TensorRT install root (a folder), by
+    /// absolute path, to build the models for instead of the current runtime, added to the
+    /// daemon's incoming runtimes (`trtcache warm --runtime`, docs/daemon.md "Upgrading the
+    /// runtime"). The daemon's workers load it, hence admin only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
 }
@@ -580,8 +583,9 @@ pub struct VariantStatus {
     /// local cache, or fetched from the fleet tier. Absent from daemons that predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<Origin>,
-    /// The incoming ONNX Runtime version this variant is built for (docs/daemon.md,
-    /// "Upgrading the runtime"); absent for the daemon's current runtime.
+    /// The incoming runtime this variant is built for (docs/daemon.md, "Upgrading the
+    /// runtime"): an ONNX Runtime's version (`1.32.0`) or `tensorrt VERSION`; absent for the
+    /// daemon's current runtime.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
     /// For `ready`: input name → the shape validation ran it at.
@@ -819,7 +823,8 @@ pub struct BuildResult {
     /// Wall time of this variant's build (0 when cached).
     #[serde(default)]
     pub seconds: f64,
-    /// The incoming ONNX Runtime version it was built for; absent for the current runtime.
+    /// The incoming runtime it was built for (`1.32.0`, or `tensorrt 10.17.0`); absent for
+    /// the current runtime.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
 }
@@ -1020,8 +1025,11 @@ mod runtime_tests {
         assert!(rt.matches(&built("1.31.1")));
         assert!(!rt.matches(&built("1.30.0")));
         assert!(
-            !rt.matches(&BTreeMap::new()),
-            "an artifact that records no version"
+            !rt.matches(&BTreeMap::from([
+                ("onnxruntime".to_string(), "1.30.0".to_string()),
+                ("tensorrt".to_string(), "10.16.0".to_string())
+            ])),
+            "an ort-tensorrt artifact of another onnxruntime"
         );
         assert!(
             Runtime::default().matches(&built("1.30.0")),
@@ -1031,10 +1039,16 @@ mod runtime_tests {
             tensorrt: Some("10.16.0".into()),
             ..Runtime::onnxruntime("1.31.1")
         };
+        // An ort-cpu artifact records no TensorRT: a consumer's TensorRT does not matter to
+        // it; a trt engine records no ONNX Runtime.
         let mut v = built("1.31.1");
-        assert!(!trt.matches(&v));
+        assert!(trt.matches(&v));
         v.insert("tensorrt".into(), "10.16.0".into());
         assert!(trt.matches(&v));
+        v.insert("tensorrt".into(), "10.17.0".into());
+        assert!(!trt.matches(&v));
+        let engine = BTreeMap::from([("tensorrt".to_string(), "10.16.0".to_string())]);
+        assert!(trt.matches(&engine));
         assert_eq!(trt.describe(), "onnxruntime 1.31.1, tensorrt 10.16.0");
     }
 

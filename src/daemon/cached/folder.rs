@@ -234,20 +234,36 @@ fn builders(
 }
 
 impl CacheFolder {
-    /// [`builders`] over `o`'s store for an incoming runtime.
+    /// [`builders`] over `o`'s store for an incoming runtime: an ONNX Runtime's library in
+    /// place of the current one, or the current one with an incoming TensorRT
+    /// ([`Builder::for_tensorrt`]).
     pub(super) fn builders_for(
         &self,
         o: &Opened,
-        rt: &crate::daemon::runtimes::OrtRuntime,
+        rt: &crate::daemon::runtimes::Incoming,
     ) -> (Builder, Builder) {
-        builders(
-            &o.store,
-            &self.dir,
-            Some(rt.path.clone()),
-            Some(rt.version.clone()),
-            &self.worker,
-            self.max_bytes,
-        )
+        use crate::daemon::runtimes::Incoming;
+        match rt {
+            Incoming::Ort(rt) => builders(
+                &o.store,
+                &self.dir,
+                Some(rt.path.clone()),
+                Some(rt.version.clone()),
+                &self.worker,
+                self.max_bytes,
+            ),
+            Incoming::Trt(t) => {
+                let (key, build) = builders(
+                    &o.store,
+                    &self.dir,
+                    self.ort_library.clone(),
+                    None,
+                    &self.worker,
+                    self.max_bytes,
+                );
+                (key.for_tensorrt(t.clone()), build.for_tensorrt(t.clone()))
+            }
+        }
     }
 }
 

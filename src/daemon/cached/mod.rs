@@ -490,16 +490,25 @@ impl BuildCache for DiskBuildCache {
         )
     }
 
-    fn add_runtime(
-        &self,
-        rt: crate::daemon::runtimes::OrtRuntime,
-    ) -> Result<bool, BuildCacheError> {
-        let added = self
-            .runtimes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .add(rt)
-            .map_err(|e| BuildCacheError::Invalid(e.into()))?;
+    fn add_runtime(&self, rt: crate::daemon::runtimes::Incoming) -> Result<bool, BuildCacheError> {
+        use crate::daemon::runtimes::{current_tensorrt, Incoming};
+        let current_trt = match &rt {
+            Incoming::Trt(_) if !self.runtimes().is_some_and(|r| r.knows_current_tensorrt()) => {
+                current_tensorrt()
+            }
+            _ => None,
+        };
+        let mut rts = self.runtimes.lock().unwrap_or_else(|p| p.into_inner());
+        if current_trt.is_some() {
+            rts.set_current_tensorrt(current_trt);
+        }
+        let added = match rt {
+            Incoming::Ort(rt) => rts.add(rt),
+            Incoming::Trt(t) => rts.add_tensorrt(t),
+        }
+        .map_err(|e| BuildCacheError::Invalid(e.into()));
+        drop(rts);
+        let added = added?;
         if added {
             self.refresh_keep();
         }
@@ -647,11 +656,14 @@ impl DiskBuildCache {
             .runtimes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .incoming_of(v)
-            .cloned()
+            .incoming_by_id(v)
             .ok_or_else(|| {
                 BuildCacheError::NotFound(
-                    format!("onnxruntime {v} is not one of this daemon's incoming runtimes").into(),
+                    format!(
+                        "{} is not one of this daemon's incoming runtimes",
+                        crate::daemon::runtimes::describe(v)
+                    )
+                    .into(),
                 )
             })?;
         Ok(Builders::Incoming(Box::new(
@@ -706,18 +718,23 @@ impl DiskBuildCache {
     }
 
     /// Builds for the incoming runtimes of `[runtimes]` too (each located and trust-checked
-    /// now), and tells the store which runtimes gc evicts last.
+    /// now; a TensorRT probed in a child process), and tells the store which runtimes gc
+    /// evicts last. `tensorrt`: the daemon builds with TensorRT (its backends), so the
+    /// current TensorRT's version is asked now, for consumers and gc, even with no incoming
+    /// one.
     pub fn with_runtimes(
         mut self,
         cfg: &crate::config::RuntimesConfig,
+        tensorrt: bool,
     ) -> Result<Self, BuildCacheError> {
         {
             let mut rts = self.runtimes.lock().unwrap_or_else(|p| p.into_inner());
             let current = rts.current.clone();
             *rts = crate::daemon::runtimes::Runtimes::resolve(current, &cfg.onnxruntime)
+                .and_then(|mut r| r.add_tensorrt_config(&cfg.tensorrt, tensorrt).map(|()| r))
                 .map_err(|e| BuildCacheError::Invalid(e.into()))?;
-            for rt in rts.incoming() {
-                tracing::info!(version = %rt.version, library = %rt.path.display(), "incoming runtime: every model is pre-built for it in the background");
+            for rt in rts.all_incoming() {
+                tracing::info!(runtime = %crate::daemon::runtimes::describe(&rt.id()), "incoming runtime: every model is pre-built for it in the background");
             }
         }
         self.keep_used_secs = cfg.keep_used_secs;
@@ -742,7 +759,10 @@ pub fn open(cfg: &crate::config::Config) -> Result<DiskBuildCache, BuildCacheErr
         &cfg.trt,
     )?
     .with_rewrite(cfg.rewrite)
-    .with_runtimes(&cfg.runtimes)?;
+    .with_runtimes(
+        &cfg.runtimes,
+        cfg.backends.iter().any(|b| b.uses_tensorrt()),
+    )?;
     Ok(match &cfg.remote {
         Some(r) => {
             let tier = crate::remote::RemoteTier::open(r).map_err(|e| {

@@ -94,19 +94,14 @@ impl Service {
         let backend = wire_backend(req.backend.as_deref())?;
         let mut sel = self.selection_for(&variants, req.profile.clone(), backend);
         // The runtime the consumer runs: its own artifact, never another version's.
+        // Only the libraries its backend builds with count (`daemon::runtimes`).
         if let Some(want) = &req.runtime {
             sel.runtime = match self.build_cache.runtimes() {
                 Some(rts) => rts
-                    .serving(Some(want))
+                    .serving(Some(want), sel.backend)
                     .map_err(|e| fail(ErrorCode::RuntimeUnavailable, e.to_string()))?,
                 None => None,
             };
-            if sel.runtime.is_some() && sel.backend == crate::spec::Backend::Trt {
-                return Err(fail(
-                    ErrorCode::RuntimeUnavailable,
-                    "`trt` artifacts are built for the current TensorRT only; incoming runtimes are ONNX Runtime libraries".to_string(),
-                ));
-            }
         }
         let planned = self.planned(&entry, &sel).await?;
         let mut hit = true;

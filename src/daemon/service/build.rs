@@ -76,11 +76,12 @@ impl Service {
                     sels.push(self.selection_for(&variants, None, Some(b)));
                 }
             }
-            if let Some(v) = &runtime {
-                // An ONNX Runtime library serves the `ort-*` backends only.
-                sels.retain(|s| s.backend != crate::spec::Backend::Trt);
+            if let Some((rt, id)) = &runtime {
+                // An ONNX Runtime library serves the `ort-*` backends, a TensorRT `trt` and
+                // `ort-tensorrt`.
+                sels.retain(|s| rt.builds(s.backend));
                 for s in &mut sels {
-                    s.runtime = Some(v.clone());
+                    s.runtime = id.clone();
                 }
             }
             for sel in sels {
@@ -103,37 +104,54 @@ impl Service {
         Ok(out)
     }
 
-    /// Adds the ONNX Runtime library at `path` to the incoming runtimes (found and
-    /// trust-checked on the blocking pool); its version. Its models are then pre-built in the
-    /// background too, as for a configured one.
-    async fn add_runtime(self: &Arc<Self>, path: &str) -> Result<String, Failure> {
+    /// Adds the runtime at `path` to the incoming runtimes: an ONNX Runtime library (a
+    /// file, found and trust-checked) or a TensorRT install root (a folder, its version asked
+    /// in a child process), on the blocking pool. Its models are then pre-built in the
+    /// background too, as for a configured one. Returns it and the id selections name it by
+    /// (`None`: it is the current runtime, whose variants are the current ones).
+    async fn add_runtime(
+        self: &Arc<Self>,
+        path: &str,
+    ) -> Result<(crate::daemon::runtimes::Incoming, Option<String>), Failure> {
+        use crate::daemon::runtimes::{probe_tensorrt, Incoming, OrtRuntime};
         let p = std::path::PathBuf::from(path);
         if !p.is_absolute() {
             return Err(fail(
                 ErrorCode::BadRequest,
-                format!("runtime `{path}`: an absolute path to libonnxruntime.so.*"),
+                format!("runtime `{path}`: an absolute path to libonnxruntime.so.* or to a TensorRT install root"),
             ));
         }
-        let rt = tokio::task::spawn_blocking(move || {
-            crate::daemon::runtimes::OrtRuntime::locate(Some(&p))
+        let cache = self.build_cache.clone();
+        let (rt, added) = tokio::task::spawn_blocking(move || {
+            let rt = if p.is_dir() {
+                probe_tensorrt(&p, None)
+                    .map(Incoming::Trt)
+                    .map_err(|e| e.to_string())
+            } else {
+                OrtRuntime::locate(Some(&p))
+                    .map(Incoming::Ort)
+                    .map_err(|e| format!("runtime {}: {e}", p.display()))
+            }?;
+            let added = cache.add_runtime(rt.clone()).map_err(|e| e.to_string())?;
+            Ok::<_, String>((rt, added))
         })
         .await
         .map_err(|e| fail(ErrorCode::Internal, e.to_string()))?
-        .map_err(|e| fail(ErrorCode::BadRequest, format!("runtime {path}: {e}")))?;
-        let version = rt.version.clone();
-        match self.build_cache.add_runtime(rt) {
-            Ok(true) => {
-                tracing::info!(%version, library = %path, "incoming runtime added");
-                let names: Vec<String> = self.lock().models.keys().cloned().collect();
-                for name in names {
-                    let svc = self.clone();
-                    tokio::spawn(async move { svc.warm_model(&name).await });
-                }
+        .map_err(|e| fail(ErrorCode::BadRequest, e))?;
+        if added {
+            tracing::info!(runtime = %crate::daemon::runtimes::describe(&rt.id()), path, "incoming runtime added");
+            let names: Vec<String> = self.lock().models.keys().cloned().collect();
+            for name in names {
+                let svc = self.clone();
+                tokio::spawn(async move { svc.warm_model(&name).await });
             }
-            Ok(false) => {}
-            Err(e) => return Err(fail(ErrorCode::BadRequest, e.to_string())),
         }
-        Ok(version)
+        let id = rt.id();
+        let incoming = self
+            .build_cache
+            .runtimes()
+            .is_some_and(|r| r.incoming_by_id(&id).is_some());
+        Ok((rt, incoming.then_some(id)))
     }
 
     pub(super) async fn build_one(

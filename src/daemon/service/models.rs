@@ -83,20 +83,20 @@ impl Service {
         }
     }
 
-    /// A model's variants followed by the same variants for each incoming ONNX Runtime
-    /// (`ort-*` backends; the `trt` backend's incoming TensorRT is not a runtime of this
-    /// set): what is built in the background and what `status` lists.
+    /// A model's variants followed by the same variants for each incoming runtime, those
+    /// of the backends that build with it (an ONNX Runtime: `ort-*`; a TensorRT: `trt` and
+    /// `ort-tensorrt`): what is built in the background and what `status` lists.
     pub(super) fn with_incoming(&self, variants: &Variants) -> Vec<Selection> {
         let mut all = variants.selections.clone();
         if let Some(rts) = self.build_cache.runtimes() {
-            for rt in rts.incoming() {
+            for rt in rts.all_incoming() {
                 all.extend(
                     variants
                         .selections
                         .iter()
-                        .filter(|s| s.backend != Backend::Trt)
+                        .filter(|s| rt.builds(s.backend))
                         .map(|s| Selection {
-                            runtime: Some(rt.version.clone()),
+                            runtime: Some(rt.id()),
                             ..s.clone()
                         }),
                 );
