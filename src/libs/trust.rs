@@ -58,7 +58,11 @@ pub fn trusted_file_for(path: &Path, uid: u32) -> Result<PathBuf, Untrusted> {
 }
 
 /// [`trusted_file`] for a folder whose files are loaded as code, or that is put on a
-/// library search path (an incoming TensorRT's `ROOT/lib`): it and every folder above it.
+/// library search path (an incoming TensorRT's `ROOT/lib`): it and every folder above it,
+/// and every entry in it (each file, and what each link resolves to, by [`trusted_file`]'s
+/// rule; a link that resolves nowhere is refused too, as its target could be created later).
+/// A folder root owns can still hold a file a co-tenant owns (a tarball extracted as root
+/// keeps its archive's owners), and the loader would take that file by name.
 pub fn trusted_dir(path: &Path) -> Result<PathBuf, Untrusted> {
     let real = std::fs::canonicalize(path).map_err(|e| Untrusted {
         component: path.to_path_buf(),
@@ -70,7 +74,25 @@ pub fn trusted_dir(path: &Path) -> Result<PathBuf, Untrusted> {
             why: "not a folder".into(),
         });
     }
-    check_ancestors(real, effective_uid())
+    let uid = effective_uid();
+    let real = check_ancestors(real, uid)?;
+    let entries = std::fs::read_dir(&real).map_err(|e| Untrusted {
+        component: real.clone(),
+        why: format!("cannot list it: {e}"),
+    })?;
+    for entry in entries {
+        let entry = entry.map_err(|e| Untrusted {
+            component: real.clone(),
+            why: format!("cannot list it: {e}"),
+        })?;
+        let p = entry.path();
+        let target = std::fs::canonicalize(&p).map_err(|e| Untrusted {
+            component: p.clone(),
+            why: format!("cannot resolve it: {e}"),
+        })?;
+        check_ancestors(target, uid)?;
+    }
+    Ok(real)
 }
 
 /// `real` and every folder above it pass [`check_owner_and_mode`].
@@ -201,6 +223,29 @@ mod tests {
             trusted_dir(&lib).unwrap(),
             std::fs::canonicalize(&lib).unwrap()
         );
+        // A file in it that others may write, or a link to one elsewhere: refused by name.
+        let so = lib.join("libnvinfer.so.10");
+        std::fs::write(&so, b"").unwrap();
+        chmod(&so, 0o644);
+        assert!(trusted_dir(&lib).is_ok());
+        chmod(&so, 0o666);
+        let e = trusted_dir(&lib).unwrap_err();
+        assert_eq!(e.component, std::fs::canonicalize(&so).unwrap(), "{e}");
+        chmod(&so, 0o644);
+        let open = d.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        chmod(&open, 0o777);
+        std::fs::write(open.join("libx.so"), b"").unwrap();
+        std::os::unix::fs::symlink(open.join("libx.so"), lib.join("libx.so")).unwrap();
+        assert!(trusted_dir(&lib).unwrap_err().component.ends_with("open"));
+        std::fs::remove_file(lib.join("libx.so")).unwrap();
+        std::os::unix::fs::symlink(open.join("gone.so"), lib.join("libgone.so")).unwrap();
+        assert!(trusted_dir(&lib)
+            .unwrap_err()
+            .why
+            .contains("cannot resolve"));
+        std::fs::remove_file(lib.join("libgone.so")).unwrap();
+        assert!(trusted_dir(&lib).is_ok());
         chmod(&lib, 0o775);
         assert!(trusted_dir(&lib).unwrap_err().why.contains("its group"));
         let f = d.path().join("f");

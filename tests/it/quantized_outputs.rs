@@ -136,3 +136,98 @@ fn only_dynamically_quantized_models_key_the_int8_rule_and_the_cli_serves_them()
     let y = &v["record"]["validation"]["outputs"][0];
     assert!(y["rule"].as_str().unwrap().contains("int8 steps"), "{y}");
 }
+
+/// A static QDQ graph (activations quantized and dequantized in float, as
+/// `quantize_static` writes): x → Q/DQ → Conv(DQ(int8 w), DQ(int32 b)) → Q/DQ → y, which
+/// ONNX Runtime's QDQ fusions turn into a `QLinearConv` (its int8 path).
+fn qdq_activations() -> ModelProto {
+    use trtcache::fixtures::{model, GraphBuilder};
+    use trtcache::onnx::ElemType::{Float32, Int32, Int8};
+    let t = |name: &str, ty: trtcache::onnx::ElemType, dims: &[i64], raw: Vec<u8>| TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: ty.code(),
+        raw_data: raw.into(),
+        ..Default::default()
+    };
+    let f32s = |v: &[f32]| v.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
+    let w: Vec<u8> = (0..72)
+        .map(|k: i32| ((k * 53) % 255 - 127) as i8 as u8)
+        .collect();
+    let b: Vec<u8> = [1200i32, -340, 0, 77]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let mut g = GraphBuilder::new("qdq_activations");
+    g.input("x", Float32, &[1.into(), 2.into(), 8.into(), 8.into()])
+        .output("y", Float32, None)
+        .init(t("x_scale", Float32, &[], f32s(&[0.02])))
+        .init(t("x_zp", Int8, &[], vec![0]))
+        .init(t("w", Int8, &[4, 2, 3, 3], w))
+        .init(t("w_scale", Float32, &[], f32s(&[0.05])))
+        .init(t("w_zp", Int8, &[], vec![0]))
+        .init(t("b", Int32, &[4], b))
+        .init(t("b_scale", Float32, &[], f32s(&[0.001])))
+        .init(t("h_scale", Float32, &[], f32s(&[0.05])))
+        .init(t("h_zp", Int8, &[], vec![0]));
+    g.node("QuantizeLinear", &["x", "x_scale", "x_zp"], &["xq"]);
+    g.node("DequantizeLinear", &["xq", "x_scale", "x_zp"], &["xf"]);
+    g.node("DequantizeLinear", &["w", "w_scale", "w_zp"], &["wf"]);
+    g.node("DequantizeLinear", &["b", "b_scale"], &["bf"]);
+    g.node("Conv", &["xf", "wf", "bf"], &["h"])
+        .attribute
+        .push(trtcache::fixtures::attr::ints("pads", &[1, 1, 1, 1]));
+    g.node("QuantizeLinear", &["h", "h_scale", "h_zp"], &["hq"]);
+    g.node("DequantizeLinear", &["hq", "h_scale", "h_zp"], &["y"]);
+    model(g.build(), &[("", 13)])
+}
+
+/// A QDQ model whose int8 path is off (the hook breaks every artifact that has ONNX
+/// Runtime's fused `QLinear*` kernels, as an int8 path off by a step would be) is built again
+/// at the same level with the QDQ pairs kept in float, and served there, not at `basic`.
+#[test]
+fn a_qdq_model_whose_int8_path_is_off_is_served_at_its_level_with_the_pairs_in_float() {
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("qdq.onnx");
+    write(&qdq_activations(), &m).unwrap();
+    runtime::load(Some(&crate::support::ort_dylib())).unwrap();
+    let store =
+        Arc::new(SledStore::open(&d.path().join("cache"), StoreOptions::default()).unwrap());
+    let fused_seen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = fused_seen.clone();
+    let builder = Builder::new(store, Some(crate::support::ort_dylib())).with_artifact_hook(
+        Arc::new(move |art: &trtcache::cache::StagedArtifact| {
+            let path = art.dir.join(&art.entry);
+            let bytes = std::fs::read(&path).unwrap();
+            let g = <ModelProto as prost::Message>::decode(&bytes[..])
+                .unwrap()
+                .graph
+                .unwrap();
+            if g.node.iter().any(|n| n.op_type.starts_with("QLinear")) {
+                seen.store(true, std::sync::atomic::Ordering::SeqCst);
+                // The same graph with its weights' scale 40 % off.
+                let mut wrong = qdq_activations();
+                let g = wrong.graph.as_mut().unwrap();
+                let scale = g
+                    .initializer
+                    .iter_mut()
+                    .find(|t| t.name == "w_scale")
+                    .unwrap();
+                scale.raw_data = 0.07f32.to_le_bytes().to_vec().into();
+                write(&wrong, &path).unwrap();
+            }
+        }),
+    );
+    let mut job = BuildJob::new(&m, Backend::OrtCpu);
+    job.options.ort_cpu.rewrite = false;
+    let r = builder.build(&job, &|_| {}).unwrap().record;
+    assert!(
+        fused_seen.load(std::sync::atomic::Ordering::SeqCst),
+        "ONNX Runtime did not fuse the QDQ pairs at level all"
+    );
+    assert_eq!(r.status, Status::Ready, "{:?}", r.validation);
+    let v = r.validation.unwrap();
+    assert_eq!(v.opt_level, None, "built lower than asked: {v:?}");
+    assert_eq!(v.rejected.len(), 1, "{v:?}");
+    assert!(v.rejected[0].starts_with("qdq fusions: "), "{v:?}");
+}
