@@ -533,6 +533,7 @@ fn local_status(cfg: &Config, only: Option<&str>) -> anyhow::Result<Vec<ModelSta
                 origin: None,
                 runtime: None,
                 validated_at: None,
+                also_validated_at: None,
             };
             match cache.plan(entry, &sel) {
                 Ok(p) => {

@@ -416,6 +416,7 @@ mod tests {
                     origin: None,
                     runtime: None,
                     validated_at: None,
+                    also_validated_at: None,
                 })
                 .collect(),
         }

@@ -180,6 +180,17 @@ fn a_runtime_upgrade_is_prebuilt_served_without_builds_and_kept_by_gc() {
                 shapes.values().all(|s| s.iter().product::<i64>() > 1),
                 "{shapes:?}"
             );
+            // And the second run's, every free batch axis doubled: `enc` has one
+            // (`[batch, seq, 64]`), `enc2` none (`[1, 16, 64]`).
+            let static_batch = shapes.values().all(|s| s.first() == Some(&1));
+            match &v.also_validated_at {
+                Some(also) => {
+                    assert!(!static_batch, "{shapes:?} {also:?}");
+                    assert_eq!(also["x"][0], 2 * shapes["x"][0], "{also:?}");
+                    assert_eq!(also["x"][1..], shapes["x"][1..], "{also:?}");
+                }
+                None => assert!(static_batch, "no second run for {shapes:?}"),
+            }
         }
     }
 

@@ -591,6 +591,10 @@ pub struct VariantStatus {
     /// For `ready`: input name → the shape validation ran it at.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub validated_at: Option<std::collections::BTreeMap<String, Vec<i64>>>,
+    /// For `ready`: input name → the shape of validation's second run (every free batch axis
+    /// doubled), when there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub also_validated_at: Option<std::collections::BTreeMap<String, Vec<i64>>>,
 }
 
 /// Where a ready artifact came from.
@@ -706,6 +710,10 @@ pub struct Validation {
     /// whether the inputs exercised the model, at a glance.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub shapes: std::collections::BTreeMap<String, Vec<i64>>,
+    /// Input name → the shape of the second validation run (every free batch axis doubled),
+    /// when there was one.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub also_at: std::collections::BTreeMap<String, Vec<i64>>,
 }
 
 /// One file of an artifact; descriptors arrive in the order of [`ArtifactMeta::files`].

@@ -81,6 +81,7 @@ impl DiskBuildCache {
             max_abs_err: v.map(|v| v.outputs.iter().map(|o| o.max_abs).fold(0.0, f64::max)),
             max_rel_err: v.map(|v| v.outputs.iter().map(|o| o.max_rel).fold(0.0, f64::max)),
             shapes: v.map(|v| v.shapes.clone()).unwrap_or_default(),
+            also_at: v.and_then(|v| v.also_at.clone()).unwrap_or_default(),
         };
         Ok(Handout {
             metadata: ArtifactMeta {

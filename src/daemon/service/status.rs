@@ -35,6 +35,7 @@ impl Service {
             origin: None,
             runtime: sel.runtime.clone(),
             validated_at: None,
+            also_validated_at: None,
         };
         match p {
             Err((_, msg)) => {
@@ -49,6 +50,8 @@ impl Service {
                     v.origin = Some(h.origin);
                     let shapes = &h.metadata.validation.shapes;
                     v.validated_at = (!shapes.is_empty()).then(|| shapes.clone());
+                    let also = &h.metadata.validation.also_at;
+                    v.also_validated_at = (!also.is_empty()).then(|| also.clone());
                 } else if let Some(js) = self.queue.job_status(&p.key) {
                     match js {
                         JobStatus::Queued => v.state = VariantState::Queued,
@@ -91,6 +94,7 @@ impl Service {
                             origin: None,
                             runtime: sel.runtime.clone(),
                             validated_at: None,
+                            also_validated_at: None,
                         },
                     })
                     .collect()
