@@ -129,13 +129,6 @@ pub struct OrtCpuOptions {
     /// Apply the graph passes (`backends::ort_cpu::passes`: an op ONNX Runtime's CPU provider
     /// runs slowly replaced by the same computation in ops it runs well) before optimizing.
     pub rewrite: bool,
-    /// Keep a QDQ model's QuantizeLinear/DequantizeLinear pairs as they are (ONNX Runtime's
-    /// `session.disable_quant_qdq`) while the other optimizations of the level apply: the
-    /// fallback ladder's rung for a static-QDQ model whose int8 path (ONNX Runtime's QDQ
-    /// fusions) is over tolerance. Set by the ladder only; not part of the key (the key is
-    /// the request's).
-    #[serde(default)]
-    pub keep_qdq: bool,
 }
 
 impl Default for OrtCpuOptions {
@@ -145,7 +138,6 @@ impl Default for OrtCpuOptions {
             external_min_bytes: DEFAULT_EXTERNAL_MIN_BYTES,
             specialize: true,
             rewrite: true,
-            keep_qdq: false,
         }
     }
 }

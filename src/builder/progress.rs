@@ -39,9 +39,6 @@ pub enum Fallback {
     WorkerDied { without: String },
     /// A rewritten artifact over tolerance: built again without the graph passes.
     WithoutRewrites,
-    /// A static-QDQ model's artifact over tolerance: built again at the same level with its
-    /// QuantizeLinear/DequantizeLinear pairs kept in float (ONNX Runtime's int8 fusions off).
-    WithoutQdqFusion,
     /// An artifact over tolerance at `from`: built again at `to`.
     LowerLevel { from: OptLevel, to: OptLevel },
     /// ONNX Runtime crashed running the original model on the default validation inputs
@@ -75,9 +72,6 @@ impl std::fmt::Display for Progress {
             Progress::Retrying(Fallback::WithoutRewrites) => {
                 f.write_str("over tolerance with graph rewrites: building without them")
             }
-            Progress::Retrying(Fallback::WithoutQdqFusion) => f.write_str(
-                "over tolerance on ONNX Runtime's int8 path: building with the QDQ pairs kept in float",
-            ),
             Progress::Retrying(Fallback::LowerLevel { from, to }) => write!(
                 f,
                 "over tolerance at optimization level {}: building at {}",

@@ -101,7 +101,6 @@ impl BuildOptionArgs {
                 external_min_bytes: self.external_min_size,
                 specialize: !self.no_specialize,
                 rewrite: !self.no_rewrite,
-                keep_qdq: false,
             },
             trt: TrtOptions {
                 builder_level: self.trt_opt_level,

@@ -555,8 +555,6 @@ fn key_options_are_pinned_for_every_backend() {
                     specialize: false,
                     rewrite: false,
                     external_min_bytes: 1024,
-                    // The ladder's rung: never part of the key.
-                    keep_qdq: true,
                 },
                 trt: trtcache::builder::TrtOptions {
                     builder_level: 5,

@@ -14,7 +14,7 @@ use crate::builder::backends::backend::{Failure, Retry};
 use crate::builder::backends::levels;
 use crate::builder::job::BuildJob;
 use crate::builder::validate::ValidationConfig;
-use crate::builder::{Fallback, OptLevel};
+use crate::builder::Fallback;
 
 /// The next attempt of `job` after `failure` (see the module's ladder).
 pub(super) fn next_attempt(job: &mut BuildJob, failure: &Failure) -> Option<Retry> {
@@ -54,49 +54,10 @@ pub(super) fn next_attempt(job: &mut BuildJob, failure: &Failure) -> Option<Retr
                 rejected: format!("rewrites: {worst}"),
             })
         }
-        // A static-QDQ model whose int8 path is off (ONNX Runtime's QDQ fusions round where
-        // the model's float QuantizeLinear/DequantizeLinear simulation does not): the same
-        // level with the pairs kept in float, which keeps every other fusion (smart_turn_v3_2:
-        // 70 ms a run against 112 ms at basic, matching where the int8 path is 2.8e-3 off).
-        Failure::OverTolerance(built)
-            if !job.options.ort_cpu.keep_qdq
-                && matches!(job.options.opt_level, OptLevel::All | OptLevel::Extended)
-                && has_qdq(&job.model) =>
-        {
-            let worst = built.validation.worst();
-            tracing::warn!(%worst, "artifact over tolerance on ONNX Runtime's int8 (QDQ) path; building it again with the QDQ pairs kept in float");
-            job.options.ort_cpu.keep_qdq = true;
-            Some(Retry {
-                fallback: Fallback::WithoutQdqFusion,
-                rejected: format!("qdq fusions: {worst}"),
-            })
-        }
         Failure::OverTolerance(built) => {
             levels::lower(job.options.opt_level, built, |l| job.options.opt_level = l)
         }
     }
-}
-
-/// Whether `model` is a QDQ graph: a QuantizeLinear whose output a DequantizeLinear reads
-/// (an activation or weight quantized and dequantized in float, which ONNX Runtime's QDQ
-/// fusions turn into int8 kernels). `false` when it does not load.
-fn has_qdq(model: &std::path::Path) -> bool {
-    let Ok(m) = crate::onnx::Model::load(model) else {
-        return false;
-    };
-    let g = m.graph();
-    let quantized: std::collections::HashSet<&str> = g
-        .node
-        .iter()
-        .filter(|n| n.op_type == "QuantizeLinear" && matches!(n.domain.as_str(), "" | "ai.onnx"))
-        .filter_map(|n| n.output.first().map(String::as_str))
-        .collect();
-    g.node.iter().any(|n| {
-        n.op_type == "DequantizeLinear"
-            && n.input
-                .first()
-                .is_some_and(|i| quantized.contains(i.as_str()))
-    })
 }
 
 /// Whether a build times the thread or the prepack probe.

@@ -190,11 +190,6 @@ pub(super) fn optimize(
                 .map_err(|e| BuildError::ort(stage, model, e))?;
         }
     }
-    if opts.ort_cpu.keep_qdq {
-        b = b
-            .with_config_entry("session.disable_quant_qdq", "1")
-            .map_err(|e| BuildError::ort(stage, model, e))?;
-    }
     for (name, size) in src.dims {
         b = b
             .with_dimension_override(name, *size)
