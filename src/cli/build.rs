@@ -441,21 +441,30 @@ fn render(o: &BuildOutcome, ort: Option<&str>, dir: &std::path::Path, st: Style)
             Some(g) => format!("golden {g}"),
             None => format!("seed {}", v.seed),
         };
-        out.push_str(&format!(
-            "validation {verdict} (abs tol {:e}, rel tol {:e}, {inputs}, shapes {})\n",
-            v.tolerance.atol,
-            v.tolerance.rtol,
-            v.shapes
-                .iter()
-                .map(|(n, d)| format!(
-                    "{n}:{}",
-                    d.iter()
-                        .map(|x| x.to_string())
-                        .collect::<Vec<_>>()
-                        .join("x")
-                ))
+        let shapes = |s: &std::collections::BTreeMap<String, Vec<i64>>| {
+            s.iter()
+                .map(|(n, d)| {
+                    format!(
+                        "{n}:{}",
+                        d.iter()
+                            .map(|x| x.to_string())
+                            .collect::<Vec<_>>()
+                            .join("x")
+                    )
+                })
                 .collect::<Vec<_>>()
                 .join(",")
+        };
+        let also = v
+            .also_at
+            .as_ref()
+            .map(|a| format!(", then {}", shapes(a)))
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "validation {verdict} (abs tol {:e}, rel tol {:e}, {inputs}, shapes {}{also})\n",
+            v.tolerance.atol,
+            v.tolerance.rtol,
+            shapes(&v.shapes)
         ));
         let rows: Vec<Vec<String>> = v
             .outputs

@@ -49,6 +49,20 @@ fn realistic_sizes_first_and_shown() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(shapes(&v)["x"], serde_json::json!([2, 16, 8]), "{v}");
+    // The second run, the batch doubled, in the record and on the terminal.
+    assert_eq!(
+        v["record"]["validation"]["also_at"]["x"],
+        serde_json::json!([4, 16, 8]),
+        "{v}"
+    );
+    let human = trtcache([
+        "build".as_ref(),
+        m.as_os_str(),
+        "--cache-dir".as_ref(),
+        d.path().join("c").as_os_str(),
+    ]);
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert!(text.contains("shapes x:2x16x8, then x:4x16x8"), "{text}");
 }
 
 /// `a: [n, n, n, n]` must be one element and `b: [k]` 640 long: "the rest 224" needs 10 GB
