@@ -30,6 +30,6 @@ pub use backends::{backend, BackendImpl};
 pub use error::BuildError;
 pub use job::{BuildJob, BuildOutcome, Source};
 pub use options::{BuildOptions, OptLevel, OrtCpuOptions, TrtOptions, DEFAULT_EXTERNAL_MIN_BYTES};
-pub use pipeline::{Builder, Watch, MAX_REFERENCE_CRASHES};
+pub use pipeline::{Builder, Watch};
 pub use progress::{Fallback, Progress};
 pub use worker::WorkerLimits;

@@ -26,10 +26,6 @@ use crate::spec::{Backend, CacheKey};
 /// Called between steps (for progress output).
 pub type ProgressFn<'a> = &'a dyn Fn(&Progress);
 
-/// The most validation candidates a build gives up because ONNX Runtime crashed running the
-/// original model on them, before the crash counts as the build's failure.
-pub const MAX_REFERENCE_CRASHES: usize = 16;
-
 /// A hook run on the staged artifact before validation (tests use it to prove that a wrong
 /// artifact is caught).
 pub type ArtifactHook = Arc<dyn Fn(&StagedArtifact) + Send + Sync>;
@@ -481,7 +477,8 @@ impl Builder {
                 // (1.31 divides by zero in asr_wespeaker's pooling at 16 frames): the
                 // artifact is not at fault; validate on the search's next candidates.
                 Err(BuildError::ReferenceCrashed { inputs, why })
-                    if attempt.validation.avoid_inputs.len() < MAX_REFERENCE_CRASHES =>
+                    if attempt.validation.avoid_inputs.len()
+                        < attempt.validation.crash_retries as usize =>
                 {
                     tracing::warn!(%why, %inputs, "ONNX Runtime crashed running the original model on validation inputs; validating at other sizes");
                     attempt.validation.avoid_inputs.push(inputs.clone());

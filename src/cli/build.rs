@@ -203,6 +203,11 @@ pub struct BuildArgs {
     /// --threads 0 (the daemon's `limits.prepack_probe_max_run_ms`)
     #[arg(long, value_name = "MS", default_value_t = crate::builder::validate::DEFAULT_PREPACK_PROBE_MAX_RUN_MS)]
     pub prepack_probe_max_run_ms: u64,
+    /// How many default validation candidates may be left out because ONNX Runtime crashed
+    /// running the original model on them (each a new worker), before the crash is the
+    /// build's failure (the daemon's `limits.validation_crash_retries`).
+    #[arg(long, value_name = "N", default_value_t = crate::builder::validate::DEFAULT_CRASH_RETRIES)]
+    pub validation_crash_retries: u32,
     /// Rebuild even when the cache has an entry (also retries a failed one).
     #[arg(long)]
     pub force: bool,
@@ -329,6 +334,7 @@ pub(super) fn request(a: &BuildArgs) -> anyhow::Result<(BuildJob, Option<u64>)> 
         }),
         golden: a.golden.clone().or(req.validation.golden),
         avoid_inputs: Vec::new(),
+        crash_retries: a.validation_crash_retries,
     };
     Ok((req, max_bytes))
 }

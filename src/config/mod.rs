@@ -166,6 +166,10 @@ pub struct Limits {
     /// fixed input would need more is refused (give it golden inputs) before anything is
     /// allocated.
     pub validation_max_bytes: u64,
+    /// Default validation candidates a build gives up because ONNX Runtime crashed running
+    /// the original model on them (each a new worker: the candidate is left out and the
+    /// search goes on), before the crash is the build's failure.
+    pub validation_crash_retries: u32,
     /// `ort-cpu`: after validation, the artifact's runs are timed on ONNX Runtime's default
     /// thread pool and on one thread when its first validation run took at most this many
     /// milliseconds; when one thread is no slower, consumers are told to use it (the
@@ -318,6 +322,8 @@ impl Default for Limits {
             worker_cpu_secs: 0,
             worker_kill_retries: 2,
             validation_max_bytes: 2 << 30,
+            // builder::validate::DEFAULT_CRASH_RETRIES.
+            validation_crash_retries: 16,
             // builder::validate::DEFAULT_THREAD_PROBE_MAX_RUN_MS (config is below build).
             thread_probe_max_run_ms: 10,
             // builder::validate::DEFAULT_PREPACK_PROBE_MAX_RUN_MS.

@@ -159,6 +159,22 @@ fn a_runtime_crash_at_one_candidate_moves_the_search_on() {
         err.contains("ONNX Runtime crashed running the original model at realistic"),
         "{err}"
     );
+    // With no candidate to give up (`--validation-crash-retries 0`, the daemon's
+    // `limits.validation_crash_retries`), the crash is the build's failure, named.
+    let out = trtcache([
+        "build".as_ref(),
+        m.as_os_str(),
+        "--cache-dir".as_ref(),
+        d.path().join("strict").as_os_str(),
+        "--validation-crash-retries".as_ref(),
+        "0".as_ref(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("SIGFPE") && err.contains("ONNX Runtime ran the original model at realistic"),
+        "{err}"
+    );
 }
 
 /// An artifact right at the batch validation found and wrong at twice that batch (what ONNX

@@ -34,6 +34,17 @@ pub struct ValidationConfig {
     /// pipeline adds them, [`crate::builder::Fallback::ReferenceCrashed`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub avoid_inputs: Vec<String>,
+    /// How many default candidates a build may leave out because ONNX Runtime crashed on
+    /// them (`limits.validation_crash_retries`) before the crash is the build's failure.
+    #[serde(default = "default_crash_retries")]
+    pub crash_retries: u32,
+}
+
+/// Default [`ValidationConfig::crash_retries`]: 16 (asr_wespeaker took 11).
+pub const DEFAULT_CRASH_RETRIES: u32 = 16;
+
+fn default_crash_retries() -> u32 {
+    DEFAULT_CRASH_RETRIES
 }
 
 /// Default [`ValidationConfig::thread_probe_max_run_ms`]: 10 ms, so the probe adds at most
@@ -90,6 +101,7 @@ impl Default for ValidationConfig {
             thread_probe_max_run_ms: DEFAULT_THREAD_PROBE_MAX_RUN_MS,
             prepack_probe_max_run_ms: DEFAULT_PREPACK_PROBE_MAX_RUN_MS,
             avoid_inputs: Vec::new(),
+            crash_retries: DEFAULT_CRASH_RETRIES,
         }
     }
 }

@@ -39,9 +39,9 @@ pub(crate) use check::{
 };
 pub use compare::{compare_as, non_finite_warning, rms, UNBOUNDED};
 pub use config::{
-    ValidationConfig, DEFAULT_MAX_INPUT_BYTES, DEFAULT_PREPACK_PROBE_MAX_RUN_MS,
-    DEFAULT_THREAD_PROBE_MAX_RUN_MS, PROBE_MAX_RUNS, PROBE_RUN_BUDGET, THREAD_PROBE_RUNS,
-    THREAD_PROBE_SCALE, THREAD_PROBE_SCALED_MAX_BYTES,
+    ValidationConfig, DEFAULT_CRASH_RETRIES, DEFAULT_MAX_INPUT_BYTES,
+    DEFAULT_PREPACK_PROBE_MAX_RUN_MS, DEFAULT_THREAD_PROBE_MAX_RUN_MS, PROBE_MAX_RUNS,
+    PROBE_RUN_BUDGET, THREAD_PROBE_RUNS, THREAD_PROBE_SCALE, THREAD_PROBE_SCALED_MAX_BYTES,
 };
 pub use error::ValidateError;
 pub(crate) use inputs::{random_inputs, scaled_shapes, Inputs, Shapes};

@@ -53,6 +53,8 @@ pub struct DiskBuildCache {
     trt: crate::config::TrtSettings,
     /// `limits.validation_max_bytes` for every build.
     validation_max_bytes: u64,
+    /// `limits.validation_crash_retries` for every build.
+    validation_crash_retries: u32,
     /// `limits.thread_probe_max_run_ms` for every build.
     thread_probe_max_run_ms: u64,
     /// `limits.prepack_probe_max_run_ms` for every build.
@@ -203,6 +205,7 @@ impl DiskBuildCache {
             rewrite: true,
             trt: trt.clone(),
             validation_max_bytes: limits.validation_max_bytes,
+            validation_crash_retries: limits.validation_crash_retries,
             thread_probe_max_run_ms: limits.thread_probe_max_run_ms,
             prepack_probe_max_run_ms: limits.prepack_probe_max_run_ms,
             worker_kill_retries: limits.worker_kill_retries,
@@ -262,6 +265,7 @@ impl DiskBuildCache {
             },
         );
         req.validation.max_input_bytes = self.validation_max_bytes;
+        req.validation.crash_retries = self.validation_crash_retries;
         req.validation.thread_probe_max_run_ms = self.thread_probe_max_run_ms;
         req.validation.prepack_probe_max_run_ms = self.prepack_probe_max_run_ms;
         Ok((req, plan))
