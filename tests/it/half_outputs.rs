@@ -5,13 +5,10 @@
 //! outputs are as before.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use serde_json::Value;
-use trtcache::builder::{runtime, BuildJob, Builder};
-use trtcache::cache::{SledStore, Status, StoreOptions};
+use trtcache::cache::Status;
 use trtcache::fixtures::{models, write};
-use trtcache::spec::Backend;
 
 use crate::support::{json, trtcache};
 
@@ -30,19 +27,6 @@ fn build_json(model: &Path, cache: &Path, extra: &[&str]) -> (Value, std::proces
 
 fn stderr(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// The key's options as `trtcache key --json` prints them.
-fn key_options(model: &Path, cache: &Path) -> Value {
-    let out = trtcache([
-        "key",
-        model.to_str().unwrap(),
-        "--cache-dir",
-        cache.to_str().unwrap(),
-        "--json",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    json(&out)["parts"]["options"].clone()
 }
 
 #[test]
@@ -86,11 +70,11 @@ fn float16_outputs_onnx_runtime_moves_by_a_step_are_served_on_the_cli() {
         "ONNX Runtime's fusion moved the outputs by {steps} float16 steps: {y}"
     );
     // The rule is in the key of a model with float16 outputs, and nowhere else.
-    let opts = key_options(&m, &d.path().join("cache"));
+    let opts = crate::support::key_options(&m, &d.path().join("cache"));
     assert_eq!(opts["validation"], "half-ulps-v1", "{opts}");
     let fp32 = d.path().join("fp32.onnx");
     write(&models::tiny_encoder(false), &fp32).unwrap();
-    let opts = key_options(&fp32, &d.path().join("cache"));
+    let opts = crate::support::key_options(&fp32, &d.path().join("cache"));
     assert!(opts.get("validation").is_none(), "{opts}");
     let (v, out) = build_json(&fp32, &d.path().join("cache"), &[]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -102,21 +86,7 @@ fn float16_outputs_onnx_runtime_moves_by_a_step_are_served_on_the_cli() {
 /// Builds `half_layer_norm` with the library, its artifact swapped for `artifact` (as a
 /// broken optimizer would leave it), and returns the record's state and validation.
 fn with_artifact(artifact: trtcache::onnx::proto::ModelProto) -> trtcache::cache::Record {
-    let d = tempfile::tempdir().unwrap();
-    let m = d.path().join("half.onnx");
-    write(&models::half_layer_norm(true, None), &m).unwrap();
-    runtime::load(Some(&crate::support::ort_dylib())).unwrap();
-    let store =
-        Arc::new(SledStore::open(&d.path().join("cache"), StoreOptions::default()).unwrap());
-    let builder = Builder::new(store, Some(crate::support::ort_dylib())).with_artifact_hook(
-        Arc::new(move |art: &trtcache::cache::StagedArtifact| {
-            write(&artifact, &art.dir.join(&art.entry)).unwrap();
-        }),
-    );
-    let out = builder
-        .build(&BuildJob::new(&m, Backend::OrtCpu), &|_| {})
-        .unwrap();
-    out.record
+    crate::support::build_with_artifact(&models::half_layer_norm(true, None), artifact)
 }
 
 #[test]
@@ -190,6 +160,9 @@ fn a_bert_converted_to_float16_by_onnx_runtime_is_served_with_either_io() {
         assert_eq!(y["dtype"], dtype, "{y}");
         assert!(y["rule"].as_str().unwrap().contains("float16 steps"), "{y}");
         assert!(y["max_ulps"].as_f64().unwrap() >= 1.0, "{y}");
-        assert_eq!(key_options(&m, &cache)["validation"], "half-ulps-v1");
+        assert_eq!(
+            crate::support::key_options(&m, &cache)["validation"],
+            "half-ulps-v1"
+        );
     }
 }

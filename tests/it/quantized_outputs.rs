@@ -5,14 +5,9 @@
 //! artifact off by a dropped bias or a wrong scale is still refused; other models keep their
 //! rule and their keys.
 
-use std::path::Path;
-use std::sync::Arc;
-
-use trtcache::builder::{runtime, BuildJob, Builder};
-use trtcache::cache::{SledStore, Status, StoreOptions};
+use trtcache::cache::Status;
 use trtcache::fixtures::{models, write};
 use trtcache::onnx::proto::{ModelProto, TensorProto};
-use trtcache::spec::Backend;
 
 use crate::support::{json, trtcache};
 
@@ -45,21 +40,7 @@ fn conv_integer_times(bias: bool, factor: Option<f32>) -> ModelProto {
 /// Builds `conv_integer` (with its bias) with the library, its artifact swapped for
 /// `artifact`, and returns the record.
 fn with_artifact(artifact: ModelProto) -> trtcache::cache::Record {
-    let d = tempfile::tempdir().unwrap();
-    let m = d.path().join("q.onnx");
-    write(&models::conv_integer(true, false), &m).unwrap();
-    runtime::load(Some(&crate::support::ort_dylib())).unwrap();
-    let store =
-        Arc::new(SledStore::open(&d.path().join("cache"), StoreOptions::default()).unwrap());
-    let builder = Builder::new(store, Some(crate::support::ort_dylib())).with_artifact_hook(
-        Arc::new(move |art: &trtcache::cache::StagedArtifact| {
-            write(&artifact, &art.dir.join(&art.entry)).unwrap();
-        }),
-    );
-    builder
-        .build(&BuildJob::new(&m, Backend::OrtCpu), &|_| {})
-        .unwrap()
-        .record
+    crate::support::build_with_artifact(&models::conv_integer(true, false), artifact)
 }
 
 #[test]
@@ -89,22 +70,6 @@ fn a_dynamically_quantized_artifact_a_step_off_passes_and_a_wrong_one_does_not()
     );
 }
 
-fn key_options(model: &Path, cache: &Path) -> serde_json::Value {
-    let out = trtcache([
-        "key",
-        model.to_str().unwrap(),
-        "--cache-dir",
-        cache.to_str().unwrap(),
-        "--json",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    json(&out)["parts"]["options"].clone()
-}
-
 #[test]
 fn only_dynamically_quantized_models_key_the_int8_rule_and_the_cli_serves_them() {
     let d = tempfile::tempdir().unwrap();
@@ -114,11 +79,13 @@ fn only_dynamically_quantized_models_key_the_int8_rule_and_the_cli_serves_them()
     write(&models::qdq_conv(), &qdq).unwrap();
     let cache = d.path().join("cache");
     assert_eq!(
-        key_options(&q, &cache)["validation"],
+        crate::support::key_options(&q, &cache)["validation"],
         "int8-dynamic-steps-v1"
     );
     // Static QDQ (activations float, weights dequantized) keeps fp32's rule and its key.
-    assert!(key_options(&qdq, &cache).get("validation").is_none());
+    assert!(crate::support::key_options(&qdq, &cache)
+        .get("validation")
+        .is_none());
     let out = trtcache([
         "build",
         q.to_str().unwrap(),

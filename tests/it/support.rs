@@ -111,3 +111,53 @@ pub fn json(out: &Output) -> serde_json::Value {
         )
     })
 }
+
+/// Builds `model` (`ort-cpu`, default options) with the library in a fresh cache, every
+/// attempt's staged artifact swapped for `artifact` (as a broken optimizer would leave it),
+/// and returns the record.
+pub fn build_with_artifact(
+    model: &trtcache::onnx::proto::ModelProto,
+    artifact: trtcache::onnx::proto::ModelProto,
+) -> trtcache::cache::Record {
+    use std::sync::Arc;
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("m.onnx");
+    trtcache::fixtures::write(model, &m).unwrap();
+    trtcache::builder::runtime::load(Some(&ort_dylib())).unwrap();
+    let store = Arc::new(
+        trtcache::cache::SledStore::open(
+            &d.path().join("cache"),
+            trtcache::cache::StoreOptions::default(),
+        )
+        .unwrap(),
+    );
+    let builder = trtcache::builder::Builder::new(store, Some(ort_dylib())).with_artifact_hook(
+        Arc::new(move |art: &trtcache::cache::StagedArtifact| {
+            trtcache::fixtures::write(&artifact, &art.dir.join(&art.entry)).unwrap();
+        }),
+    );
+    builder
+        .build(
+            &trtcache::builder::BuildJob::new(&m, trtcache::spec::Backend::OrtCpu),
+            &|_| {},
+        )
+        .unwrap()
+        .record
+}
+
+/// The key's options of `model` as `trtcache key --json` prints them.
+pub fn key_options(model: &Path, cache: &Path) -> serde_json::Value {
+    let out = trtcache([
+        "key",
+        model.to_str().unwrap(),
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    json(&out)["parts"]["options"].clone()
+}

@@ -139,17 +139,19 @@ fn acquire(
     Ok((a.metadata.key.clone(), keyed, engine))
 }
 
+/// The daemon's config with `backends = [LIST]`.
+fn set_backends(d: &Daemon, list: &str) {
+    let cfg = std::fs::read_to_string(d.config()).unwrap();
+    let line = format!("backends = [{list}]\n[limits]");
+    std::fs::write(d.config(), cfg.replace("[limits]", &line)).unwrap();
+}
+
 #[test]
 fn an_incoming_tensorrt_is_prebuilt_served_without_builds_and_kept_by_gc() {
     let h = Doubles::new();
     let mut d = Daemon::new();
     models(&d.models());
-    let cfg = std::fs::read_to_string(d.config()).unwrap();
-    std::fs::write(
-        d.config(),
-        cfg.replace("[limits]", "backends = [\"trt\", \"ort-cpu\"]\n[limits]"),
-    )
-    .unwrap();
+    set_backends(&d, r#""trt", "ort-cpu""#);
     d.env = h.env(&h.shim);
     d.start();
     d.wait_settled(&["one", "two"]);
@@ -307,12 +309,7 @@ fn a_tensorrt_root_warms_without_a_daemon_and_one_that_is_not_a_root_is_refused(
     let h = Doubles::new();
     let mut d = Daemon::new();
     models(&d.models());
-    let cfg = std::fs::read_to_string(d.config()).unwrap();
-    std::fs::write(
-        d.config(),
-        cfg.replace("[limits]", "backends = [\"trt\"]\n[limits]"),
-    )
-    .unwrap();
+    set_backends(&d, r#""trt""#);
     // Without a daemon, `warm --runtime ROOT` builds in this process's own workers.
     let out = support::cmd()
         .args([

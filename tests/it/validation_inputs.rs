@@ -8,7 +8,6 @@ use std::path::Path;
 use serde_json::Value;
 use trtcache::fixtures::{attr, model, tensor_f32, tensor_i64, write, GraphBuilder, D};
 use trtcache::onnx::ElemType::Float32;
-use trtcache::spec::Backend;
 
 use crate::support::{json, trtcache};
 
@@ -183,9 +182,7 @@ fn a_runtime_crash_at_one_candidate_moves_the_search_on() {
 /// record names the shapes of both runs.
 #[test]
 fn a_second_run_at_a_doubled_batch_catches_an_artifact_right_at_one_batch_only() {
-    use std::sync::Arc;
-    use trtcache::builder::{runtime, BuildJob, Builder};
-    use trtcache::cache::{SledStore, Status, StoreOptions};
+    use trtcache::cache::Status;
     use trtcache::onnx::ElemType::Int64;
     let original = |wrong_above: Option<i64>| {
         let mut g = GraphBuilder::new("relu");
@@ -216,23 +213,7 @@ fn a_second_run_at_a_doubled_batch_catches_an_artifact_right_at_one_batch_only()
         }
         model(g.build(), &[("", 17)])
     };
-    let build = |artifact: trtcache::onnx::proto::ModelProto| {
-        let d = tempfile::tempdir().unwrap();
-        let m = d.path().join("m.onnx");
-        write(&original(None), &m).unwrap();
-        runtime::load(Some(&crate::support::ort_dylib())).unwrap();
-        let store =
-            Arc::new(SledStore::open(&d.path().join("cache"), StoreOptions::default()).unwrap());
-        let builder = Builder::new(store, Some(crate::support::ort_dylib())).with_artifact_hook(
-            Arc::new(move |art: &trtcache::cache::StagedArtifact| {
-                write(&artifact, &art.dir.join(&art.entry)).unwrap();
-            }),
-        );
-        builder
-            .build(&BuildJob::new(&m, Backend::OrtCpu), &|_| {})
-            .unwrap()
-            .record
-    };
+    let build = |artifact| crate::support::build_with_artifact(&original(None), artifact);
     // Wrong above batch 4: right at both runs (2, then 4), served.
     let r = build(original(Some(4)));
     assert_eq!(r.status, Status::Ready, "{:?}", r.validation);

@@ -78,11 +78,12 @@ pub(crate) fn validate_against(
     let tol = cfg
         .tolerance
         .unwrap_or_else(|| Tolerance::default_for(precision));
-    let mut outputs = compare_outputs(model, &want, &got, tol);
+    let half = resolutions(model);
+    let mut outputs = compare_at(model, &half, &want, &got, tol);
     let mut also_at = None;
     if let Some((inputs2, shapes2, want2)) = second {
         let got2 = candidate(&inputs2)?;
-        merge(&mut outputs, compare_outputs(model, &want2, &got2, tol));
+        merge(&mut outputs, compare_at(model, &half, &want2, &got2, tol));
         also_at = Some(shapes2);
     }
     let report = ValidationReport {
@@ -151,14 +152,30 @@ pub(crate) fn compare_outputs(
     got: &Outs,
     tol: Tolerance,
 ) -> Vec<OutputError> {
-    let half = match crate::onnx::Model::load(model) {
+    compare_at(model, &resolutions(model), want, got, tol)
+}
+
+/// `model`'s output resolutions ([`crate::onnx::resolution::output_resolutions`]); empty when
+/// it does not load (the reference ran it, so it does; if not, every output keeps its own
+/// type).
+fn resolutions(model: &Path) -> BTreeMap<String, String> {
+    match crate::onnx::Model::load(model) {
         Ok(m) => crate::onnx::resolution::output_resolutions(m.graph()),
         Err(e) => {
-            // The reference ran it, so it loads; if not, every output keeps its own type.
             tracing::debug!(error = %e, "no output resolutions: the model does not load");
             BTreeMap::new()
         }
-    };
+    }
+}
+
+/// [`compare_outputs`] with the model's resolutions read already.
+fn compare_at(
+    model: &Path,
+    half: &BTreeMap<String, String>,
+    want: &Outs,
+    got: &Outs,
+    tol: Tolerance,
+) -> Vec<OutputError> {
     let mut outputs = Vec::new();
     for (name, reference) in want {
         let e = match got.iter().find(|(n, _)| n == name) {

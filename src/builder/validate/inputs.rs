@@ -32,7 +32,7 @@ use super::error::ValidateError;
 use super::refusal::{no_inputs, Tries};
 use super::run::{bad, run, Outs};
 use super::search::{
-    batch_leaves, candidates, leaves, shape_under, tensor_of, unnamed, Axis, Candidate,
+    batch_leaves, candidates, leaf_of, leaves, shape_under, tensor_of, Axis, Candidate,
     MAX_CANDIDATES, REALISTIC_MAX_BYTES,
 };
 use super::values;
@@ -263,14 +263,8 @@ pub(crate) fn scaled_shapes(
         tensors.push((input.name(), input.dtype()));
     }
     let batch = batch_leaves(&axes);
-    let (on, off): (Vec<&Axis>, Vec<&Axis>) = axes.iter().partition(|a| {
-        let leaf = if a.symbol.is_empty() {
-            unnamed(a)
-        } else {
-            a.symbol.clone()
-        };
-        batch.contains(&leaf)
-    });
+    let (on, off): (Vec<&Axis>, Vec<&Axis>) =
+        axes.iter().partition(|a| batch.contains(&leaf_of(a)));
     if let Some(a) = off.first() {
         let size = shapes.get(&a.input).and_then(|d| d.get(a.axis)).copied();
         let name = if a.symbol.is_empty() {
@@ -371,15 +365,50 @@ pub(super) fn reference_inputs(
     cfg: &ValidationConfig,
     progress: &dyn Fn(&Progress),
 ) -> Result<(Inputs, Shapes, Outs, Option<Second>), ValidateError> {
-    let found = find_reference_inputs(reference, model, profile, cfg, progress).map(|found| {
-        let second = match cfg.golden {
-            Some(_) => None,
-            None => second_inputs(reference, model, profile, &found.1, cfg, progress),
-        };
-        (found.0, found.1, found.2, second)
-    });
+    let found = match &cfg.golden {
+        Some(g) => golden_reference(reference, model, g).map(|(i, s, o)| (i, s, o, None)),
+        None => {
+            // Read once, for the search and for its second run.
+            let (axes, sigs, bound) = signatures(reference, profile);
+            let facts = GraphFacts::read(model);
+            let sig = Signature {
+                axes: &axes,
+                sigs: &sigs,
+                bound: &bound,
+            };
+            search_inputs(reference, model, cfg, progress, &sig, &facts).map(|(i, s, o)| {
+                let second =
+                    second_inputs(reference, model, &axes, &facts.known, &s, cfg, progress);
+                (i, s, o, second)
+            })
+        }
+    };
     progress(&Progress::InputsFound);
     found
+}
+
+/// The reference's inputs as the search sees them ([`signatures`]).
+struct Signature<'a> {
+    axes: &'a [Axis],
+    sigs: &'a [Sig],
+    bound: &'a BTreeMap<String, i64>,
+}
+
+/// The golden file's inputs and the reference's outputs on them.
+fn golden_reference(
+    reference: &mut Session,
+    model: &Path,
+    g: &Path,
+) -> Result<(Inputs, Shapes, Outs), ValidateError> {
+    let (inputs, shapes) = golden_inputs(reference, g)?;
+    let want = run(reference, &inputs, model).map_err(|e| match e {
+        ValidateError::Ort { message, .. } => ValidateError::Invalid(format!(
+            "the original model rejects the golden inputs in {}: {message}",
+            g.display()
+        )),
+        e => e,
+    })?;
+    Ok((inputs, shapes, want))
 }
 
 /// A second set of validation inputs and the reference's outputs on them.
@@ -397,7 +426,8 @@ pub(super) const SECOND_LABEL: &str = "every free batch axis doubled (the second
 fn second_inputs(
     reference: &mut Session,
     model: &Path,
-    profile: Option<&ShapeProfile>,
+    axes: &[Axis],
+    known: &BTreeMap<String, vocab::Known>,
     shapes: &Shapes,
     cfg: &ValidationConfig,
     progress: &dyn Fn(&Progress),
@@ -405,17 +435,11 @@ fn second_inputs(
     if cfg.avoid_inputs.iter().any(|a| a == SECOND_LABEL) {
         return None;
     }
-    let (axes, _, _) = signatures(reference, profile);
-    let batch = batch_leaves(&axes);
+    let batch = batch_leaves(axes);
     let mut doubled = shapes.clone();
     let mut any = false;
-    for a in &axes {
-        let leaf = if a.symbol.is_empty() {
-            unnamed(a)
-        } else {
-            a.symbol.clone()
-        };
-        if !batch.contains(&leaf) {
+    for a in axes {
+        if !batch.contains(&leaf_of(a)) {
             continue;
         }
         if let Some(d) = doubled.get_mut(&a.input).and_then(|d| d.get_mut(a.axis)) {
@@ -436,8 +460,7 @@ fn second_inputs(
         tracing::debug!(%why, "no second validation run");
         return None;
     }
-    let known = vocab::known_values(model);
-    let inputs = match random_inputs(reference, model, &doubled, &small, &known) {
+    let inputs = match random_inputs(reference, model, &doubled, &small, known) {
         Ok(i) => i,
         Err(e) => {
             tracing::debug!(error = %e, "no second validation run");
@@ -454,28 +477,19 @@ fn second_inputs(
     }
 }
 
-fn find_reference_inputs(
+/// The default search: the profile's opt shapes and the bounded [`candidates`], the first set
+/// the reference runs (and exercises).
+fn search_inputs(
     reference: &mut Session,
     model: &Path,
-    profile: Option<&ShapeProfile>,
     cfg: &ValidationConfig,
     progress: &dyn Fn(&Progress),
+    sig: &Signature,
+    facts: &GraphFacts,
 ) -> Result<(Inputs, Shapes, Outs), ValidateError> {
-    if let Some(g) = &cfg.golden {
-        let (inputs, shapes) = golden_inputs(reference, g)?;
-        let want = run(reference, &inputs, model).map_err(|e| match e {
-            ValidateError::Ort { message, .. } => ValidateError::Invalid(format!(
-                "the original model rejects the golden inputs in {}: {message}",
-                g.display()
-            )),
-            e => e,
-        })?;
-        return Ok((inputs, shapes, want));
-    }
-    let (axes, sigs, bound) = signatures(reference, profile);
-    let facts = GraphFacts::read(model);
-    let cands = with_graph_pins(&facts, &axes, &bound);
-    let known = facts.known;
+    let Signature { axes, sigs, bound } = *sig;
+    let cands = with_graph_pins(facts, axes, bound);
+    let known = &facts.known;
     let mut tried: Vec<(String, String)> = Vec::new();
     // Candidates not run: over the byte budget, or at least as large as one memory ran out
     // on (with why).
@@ -503,7 +517,7 @@ fn find_reference_inputs(
         }
         let mut shapes = BTreeMap::new();
         let mut ok = true;
-        for (name, shape, symbols, opt) in &sigs {
+        for (name, shape, symbols, opt) in sigs {
             let s = match opt {
                 Some(o) => Some(o.clone()),
                 None => shape_under(name, shape, symbols, &c.leaf),
@@ -541,7 +555,7 @@ fn find_reference_inputs(
             continue;
         }
         ran.push(&c.leaf);
-        let inputs = match random_inputs(reference, model, &shapes, cfg, &known) {
+        let inputs = match random_inputs(reference, model, &shapes, cfg, known) {
             Ok(i) => i,
             Err(e) if out_of_memory(&e.to_string()) => {
                 tracing::debug!(candidate = %c.label, error = %e, "out of memory making the inputs");
@@ -594,7 +608,7 @@ fn find_reference_inputs(
     let names: Vec<String> = sigs.iter().map(|s| s.0.clone()).collect();
     Err(no_inputs(
         model,
-        &axes,
+        axes,
         &dynamic,
         &names,
         &Tries {

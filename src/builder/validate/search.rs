@@ -40,6 +40,16 @@ pub(super) fn tensor_of(vt: &ValueType) -> Option<(TensorElementType, Vec<i64>, 
     }
 }
 
+/// The leaf an axis's size is: its symbol, or for an unnamed axis its own name
+/// ([`unnamed`]).
+pub(super) fn leaf_of(a: &Axis) -> String {
+    if a.symbol.is_empty() {
+        unnamed(a)
+    } else {
+        a.symbol.clone()
+    }
+}
+
 /// The leaf names a symbol depends on: itself, or the identifiers of an arithmetic
 /// expression such as `past_sequence + sequence` (as exporters name a KV cache's total
 /// length).
