@@ -20,6 +20,10 @@ pub struct BuildJob {
     pub validation: ValidationConfig,
     /// Rebuild even when a record exists (a failed one, or to refresh).
     pub force: bool,
+    /// Set by a fallback ladder that built an attempt again without its graph rewrites
+    /// (the artifact with them was over tolerance): when that one is over tolerance too, the
+    /// rewrites were not what moved it, and the next optimization level down has them again.
+    pub rewrites_dropped: bool,
 }
 
 impl BuildJob {
@@ -30,6 +34,7 @@ impl BuildJob {
             options: BuildOptions::default(),
             validation: ValidationConfig::default(),
             force: false,
+            rewrites_dropped: false,
         }
     }
 
@@ -56,6 +61,7 @@ impl BuildJob {
                 ..ValidationConfig::default()
             },
             force: false,
+            rewrites_dropped: false,
         }
     }
 }

@@ -94,8 +94,9 @@ pub struct ValidationReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub opt_level: Option<String>,
     /// The artifacts built first and refused as over tolerance, each with its worst outputs:
-    /// one with graph rewrites (`rewrites: y max abs …`, built again without them), then the
-    /// higher levels (`all: y max abs 2.5e-3 max rel 2.6e-3`), highest first.
+    /// one with graph rewrites (`rewrites at all: y max abs …`, built again without them),
+    /// the same level without (`all: y max abs 2.5e-3 max rel 2.6e-3`), then the lower levels,
+    /// highest first (with the rewrites again when the one without them missed too).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rejected: Vec<String>,
     /// `ort-cpu`: the artifact's runs timed on the validation inputs with ONNX Runtime's

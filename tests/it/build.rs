@@ -707,7 +707,21 @@ fn zero_tolerance_catches_optimizer_rounding_on_the_cli() {
         .iter()
         .filter_map(|r| r.as_str()?.split(':').next())
         .collect();
-    assert_eq!(rejected, ["rewrites", "all", "extended", "basic"], "{val}");
+    // Each level with the rewrites and then without them (the one without missed too, so
+    // they were not the cause, and the level below tries them again).
+    assert_eq!(
+        rejected,
+        [
+            "rewrites at all",
+            "all",
+            "rewrites at extended",
+            "extended",
+            "rewrites at basic",
+            "basic",
+            "rewrites at disabled"
+        ],
+        "{val}"
+    );
     // Default tolerances pass the same build at the level asked for.
     let (ok, out) = build_json(
         &m,
@@ -765,18 +779,19 @@ fn an_artifact_over_tolerance_is_built_again_one_level_lower() {
         .iter()
         .map(|r| r.as_str().unwrap())
         .collect();
-    // The `gelu` rewrite's artifact first (the same fused Gelu the higher levels make), then
-    // the model as given at all and extended.
-    assert_eq!(rejected.len(), 3, "{rejected:?}");
-    assert!(
-        rejected[0].starts_with("rewrites: y max abs"),
-        "{rejected:?}"
-    );
-    assert!(rejected[1].starts_with("all: y max abs"), "{rejected:?}");
-    assert!(
-        rejected[2].starts_with("extended: y max abs"),
-        "{rejected:?}"
-    );
+    // At each level the `gelu` rewrite's artifact first (the same fused Gelu the higher
+    // levels make), then the model as given; at basic the rewrite is the only fusion.
+    let want = [
+        "rewrites at all: y max abs",
+        "all: y max abs",
+        "rewrites at extended: y max abs",
+        "extended: y max abs",
+        "rewrites at basic: y max abs",
+    ];
+    assert_eq!(rejected.len(), want.len(), "{rejected:?}");
+    for (got, want) in rejected.iter().zip(want) {
+        assert!(got.starts_with(want), "{rejected:?}");
+    }
     assert_eq!(v["record"]["parts"]["options"]["opt_level"], "all", "{v}");
     // The stored graph is the unfused one.
     let entry = v["artifact"]["entry"].as_str().unwrap();
@@ -802,7 +817,7 @@ fn an_artifact_over_tolerance_is_built_again_one_level_lower() {
     let stdout = String::from_utf8_lossy(&text.stdout);
     assert!(
         stdout.contains(
-            "built at optimization level basic: over tolerance higher up (rewrites: y max abs"
+            "built at optimization level basic: over tolerance higher up (rewrites at all: y max abs"
         ) && stdout.contains("; all: y max abs"),
         "{stdout}"
     );
@@ -813,6 +828,71 @@ fn an_artifact_over_tolerance_is_built_again_one_level_lower() {
         ok["record"]["validation"].get("opt_level").is_none(),
         "{ok}"
     );
+}
+
+#[test]
+fn rewrites_that_did_not_move_an_artifact_are_kept_one_level_lower() {
+    // The first two artifacts (level all with the `gelu` rewrite, then without it) are
+    // broken alike by the hook, as ONNX Runtime's int8 path moves a static-QDQ model at
+    // `all` with or without the rewrites: those were not the cause, so the next level
+    // down is built with them again, and that artifact (validated) is the one stored.
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("gelu.onnx");
+    write(&erf_gelu(), &m).unwrap();
+    let (_store, builder) = library_builder(&d.path().join("cache"));
+    let seen = Arc::new(AtomicUsize::new(0));
+    let count = seen.clone();
+    let builder =
+        builder.with_artifact_hook(Arc::new(move |art: &trtcache::cache::StagedArtifact| {
+            if count.fetch_add(1, Ordering::SeqCst) < 2 {
+                let mut wrong = erf_gelu();
+                let g = wrong.graph.as_mut().unwrap();
+                let half = g.initializer.iter_mut().find(|t| t.name == "half").unwrap();
+                *half = trtcache::fixtures::tensor_f32("half", &[], &[0.6]);
+                write(&wrong, &art.dir.join(&art.entry)).unwrap();
+            }
+        }));
+    let out = builder
+        .build(&BuildJob::new(&m, Backend::OrtCpu), &|_| {})
+        .unwrap();
+    assert_eq!(seen.load(Ordering::SeqCst), 3);
+    assert!(out.served.is_some(), "{:?}", out.record.status);
+    let v = out.record.validation.as_ref().unwrap();
+    assert!(v.passed, "{v:?}");
+    assert_eq!(v.opt_level.as_deref(), Some("extended"), "{v:?}");
+    assert_eq!(v.rewrites.len(), 1, "{v:?}");
+    assert!(v.rewrites[0].starts_with("gelu:"), "{v:?}");
+    assert_eq!(v.rejected.len(), 2, "{v:?}");
+    assert!(
+        v.rejected[0].starts_with("rewrites at all: y max abs"),
+        "{v:?}"
+    );
+    assert!(v.rejected[1].starts_with("all: y max abs"), "{v:?}");
+    // Without the hook's first break, the rewrites were the cause: not tried again.
+    let d2 = tempfile::tempdir().unwrap();
+    let (_store, builder) = library_builder(&d2.path().join("cache"));
+    let seen = Arc::new(AtomicUsize::new(0));
+    let count = seen.clone();
+    let builder =
+        builder.with_artifact_hook(Arc::new(move |art: &trtcache::cache::StagedArtifact| {
+            if count.fetch_add(1, Ordering::SeqCst) == 0 {
+                let mut wrong = erf_gelu();
+                let g = wrong.graph.as_mut().unwrap();
+                let half = g.initializer.iter_mut().find(|t| t.name == "half").unwrap();
+                *half = trtcache::fixtures::tensor_f32("half", &[], &[0.6]);
+                write(&wrong, &art.dir.join(&art.entry)).unwrap();
+            }
+        }));
+    let out = builder
+        .build(&BuildJob::new(&m, Backend::OrtCpu), &|_| {})
+        .unwrap();
+    let v = out.record.validation.as_ref().unwrap();
+    assert!(
+        v.passed && v.opt_level.is_none() && v.rewrites.is_empty(),
+        "{v:?}"
+    );
+    assert_eq!(seen.load(Ordering::SeqCst), 2);
 }
 
 #[test]
@@ -1493,7 +1573,7 @@ fn a_rewritten_artifact_over_both_references_is_built_without_rewrites() {
         rejected[0]
             .as_str()
             .unwrap()
-            .starts_with("rewrites: y max abs"),
+            .starts_with("rewrites at all: y max abs"),
         "{val}"
     );
     assert!(artifact_ops(&v).contains(&"STFT".into()));
