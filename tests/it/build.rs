@@ -836,27 +836,11 @@ fn rewrites_that_did_not_move_an_artifact_are_kept_one_level_lower() {
     // broken alike by the hook, as ONNX Runtime's int8 path moves a static-QDQ model at
     // `all` with or without the rewrites: those were not the cause, so the next level
     // down is built with them again, and that artifact (validated) is the one stored.
-    use std::sync::atomic::{AtomicUsize, Ordering};
     let d = tempfile::tempdir().unwrap();
     let m = d.path().join("gelu.onnx");
     write(&erf_gelu(), &m).unwrap();
-    let (_store, builder) = library_builder(&d.path().join("cache"));
-    let seen = Arc::new(AtomicUsize::new(0));
-    let count = seen.clone();
-    let builder =
-        builder.with_artifact_hook(Arc::new(move |art: &trtcache::cache::StagedArtifact| {
-            if count.fetch_add(1, Ordering::SeqCst) < 2 {
-                let mut wrong = erf_gelu();
-                let g = wrong.graph.as_mut().unwrap();
-                let half = g.initializer.iter_mut().find(|t| t.name == "half").unwrap();
-                *half = trtcache::fixtures::tensor_f32("half", &[], &[0.6]);
-                write(&wrong, &art.dir.join(&art.entry)).unwrap();
-            }
-        }));
-    let out = builder
-        .build(&BuildJob::new(&m, Backend::OrtCpu), &|_| {})
-        .unwrap();
-    assert_eq!(seen.load(Ordering::SeqCst), 3);
+    let (out, attempts) = build_breaking_first(&m, &d.path().join("cache"), 2);
+    assert_eq!(attempts, 3);
     assert!(out.served.is_some(), "{:?}", out.record.status);
     let v = out.record.validation.as_ref().unwrap();
     assert!(v.passed, "{v:?}");
@@ -869,14 +853,31 @@ fn rewrites_that_did_not_move_an_artifact_are_kept_one_level_lower() {
         "{v:?}"
     );
     assert!(v.rejected[1].starts_with("all: y max abs"), "{v:?}");
-    // Without the hook's first break, the rewrites were the cause: not tried again.
-    let d2 = tempfile::tempdir().unwrap();
-    let (_store, builder) = library_builder(&d2.path().join("cache"));
+    // Without the hook's second break, the rewrites were the cause: not tried again.
+    let (out, attempts) = build_breaking_first(&m, &d.path().join("cache2"), 1);
+    let v = out.record.validation.as_ref().unwrap();
+    assert!(
+        v.passed && v.opt_level.is_none() && v.rewrites.is_empty(),
+        "{v:?}"
+    );
+    assert_eq!(attempts, 2);
+}
+
+/// Builds `model` (an [`erf_gelu`]) into `cache` with `ort-cpu`, its first `breaks` staged
+/// artifacts given a wrong constant (`half` = 0.6) by the artifact hook; the outcome and
+/// how many artifacts were staged.
+fn build_breaking_first(
+    model: &Path,
+    cache: &Path,
+    breaks: usize,
+) -> (trtcache::builder::BuildOutcome, usize) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let (_store, builder) = library_builder(cache);
     let seen = Arc::new(AtomicUsize::new(0));
     let count = seen.clone();
     let builder =
         builder.with_artifact_hook(Arc::new(move |art: &trtcache::cache::StagedArtifact| {
-            if count.fetch_add(1, Ordering::SeqCst) == 0 {
+            if count.fetch_add(1, Ordering::SeqCst) < breaks {
                 let mut wrong = erf_gelu();
                 let g = wrong.graph.as_mut().unwrap();
                 let half = g.initializer.iter_mut().find(|t| t.name == "half").unwrap();
@@ -885,14 +886,9 @@ fn rewrites_that_did_not_move_an_artifact_are_kept_one_level_lower() {
             }
         }));
     let out = builder
-        .build(&BuildJob::new(&m, Backend::OrtCpu), &|_| {})
+        .build(&BuildJob::new(model, Backend::OrtCpu), &|_| {})
         .unwrap();
-    let v = out.record.validation.as_ref().unwrap();
-    assert!(
-        v.passed && v.opt_level.is_none() && v.rewrites.is_empty(),
-        "{v:?}"
-    );
-    assert_eq!(seen.load(Ordering::SeqCst), 2);
+    (out, seen.load(Ordering::SeqCst))
 }
 
 #[test]
